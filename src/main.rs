@@ -1,1 +1,93 @@
-fn main() {}
+//! The `infergate` command: run the gateway, or check a config file.
+
+use clap::{Parser, Subcommand};
+use infergate::config::Config;
+use infergate::telemetry::{self, LogFormat};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "A KServe v2 gateway in front of a pool of Triton Inference Servers"
+)]
+struct Cli {
+    /// Config file.
+    #[arg(
+        long,
+        short,
+        env = "INFERGATE_CONFIG",
+        default_value = "config/gateway.toml",
+        global = true
+    )]
+    config: PathBuf,
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Run,
+    /// Validate a config file and print every error with its key; exit 1 on error.
+    Check,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Check => check(&cli.config),
+        Command::Run => run(&cli.config, cli.log_format),
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            println!(
+                "{}: ok ({} backends)",
+                path.display(),
+                config.backends.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for error in &errors.0 {
+                eprintln!("{}: {error}", path.display());
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(path: &std::path::Path, log_format: LogFormat) -> ExitCode {
+    telemetry::init_logging(log_format);
+    let config = match Config::load(path) {
+        Ok(config) => config,
+        Err(errors) => {
+            for error in &errors.0 {
+                tracing::error!(config = %path.display(), "{error}");
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let result = runtime.block_on(async move {
+        let listeners = infergate::Listeners::bind(&config).await?;
+        let gateway = infergate::Gateway::new(config)?;
+        let shutdown = CancellationToken::new();
+        infergate::cancel_on_signal(shutdown.clone());
+        infergate::serve(gateway, listeners, shutdown).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! The TOML config file: serde types, defaults and validation.
+//!
+//! The core never sees TOML. `Config::load` parses and validates the whole file and returns
+//! every problem at once, each named by its key, so `infergate check` can list them all and a
+//! reload can refuse a bad file without touching the running one.
+
+mod units;
+
+pub use units::{ByteSize, HumanDuration};
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// The whole config file, as the operator wrote it (with defaults filled in).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the gateway listens.
+    pub listen: Listen,
+    /// Request handling limits and shutdown.
+    #[serde(default)]
+    pub server: Server,
+    /// How backends are called and watched.
+    #[serde(default)]
+    pub upstream: Upstream,
+    /// The Triton pool.
+    #[serde(default)]
+    pub backends: Vec<Backend>,
+}
+
+/// Listener addresses. Each runs its own server so metrics and admin can stay private.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listen {
+    /// KServe v2 HTTP/REST.
+    pub http: SocketAddr,
+    /// Prometheus `/metrics` and `/metrics/backends`.
+    pub metrics: Option<SocketAddr>,
+    /// Admin API.
+    pub admin: Option<SocketAddr>,
+}
+
+/// Limits on what a client may send, and how long shutdown waits.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Server {
+    /// Largest request body accepted; larger ones get 413.
+    pub max_body_size: ByteSize,
+    /// How long in-flight requests may run after SIGTERM before the process exits anyway.
+    pub drain_timeout: HumanDuration,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Self {
+            max_body_size: ByteSize(64 << 20),
+            drain_timeout: HumanDuration(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// Timeouts, pooling and health checking for every backend.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Upstream {
+    /// Time allowed to open a TCP connection to a backend.
+    pub connect_timeout: HumanDuration,
+    /// Time allowed from sending a request until the backend's response headers arrive.
+    pub request_timeout: HumanDuration,
+    /// Idle pooled connections are closed after this long.
+    pub pool_idle_timeout: HumanDuration,
+    /// Idle connections kept per backend.
+    pub pool_max_idle: usize,
+    /// How often each backend's `/v2/health/ready` and repository index are polled.
+    pub health_interval: HumanDuration,
+    /// Time allowed for one health check.
+    pub health_timeout: HumanDuration,
+    /// Consecutive connection failures (from traffic or checks) that eject a backend
+    /// until its next successful health check.
+    pub eject_after_failures: u32,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Self {
+            connect_timeout: HumanDuration(Duration::from_secs(2)),
+            request_timeout: HumanDuration(Duration::from_secs(60)),
+            pool_idle_timeout: HumanDuration(Duration::from_secs(90)),
+            pool_max_idle: 256,
+            health_interval: HumanDuration(Duration::from_secs(2)),
+            health_timeout: HumanDuration(Duration::from_secs(1)),
+            eject_after_failures: 3,
+        }
+    }
+}
+
+/// One Triton instance of the pool.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Backend {
+    /// Unique name, used in metrics, logs and the admin API.
+    pub name: String,
+    /// Base URL of its HTTP/REST endpoint: `http://host:port`, or `h2c://host:port` for
+    /// HTTP/2 with prior knowledge.
+    pub http: String,
+    /// URL of its Prometheus metrics, re-exported under `/metrics/backends`.
+    pub metrics: Option<String>,
+    /// Memory the backend offers to models (used by placement).
+    pub capacity: Option<ByteSize>,
+}
+
+/// One problem in a config file, with the key it concerns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted key path, e.g. `backends[1].name`; empty when the file as a whole is unreadable.
+    pub key: String,
+    /// What is wrong and what would be right.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.key, self.message)
+        }
+    }
+}
+
+/// Every problem found in a config file.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                key: String::new(),
+                message: format!("cannot read {}: {e}", path.display()),
+            }])
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Parses and validates config text.
+    pub fn parse(text: &str) -> Result<Self, ConfigErrors> {
+        let deserializer = toml::Deserializer::parse(text).map_err(|e| syntax_error(text, &e))?;
+        let config: Config = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            ConfigErrors(vec![ConfigError {
+                key: if key == "." { String::new() } else { key },
+                message: format!("{}{}", inner.message().trim(), location(text, &inner)),
+            }])
+        })?;
+        let errors = config.validate();
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+
+    /// Checks what serde cannot: uniqueness, URLs, sensible numbers.
+    fn validate(&self) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        let mut error = |key: String, message: String| errors.push(ConfigError { key, message });
+        if self.backends.is_empty() {
+            error(
+                "backends".into(),
+                "at least one [[backends]] entry is required".into(),
+            );
+        }
+        let mut names = HashSet::new();
+        for (i, backend) in self.backends.iter().enumerate() {
+            if backend.name.trim().is_empty() {
+                error(format!("backends[{i}].name"), "must not be empty".into());
+            } else if !names.insert(backend.name.as_str()) {
+                error(
+                    format!("backends[{i}].name"),
+                    format!("duplicate backend name {:?}", backend.name),
+                );
+            }
+            if let Err(message) = crate::upstream::BackendUrl::parse(&backend.http) {
+                error(format!("backends[{i}].http"), message);
+            }
+            if let Some(metrics) = &backend.metrics
+                && let Err(message) = crate::upstream::BackendUrl::parse(metrics)
+            {
+                error(format!("backends[{i}].metrics"), message);
+            }
+        }
+        if self.server.max_body_size.bytes() == 0 {
+            error(
+                "server.max_body_size".into(),
+                "must be greater than 0".into(),
+            );
+        }
+        if self.upstream.eject_after_failures == 0 {
+            error(
+                "upstream.eject_after_failures".into(),
+                "must be at least 1".into(),
+            );
+        }
+        for (key, value) in [
+            ("upstream.connect_timeout", self.upstream.connect_timeout),
+            ("upstream.request_timeout", self.upstream.request_timeout),
+            ("upstream.health_interval", self.upstream.health_interval),
+            ("upstream.health_timeout", self.upstream.health_timeout),
+        ] {
+            if value.0.is_zero() {
+                error(key.into(), "must be greater than 0".into());
+            }
+        }
+        errors
+    }
+}
+
+fn syntax_error(text: &str, error: &toml::de::Error) -> ConfigErrors {
+    ConfigErrors(vec![ConfigError {
+        key: String::new(),
+        message: format!(
+            "TOML syntax error: {}{}",
+            error.message().trim(),
+            location(text, error)
+        ),
+    }])
+}
+
+/// " (line L, column C)" for an error's position in the file, when toml knows it.
+fn location(text: &str, error: &toml::de::Error) -> String {
+    let Some(span) = error.span() else {
+        return String::new();
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    format!(" (line {line}, column {column})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [listen]
+        http = "127.0.0.1:8000"
+        [[backends]]
+        name = "triton-0"
+        http = "http://127.0.0.1:19000"
+    "#;
+
+    fn errors(text: &str) -> Vec<String> {
+        Config::parse(text)
+            .unwrap_err()
+            .0
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let config = Config::parse(MINIMAL).unwrap();
+        assert_eq!(config.server.max_body_size.bytes(), 64 << 20);
+        assert_eq!(config.upstream.request_timeout.0, Duration::from_secs(60));
+        assert_eq!(config.backends[0].capacity, None);
+    }
+
+    #[test]
+    fn example_config_is_valid() {
+        let text = include_str!("../../config/gateway.toml");
+        let config = Config::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(config.backends.len(), 2);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let found = errors(&format!("{MINIMAL}\ncolour = \"blue\""));
+        assert_eq!(found.len(), 1);
+        assert!(found[0].contains("colour"), "{found:?}");
+
+        let found = errors(&MINIMAL.replace("name = \"triton-0\"", "name = \"t\"\nweight = 3"));
+        assert!(found[0].starts_with("backends[0]"), "{found:?}");
+        assert!(found[0].contains("weight"), "{found:?}");
+    }
+
+    #[test]
+    fn bad_size_is_named_with_its_key() {
+        let text = format!("{MINIMAL}capacity = \"2 parsecs\"");
+        let found = errors(&text);
+        assert!(found[0].starts_with("backends[0].capacity:"), "{found:?}");
+        assert!(found[0].contains("unknown size unit"), "{found:?}");
+    }
+
+    #[test]
+    fn every_semantic_error_is_reported() {
+        let text = r#"
+            [listen]
+            http = "127.0.0.1:8000"
+            [upstream]
+            eject_after_failures = 0
+            [[backends]]
+            name = "a"
+            http = "http://127.0.0.1:1"
+            [[backends]]
+            name = "a"
+            http = "ftp://nowhere"
+        "#;
+        let found = errors(text);
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|e| e.starts_with("backends[1].name: duplicate"))
+        );
+        assert!(found.iter().any(|e| e.starts_with("backends[1].http:")));
+        assert!(
+            found
+                .iter()
+                .any(|e| e.starts_with("upstream.eject_after_failures:"))
+        );
+    }
+
+    #[test]
+    fn bad_address_is_named() {
+        let found = errors(&MINIMAL.replace("127.0.0.1:8000", "localhost-ish"));
+        assert!(found[0].starts_with("listen.http:"), "{found:?}");
+    }
+}

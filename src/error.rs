@@ -1,0 +1,262 @@
+//! `GatewayError`: every way a request can fail, where the failure came from, and how it is
+//! answered on the wire.
+//!
+//! One enum and one classification so that HTTP (and later gRPC) answer the same failure the
+//! same way. The body is Triton's own error shape, `{"error": "..."}`, so Triton clients show
+//! our messages exactly as they would show Triton's.
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use std::time::Duration;
+
+/// Who caused a failure: decides the log level and the `source` metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorSource {
+    /// The request was wrong.
+    Client,
+    /// A backend failed or is missing.
+    Upstream,
+    /// The gateway itself (shutting down, a bug).
+    Gateway,
+}
+
+impl ErrorSource {
+    /// Label value for metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Upstream => "upstream",
+            Self::Gateway => "gateway",
+        }
+    }
+}
+
+/// A failed request, answered by the gateway itself.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// No backend knows the model.
+    #[error("Request for unknown model: '{model}' is not found")]
+    UnknownModel { model: String },
+    /// Some backend knows the model but none has it ready.
+    #[error("model '{model}'{} is not ready on any backend", version_suffix(.version))]
+    ModelNotReady {
+        model: String,
+        version: Option<String>,
+    },
+    /// No backend passes its health checks.
+    #[error("no backend is ready to serve requests")]
+    NoBackendReady,
+    /// The body exceeds `server.max_body_size`.
+    #[error("request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    /// The request is malformed in a way the gateway can tell.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No such endpoint.
+    #[error("not found: {path}")]
+    NotFound { path: String },
+    /// The endpoint exists but not for this method.
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+    /// The backend could not be reached.
+    #[error("backend '{backend}' is unreachable: {reason}")]
+    UpstreamUnreachable { backend: String, reason: String },
+    /// The backend did not answer in time.
+    #[error("backend '{backend}' did not answer within {}ms", .after.as_millis())]
+    UpstreamTimeout { backend: String, after: Duration },
+    /// The backend broke the exchange after it started.
+    #[error("backend '{backend}' failed: {reason}")]
+    UpstreamFailed { backend: String, reason: String },
+    /// The gateway is draining for shutdown.
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
+}
+
+fn version_suffix(version: &Option<String>) -> String {
+    version
+        .as_deref()
+        .map(|v| format!(" version {v}"))
+        .unwrap_or_default()
+}
+
+impl GatewayError {
+    /// Who caused it.
+    pub fn source(&self) -> ErrorSource {
+        match self {
+            Self::UnknownModel { .. }
+            | Self::BodyTooLarge { .. }
+            | Self::BadRequest(_)
+            | Self::NotFound { .. }
+            | Self::MethodNotAllowed { .. } => ErrorSource::Client,
+            Self::ModelNotReady { .. }
+            | Self::NoBackendReady
+            | Self::UpstreamUnreachable { .. }
+            | Self::UpstreamTimeout { .. }
+            | Self::UpstreamFailed { .. } => ErrorSource::Upstream,
+            Self::ShuttingDown => ErrorSource::Gateway,
+        }
+    }
+
+    /// A short stable name for metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::UnknownModel { .. } => "unknown_model",
+            Self::ModelNotReady { .. } => "model_not_ready",
+            Self::NoBackendReady => "no_backend",
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::BadRequest(_) => "bad_request",
+            Self::NotFound { .. } => "not_found",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::UpstreamUnreachable { .. } => "upstream_unreachable",
+            Self::UpstreamTimeout { .. } => "upstream_timeout",
+            Self::UpstreamFailed { .. } => "upstream_failed",
+            Self::ShuttingDown => "shutting_down",
+        }
+    }
+
+    /// The HTTP status this failure is answered with.
+    pub fn http_status(&self) -> StatusCode {
+        match self {
+            // Triton answers an unknown model with 400, and clients key on that.
+            Self::UnknownModel { .. } => StatusCode::BAD_REQUEST,
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::ModelNotReady { .. } | Self::NoBackendReady | Self::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::UpstreamUnreachable { .. } | Self::UpstreamFailed { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+}
+
+/// Triton's error body for a message.
+pub fn error_body(message: &str) -> String {
+    serde_json::json!({ "error": message }).to_string()
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let status = self.http_status();
+        let message = self.to_string();
+        let mut response = (status, error_body(&message)).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response.extensions_mut().insert(ErrorKind {
+            kind: self.kind(),
+            source: self.source(),
+            message,
+        });
+        response
+    }
+}
+
+/// Left on an error response so the edge middleware can count and log it once.
+#[derive(Clone, Debug)]
+pub struct ErrorKind {
+    /// `GatewayError::kind`.
+    pub kind: &'static str,
+    /// `GatewayError::source`.
+    pub source: ErrorSource,
+    /// The message the client was sent (never a payload or a credential).
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole mapping table, pinned: changing a status is a user-visible change.
+    #[test]
+    fn every_error_maps_to_its_status_and_source() {
+        use ErrorSource::*;
+        let backend = || "b".to_string();
+        let table: Vec<(GatewayError, u16, ErrorSource)> = vec![
+            (
+                GatewayError::UnknownModel { model: "m".into() },
+                400,
+                Client,
+            ),
+            (
+                GatewayError::ModelNotReady {
+                    model: "m".into(),
+                    version: None,
+                },
+                503,
+                Upstream,
+            ),
+            (GatewayError::NoBackendReady, 503, Upstream),
+            (GatewayError::BodyTooLarge { limit: 1 }, 413, Client),
+            (GatewayError::BadRequest("x".into()), 400, Client),
+            (GatewayError::NotFound { path: "/x".into() }, 404, Client),
+            (
+                GatewayError::MethodNotAllowed {
+                    method: "GET".into(),
+                    path: "/x".into(),
+                },
+                405,
+                Client,
+            ),
+            (
+                GatewayError::UpstreamUnreachable {
+                    backend: backend(),
+                    reason: "r".into(),
+                },
+                502,
+                Upstream,
+            ),
+            (
+                GatewayError::UpstreamTimeout {
+                    backend: backend(),
+                    after: Duration::from_secs(1),
+                },
+                504,
+                Upstream,
+            ),
+            (
+                GatewayError::UpstreamFailed {
+                    backend: backend(),
+                    reason: "r".into(),
+                },
+                502,
+                Upstream,
+            ),
+            (GatewayError::ShuttingDown, 503, Gateway),
+        ];
+        for (error, status, source) in table {
+            assert_eq!(error.http_status().as_u16(), status, "{error:?}");
+            assert_eq!(error.source(), source, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn messages_name_what_was_wrong() {
+        let e = GatewayError::ModelNotReady {
+            model: "add_sub".into(),
+            version: Some("2".into()),
+        };
+        assert_eq!(
+            e.to_string(),
+            "model 'add_sub' version 2 is not ready on any backend"
+        );
+        let e = GatewayError::UpstreamTimeout {
+            backend: "t0".into(),
+            after: Duration::from_millis(250),
+        };
+        assert_eq!(e.to_string(), "backend 't0' did not answer within 250ms");
+        assert_eq!(
+            error_body("a \"quoted\" word"),
+            r#"{"error":"a \"quoted\" word"}"#
+        );
+    }
+}

@@ -1,0 +1,427 @@
+//! The KServe v2 HTTP/REST front-end: every endpoint of the protocol and Triton's repository
+//! extension, decoded into pipeline calls. Bodies stream through untouched, so JSON and the
+//! binary tensor extension work alike.
+
+use super::Served;
+use super::edge::edge;
+use crate::Gateway;
+use crate::error::GatewayError;
+use crate::pipeline::{self, LeasedBody, ModelRef};
+use crate::upstream::{self, Backend, ModelEntry};
+use axum::Router;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, Request, State};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use bytes::Bytes;
+use http::{Method, StatusCode, header};
+use http_body_util::BodyExt;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Builds the KServe v2 router over the gateway state.
+pub fn router(gateway: Gateway) -> Router {
+    Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2/models/stats", get(all_model_stats))
+        .route("/v2/models/{model}", get(model_metadata))
+        .route(
+            "/v2/models/{model}/versions/{version}",
+            get(version_metadata),
+        )
+        .route("/v2/models/{model}/{action}", any(model_action))
+        .route(
+            "/v2/models/{model}/versions/{version}/{action}",
+            any(version_action),
+        )
+        .route("/v2/repository/index", post(repository_index))
+        .route(
+            "/v2/repository/models/{model}/{action}",
+            any(repository_action),
+        )
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(gateway.clone(), edge))
+        .with_state(gateway)
+}
+
+/// The protocol extensions the gateway itself supports end to end.
+const EXTENSIONS: [&str; 6] = [
+    "binary_tensor_data",
+    "classification",
+    "model_repository",
+    "model_configuration",
+    "parameters",
+    "statistics",
+];
+
+async fn server_metadata() -> Response {
+    axum::Json(serde_json::json!({
+        "name": "infergate",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": EXTENSIONS,
+    }))
+    .into_response()
+}
+
+/// The gateway's own process is alive.
+async fn live() -> StatusCode {
+    StatusCode::OK
+}
+
+/// Ready while at least one backend is, and not once shutdown has begun.
+async fn ready(State(gateway): State<Gateway>) -> Result<StatusCode, GatewayError> {
+    if gateway.is_draining() {
+        Err(GatewayError::ShuttingDown)
+    } else if gateway.pool().ready().next().is_none() {
+        Err(GatewayError::NoBackendReady)
+    } else {
+        Ok(StatusCode::OK)
+    }
+}
+
+async fn not_found(request: Request) -> GatewayError {
+    GatewayError::NotFound {
+        path: request.uri().path().to_owned(),
+    }
+}
+
+async fn method_not_allowed(request: Request) -> GatewayError {
+    GatewayError::MethodNotAllowed {
+        method: request.method().to_string(),
+        path: request.uri().path().to_owned(),
+    }
+}
+
+fn path<T>(extracted: Result<Path<T>, PathRejection>) -> Result<T, GatewayError> {
+    extracted.map(|Path(value)| value).map_err(|rejection| {
+        GatewayError::BadRequest(format!("malformed URL: {}", rejection.body_text()))
+    })
+}
+
+async fn model_metadata(
+    State(gateway): State<Gateway>,
+    model: Result<Path<String>, PathRejection>,
+    request: Request,
+) -> Response {
+    match path(model) {
+        Ok(model) => to_model(&gateway, ModelRef::new(model, None), request).await,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn version_metadata(
+    State(gateway): State<Gateway>,
+    segments: Result<Path<(String, String)>, PathRejection>,
+    request: Request,
+) -> Response {
+    match path(segments) {
+        Ok((model, version)) => {
+            to_model(&gateway, ModelRef::new(model, Some(version)), request).await
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn model_action(
+    State(gateway): State<Gateway>,
+    segments: Result<Path<(String, String)>, PathRejection>,
+    request: Request,
+) -> Response {
+    match path(segments).and_then(|(model, action)| {
+        check_action(&action, &request)?;
+        Ok(model)
+    }) {
+        Ok(model) => to_model(&gateway, ModelRef::new(model, None), request).await,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn version_action(
+    State(gateway): State<Gateway>,
+    segments: Result<Path<(String, String, String)>, PathRejection>,
+    request: Request,
+) -> Response {
+    match path(segments).and_then(|(model, version, action)| {
+        check_action(&action, &request)?;
+        Ok((model, version))
+    }) {
+        Ok((model, version)) => {
+            to_model(&gateway, ModelRef::new(model, Some(version)), request).await
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// The per-model endpoints and the method each takes.
+fn check_action(action: &str, request: &Request) -> Result<(), GatewayError> {
+    let expected = match action {
+        "ready" | "config" | "stats" => Method::GET,
+        "infer" => Method::POST,
+        _ => {
+            return Err(GatewayError::NotFound {
+                path: request.uri().path().to_owned(),
+            });
+        }
+    };
+    if request.method() == expected {
+        Ok(())
+    } else {
+        Err(GatewayError::MethodNotAllowed {
+            method: request.method().to_string(),
+            path: request.uri().path().to_owned(),
+        })
+    }
+}
+
+/// Every request about one model: place it, forward it, stream the answer back while the
+/// lease keeps the copy in use.
+async fn to_model(gateway: &Gateway, model: ModelRef, request: Request) -> Response {
+    let lease = match pipeline::place(gateway.pool(), &model) {
+        Ok(lease) => lease,
+        Err(error) => return error.into_response(),
+    };
+    let served = Served {
+        model: model.name,
+        version: model.version,
+        backend: lease.backend().name.clone(),
+    };
+    let forwarded = match limit_body(gateway, request) {
+        Ok(request) => upstream::forward(lease.backend(), request).await,
+        Err(error) => Err(error),
+    };
+    let mut response = match forwarded {
+        Ok(response) => {
+            let (parts, body) = response.into_parts();
+            Response::from_parts(parts, LeasedBody::wrap(body, lease))
+        }
+        Err(error) => error.into_response(),
+    };
+    response.extensions_mut().insert(served);
+    response
+}
+
+/// Refuses a declared length over the limit at once, and cuts off a chunked body that grows
+/// past it.
+fn limit_body(gateway: &Gateway, request: Request) -> Result<Request, GatewayError> {
+    let limit = gateway.config().server.max_body_size.bytes();
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(GatewayError::BodyTooLarge { limit });
+    }
+    Ok(request.map(|body| crate::body::limited(body, limit)))
+}
+
+/// Reads a small control body (repository requests) within the body limit.
+async fn read_small_body(gateway: &Gateway, request: Request) -> Result<Bytes, GatewayError> {
+    let request = limit_body(gateway, request)?;
+    match request.into_body().collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) => {
+            let limit = gateway.config().server.max_body_size.bytes();
+            if std::error::Error::source(&error)
+                .is_some_and(|e| e.is::<crate::body::BodyTooLarge>())
+            {
+                Err(GatewayError::BodyTooLarge { limit })
+            } else {
+                Err(GatewayError::BadRequest(format!(
+                    "could not read request body: {error}"
+                )))
+            }
+        }
+    }
+}
+
+/// Asks every ready backend the same control question, concurrently.
+async fn ask_all(
+    gateway: &Gateway,
+    backends: &[Arc<Backend>],
+    method: Method,
+    path: &str,
+    body: Bytes,
+) -> Vec<(Arc<Backend>, Result<(StatusCode, Bytes), GatewayError>)> {
+    let timeout = gateway.config().upstream.request_timeout.0;
+    let calls = backends.iter().map(|backend| {
+        let body = body.clone();
+        let method = method.clone();
+        async move {
+            let answer = backend
+                .client
+                .call(backend, method, path, body, timeout)
+                .await;
+            (backend.clone(), answer)
+        }
+    });
+    futures_util::future::join_all(calls).await
+}
+
+fn ready_backends(gateway: &Gateway) -> Result<Vec<Arc<Backend>>, GatewayError> {
+    let ready: Vec<_> = gateway.pool().ready().cloned().collect();
+    if ready.is_empty() {
+        Err(GatewayError::NoBackendReady)
+    } else {
+        Ok(ready)
+    }
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response {
+    let mut response = (status, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// The pool's repository: one row per model and version, READY where any backend has it.
+async fn repository_index(
+    State(gateway): State<Gateway>,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    let body = read_small_body(&gateway, request).await?;
+    let body = if body.is_empty() {
+        Bytes::from_static(b"{}")
+    } else {
+        body
+    };
+    let backends = ready_backends(&gateway)?;
+    let mut merged: BTreeMap<(String, Option<String>), ModelEntry> = BTreeMap::new();
+    for (backend, answer) in ask_all(
+        &gateway,
+        &backends,
+        Method::POST,
+        "/v2/repository/index",
+        body,
+    )
+    .await
+    {
+        let (status, body) = answer?;
+        if status != StatusCode::OK {
+            return Ok(json_response(status, body));
+        }
+        let entries: Vec<ModelEntry> =
+            serde_json::from_slice(&body).map_err(|e| GatewayError::UpstreamFailed {
+                backend: backend.name.clone(),
+                reason: format!("repository index is not valid JSON: {e}"),
+            })?;
+        for entry in entries {
+            let key = (entry.name.clone(), entry.version.clone());
+            match merged.get(&key) {
+                Some(existing) if existing.is_ready() || !entry.is_ready() => {}
+                _ => {
+                    merged.insert(key, entry);
+                }
+            }
+        }
+    }
+    let rows: Vec<ModelEntry> = merged.into_values().collect();
+    Ok(json_response(
+        StatusCode::OK,
+        Bytes::from(serde_json::to_vec(&rows).expect("serializable")),
+    ))
+}
+
+/// Load and unload across the pool. A load goes where the model is already loaded (Triton
+/// reloads it there) or else to the ready backend with the fewest models; an unload goes to
+/// every backend that has it loaded. The answer is the backends' own.
+async fn repository_action(
+    State(gateway): State<Gateway>,
+    segments: Result<Path<(String, String)>, PathRejection>,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    let (model, action) = path(segments)?;
+    if action != "load" && action != "unload" {
+        return Err(GatewayError::NotFound {
+            path: request.uri().path().to_owned(),
+        });
+    }
+    if request.method() != Method::POST {
+        return Err(GatewayError::MethodNotAllowed {
+            method: request.method().to_string(),
+            path: request.uri().path().to_owned(),
+        });
+    }
+    let path = request.uri().path().to_owned();
+    let body = read_small_body(&gateway, request).await?;
+    let ready = ready_backends(&gateway)?;
+    let holding: Vec<_> = ready
+        .iter()
+        .filter(|b| b.index().is_ready(&model, None))
+        .cloned()
+        .collect();
+    let targets = match (action.as_str(), holding.is_empty()) {
+        ("unload", true) => return Ok(json_response(StatusCode::OK, Bytes::new())),
+        ("load", true) => vec![least_loaded(&ready)],
+        _ => holding,
+    };
+    let answers = ask_all(&gateway, &targets, Method::POST, &path, body).await;
+    let timeout = gateway.config().upstream.health_timeout.0;
+    let mut result = Ok(json_response(StatusCode::OK, Bytes::new()));
+    for (backend, answer) in answers {
+        // The index is re-read at once so the next request sees the change.
+        let _ = upstream::refresh_index(&backend, timeout).await;
+        match answer {
+            Ok((StatusCode::OK, _)) => {}
+            Ok((status, body)) => result = Ok(json_response(status, body)),
+            Err(error) => result = Err(error),
+        }
+    }
+    let mut response = result?;
+    response.extensions_mut().insert(Served {
+        model,
+        version: None,
+        backend: String::new(),
+    });
+    Ok(response)
+}
+
+fn least_loaded(backends: &[Arc<Backend>]) -> Arc<Backend> {
+    backends
+        .iter()
+        .min_by_key(|b| {
+            let loaded = b.index().entries().iter().filter(|e| e.is_ready()).count();
+            (loaded, b.in_flight())
+        })
+        .cloned()
+        .expect("at least one ready backend")
+}
+
+/// Statistics for every model on every ready backend, concatenated.
+async fn all_model_stats(State(gateway): State<Gateway>) -> Result<Response, GatewayError> {
+    let backends = ready_backends(&gateway)?;
+    let mut stats = Vec::new();
+    for (backend, answer) in ask_all(
+        &gateway,
+        &backends,
+        Method::GET,
+        "/v2/models/stats",
+        Bytes::new(),
+    )
+    .await
+    {
+        let (status, body) = answer?;
+        if status != StatusCode::OK {
+            return Ok(json_response(status, body));
+        }
+        let mut parsed: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| GatewayError::UpstreamFailed {
+                backend: backend.name.clone(),
+                reason: format!("statistics are not valid JSON: {e}"),
+            })?;
+        if let Some(serde_json::Value::Array(rows)) =
+            parsed.get_mut("model_stats").map(serde_json::Value::take)
+        {
+            stats.extend(rows);
+        }
+    }
+    let body =
+        serde_json::to_vec(&serde_json::json!({ "model_stats": stats })).expect("serializable");
+    Ok(json_response(StatusCode::OK, Bytes::from(body)))
+}

@@ -1,0 +1,180 @@
+//! infergate: a KServe v2 gateway in front of a pool of NVIDIA Triton Inference Servers.
+//!
+//! `Gateway` is the shared state every request sees; `serve` runs the listeners on sockets
+//! the caller bound (so tests can bind port 0) until shutdown, then drains.
+#![forbid(unsafe_code)]
+
+pub mod body;
+pub mod config;
+pub mod error;
+pub mod frontend;
+pub mod pipeline;
+pub mod telemetry;
+pub mod upstream;
+
+use config::Config;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use upstream::Pool;
+
+/// Shared gateway state: a cheap handle, cloned into every handler.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    pool: Arc<Pool>,
+    metrics: PrometheusHandle,
+    draining: AtomicBool,
+}
+
+impl Gateway {
+    /// Builds the state from a validated config. Backends start not ready until their first
+    /// health check passes.
+    pub fn new(config: Config) -> anyhow::Result<Self> {
+        let pool = Arc::new(Pool::new(&config).map_err(anyhow::Error::msg)?);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                pool,
+                metrics: telemetry::metrics_handle(),
+                draining: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The running config.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The backend pool.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.inner.pool
+    }
+
+    /// The Prometheus renderer.
+    pub fn metrics(&self) -> &PrometheusHandle {
+        &self.inner.metrics
+    }
+
+    /// True once shutdown has begun: readiness turns false so load balancers move away.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// Sockets the gateway serves on, bound by the caller.
+pub struct Listeners {
+    /// KServe v2 HTTP/REST.
+    pub http: TcpListener,
+    /// Prometheus metrics, if enabled.
+    pub metrics: Option<TcpListener>,
+    /// Admin API, if enabled.
+    pub admin: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds every address in the config's `[listen]` table.
+    pub async fn bind(config: &Config) -> anyhow::Result<Self> {
+        let bind = |addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
+        };
+        Ok(Self {
+            http: bind(config.listen.http).await?,
+            metrics: match config.listen.metrics {
+                Some(addr) => Some(bind(addr).await?),
+                None => None,
+            },
+            admin: match config.listen.admin {
+                Some(addr) => Some(bind(addr).await?),
+                None => None,
+            },
+        })
+    }
+}
+
+/// Runs the gateway until `shutdown` is cancelled, then stops accepting, lets in-flight
+/// requests finish for up to `server.drain_timeout`, and returns.
+pub async fn serve(
+    gateway: Gateway,
+    listeners: Listeners,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let tasks = TaskTracker::new();
+    let upstream_config = &gateway.config().upstream;
+    upstream::spawn_health_checks(
+        gateway.pool(),
+        upstream_config.health_interval.0,
+        upstream_config.health_timeout.0,
+        &tasks,
+        &shutdown,
+    );
+    let servers = TaskTracker::new();
+    let serve_one = |listener: TcpListener, router: axum::Router| {
+        let shutdown = shutdown.clone();
+        servers.spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        });
+    };
+    tracing::info!(addr = %listeners.http.local_addr()?, "serving KServe v2 HTTP");
+    serve_one(listeners.http, frontend::http::router(gateway.clone()));
+    if let Some(listener) = listeners.metrics {
+        tracing::info!(addr = %listener.local_addr()?, "serving metrics");
+        serve_one(listener, frontend::metrics::router(gateway.clone()));
+    }
+    if let Some(listener) = listeners.admin {
+        tracing::info!(addr = %listener.local_addr()?, "serving admin API");
+        serve_one(listener, frontend::admin::router(gateway.clone()));
+    }
+    servers.close();
+    tasks.close();
+
+    shutdown.cancelled().await;
+    gateway.inner.draining.store(true, Ordering::Relaxed);
+    let drain: Duration = gateway.config().server.drain_timeout.0;
+    tracing::info!(
+        drain_timeout_ms = drain.as_millis() as u64,
+        "shutting down: draining in-flight requests"
+    );
+    if tokio::time::timeout(drain, servers.wait()).await.is_err() {
+        tracing::warn!("drain timeout reached with requests still in flight; exiting anyway");
+    }
+    tasks.wait().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Cancels `token` on SIGTERM or SIGINT.
+pub fn cancel_on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => tracing::info!("SIGINT received"),
+            _ = term => tracing::info!("SIGTERM received"),
+        }
+        token.cancel();
+    });
+}

@@ -1,0 +1,26 @@
+//! The walk every model request takes, whatever its wire format: find where the model is
+//! served (`place`), then forward. Later stages (auth, route, validate) slot in here, each a
+//! plain function over the gateway state and the request, so HTTP and gRPC share every rule.
+
+mod place;
+
+pub use place::{Lease, LeasedBody, place};
+
+/// The model a request names, as the client wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ModelRef {
+    /// Model name.
+    pub name: String,
+    /// A specific version, or `None` for the server's choice.
+    pub version: Option<String>,
+}
+
+impl ModelRef {
+    /// A model, any version.
+    pub fn new(name: impl Into<String>, version: Option<String>) -> Self {
+        Self {
+            name: name.into(),
+            version,
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Metric names and logging setup, in one place: names are user interface (dashboards and
+//! alerts are built on them), so every one is declared and described here and nowhere else.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Requests answered, by protocol, model, version, backend and status class.
+pub const REQUESTS: &str = "infergate_requests_total";
+/// Whole-request latency as the client sees it (until response headers).
+pub const REQUEST_DURATION: &str = "infergate_request_duration_seconds";
+/// Backend latency until response headers, so the gateway's own share is visible.
+pub const UPSTREAM_DURATION: &str = "infergate_upstream_duration_seconds";
+/// Requests being handled right now.
+pub const IN_FLIGHT: &str = "infergate_requests_in_flight";
+/// Errors answered by the gateway itself, by kind and source (client, upstream, gateway).
+pub const ERRORS: &str = "infergate_errors_total";
+/// 1 while a backend passes health checks, else 0.
+pub const BACKEND_UP: &str = "infergate_backend_up";
+
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// Installs the Prometheus recorder once per process and returns its handle. Tests run many
+/// gateways in one process; they share the one recorder.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)
+                .expect("valid buckets")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed by an embedding program; then ours
+            // only renders what it sees, which is nothing — say so instead of failing.
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
+            }
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        REQUESTS,
+        "Requests answered, by protocol, model, version, backend and status class."
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        Unit::Seconds,
+        "Request latency seen by the client, until response headers."
+    );
+    describe_histogram!(
+        UPSTREAM_DURATION,
+        Unit::Seconds,
+        "Backend latency until response headers."
+    );
+    describe_gauge!(IN_FLIGHT, "Requests being handled.");
+    describe_counter!(
+        ERRORS,
+        "Errors answered by the gateway itself, by kind and source."
+    );
+    describe_gauge!(BACKEND_UP, "1 while the backend passes health checks.");
+}
+
+/// Records a backend's health.
+pub fn backend_up(backend: &str, up: bool) {
+    metrics::gauge!(BACKEND_UP, "backend" => backend.to_string()).set(if up { 1.0 } else { 0.0 });
+}
+
+/// Records time spent waiting on a backend.
+pub fn upstream_latency(backend: &str, elapsed: Duration) {
+    metrics::histogram!(UPSTREAM_DURATION, "backend" => backend.to_string())
+        .record(elapsed.as_secs_f64());
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
+}
+
+/// Sets up `tracing` for the process: `RUST_LOG` filters (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .try_init(),
+    };
+}

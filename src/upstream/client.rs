@@ -1,0 +1,188 @@
+//! Calling a backend: one pooled hyper client per backend, streaming bodies both ways, and
+//! every failure turned into a `GatewayError` that says which backend and what happened.
+
+use super::{Backend, BackendUrl};
+use crate::config;
+use crate::error::GatewayError;
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri, header};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A keep-alive connection pool to one backend.
+#[derive(Clone, Debug)]
+pub struct UpstreamClient {
+    client: Client<HttpConnector, Body>,
+    request_timeout: Duration,
+}
+
+impl UpstreamClient {
+    /// Builds the pool with the configured timeouts; HTTP/2 only when the URL asks for it.
+    pub fn new(url: &BackendUrl, config: &config::Upstream) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout.0));
+        connector.set_nodelay(true);
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_idle_timeout(config.pool_idle_timeout.0)
+            .pool_max_idle_per_host(config.pool_max_idle)
+            .http2_only(url.http2);
+        Self {
+            client: builder.build(connector),
+            request_timeout: config.request_timeout.0,
+        }
+    }
+
+    /// Sends a small control request (health, index, load) to a path on the backend and
+    /// reads the whole answer.
+    pub async fn call(
+        &self,
+        backend: &Backend,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), GatewayError> {
+        let uri = backend
+            .url
+            .join(path)
+            .map_err(|e| GatewayError::BadRequest(format!("invalid path {path:?}: {e}")))?;
+        self.fetch(&backend.name, method, uri, body, timeout).await
+    }
+
+    /// Sends a small request to any URI of this backend (its metrics port, say) and reads the
+    /// whole answer within `timeout`.
+    pub async fn fetch(
+        &self,
+        backend: &str,
+        method: Method,
+        uri: Uri,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), GatewayError> {
+        let mut request = Request::builder().method(method).uri(uri);
+        if !body.is_empty() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request.body(Body::from(body)).expect("valid request parts");
+        let exchange = async {
+            let response = self.client.request(request).await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((status, body))
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(error)) => Err(classify(backend, error.as_ref())),
+            Err(_) => Err(GatewayError::UpstreamTimeout {
+                backend: backend.to_string(),
+                after: timeout,
+            }),
+        }
+    }
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) are about one connection and are never forwarded.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    // Transfer-Encoding is re-decided by hyper for each side; leaving it would double-chunk.
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// Forwards a client request to a backend as it is (same method, path, query, headers and
+/// streamed body) and streams the answer back. Passive health: connection failures count
+/// against the backend, successes reset the count.
+pub async fn forward(
+    backend: &Arc<Backend>,
+    request: Request<Body>,
+) -> Result<Response<Body>, GatewayError> {
+    let (mut parts, body) = request.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    parts.uri = backend
+        .url
+        .join(&path)
+        .map_err(|e| GatewayError::BadRequest(format!("invalid request path: {e}")))?;
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::HOST);
+    parts.version = http::Version::HTTP_11;
+
+    let started = Instant::now();
+    let sent = backend
+        .client
+        .client
+        .request(Request::from_parts(parts, body));
+    let timeout = backend.client.request_timeout;
+    let response = match tokio::time::timeout(timeout, sent).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
+            let error = classify(&backend.name, &error);
+            if let GatewayError::UpstreamUnreachable { reason, .. } = &error {
+                backend.record_connect_failure(reason);
+            }
+            return Err(error);
+        }
+        Err(_) => {
+            return Err(GatewayError::UpstreamTimeout {
+                backend: backend.name.clone(),
+                after: timeout,
+            });
+        }
+    };
+    backend.record_success();
+    crate::telemetry::upstream_latency(&backend.name, started.elapsed());
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// Names the failure: a body over the limit is the client's; a refused or reset connection
+/// means the backend is unreachable; anything else broke mid-exchange.
+fn classify(backend: &str, error: &(dyn std::error::Error + 'static)) -> GatewayError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    let mut connect = false;
+    let mut innermost = error.to_string();
+    while let Some(e) = source {
+        if let Some(too_large) = e.downcast_ref::<crate::body::BodyTooLarge>() {
+            return GatewayError::BodyTooLarge {
+                limit: too_large.limit,
+            };
+        }
+        if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
+            connect |= e.is_connect();
+        }
+        innermost = e.to_string();
+        source = e.source();
+    }
+    if connect {
+        GatewayError::UpstreamUnreachable {
+            backend: backend.to_string(),
+            reason: innermost,
+        }
+    } else {
+        GatewayError::UpstreamFailed {
+            backend: backend.to_string(),
+            reason: innermost,
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! A backend's repository index (`POST /v2/repository/index`): which models it has and in
+//! which state. Refreshed by the health loop; read by placement to find a backend for a model.
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// One row of Triton's repository index.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ModelEntry {
+    /// Model name.
+    pub name: String,
+    /// Version, absent for models never loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `READY`, `UNAVAILABLE`, `LOADING`, ...; absent for models never loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Why it is not ready, when Triton says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl ModelEntry {
+    /// Loaded and serving.
+    pub fn is_ready(&self) -> bool {
+        self.state.as_deref() == Some("READY")
+    }
+}
+
+/// The models one backend reports, by name.
+#[derive(Clone, Debug, Default)]
+pub struct ModelIndex {
+    entries: Vec<ModelEntry>,
+    by_name: HashMap<String, Vec<usize>>,
+}
+
+impl ModelIndex {
+    /// Builds the index from Triton's JSON answer.
+    pub fn from_json(body: &[u8]) -> Result<Self, serde_json::Error> {
+        let entries: Vec<ModelEntry> = serde_json::from_slice(body)?;
+        Ok(Self::from_entries(entries))
+    }
+
+    /// Builds the index from rows.
+    pub fn from_entries(entries: Vec<ModelEntry>) -> Self {
+        let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, entry) in entries.iter().enumerate() {
+            by_name.entry(entry.name.clone()).or_default().push(i);
+        }
+        Self { entries, by_name }
+    }
+
+    /// Whether the model (a given version, or any) is READY here.
+    pub fn is_ready(&self, model: &str, version: Option<&str>) -> bool {
+        self.rows(model)
+            .any(|e| e.is_ready() && version.is_none_or(|v| e.version.as_deref() == Some(v)))
+    }
+
+    /// Whether the model is in this backend's repository at all.
+    pub fn knows(&self, model: &str) -> bool {
+        self.by_name.contains_key(model)
+    }
+
+    /// All rows, in Triton's order.
+    pub fn entries(&self) -> &[ModelEntry] {
+        &self.entries
+    }
+
+    fn rows<'a>(&'a self, model: &str) -> impl Iterator<Item = &'a ModelEntry> + 'a {
+        self.by_name
+            .get(model)
+            .into_iter()
+            .flatten()
+            .map(|&i| &self.entries[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_tritons_index() {
+        let body = br#"[{"name":"add_sub","version":"1","state":"READY"},
+                        {"name":"old","version":"1","state":"UNAVAILABLE","reason":"unloaded"},
+                        {"name":"never"}]"#;
+        let index = ModelIndex::from_json(body).unwrap();
+        assert!(index.is_ready("add_sub", None));
+        assert!(index.is_ready("add_sub", Some("1")));
+        assert!(!index.is_ready("add_sub", Some("2")));
+        assert!(!index.is_ready("old", None));
+        assert!(index.knows("never"));
+        assert!(!index.knows("other"));
+        assert_eq!(index.entries().len(), 3);
+    }
+}

@@ -1,0 +1,271 @@
+//! The Triton pool as the gateway sees it: each backend's address, pooled client, health and
+//! the models it reports, updated by `health` and read lock-free by every request.
+
+mod client;
+mod health;
+mod index;
+pub mod metrics_scrape;
+
+pub use client::{UpstreamClient, forward};
+pub use health::{refresh_index, spawn_health_checks};
+pub use index::{ModelEntry, ModelIndex};
+
+use crate::config;
+use arc_swap::ArcSwap;
+use http::Uri;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+
+/// A backend's base URL, and whether it speaks HTTP/2 with prior knowledge (`h2c://`).
+#[derive(Clone, Debug)]
+pub struct BackendUrl {
+    /// `http://host:port` with any path prefix, no trailing slash.
+    pub base: String,
+    /// Use HTTP/2 without upgrade (h2c); otherwise HTTP/1.1 keep-alive.
+    pub http2: bool,
+}
+
+impl BackendUrl {
+    /// Parses a config URL; the error says which schemes work.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (http2, rest) = if let Some(rest) = text.strip_prefix("h2c://") {
+            (true, rest)
+        } else if let Some(rest) = text.strip_prefix("http://") {
+            (false, rest)
+        } else {
+            return Err(format!(
+                "unsupported URL {text:?} (expected http://host:port or h2c://host:port)"
+            ));
+        };
+        let base = format!("http://{}", rest.trim_end_matches('/'));
+        let uri: Uri = base
+            .parse()
+            .map_err(|e| format!("invalid URL {text:?}: {e}"))?;
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(format!("URL {text:?} has no host"));
+        }
+        Ok(Self { base, http2 })
+    }
+
+    /// The full URI of a path (with query) on this backend.
+    pub fn join(&self, path_and_query: &str) -> Result<Uri, http::uri::InvalidUri> {
+        let mut uri = String::with_capacity(self.base.len() + path_and_query.len());
+        uri.push_str(&self.base);
+        uri.push_str(path_and_query);
+        uri.parse()
+    }
+}
+
+/// One Triton instance: identity, client and live state.
+#[derive(Debug)]
+pub struct Backend {
+    /// Config name, used in metrics, logs and the admin API.
+    pub name: String,
+    /// Where its HTTP/REST endpoint is.
+    pub url: BackendUrl,
+    /// Where its Prometheus metrics are, if configured.
+    pub metrics_url: Option<String>,
+    /// Capacity from config (for placement).
+    pub capacity: Option<u64>,
+    /// The pooled connection to it.
+    pub client: UpstreamClient,
+    ready: AtomicBool,
+    failures: AtomicU32,
+    eject_after: u32,
+    in_flight: AtomicUsize,
+    index: ArcSwap<ModelIndex>,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Backend {
+    /// Builds a backend from its (validated) config entry. It starts not ready: it takes
+    /// traffic after its first successful health check.
+    pub fn new(config: &config::Backend, upstream: &config::Upstream) -> Result<Self, String> {
+        let url = BackendUrl::parse(&config.http)?;
+        Ok(Self {
+            name: config.name.clone(),
+            client: UpstreamClient::new(&url, upstream),
+            url,
+            metrics_url: config.metrics.clone(),
+            capacity: config.capacity.map(config::ByteSize::bytes),
+            ready: AtomicBool::new(false),
+            failures: AtomicU32::new(0),
+            eject_after: upstream.eject_after_failures,
+            in_flight: AtomicUsize::new(0),
+            index: ArcSwap::from_pointee(ModelIndex::default()),
+            last_error: Mutex::new(None),
+        })
+    }
+
+    /// Passed its last health check and is not ejected.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Requests currently sent to it and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The models it reported at its last index refresh.
+    pub fn index(&self) -> Arc<ModelIndex> {
+        self.index.load_full()
+    }
+
+    /// Why it last failed, for the admin API.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().expect("last_error lock").clone()
+    }
+
+    /// Counts one request in flight until the guard drops.
+    pub fn start_request(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+
+    /// Records a successful health check.
+    fn mark_healthy(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        self.set_ready(true);
+    }
+
+    /// Records a failed health check: not ready until the next good one.
+    fn mark_unhealthy(&self, reason: String) {
+        self.set_ready(false);
+        *self.last_error.lock().expect("last_error lock") = Some(reason);
+    }
+
+    /// Records a connection failure seen by traffic: after `eject_after` in a row the backend
+    /// is ejected until a health check succeeds again.
+    pub fn record_connect_failure(&self, reason: &str) {
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.last_error.lock().expect("last_error lock") = Some(reason.to_string());
+        if failures >= self.eject_after && self.ready.swap(false, Ordering::AcqRel) {
+            tracing::warn!(backend = %self.name, failures, reason, "backend ejected after connection failures");
+            crate::telemetry::backend_up(&self.name, false);
+        }
+    }
+
+    /// Records a request that reached the backend, which resets the failure streak.
+    pub fn record_success(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Replaces the model index after a refresh.
+    pub fn set_index(&self, index: ModelIndex) {
+        self.index.store(Arc::new(index));
+    }
+
+    fn set_ready(&self, ready: bool) {
+        let was = self.ready.swap(ready, Ordering::AcqRel);
+        if was != ready {
+            if ready {
+                tracing::info!(backend = %self.name, "backend is ready");
+            } else {
+                tracing::warn!(backend = %self.name, reason = ?self.last_error(), "backend is not ready");
+            }
+        }
+        crate::telemetry::backend_up(&self.name, ready);
+    }
+}
+
+/// Keeps a backend's in-flight count up while a request is outstanding.
+#[derive(Debug)]
+pub struct InFlight(Arc<Backend>);
+
+impl InFlight {
+    /// The backend being used.
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Every configured backend.
+#[derive(Debug, Default)]
+pub struct Pool {
+    backends: Vec<Arc<Backend>>,
+}
+
+impl Pool {
+    /// Builds the pool from config.
+    pub fn new(config: &config::Config) -> Result<Self, String> {
+        let backends = config
+            .backends
+            .iter()
+            .map(|b| Backend::new(b, &config.upstream).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { backends })
+    }
+
+    /// All backends, ready or not.
+    pub fn backends(&self) -> &[Arc<Backend>] {
+        &self.backends
+    }
+
+    /// Backends that currently take traffic.
+    pub fn ready(&self) -> impl Iterator<Item = &Arc<Backend>> {
+        self.backends.iter().filter(|b| b.is_ready())
+    }
+
+    /// A backend by config name.
+    pub fn get(&self, name: &str) -> Option<&Arc<Backend>> {
+        self.backends.iter().find(|b| b.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_with_scheme_and_prefix() {
+        let url = BackendUrl::parse("http://127.0.0.1:19000/").unwrap();
+        assert_eq!(url.base, "http://127.0.0.1:19000");
+        assert!(!url.http2);
+        assert_eq!(
+            url.join("/v2/models/a/infer?x=1").unwrap().to_string(),
+            "http://127.0.0.1:19000/v2/models/a/infer?x=1"
+        );
+        assert!(BackendUrl::parse("h2c://triton:8000").unwrap().http2);
+        assert!(
+            BackendUrl::parse("ftp://x")
+                .unwrap_err()
+                .contains("unsupported URL")
+        );
+        assert!(BackendUrl::parse("http://").is_err());
+    }
+
+    #[test]
+    fn passive_failures_eject_after_threshold() {
+        let config: config::Config = config::Config::parse(
+            r#"
+            [listen]
+            http = "127.0.0.1:0"
+            [upstream]
+            eject_after_failures = 2
+            [[backends]]
+            name = "b"
+            http = "http://127.0.0.1:1"
+            "#,
+        )
+        .unwrap();
+        let backend = Backend::new(&config.backends[0], &config.upstream).unwrap();
+        backend.mark_healthy();
+        backend.record_connect_failure("refused");
+        assert!(backend.is_ready());
+        backend.record_connect_failure("refused");
+        assert!(!backend.is_ready());
+        assert_eq!(backend.last_error().as_deref(), Some("refused"));
+        backend.mark_healthy();
+        assert!(backend.is_ready());
+    }
+}
