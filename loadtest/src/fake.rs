@@ -1,0 +1,698 @@
+//! `fake-triton`: a minimal, fast stand-in for a Triton Inference Server.
+//!
+//! infergate's own overhead is tens of microseconds; a real Triton with a
+//! Python model takes milliseconds per request and varies by more than that.
+//! To measure the proxy and not the backend, benchmarks point infergate at
+//! this server, which speaks enough of the KServe v2 HTTP protocol (health,
+//! server and model metadata, model config, repository index, metrics, and
+//! infer in JSON or binary form) and answers from precomputed bodies without
+//! parsing tensors. `--delay` and `--fail-rate` add a known latency or error
+//! rate to check the gateway's behaviour under them.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Body;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::net::TcpListener;
+
+use crate::transport::http::INFERENCE_HEADER_CONTENT_LENGTH;
+
+/// Settings of the fake server (its command-line options).
+#[derive(Debug, Clone)]
+pub struct FakeConfig {
+    /// Model names served (each with version "1" and add_sub's signature).
+    pub models: Vec<String>,
+    /// Fixed extra latency added to every infer response.
+    pub delay: Duration,
+    /// Fraction (0.0..=1.0) of infer requests answered with HTTP 500.
+    pub fail_rate: f64,
+}
+
+impl Default for FakeConfig {
+    fn default() -> Self {
+        FakeConfig {
+            models: vec!["add_sub".to_string()],
+            delay: Duration::ZERO,
+            fail_rate: 0.0,
+        }
+    }
+}
+
+/// Precomputed responses for one model.
+struct ModelBodies {
+    metadata: Bytes,
+    config: Bytes,
+    infer_json: Bytes,
+    infer_binary: Bytes,
+    infer_binary_header_len: HeaderValue,
+}
+
+/// The fake server's state: every response body, built once at start-up so
+/// that answering is a reference-count increment, not a serialization.
+pub struct FakeTriton {
+    models: HashMap<String, ModelBodies>,
+    server_metadata: Bytes,
+    repository_index: Bytes,
+    metrics: Bytes,
+    injected_failure: Bytes,
+    delay: Duration,
+    fail_rate: f64,
+    infer_count: AtomicU64,
+}
+
+const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
+const OCTET_STREAM: HeaderValue = HeaderValue::from_static("application/octet-stream");
+const PROMETHEUS_TEXT: HeaderValue = HeaderValue::from_static("text/plain; version=0.0.4");
+
+// Serialize structs rather than `json!`: field order must match what real
+// Triton prints (serde_json's map would sort the keys).
+
+#[derive(Serialize)]
+struct TensorMeta<'a> {
+    name: &'a str,
+    datatype: &'static str,
+    shape: [u32; 1],
+}
+
+#[derive(Serialize)]
+struct ModelMetadata<'a> {
+    name: &'a str,
+    versions: [&'static str; 1],
+    platform: &'static str,
+    inputs: [TensorMeta<'a>; 2],
+    outputs: [TensorMeta<'a>; 2],
+}
+
+#[derive(Serialize)]
+struct TensorConfig<'a> {
+    name: &'a str,
+    data_type: &'static str,
+    dims: [u32; 1],
+}
+
+#[derive(Serialize)]
+struct ModelConfig<'a> {
+    name: &'a str,
+    max_batch_size: u32,
+    backend: &'static str,
+    input: [TensorConfig<'a>; 2],
+    output: [TensorConfig<'a>; 2],
+}
+
+#[derive(Serialize)]
+struct BinaryParams {
+    binary_data_size: usize,
+}
+
+#[derive(Serialize)]
+struct OutputTensor<'a> {
+    name: &'a str,
+    datatype: &'static str,
+    shape: [u32; 1],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<BinaryParams>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<[f32; 4]>,
+}
+
+#[derive(Serialize)]
+struct InferResponse<'a> {
+    model_name: &'a str,
+    model_version: &'static str,
+    outputs: [OutputTensor<'a>; 2],
+}
+
+#[derive(Serialize)]
+struct IndexEntry<'a> {
+    name: &'a str,
+    version: &'static str,
+    state: &'static str,
+}
+
+#[derive(Serialize)]
+struct ServerMetadata {
+    name: &'static str,
+    version: &'static str,
+    extensions: &'static [&'static str],
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+}
+
+fn tensor_meta(name: &str) -> TensorMeta<'_> {
+    TensorMeta {
+        name,
+        datatype: "FP32",
+        shape: [4],
+    }
+}
+
+fn tensor_config(name: &str) -> TensorConfig<'_> {
+    TensorConfig {
+        name,
+        data_type: "TYPE_FP32",
+        dims: [4],
+    }
+}
+
+fn output(name: &str, binary: bool) -> OutputTensor<'_> {
+    OutputTensor {
+        name,
+        datatype: "FP32",
+        shape: [4],
+        parameters: binary.then_some(BinaryParams {
+            binary_data_size: 16,
+        }),
+        data: (!binary).then_some([0.0; 4]),
+    }
+}
+
+fn model_bodies(name: &str) -> ModelBodies {
+    let metadata = ModelMetadata {
+        name,
+        versions: ["1"],
+        platform: "python",
+        inputs: [tensor_meta("INPUT0"), tensor_meta("INPUT1")],
+        outputs: [tensor_meta("OUTPUT0"), tensor_meta("OUTPUT1")],
+    };
+    let config = ModelConfig {
+        name,
+        max_batch_size: 0,
+        backend: "python",
+        input: [tensor_config("INPUT0"), tensor_config("INPUT1")],
+        output: [tensor_config("OUTPUT0"), tensor_config("OUTPUT1")],
+    };
+    let infer = |binary| InferResponse {
+        model_name: name,
+        model_version: "1",
+        outputs: [output("OUTPUT0", binary), output("OUTPUT1", binary)],
+    };
+    let mut binary = serde_json::to_vec(&infer(true)).expect("static JSON serializes");
+    let header_len = binary.len();
+    binary.extend_from_slice(&[0u8; 32]);
+    ModelBodies {
+        metadata: to_bytes(&metadata),
+        config: to_bytes(&config),
+        infer_json: to_bytes(&infer(false)),
+        infer_binary: binary.into(),
+        infer_binary_header_len: HeaderValue::from(header_len),
+    }
+}
+
+fn to_bytes<T: Serialize>(v: &T) -> Bytes {
+    serde_json::to_vec(v)
+        .expect("static JSON serializes")
+        .into()
+}
+
+fn error_body(msg: &str) -> Bytes {
+    to_bytes(&ErrorBody { error: msg })
+}
+
+thread_local! {
+    static RNG: RefCell<SmallRng> = RefCell::new(SmallRng::seed_from_u64(seed()));
+}
+
+/// A different seed per thread, so `--fail-rate` draws are independent.
+fn seed() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ NEXT
+        .fetch_add(1, Ordering::Relaxed)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+fn respond(
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    body: Bytes,
+) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(body));
+    *resp.status_mut() = status;
+    if let Some(ct) = content_type {
+        resp.headers_mut().insert(CONTENT_TYPE, ct);
+    }
+    resp
+}
+
+fn json_ok(body: &Bytes) -> Response<Full<Bytes>> {
+    respond(StatusCode::OK, Some(APPLICATION_JSON), body.clone())
+}
+
+fn empty_ok() -> Response<Full<Bytes>> {
+    respond(StatusCode::OK, None, Bytes::new())
+}
+
+fn not_found(msg: &str) -> Response<Full<Bytes>> {
+    respond(
+        StatusCode::NOT_FOUND,
+        Some(APPLICATION_JSON),
+        error_body(msg),
+    )
+}
+
+fn method_not_allowed() -> Response<Full<Bytes>> {
+    respond(
+        StatusCode::METHOD_NOT_ALLOWED,
+        Some(APPLICATION_JSON),
+        error_body("method not allowed"),
+    )
+}
+
+impl FakeTriton {
+    /// Builds the server state and all its response bodies.
+    pub fn new(cfg: &FakeConfig) -> Self {
+        let models: HashMap<String, ModelBodies> = cfg
+            .models
+            .iter()
+            .map(|m| (m.clone(), model_bodies(m)))
+            .collect();
+        let index: Vec<IndexEntry<'_>> = cfg
+            .models
+            .iter()
+            .map(|m| IndexEntry {
+                name: m,
+                version: "1",
+                state: "READY",
+            })
+            .collect();
+        let mut metrics = String::from(
+            "# HELP nv_inference_request_success Number of successful inference requests, all batch sizes\n\
+             # TYPE nv_inference_request_success counter\n",
+        );
+        for m in &cfg.models {
+            metrics.push_str(&format!(
+                "nv_inference_request_success{{model=\"{m}\",version=\"1\"}} 0\n"
+            ));
+        }
+        FakeTriton {
+            models,
+            server_metadata: to_bytes(&ServerMetadata {
+                name: "triton",
+                version: "2.51.0",
+                extensions: &[
+                    "classification",
+                    "sequence",
+                    "model_repository",
+                    "model_repository(unload_dependents)",
+                    "schedule_policy",
+                    "model_configuration",
+                    "system_shared_memory",
+                    "cuda_shared_memory",
+                    "binary_tensor_data",
+                    "parameters",
+                    "statistics",
+                    "trace",
+                    "logging",
+                ],
+            }),
+            repository_index: to_bytes(&index),
+            metrics: metrics.into(),
+            injected_failure: error_body("injected failure"),
+            delay: cfg.delay,
+            fail_rate: cfg.fail_rate,
+            infer_count: AtomicU64::new(0),
+        }
+    }
+
+    /// Number of infer requests received so far (answered or failed), for
+    /// tests and for the shutdown summary.
+    pub fn infer_count(&self) -> u64 {
+        self.infer_count.load(Ordering::Relaxed)
+    }
+
+    /// Answers one request. The body is always drained first, as a real
+    /// server must before it can reuse the connection.
+    pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>>
+    where
+        B: Body + Unpin,
+    {
+        let (parts, mut body) = req.into_parts();
+        while let Some(frame) = body.frame().await {
+            if frame.is_err() {
+                return respond(
+                    StatusCode::BAD_REQUEST,
+                    Some(APPLICATION_JSON),
+                    error_body("failed to read request body"),
+                );
+            }
+        }
+        let path = parts.uri.path();
+        let get = parts.method == Method::GET;
+        let post = parts.method == Method::POST;
+
+        match path {
+            "/v2/health/live" | "/v2/health/ready" => {
+                return if get {
+                    empty_ok()
+                } else {
+                    method_not_allowed()
+                };
+            }
+            "/v2" => {
+                return if get {
+                    json_ok(&self.server_metadata)
+                } else {
+                    method_not_allowed()
+                };
+            }
+            "/v2/repository/index" => {
+                return if post {
+                    json_ok(&self.repository_index)
+                } else {
+                    method_not_allowed()
+                };
+            }
+            "/metrics" => {
+                return if get {
+                    respond(StatusCode::OK, Some(PROMETHEUS_TEXT), self.metrics.clone())
+                } else {
+                    method_not_allowed()
+                };
+            }
+            _ => {}
+        }
+
+        if let Some(rest) = path.strip_prefix("/v2/repository/models/") {
+            return match rest.split_once('/') {
+                Some((m, "load" | "unload")) if self.models.contains_key(m) => {
+                    if post {
+                        empty_ok()
+                    } else {
+                        method_not_allowed()
+                    }
+                }
+                Some((m, "load" | "unload")) => {
+                    not_found(&format!("failed to load '{m}', no version is available"))
+                }
+                _ => not_found(&format!("unknown path {path}")),
+            };
+        }
+
+        let Some(rest) = path.strip_prefix("/v2/models/") else {
+            return not_found(&format!("unknown path {path}"));
+        };
+        let mut segs = rest.split('/');
+        let model_name = segs.next().unwrap_or_default();
+        let Some(model) = self.models.get(model_name) else {
+            return not_found(&format!(
+                "Request for unknown model: '{model_name}' is not found"
+            ));
+        };
+        let mut action = segs.next();
+        if action == Some("versions") {
+            match segs.next() {
+                Some("1") => action = segs.next(),
+                Some(v) => {
+                    return not_found(&format!(
+                        "Request for unknown model: '{model_name}' version {v} is not found"
+                    ));
+                }
+                None => return not_found(&format!("unknown path {path}")),
+            }
+        }
+        if segs.next().is_some() {
+            return not_found(&format!("unknown path {path}"));
+        }
+        match action {
+            None | Some("") => {
+                if get {
+                    json_ok(&model.metadata)
+                } else {
+                    method_not_allowed()
+                }
+            }
+            Some("config") => {
+                if get {
+                    json_ok(&model.config)
+                } else {
+                    method_not_allowed()
+                }
+            }
+            Some("ready") => {
+                if get {
+                    empty_ok()
+                } else {
+                    method_not_allowed()
+                }
+            }
+            Some("infer") if post => {
+                self.infer_count.fetch_add(1, Ordering::Relaxed);
+                if !self.delay.is_zero() {
+                    tokio::time::sleep(self.delay).await;
+                }
+                if self.fail_rate > 0.0
+                    && RNG.with(|r| r.borrow_mut().random::<f64>()) < self.fail_rate
+                {
+                    return respond(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        Some(APPLICATION_JSON),
+                        self.injected_failure.clone(),
+                    );
+                }
+                if parts.headers.contains_key(INFERENCE_HEADER_CONTENT_LENGTH) {
+                    let mut resp = respond(
+                        StatusCode::OK,
+                        Some(OCTET_STREAM),
+                        model.infer_binary.clone(),
+                    );
+                    resp.headers_mut().insert(
+                        HeaderName::from_static(INFERENCE_HEADER_CONTENT_LENGTH),
+                        model.infer_binary_header_len.clone(),
+                    );
+                    resp
+                } else {
+                    json_ok(&model.infer_json)
+                }
+            }
+            Some("infer") => method_not_allowed(),
+            Some(_) => not_found(&format!("unknown path {path}")),
+        }
+    }
+}
+
+/// Accepts connections on `listener` forever, serving HTTP/1.1 with
+/// keep-alive and HTTP/2 with prior knowledge (h2c) on the same port.
+pub async fn serve(listener: TcpListener, state: Arc<FakeTriton>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Typically out of file descriptors: back off instead of spinning.
+                eprintln!("fake-triton: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(state.handle(req).await) }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    async fn call(
+        s: &FakeTriton,
+        method: Method,
+        path: &str,
+        binary: bool,
+    ) -> (StatusCode, Response<Full<Bytes>>, Bytes) {
+        let mut req = Request::builder().method(method).uri(path);
+        if binary {
+            req = req.header(INFERENCE_HEADER_CONTENT_LENGTH, "10");
+        }
+        let resp = s
+            .handle(req.body(Full::new(Bytes::from_static(b"{}"))).unwrap())
+            .await;
+        let status = resp.status();
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        (
+            status,
+            Response::from_parts(parts, Full::new(Bytes::new())),
+            bytes,
+        )
+    }
+
+    fn server() -> FakeTriton {
+        FakeTriton::new(&FakeConfig::default())
+    }
+
+    #[tokio::test]
+    async fn health_and_server_metadata() {
+        let s = server();
+        for p in ["/v2/health/live", "/v2/health/ready"] {
+            let (st, _, b) = call(&s, Method::GET, p, false).await;
+            assert_eq!(st, 200);
+            assert!(b.is_empty());
+        }
+        let (st, _, b) = call(&s, Method::GET, "/v2", false).await;
+        assert_eq!(st, 200);
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["name"], "triton");
+    }
+
+    #[tokio::test]
+    async fn repository_index_lists_models() {
+        let s = FakeTriton::new(&FakeConfig {
+            models: vec!["add_sub".into(), "other".into()],
+            ..Default::default()
+        });
+        let (st, _, b) = call(&s, Method::POST, "/v2/repository/index", false).await;
+        assert_eq!(st, 200);
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(
+            v,
+            json!([
+                {"name": "add_sub", "version": "1", "state": "READY"},
+                {"name": "other", "version": "1", "state": "READY"}
+            ])
+        );
+    }
+
+    #[tokio::test]
+    async fn model_metadata_config_and_ready() {
+        let s = server();
+        let (st, _, b) = call(&s, Method::GET, "/v2/models/add_sub", false).await;
+        assert_eq!(st, 200);
+        assert_eq!(
+            std::str::from_utf8(&b).unwrap(),
+            r#"{"name":"add_sub","versions":["1"],"platform":"python","inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4]},{"name":"INPUT1","datatype":"FP32","shape":[4]}],"outputs":[{"name":"OUTPUT0","datatype":"FP32","shape":[4]},{"name":"OUTPUT1","datatype":"FP32","shape":[4]}]}"#
+        );
+        let (st, _, b) = call(&s, Method::GET, "/v2/models/add_sub/config", false).await;
+        assert_eq!(st, 200);
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["max_batch_size"], 0);
+        assert_eq!(
+            v["input"][0],
+            json!({"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        );
+        assert_eq!(v["output"][1]["name"], "OUTPUT1");
+        let (st, _, _) = call(&s, Method::GET, "/v2/models/add_sub/ready", false).await;
+        assert_eq!(st, 200);
+        let (st, _, _) = call(
+            &s,
+            Method::GET,
+            "/v2/models/add_sub/versions/1/ready",
+            false,
+        )
+        .await;
+        assert_eq!(st, 200);
+    }
+
+    #[tokio::test]
+    async fn infer_json_and_binary() {
+        let s = server();
+        for path in [
+            "/v2/models/add_sub/infer",
+            "/v2/models/add_sub/versions/1/infer",
+        ] {
+            let (st, resp, b) = call(&s, Method::POST, path, false).await;
+            assert_eq!(st, 200);
+            assert_eq!(resp.headers()[CONTENT_TYPE], "application/json");
+            let v: Value = serde_json::from_slice(&b).unwrap();
+            assert_eq!(v["model_name"], "add_sub");
+            assert_eq!(v["model_version"], "1");
+            assert_eq!(v["outputs"][0]["name"], "OUTPUT0");
+            assert_eq!(v["outputs"][1]["shape"], json!([4]));
+            assert_eq!(crate::outcome::check_infer_response(&b, None), Ok(()));
+        }
+        let (st, resp, b) = call(&s, Method::POST, "/v2/models/add_sub/infer", true).await;
+        assert_eq!(st, 200);
+        assert_eq!(resp.headers()[CONTENT_TYPE], "application/octet-stream");
+        let hlen: usize = resp.headers()[INFERENCE_HEADER_CONTENT_LENGTH]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(b.len(), hlen + 32);
+        let header: Value = serde_json::from_slice(&b[..hlen]).unwrap();
+        assert_eq!(header["outputs"][0]["parameters"]["binary_data_size"], 16);
+        assert_eq!(
+            crate::outcome::check_infer_response(&b, Some(Ok(hlen))),
+            Ok(())
+        );
+        assert_eq!(s.infer_count(), 3);
+    }
+
+    #[tokio::test]
+    async fn unknown_things_are_404_with_json_error() {
+        let s = server();
+        for p in [
+            "/nope",
+            "/v2/models/missing/infer",
+            "/v2/models/add_sub/versions/2/infer",
+            "/v2/models/add_sub/unknown",
+            "/v2/models/add_sub/infer/extra",
+        ] {
+            let (st, _, b) = call(&s, Method::POST, p, false).await;
+            assert_eq!(st, 404, "{p}");
+            let v: Value = serde_json::from_slice(&b).unwrap();
+            assert!(v["error"].is_string(), "{p}");
+        }
+        let (st, _, _) = call(&s, Method::GET, "/v2/models/add_sub/infer", false).await;
+        assert_eq!(st, 405);
+    }
+
+    #[tokio::test]
+    async fn metrics_text() {
+        let s = server();
+        let (st, resp, b) = call(&s, Method::GET, "/metrics", false).await;
+        assert_eq!(st, 200);
+        assert!(
+            resp.headers()[CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain")
+        );
+        let text = std::str::from_utf8(&b).unwrap();
+        assert!(text.contains("nv_inference_request_success{model=\"add_sub\",version=\"1\"} 0\n"));
+    }
+
+    #[tokio::test]
+    async fn fail_rate_and_delay() {
+        let s = FakeTriton::new(&FakeConfig {
+            fail_rate: 1.0,
+            delay: Duration::from_millis(20),
+            ..Default::default()
+        });
+        let t0 = std::time::Instant::now();
+        let (st, _, b) = call(&s, Method::POST, "/v2/models/add_sub/infer", false).await;
+        assert!(t0.elapsed() >= Duration::from_millis(20));
+        assert_eq!(st, 500);
+        assert_eq!(&b[..], br#"{"error":"injected failure"}"#);
+        // Non-infer endpoints are not affected.
+        let (st, _, _) = call(&s, Method::GET, "/v2/health/ready", false).await;
+        assert_eq!(st, 200);
+    }
+}

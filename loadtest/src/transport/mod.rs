@@ -1,0 +1,44 @@
+//! Transports: how one inference request reaches the server.
+//!
+//! The runner only knows the [`Transport`] trait, so the load shapes (closed
+//! loop, open loop), the statistics and the report are shared by every wire
+//! protocol. HTTP/REST is implemented in [`http`]; a gRPC transport would be
+//! another implementation of the same trait (its own module, built from the
+//! same generated tensors), selected by `--protocol grpc`.
+
+use std::future::Future;
+
+use crate::outcome::ErrorKind;
+
+pub mod http;
+
+/// Sends inference requests and reports how each one ended.
+///
+/// Implementations pre-build everything they can (bodies, headers, the
+/// target address) so that `infer` does as little work as possible: its cost
+/// is part of every latency the tool measures.
+pub trait Transport: Send + Sync + 'static {
+    /// Sends request number `seq` (implementations rotate through their
+    /// pre-built request variants with it) and waits until the whole
+    /// response has been received. Timeouts are applied by the caller.
+    fn infer(&self, seq: u64) -> impl Future<Output = Result<(), ErrorKind>> + Send;
+}
+
+/// The wire protocol selected with `--protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Protocol {
+    /// KServe v2 over HTTP/REST (HTTP/1.1, or h2c with `--http2`).
+    Http,
+    /// KServe v2 over gRPC: reserved for a future transport; refused for now.
+    Grpc,
+}
+
+impl Protocol {
+    /// The protocol's name as printed in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http => "http",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
