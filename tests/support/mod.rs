@@ -1,0 +1,564 @@
+//! Helpers for integration tests that need real Triton Inference Servers.
+//!
+//! Include with `mod support;` from a file in `tests/`. Triton comes from the
+//! `nvidia-pytriton` wheel in `<repo>/.venv` (CPU only, python backend), prepared by
+//! `scripts/setup.sh`, which [`Triton::start`] runs once per test binary (fast when done).
+//!
+//! Every server runs in explicit model-control mode on free loopback ports, in its own
+//! process group, and is SIGKILLed (with its python backend stubs) when the [`Triton`]
+//! value is dropped, including on panic. If the test binary itself dies, the kernel
+//! kills the servers too (`PR_SET_PDEATHSIG`, armed from a thread that lives as long as
+//! the test process).
+#![allow(dead_code)]
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+
+/// How long [`Triton::start`] waits for `/v2/health/ready` before giving up.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many times [`Triton::start`] retries with fresh ports when one was taken meanwhile.
+const START_ATTEMPTS: usize = 5;
+
+/// The repository root (where `Cargo.toml` of the infergate crate lives).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The test model repository, `tests/models`.
+pub fn model_repository() -> PathBuf {
+    repo_root().join("tests").join("models")
+}
+
+/// The virtualenv created by `scripts/setup.sh`.
+pub fn venv_dir() -> PathBuf {
+    repo_root().join(".venv")
+}
+
+/// The virtualenv's python interpreter.
+pub fn venv_python() -> PathBuf {
+    venv_dir().join("bin").join("python")
+}
+
+/// `<site-packages>/pytriton/tritonserver` inside the virtualenv.
+pub fn tritonserver_dir() -> anyhow::Result<PathBuf> {
+    let lib = venv_dir().join("lib");
+    let entries = std::fs::read_dir(&lib)
+        .with_context(|| format!("no virtualenv at {}: run scripts/setup.sh", lib.display()))?;
+    for entry in entries.flatten() {
+        let dir = entry
+            .path()
+            .join("site-packages")
+            .join("pytriton")
+            .join("tritonserver");
+        if dir.join("bin").join("tritonserver").is_file() {
+            return Ok(dir);
+        }
+    }
+    bail!(
+        "no pytriton/tritonserver under {}: run scripts/setup.sh",
+        lib.display()
+    )
+}
+
+/// Runs `scripts/setup.sh` once per test process (venv, backend stub, model padding).
+fn ensure_setup() -> anyhow::Result<()> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(repo_root().join("scripts").join("setup.sh"))
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run scripts/setup.sh: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "scripts/setup.sh failed ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    })
+    .clone()
+    .map_err(|e| anyhow!(e))
+}
+
+/// `PATH` with the virtualenv's `bin` first.
+fn venv_path_var() -> OsString {
+    let mut paths = vec![venv_dir().join("bin")];
+    if let Some(old) = std::env::var_os("PATH") {
+        paths.extend(std::env::split_paths(&old));
+    }
+    std::env::join_paths(paths).expect("PATH entries contain no ':'")
+}
+
+/// Runs `script` with the virtualenv's python (VIRTUAL_ENV set, its `bin` first on PATH).
+/// Panics if the interpreter cannot be started at all.
+pub async fn run_python(
+    script: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new(venv_python());
+    cmd.arg(script)
+        .args(args)
+        .env("VIRTUAL_ENV", venv_dir())
+        .env("PATH", venv_path_var())
+        .env_remove("PYTHONHOME")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().await.unwrap_or_else(|e| {
+        panic!(
+            "cannot run {} {}: {e} (run scripts/setup.sh)",
+            venv_python().display(),
+            script.display()
+        )
+    })
+}
+
+/// How to start a [`Triton`].
+#[derive(Debug, Clone, Default)]
+pub struct TritonOptions {
+    /// Models loaded at start-up (`--load-model=`); they must load successfully,
+    /// or Triton exits. Others can be loaded later with `POST /v2/repository/models/M/load`.
+    pub models: Vec<String>,
+    /// `--log-verbose=1`: Triton logs every HTTP request (`HTTP request: 2 /v2/...`).
+    pub verbose: bool,
+    /// Model repository; default [`model_repository()`].
+    pub repository: Option<PathBuf>,
+    /// Extra tritonserver arguments, e.g. `--strict-readiness=false`.
+    pub args: Vec<String>,
+}
+
+impl TritonOptions {
+    /// Options loading the given models at start.
+    pub fn with_models(models: &[&str]) -> Self {
+        TritonOptions {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+}
+
+/// One running tritonserver. Killed (with its whole process group) on drop.
+pub struct Triton {
+    pub http_port: u16,
+    pub grpc_port: u16,
+    pub metrics_port: u16,
+    child: Option<Child>,
+    pid: u32,
+    log_path: PathBuf,
+    client: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Triton {
+    /// Starts a tritonserver on free loopback ports and waits until `/v2/health/ready`
+    /// answers 200. Fails after [`START_TIMEOUT`] (or when the server exits) with the
+    /// tail of its log in the error.
+    pub async fn start(opts: TritonOptions) -> anyhow::Result<Triton> {
+        ensure_setup()?;
+        let mut last_err = None;
+        for _ in 0..START_ATTEMPTS {
+            match Self::try_start(&opts).await? {
+                Ok(triton) => return Ok(triton),
+                // Another process grabbed one of the ports between picking and binding.
+                Err(port_taken) => last_err = Some(port_taken),
+            }
+        }
+        Err(last_err
+            .unwrap()
+            .context("no free ports after several attempts"))
+    }
+
+    /// Outer error: start failed. Inner error: a port was taken, retry with others.
+    async fn try_start(opts: &TritonOptions) -> anyhow::Result<Result<Triton, anyhow::Error>> {
+        let server_dir = tritonserver_dir()?;
+        let [http_port, grpc_port, metrics_port] = free_ports::<3>()?;
+        let dir = tempfile::Builder::new()
+            .prefix("infergate-triton-")
+            .tempdir()?;
+        let log_path = dir.path().join("tritonserver.log");
+        let log = File::create(&log_path)?;
+
+        let mut cmd = Command::new(server_dir.join("bin").join("tritonserver"));
+        let repository = opts.repository.clone().unwrap_or_else(model_repository);
+        cmd.arg(flag("--model-repository=", &repository))
+            .arg(flag("--backend-directory=", &server_dir.join("backends")))
+            .arg("--model-control-mode=explicit")
+            .arg("--http-address=127.0.0.1")
+            .arg(format!("--http-port={http_port}"))
+            .arg("--grpc-address=127.0.0.1")
+            .arg(format!("--grpc-port={grpc_port}"))
+            .arg("--metrics-address=127.0.0.1")
+            .arg(format!("--metrics-port={metrics_port}"))
+            .arg("--allow-metrics=true")
+            .args(opts.models.iter().map(|m| format!("--load-model={m}")))
+            .args(&opts.args)
+            .env("VIRTUAL_ENV", venv_dir())
+            .env("PATH", venv_path_var())
+            .env_remove("PYTHONHOME")
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if opts.verbose {
+            cmd.arg("--log-verbose=1");
+        }
+        let child = spawn_in_own_group(cmd).context("cannot start tritonserver")?;
+        let pid = child.id();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        let mut triton = Triton {
+            http_port,
+            grpc_port,
+            metrics_port,
+            child: Some(child),
+            pid,
+            log_path,
+            client,
+            _dir: dir,
+        };
+        match triton.wait_ready().await {
+            Ok(()) => Ok(Ok(triton)),
+            Err(e) => {
+                triton.kill();
+                let log = triton.log();
+                let err = e.context(format!(
+                    "tritonserver (ports {http_port}/{grpc_port}/{metrics_port}) did not become ready; log tail:\n{}",
+                    tail(&without_option_table(&log), 30)
+                ));
+                if log.contains("already in use") {
+                    Ok(Err(err))
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let url = format!("{}/v2/health/ready", self.http_url());
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("tritonserver exited with {status}");
+            }
+            let ready = matches!(
+                self.client.get(&url).timeout(Duration::from_secs(2)).send().await,
+                Ok(r) if r.status().is_success()
+            );
+            // Make sure the answer came from our process, not from whoever else owns the port.
+            if ready && listens_on(self.pid, self.http_port) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("not ready after {START_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn http_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port)
+    }
+
+    /// `host:port` form is `grpc_url()` without the scheme.
+    pub fn grpc_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
+    }
+
+    pub fn metrics_url(&self) -> String {
+        format!("http://127.0.0.1:{}/metrics", self.metrics_port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Path of the server's log file (stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// The whole server log so far.
+    pub fn log(&self) -> String {
+        std::fs::read(&self.log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Number of live `triton_python_backend_stub` processes whose parent is this server
+    /// (one per loaded python model instance).
+    pub fn stub_count(&self) -> usize {
+        if self.child.is_none() {
+            return 0;
+        }
+        stub_pids(self.pid).len()
+    }
+
+    /// Whether the server process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// SIGKILLs the server and its process group (the python stubs), reaps it and removes
+    /// the stubs' shared-memory regions. Idempotent.
+    pub fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let shm = stub_pids(self.pid)
+            .into_iter()
+            .filter_map(stub_shm_region)
+            .collect::<Vec<_>>();
+        // The group id is the server's pid (process_group(0)).
+        unsafe {
+            sys::kill(-(self.pid as i32), sys::SIGKILL);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        for region in shm {
+            let _ = std::fs::remove_file(Path::new("/dev/shm").join(region));
+        }
+    }
+
+    /// Names of the models in state READY, from `POST /v2/repository/index`.
+    pub async fn loaded_models(&self) -> anyhow::Result<Vec<String>> {
+        let url = format!("{}/v2/repository/index", self.http_url());
+        let resp = self
+            .client
+            .post(&url)
+            .json(&serde_json::json!({}))
+            .send()
+            .await?;
+        let status = resp.status();
+        let body: serde_json::Value = resp
+            .json()
+            .await
+            .with_context(|| format!("POST {url}: {status}, body is not JSON"))?;
+        if !status.is_success() {
+            bail!("POST {url}: {status} {body}");
+        }
+        let models = body
+            .as_array()
+            .ok_or_else(|| anyhow!("POST {url}: expected a JSON array, got {body}"))?;
+        Ok(models
+            .iter()
+            .filter(|m| m["state"] == "READY")
+            .filter_map(|m| m["name"].as_str().map(str::to_owned))
+            .collect())
+    }
+
+    /// `POST /v2/repository/models/{model}/load`; Err carries Triton's error message.
+    pub async fn load_model(&self, model: &str) -> anyhow::Result<()> {
+        self.repository_call(model, "load").await
+    }
+
+    /// `POST /v2/repository/models/{model}/unload`.
+    pub async fn unload_model(&self, model: &str) -> anyhow::Result<()> {
+        self.repository_call(model, "unload").await
+    }
+
+    async fn repository_call(&self, model: &str, action: &str) -> anyhow::Result<()> {
+        let url = format!("{}/v2/repository/models/{model}/{action}", self.http_url());
+        let resp = self.client.post(&url).send().await?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = resp.text().await.unwrap_or_default();
+        let msg = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_owned))
+            .unwrap_or(body);
+        bail!("{action} {model}: HTTP {status}: {msg}")
+    }
+}
+
+impl Drop for Triton {
+    fn drop(&mut self) {
+        if std::thread::panicking() && self.child.is_some() {
+            eprintln!(
+                "--- tritonserver on port {} (log {}), last lines:\n{}",
+                self.http_port,
+                self.log_path.display(),
+                tail(&self.log(), 40)
+            );
+        }
+        self.kill();
+    }
+}
+
+fn flag(name: &str, path: &Path) -> OsString {
+    let mut s = OsString::from(name);
+    s.push(path.as_os_str());
+    s
+}
+
+/// Triton's start-up log carries a large option table; drop it from error messages.
+fn without_option_table(log: &str) -> String {
+    log.lines()
+        .filter(|l| !(l.starts_with('|') || l.starts_with("+-")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `N` distinct free loopback ports (all held open together while picking).
+fn free_ports<const N: usize>() -> io::Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<io::Result<Vec<_>>>()?;
+    let mut ports = [0u16; N];
+    for (p, l) in ports.iter_mut().zip(&listeners) {
+        *p = l.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
+/// Spawns `cmd` in its own process group with `PR_SET_PDEATHSIG = SIGKILL`.
+///
+/// The death signal fires when the *thread* that forked exits, so all spawns happen on
+/// one helper thread that lives as long as the test process.
+fn spawn_in_own_group(mut cmd: Command) -> io::Result<Child> {
+    type Job = (Command, mpsc::Sender<io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("triton-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("spawn triton-spawner thread");
+        Mutex::new(tx)
+    });
+    cmd.process_group(0);
+    unsafe {
+        cmd.pre_exec(|| {
+            if sys::prctl(sys::PR_SET_PDEATHSIG, sys::SIGKILL as std::ffi::c_ulong) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, tx))
+        .map_err(|_| io::Error::other("triton-spawner thread is gone"))?;
+    rx.recv()
+        .map_err(|_| io::Error::other("triton-spawner thread is gone"))?
+}
+
+/// Pids of live (non-zombie) `triton_python_backend_stub` processes whose parent is `ppid`.
+fn stub_pids(ppid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            // "pid (comm) state ppid ..."; comm may contain spaces, so split after ')'.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let mut fields = rest.split_whitespace();
+            let state = fields.next();
+            let parent = fields.next().and_then(|p| p.parse::<u32>().ok());
+            if parent != Some(ppid) || matches!(state, Some("Z" | "X")) {
+                return false;
+            }
+            cmdline(pid).first().is_some_and(|exe| {
+                Path::new(exe).file_name() == Some(OsStr::new("triton_python_backend_stub"))
+            })
+        })
+        .collect()
+}
+
+fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The shared-memory region a stub was started with (its 2nd argument).
+fn stub_shm_region(pid: u32) -> Option<String> {
+    cmdline(pid)
+        .into_iter()
+        .find(|a| a.starts_with("triton_python_backend_shm_region_") && !a.contains('/'))
+}
+
+/// Whether process `pid` owns a TCP socket listening on 127.0.0.1/0.0.0.0:`port`.
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return true; // cannot check; trust the health answer
+    };
+    let suffix = format!(":{port:04X}");
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // local_address rem_address st ... inode is field 9
+            (f.len() > 9 && f[1].ends_with(&suffix) && f[3] == "0A").then(|| f[9].to_owned())
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|target| {
+            let t = target.to_string_lossy();
+            inodes.iter().any(|i| t == format!("socket:[{i}]"))
+        })
+    })
+}
+
+mod sys {
+    use std::ffi::c_int;
+
+    pub const SIGKILL: c_int = 9;
+    pub const PR_SET_PDEATHSIG: c_int = 1;
+
+    unsafe extern "C" {
+        pub fn kill(pid: c_int, sig: c_int) -> c_int;
+        pub fn prctl(option: c_int, ...) -> c_int;
+    }
+}
