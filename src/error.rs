@@ -117,10 +117,9 @@ impl GatewayError {
     /// The HTTP status this failure is answered with.
     pub fn http_status(&self) -> StatusCode {
         match self {
-            // Triton answers an unknown model with 400, and clients key on that.
-            Self::UnknownModel { .. } => StatusCode::BAD_REQUEST,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            // Triton answers an unknown model with 404 and this very message.
+            Self::UnknownModel { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotReady { .. } | Self::NoBackendReady | Self::ShuttingDown => {

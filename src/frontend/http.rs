@@ -321,7 +321,16 @@ async fn repository_index(
             }
         }
     }
-    let rows: Vec<ModelEntry> = merged.into_values().collect();
+    // A model loaded somewhere is listed by its versions, not also as a bare name.
+    let versioned: std::collections::HashSet<String> = merged
+        .keys()
+        .filter(|(_, version)| version.is_some())
+        .map(|(name, _)| name.clone())
+        .collect();
+    let rows: Vec<ModelEntry> = merged
+        .into_values()
+        .filter(|e| e.version.is_some() || !versioned.contains(&e.name))
+        .collect();
     Ok(json_response(
         StatusCode::OK,
         Bytes::from(serde_json::to_vec(&rows).expect("serializable")),

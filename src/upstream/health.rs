@@ -34,25 +34,15 @@ pub fn spawn_health_checks(
     }
 }
 
-/// One check: ready probe, then the index. A backend is ready only when both answer, so
-/// placement never works from an index older than the last good probe.
+/// One check: the server probe, then the index. A backend takes traffic only when both
+/// answer, so placement never works from an index older than the last good probe.
+///
+/// Triton's `/v2/health/ready` turns false for good once any model fails to load (strict
+/// readiness), which would take a whole server out for one broken model. So a server that
+/// is live but not ready still serves the models its index lists READY.
 pub async fn check(backend: &Backend, timeout: Duration) {
-    let probe = backend
-        .client
-        .call(
-            backend,
-            Method::GET,
-            "/v2/health/ready",
-            Bytes::new(),
-            timeout,
-        )
-        .await;
-    match probe {
-        Ok((StatusCode::OK, _)) => {}
-        Ok((status, _)) => {
-            return backend.mark_unhealthy(format!("health check answered {status}"));
-        }
-        Err(error) => return backend.mark_unhealthy(error.to_string()),
+    if let Err(reason) = probe(backend, timeout).await {
+        return backend.mark_unhealthy(reason);
     }
     match refresh_index(backend, timeout).await {
         Ok(()) => backend.mark_healthy(),
@@ -60,8 +50,29 @@ pub async fn check(backend: &Backend, timeout: Duration) {
     }
 }
 
+async fn probe(backend: &Backend, timeout: Duration) -> Result<(), String> {
+    let get = |path| {
+        backend
+            .client
+            .call(backend, Method::GET, path, Bytes::new(), timeout)
+    };
+    match get("/v2/health/ready").await {
+        Ok((StatusCode::OK, _)) => Ok(()),
+        Ok((ready_status, _)) => match get("/v2/health/live").await {
+            Ok((StatusCode::OK, _)) => {
+                tracing::debug!(backend = %backend.name, %ready_status, "backend is live but not ready; serving its READY models");
+                Ok(())
+            }
+            Ok((status, _)) => Err(format!("health check answered {status}")),
+            Err(error) => Err(error.to_string()),
+        },
+        Err(error) => Err(error.to_string()),
+    }
+}
+
 /// Reads the backend's repository index into its state.
 pub async fn refresh_index(backend: &Backend, timeout: Duration) -> Result<(), String> {
+    let ticket = backend.index_ticket();
     let (status, body) = backend
         .client
         .call(
@@ -78,6 +89,6 @@ pub async fn refresh_index(backend: &Backend, timeout: Duration) -> Result<(), S
     }
     let index = ModelIndex::from_json(&body)
         .map_err(|e| format!("repository index is not valid JSON: {e}"))?;
-    backend.set_index(index);
+    backend.set_index(ticket, index);
     Ok(())
 }

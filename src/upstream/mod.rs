@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use http::Uri;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// A backend's base URL, and whether it speaks HTTP/2 with prior knowledge (`h2c://`).
 #[derive(Clone, Debug)]
@@ -75,6 +75,10 @@ pub struct Backend {
     eject_after: u32,
     in_flight: AtomicUsize,
     index: ArcSwap<ModelIndex>,
+    /// Refreshes are numbered when they start; only a newer one may replace the index, so a
+    /// slow poll that began before a load cannot overwrite what a refresh after it saw.
+    index_requests: AtomicU64,
+    index_applied: Mutex<u64>,
     last_error: Mutex<Option<String>>,
 }
 
@@ -94,6 +98,8 @@ impl Backend {
             eject_after: upstream.eject_after_failures,
             in_flight: AtomicUsize::new(0),
             index: ArcSwap::from_pointee(ModelIndex::default()),
+            index_requests: AtomicU64::new(0),
+            index_applied: Mutex::new(0),
             last_error: Mutex::new(None),
         })
     }
@@ -154,9 +160,19 @@ impl Backend {
         }
     }
 
-    /// Replaces the model index after a refresh.
-    pub fn set_index(&self, index: ModelIndex) {
-        self.index.store(Arc::new(index));
+    /// Numbers an index refresh as it starts; pass the ticket to `set_index`.
+    pub fn index_ticket(&self) -> u64 {
+        self.index_requests.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Replaces the model index with what refresh `ticket` read, unless a refresh that
+    /// started later has already been applied.
+    pub fn set_index(&self, ticket: u64, index: ModelIndex) {
+        let mut applied = self.index_applied.lock().expect("index lock");
+        if ticket > *applied {
+            *applied = ticket;
+            self.index.store(Arc::new(index));
+        }
     }
 
     fn set_ready(&self, ready: bool) {
@@ -267,5 +283,25 @@ mod tests {
         assert_eq!(backend.last_error().as_deref(), Some("refused"));
         backend.mark_healthy();
         assert!(backend.is_ready());
+    }
+
+    #[test]
+    fn a_stale_index_never_replaces_a_newer_one() {
+        let config = config::Config::parse(
+            "[listen]\nhttp = \"127.0.0.1:0\"\n[[backends]]\nname = \"b\"\nhttp = \"http://127.0.0.1:1\"",
+        )
+        .unwrap();
+        let backend = Backend::new(&config.backends[0], &config.upstream).unwrap();
+        let ready = |name: &str| {
+            ModelIndex::from_json(
+                format!(r#"[{{"name":"{name}","version":"1","state":"READY"}}]"#).as_bytes(),
+            )
+            .unwrap()
+        };
+        let slow = backend.index_ticket();
+        let fresh = backend.index_ticket();
+        backend.set_index(fresh, ready("after_load"));
+        backend.set_index(slow, ready("before_load"));
+        assert!(backend.index().is_ready("after_load", None));
     }
 }

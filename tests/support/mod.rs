@@ -11,6 +11,8 @@
 //! the test process).
 #![allow(dead_code)]
 
+pub mod gateway;
+
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;

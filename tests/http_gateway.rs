@@ -1,0 +1,657 @@
+//! The KServe v2 HTTP gateway against two real Triton servers: every endpoint, JSON and binary
+//! tensors, BYTES, batching, errors in Triton's shape, a backend dying, metrics and admin.
+
+mod support;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use support::gateway::{TestGateway, config_for};
+use support::{Triton, TritonOptions};
+
+async fn triton(models: &[&str]) -> Triton {
+    Triton::start(TritonOptions::with_models(models))
+        .await
+        .expect("triton starts")
+}
+
+fn add_sub_request() -> Value {
+    json!({
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1.0, 2.0, 3.0, 4.0]},
+            {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [10.0, 20.0, 30.0, 40.0]}
+        ]
+    })
+}
+
+fn output<'a>(body: &'a Value, name: &str) -> &'a Value {
+    body["outputs"]
+        .as_array()
+        .expect("outputs")
+        .iter()
+        .find(|o| o["name"] == name)
+        .unwrap_or_else(|| panic!("no output {name} in {body}"))
+}
+
+async fn post_json(url: &str, body: &Value) -> (StatusCode, Value) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test]
+async fn infers_json_binary_bytes_and_batched_through_two_tritons() {
+    let models = ["add_sub", "string_echo", "batched_double"];
+    let (t0, t1) = tokio::join!(triton(&models), triton(&["add_sub"]));
+    let gateway = TestGateway::start(&config_for("infer", &[&t0, &t1], "", "")).await;
+    let base = gateway.url();
+    let client = reqwest::Client::new();
+
+    // JSON tensors, with a client request id echoed back.
+    let response = client
+        .post(format!("{base}/v2/models/add_sub/infer"))
+        .header("x-request-id", "test-id-1")
+        .json(&add_sub_request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-request-id"], "test-id-1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        output(&body, "OUTPUT0")["data"],
+        json!([11.0, 22.0, 33.0, 44.0])
+    );
+    assert_eq!(
+        output(&body, "OUTPUT1")["data"],
+        json!([-9.0, -18.0, -27.0, -36.0])
+    );
+
+    // Without one, the gateway makes one.
+    let response = client
+        .post(format!("{base}/v2/models/add_sub/versions/1/infer"))
+        .json(&add_sub_request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-request-id"].len(), 36);
+
+    // Binary tensors in and out: the bytes Triton sends are the bytes the client gets.
+    let header = json!({
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [4], "parameters": {"binary_data_size": 16}},
+            {"name": "INPUT1", "datatype": "FP32", "shape": [4], "parameters": {"binary_data_size": 16}}
+        ],
+        "outputs": [
+            {"name": "OUTPUT0", "parameters": {"binary_data": true}},
+            {"name": "OUTPUT1", "parameters": {"binary_data": true}}
+        ]
+    })
+    .to_string();
+    let mut body = header.clone().into_bytes();
+    for v in [1f32, 2., 3., 4., 10., 20., 30., 40.] {
+        body.extend_from_slice(&v.to_le_bytes());
+    }
+    let send_binary = |url: String| {
+        let body = body.clone();
+        let client = client.clone();
+        let header_len = header.len();
+        async move {
+            client
+                .post(url)
+                .header("Inference-Header-Content-Length", header_len)
+                .header("content-type", "application/octet-stream")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let via_gateway = send_binary(format!("{base}/v2/models/add_sub/infer")).await;
+    let direct = send_binary(format!("{}/v2/models/add_sub/infer", t0.http_url())).await;
+    assert_eq!(via_gateway.status(), 200);
+    let header_len: usize = via_gateway.headers()["inference-header-content-length"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        header_len.to_string(),
+        direct.headers()["inference-header-content-length"]
+            .to_str()
+            .unwrap()
+    );
+    let gateway_bytes = via_gateway.bytes().await.unwrap();
+    assert_eq!(gateway_bytes, direct.bytes().await.unwrap());
+    let tensors = &gateway_bytes[header_len..];
+    let sums: Vec<f32> = tensors[..16]
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(sums, [11.0, 22.0, 33.0, 44.0]);
+
+    // BYTES tensors.
+    let (status, body) = post_json(
+        &format!("{base}/v2/models/string_echo/infer"),
+        &json!({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [2], "data": ["héllo", "world"]}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(output(&body, "OUTPUT0")["data"], json!(["héllo", "world"]));
+
+    // A batched model with a batch of 3.
+    let (status, body) = post_json(
+        &format!("{base}/v2/models/batched_double/infer"),
+        &json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [3, 4],
+                 "data": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(output(&body, "OUTPUT0")["shape"], json!([3, 4]));
+    assert_eq!(output(&body, "OUTPUT0")["data"][11], json!(24.0));
+
+    // string_echo is only on triton-0: 20 requests all land there and succeed.
+    for _ in 0..20 {
+        let (status, _) = post_json(
+            &format!("{base}/v2/models/string_echo/infer"),
+            &json!({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+}
+
+#[tokio::test]
+async fn serves_every_metadata_health_and_repository_endpoint() {
+    let (t0, t1) = tokio::join!(triton(&["add_sub"]), triton(&["add_sub_int"]));
+    let gateway = TestGateway::start(&config_for("endpoints", &[&t0, &t1], "", "")).await;
+    let base = gateway.url();
+    let get = |path: &str| {
+        let url = format!("{base}{path}");
+        async move {
+            let response = reqwest::get(url).await.unwrap();
+            let status = response.status();
+            let text = response.text().await.unwrap();
+            (
+                status,
+                serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text)),
+            )
+        }
+    };
+
+    let (status, body) = get("/v2").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["name"], "infergate");
+    assert!(
+        body["extensions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("binary_tensor_data"))
+    );
+    assert_eq!(get("/v2/health/live").await.0, 200);
+    assert_eq!(get("/v2/health/ready").await.0, 200);
+
+    let (status, body) = get("/v2/models/add_sub").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["name"], "add_sub");
+    assert_eq!(body["inputs"][0]["shape"], json!([4]));
+    let (status, body) = get("/v2/models/add_sub_int/versions/1").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["inputs"][0]["datatype"], "INT32");
+    assert_eq!(get("/v2/models/add_sub/ready").await.0, 200);
+    assert_eq!(get("/v2/models/add_sub/versions/1/ready").await.0, 200);
+    let (status, body) = get("/v2/models/add_sub/config").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["backend"], "python");
+    let (status, body) = get("/v2/models/add_sub/stats").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["model_stats"][0]["name"], "add_sub");
+    let (status, body) = get("/v2/models/stats").await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = body["model_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"add_sub") && names.contains(&"add_sub_int"),
+        "{names:?}"
+    );
+
+    // The pool's index: both backends' models, READY.
+    let (status, index) = post_json(&format!("{base}/v2/repository/index"), &json!({})).await;
+    assert_eq!(status, 200);
+    let state = |index: &Value, name: &str| {
+        index
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == name)
+            .map(|e| e["state"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(state(&index, "add_sub"), ["READY"]);
+    assert_eq!(state(&index, "add_sub_int"), ["READY"]);
+    assert!(state(&index, "string_echo").iter().all(|s| s != "READY"));
+
+    // Load through the gateway: it lands on one backend and is served at once.
+    let (status, body) = post_json(
+        &format!("{base}/v2/repository/models/string_echo/load"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let stubs_before = t0.stub_count() + t1.stub_count();
+    assert_eq!(stubs_before, 3, "one stub per loaded model");
+    let (status, _) = post_json(
+        &format!("{base}/v2/models/string_echo/infer"),
+        &json!({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // Unload: gone from Triton, its stub process with it.
+    let (status, body) = post_json(
+        &format!("{base}/v2/repository/models/string_echo/unload"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while t0.stub_count() + t1.stub_count() != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "stub process left behind after unload"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = post_json(
+        &format!("{base}/v2/models/string_echo/infer"),
+        &json!({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}),
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("string_echo"),
+        "{body}"
+    );
+
+    // A load Triton refuses is answered with Triton's own error.
+    let (status, body) = post_json(
+        &format!("{base}/v2/repository/models/failing_model/load"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("failing_model"),
+        "{body}"
+    );
+
+    // The admin API shows each backend and its models.
+    let backends = gateway.admin_backends().await;
+    assert_eq!(backends.len(), 2);
+    assert_eq!(backends[0]["name"], "endpoints-0");
+    assert_eq!(backends[0]["ready"], true);
+    assert_eq!(
+        backends[0]["models"],
+        json!([{"name": "add_sub", "version": "1"}])
+    );
+    assert_eq!(
+        backends[1]["models"],
+        json!([{"name": "add_sub_int", "version": "1"}])
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_tritons_error_shape_and_the_gateway_keeps_serving() {
+    let t0 = triton(&["add_sub", "slow_model"]).await;
+    let gateway = TestGateway::start(&config_for(
+        "badreq",
+        &[&t0],
+        "request_timeout = \"100ms\"",
+        "max_body_size = \"1KiB\"",
+    ))
+    .await;
+    let base = gateway.url();
+    let client = reqwest::Client::new();
+    let error_of = |response: reqwest::Response| async move {
+        let status = response.status();
+        let body: Value = response.json().await.expect("JSON error body");
+        (
+            status,
+            body["error"].as_str().expect("error field").to_string(),
+        )
+    };
+
+    let (status, error) = error_of(
+        client
+            .post(format!("{base}/v2/models/nope/infer"))
+            .json(&add_sub_request())
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(error, "Request for unknown model: 'nope' is not found");
+
+    let (status, error) = error_of(
+        client
+            .get(format!("{base}/v2/models/add_sub/infer"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 405);
+    assert!(
+        error.contains("GET") && error.contains("/v2/models/add_sub/infer"),
+        "{error}"
+    );
+
+    let (status, error) = error_of(
+        client
+            .get(format!("{base}/v2/nothing/here"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert!(error.contains("/v2/nothing/here"), "{error}");
+
+    let (status, error) = error_of(
+        client
+            .get(format!("{base}/v2/models/add_sub/frobnicate"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 404, "{error}");
+
+    let (status, error) = error_of(
+        client
+            .get(format!("{base}/v2/models/%FF%FE"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(error.contains("malformed URL"), "{error}");
+
+    // Over the body limit, declared...
+    let (status, error) = error_of(
+        client
+            .post(format!("{base}/v2/models/add_sub/infer"))
+            .body(vec![b' '; 4096])
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 413);
+    assert_eq!(error, "request body is larger than the limit of 1024 bytes");
+    // ...and streamed without a length.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..8).map(|_| Ok(vec![b' '; 512])).collect();
+    let (status, error) = error_of(
+        client
+            .post(format!("{base}/v2/models/add_sub/infer"))
+            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+                chunks,
+            )))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 413, "{error}");
+
+    // A backend slower than request_timeout: 504, fast.
+    let started = Instant::now();
+    let (status, error) = error_of(
+        client
+            .post(format!("{base}/v2/models/slow_model/infer"))
+            .json(&json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 504);
+    assert_eq!(error, "backend 'badreq-0' did not answer within 100ms");
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    // Triton's own 400 for a bad shape passes through as Triton wrote it.
+    let (status, error) = error_of(
+        client
+            .post(format!("{base}/v2/models/add_sub/infer"))
+            .json(&json!({"inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]},
+                {"name": "INPUT1", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]}]}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        error.contains("unexpected shape for input 'INPUT")
+            && error.contains("Expected [4], got [3]"),
+        "{error}"
+    );
+
+    // Still serving.
+    let (status, body) = post_json(
+        &format!("{base}/v2/models/add_sub/infer"),
+        &add_sub_request(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // Refusals are counted by kind.
+    let metrics = gateway.metrics_text("/metrics").await;
+    for kind in [
+        "unknown_model",
+        "method_not_allowed",
+        "not_found",
+        "body_too_large",
+        "upstream_timeout",
+    ] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("infergate_errors_total")
+                    && l.contains(&format!("kind=\"{kind}\""))),
+            "no {kind} in metrics:\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_killed_backend_fails_fast_and_the_other_keeps_serving() {
+    let (mut t0, t1) = tokio::join!(triton(&["add_sub"]), triton(&["add_sub"]));
+    let gateway = TestGateway::start(&config_for(
+        "killed",
+        &[&t0, &t1],
+        "connect_timeout = \"500ms\"",
+        "",
+    ))
+    .await;
+    let url = format!("{}/v2/models/add_sub/infer", gateway.url());
+    for _ in 0..10 {
+        assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
+    }
+
+    t0.kill();
+    // Every request gets an answer quickly: success from triton-1, or a clear 502 naming the
+    // dead backend until it is ejected.
+    let mut failures = 0;
+    let started = Instant::now();
+    for _ in 0..40 {
+        let sent = Instant::now();
+        let (status, body) = post_json(&url, &add_sub_request()).await;
+        assert!(sent.elapsed() < Duration::from_secs(2), "a request hung");
+        match status.as_u16() {
+            200 => {}
+            502 => {
+                failures += 1;
+                assert!(
+                    body["error"]
+                        .as_str()
+                        .unwrap()
+                        .contains("backend 'killed-0' is unreachable"),
+                    "{body}"
+                );
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert!(
+        failures <= 3,
+        "triton-0 was not ejected after its failures ({failures})"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    gateway.wait_for_ready_backends(1).await;
+    let backends = gateway.admin_backends().await;
+    assert_eq!(backends[0]["ready"], false);
+    assert!(backends[0]["last_error"].as_str().is_some());
+    for _ in 0..10 {
+        assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
+    }
+    let metrics = gateway.metrics_text("/metrics").await;
+    assert!(
+        metrics.contains("infergate_backend_up{backend=\"killed-0\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("infergate_backend_up{backend=\"killed-1\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn no_ready_backend_means_not_ready_and_503() {
+    let mut t0 = triton(&["add_sub"]).await;
+    let gateway = TestGateway::start(&config_for("noready", &[&t0], "", "")).await;
+    t0.kill();
+    gateway.wait_for_ready_backends(0).await;
+    let response = reqwest::get(format!("{}/v2/health/ready", gateway.url()))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        reqwest::get(format!("{}/v2/health/live", gateway.url()))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let (status, body) = post_json(
+        &format!("{}/v2/models/add_sub/infer", gateway.url()),
+        &add_sub_request(),
+    )
+    .await;
+    assert_eq!(status, 503);
+    assert_eq!(body["error"], "no backend is ready to serve requests");
+}
+
+#[tokio::test]
+async fn metrics_cover_requests_and_reexport_each_backends_series() {
+    let (t0, t1) = tokio::join!(triton(&["add_sub"]), triton(&["add_sub"]));
+    let gateway = TestGateway::start(&config_for("metrics", &[&t0, &t1], "", "")).await;
+    let url = format!("{}/v2/models/add_sub/infer", gateway.url());
+    for _ in 0..6 {
+        assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
+    }
+    let own = gateway.metrics_text("/metrics").await;
+    let served: f64 = own
+        .lines()
+        .filter(|l| {
+            l.starts_with("infergate_requests_total{")
+                && l.contains("model=\"add_sub\"")
+                && l.contains("status=\"2xx\"")
+                && l.contains("protocol=\"http\"")
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert!(served >= 6.0, "{own}");
+    for name in [
+        "infergate_request_duration_seconds_bucket",
+        "infergate_upstream_duration_seconds_bucket{backend=\"metrics-",
+        "infergate_requests_in_flight",
+    ] {
+        assert!(own.contains(name), "missing {name}:\n{own}");
+    }
+
+    // Both backends' Triton series, labelled; one HELP/TYPE per family.
+    let pool = gateway.metrics_text("/metrics/backends").await;
+    let successes: Vec<&str> = pool
+        .lines()
+        .filter(|l| {
+            l.starts_with("nv_inference_request_success{") && l.contains("model=\"add_sub\"")
+        })
+        .collect();
+    assert_eq!(successes.len(), 2, "{pool}");
+    assert!(
+        successes
+            .iter()
+            .any(|l| l.contains("backend=\"metrics-0\""))
+    );
+    assert!(
+        successes
+            .iter()
+            .any(|l| l.contains("backend=\"metrics-1\""))
+    );
+    let total: f64 = successes
+        .iter()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(total, 6.0);
+    assert_eq!(
+        pool.matches("# TYPE nv_inference_request_success ").count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_requests_finish() {
+    let t0 = triton(&["slow_model"]).await;
+    let mut gateway =
+        TestGateway::start(&config_for("drain", &[&t0], "", "drain_timeout = \"10s\"")).await;
+    let url = format!("{}/v2/models/slow_model/infer", gateway.url());
+    let request = json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]});
+    let in_flight = tokio::spawn({
+        let url = url.clone();
+        async move { post_json(&url, &request).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stopped = gateway.begin_shutdown();
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!(status, 200, "in-flight request was cut: {body}");
+    tokio::time::timeout(Duration::from_secs(5), stopped)
+        .await
+        .expect("gateway stops after draining")
+        .unwrap()
+        .unwrap();
+    assert!(
+        reqwest::get(format!("{}/v2/health/live", gateway.url()))
+            .await
+            .is_err(),
+        "still accepting"
+    );
+}

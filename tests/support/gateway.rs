@@ -1,0 +1,114 @@
+//! An in-process gateway for integration tests: bound on port 0, stopped on drop.
+
+use super::Triton;
+use infergate::config::Config;
+use infergate::{Gateway, Listeners};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// A running gateway and its addresses.
+pub struct TestGateway {
+    pub http: SocketAddr,
+    pub metrics: SocketAddr,
+    pub admin: SocketAddr,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+/// Config text for a gateway over these Tritons, with fast health checks, backends named
+/// `{name}-0`, `{name}-1`, ... (metrics are per process, so each test picks its own name),
+/// and extra keys for the `[upstream]` and `[server]` tables.
+pub fn config_for(name: &str, tritons: &[&Triton], upstream: &str, server: &str) -> String {
+    let mut text = format!(
+        "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+         [server]\n{server}\n[upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n{upstream}\n"
+    );
+    for (i, triton) in tritons.iter().enumerate() {
+        text.push_str(&format!(
+            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\nmetrics = \"{}\"\ncapacity = \"1GiB\"\n",
+            triton.http_url(),
+            triton.metrics_url()
+        ));
+    }
+    text
+}
+
+impl TestGateway {
+    /// Starts a gateway from config text and waits until every backend is ready.
+    pub async fn start(config_text: &str) -> Self {
+        let config = Config::parse(config_text).unwrap_or_else(|e| panic!("test config: {e}"));
+        let backends = config.backends.len();
+        let listeners = Listeners::bind(&config).await.expect("bind");
+        let http = listeners.http.local_addr().unwrap();
+        let metrics = listeners.metrics.as_ref().unwrap().local_addr().unwrap();
+        let admin = listeners.admin.as_ref().unwrap().local_addr().unwrap();
+        let gateway = Gateway::new(config).expect("gateway");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(infergate::serve(gateway, listeners, shutdown.clone()));
+        let this = Self {
+            http,
+            metrics,
+            admin,
+            shutdown,
+            task: Some(task),
+        };
+        this.wait_for_ready_backends(backends).await;
+        this
+    }
+
+    /// `http://addr` of the KServe v2 listener.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// Waits until the admin API shows `count` ready backends.
+    pub async fn wait_for_ready_backends(&self, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let backends = self.admin_backends().await;
+            let ready = backends.iter().filter(|b| b["ready"] == true).count();
+            if ready == count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "backends never became ready: {backends:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `GET /admin/backends` as JSON.
+    pub async fn admin_backends(&self) -> Vec<serde_json::Value> {
+        reqwest::get(format!("http://{}/admin/backends", self.admin))
+            .await
+            .expect("admin reachable")
+            .json()
+            .await
+            .expect("admin JSON")
+    }
+
+    /// Text of the gateway's own `/metrics`.
+    pub async fn metrics_text(&self, path: &str) -> String {
+        reqwest::get(format!("http://{}{path}", self.metrics))
+            .await
+            .expect("metrics reachable")
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// Begins shutdown and returns the serve task to await.
+    pub fn begin_shutdown(&mut self) -> JoinHandle<anyhow::Result<()>> {
+        self.shutdown.cancel();
+        self.task.take().expect("not yet stopped")
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
