@@ -11,7 +11,7 @@ once=false
 
 scripts/setup.sh
 echo "== building infergate (release)"
-cargo build --release --locked -p infergate 2>&1 | tail -n 1
+cargo build --release -p infergate 2>&1 | tail -n 1
 
 gateway_pid=""
 cleanup() {

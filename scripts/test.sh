@@ -5,5 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo build --workspace --all-targets --locked 2>&1 | tail -n 3
-cargo test --workspace --locked -- --test-threads=2
+cargo test --workspace -- --test-threads=2
