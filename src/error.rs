@@ -52,6 +52,13 @@ pub enum GatewayError {
     /// The request is malformed in a way the gateway can tell.
     #[error("{0}")]
     BadRequest(String),
+    /// An inference request does not match the model's signature; `reason` is a short
+    /// stable label for metrics (`shape`, `datatype`, ...), the message says what was wrong.
+    #[error("{message}")]
+    InvalidInput {
+        reason: &'static str,
+        message: String,
+    },
     /// No such endpoint.
     #[error("not found: {path}")]
     NotFound { path: String },
@@ -86,6 +93,7 @@ impl GatewayError {
             Self::UnknownModel { .. }
             | Self::BodyTooLarge { .. }
             | Self::BadRequest(_)
+            | Self::InvalidInput { .. }
             | Self::NotFound { .. }
             | Self::MethodNotAllowed { .. } => ErrorSource::Client,
             Self::ModelNotReady { .. }
@@ -105,6 +113,7 @@ impl GatewayError {
             Self::NoBackendReady => "no_backend",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::BadRequest(_) => "bad_request",
+            Self::InvalidInput { .. } => "invalid_input",
             Self::NotFound { .. } => "not_found",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
@@ -117,7 +126,7 @@ impl GatewayError {
     /// The HTTP status this failure is answered with.
     pub fn http_status(&self) -> StatusCode {
         match self {
-            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::BadRequest(_) | Self::InvalidInput { .. } => StatusCode::BAD_REQUEST,
             // Triton answers an unknown model with 404 and this very message.
             Self::UnknownModel { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -183,7 +192,7 @@ mod tests {
         let table: Vec<(GatewayError, u16, ErrorSource)> = vec![
             (
                 GatewayError::UnknownModel { model: "m".into() },
-                400,
+                404,
                 Client,
             ),
             (
@@ -197,6 +206,14 @@ mod tests {
             (GatewayError::NoBackendReady, 503, Upstream),
             (GatewayError::BodyTooLarge { limit: 1 }, 413, Client),
             (GatewayError::BadRequest("x".into()), 400, Client),
+            (
+                GatewayError::InvalidInput {
+                    reason: "shape",
+                    message: "x".into(),
+                },
+                400,
+                Client,
+            ),
             (GatewayError::NotFound { path: "/x".into() }, 404, Client),
             (
                 GatewayError::MethodNotAllowed {
