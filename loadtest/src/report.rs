@@ -195,9 +195,14 @@ pub fn header_lines(c: &ConfigSummary) -> Vec<String> {
             if c.check { ", --check" } else { "" }
         ),
         format!(
-            "body: {} {} ({} variant{}){inputs}",
+            "body: {} {} B{} ({} variant{}){inputs}",
             c.encoding,
-            fmt_bytes(c.body_bytes as u64),
+            c.body_bytes,
+            if c.body_bytes >= 10_000 {
+                format!(" = {}", fmt_bytes(c.body_bytes as u64))
+            } else {
+                String::new()
+            },
             c.body_variants,
             if c.body_variants == 1 { "" } else { "s" }
         ),

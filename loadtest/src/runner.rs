@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::time::{Instant, timeout_at};
 
 use crate::outcome::ErrorKind;
 use crate::stats::{Load, StepResult, WindowStats, new_histogram};
@@ -144,14 +144,10 @@ pub async fn run_step<T: Transport>(
         }
         Load::Open { rate } => {
             let sem = Arc::new(Semaphore::new(step.connections.max(1)));
-            let dispatcher = tokio::spawn(open_dispatcher(
-                transport,
-                tx,
-                sem,
-                rate,
-                phases,
-                timing.timeout,
-            ));
+            let handle = tokio::runtime::Handle::current();
+            let dispatcher = tokio::task::spawn_blocking(move || {
+                open_dispatcher(handle, transport, tx, sem, rate, phases, timing.timeout)
+            });
             let _ = dispatcher.await;
         }
     }
@@ -211,7 +207,32 @@ async fn closed_worker<T: Transport>(
     }
 }
 
-async fn open_dispatcher<T: Transport>(
+/// Below this much time to go, the dispatcher yields instead of sleeping:
+/// a sleep costs a few microseconds of syscall and wake-up by itself.
+const SPIN_BELOW: Duration = Duration::from_micros(10);
+
+/// Asks Linux to wake this thread's sleeps on time. The default timer
+/// slack (50 µs) lets the kernel delay wake-ups to batch them, which would
+/// show up as open-loop latency. Best effort: ignored where unsupported.
+fn tighten_timer_slack() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_TIMERSLACK takes a plain integer and only affects the
+    // calling thread's timer slack; no memory is passed.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+/// The open-loop schedule, run on a dedicated (blocking-pool) thread.
+///
+/// tokio's timer has millisecond granularity and rounds deadlines up, which
+/// would send every request up to 1 ms late, and since open-loop latency
+/// counts from the scheduled time, add that to every measurement. A thread
+/// sleeping with `std::thread::sleep` and yielding for the last few tens of
+/// microseconds, with a 1 ns timer slack, keeps sends within microseconds of
+/// the schedule.
+fn open_dispatcher<T: Transport>(
+    handle: tokio::runtime::Handle,
     transport: Arc<T>,
     tx: mpsc::UnboundedSender<Sample>,
     sem: Arc<Semaphore>,
@@ -219,24 +240,36 @@ async fn open_dispatcher<T: Transport>(
     phases: Phases,
     timeout: Duration,
 ) {
+    tighten_timer_slack();
+    let start = phases.start.into_std();
+    let end = phases.end.into_std();
     let interval = 1.0 / rate;
     let mut i: u64 = 0;
     loop {
         // Computed from the start each time, so rounding never drifts.
-        let scheduled = phases.start + Duration::from_secs_f64(i as f64 * interval);
-        if scheduled >= phases.end {
+        let scheduled = start + Duration::from_secs_f64(i as f64 * interval);
+        if scheduled >= end {
             break;
         }
-        if scheduled > Instant::now() {
-            sleep_until(scheduled).await;
+        loop {
+            let now = std::time::Instant::now();
+            if now >= scheduled {
+                break;
+            }
+            let remaining = scheduled - now;
+            if remaining > SPIN_BELOW {
+                std::thread::sleep(remaining - SPIN_BELOW);
+            } else {
+                std::thread::yield_now();
+            }
         }
-        // When the timer fires late, every overdue request is sent at once
+        // When the thread wakes late, every overdue request is sent at once
         // with its original scheduled time: latency still counts from there.
-        tokio::spawn(open_request(
+        handle.spawn(open_request(
             transport.clone(),
             tx.clone(),
             sem.clone(),
-            scheduled,
+            Instant::from_std(scheduled),
             timeout,
             i,
         ));

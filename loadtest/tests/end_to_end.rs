@@ -220,3 +220,58 @@ async fn check_flags_responses_without_outputs() {
     let s = &run(&plan(&url, &a)).await[0];
     assert!(s.ok > 10 && s.errors == 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_and_custom_headers_reach_the_server() {
+    // A server that answers 200 only when every expected header is present.
+    use http_body_util::Full;
+    use hyper::service::service_fn;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let svc = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                    let h = req.headers();
+                    let ok = h.get("authorization").is_some_and(|v| v == "Bearer tok")
+                        && h.get("x-api-key").is_some_and(|v| v == "key")
+                        && h.get("x-user-id").is_some_and(|v| v == "alice")
+                        && h.get("content-type")
+                            .is_some_and(|v| v == "application/json");
+                    let mut resp = hyper::Response::new(Full::new(bytes::Bytes::from_static(
+                        br#"{"outputs":[]}"#,
+                    )));
+                    if !ok {
+                        *resp.status_mut() = hyper::StatusCode::UNAUTHORIZED;
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let url = format!("http://{addr}");
+    let mut a = ADD_SUB.to_vec();
+    a.extend([
+        "-c",
+        "1",
+        "--check",
+        "--bearer",
+        "tok",
+        "--api-key",
+        "key",
+        "-H",
+        "x-user-id:alice",
+    ]);
+    let s = &run(&plan(&url, &a)).await[0];
+    assert!(s.ok > 10 && s.errors == 0, "{:?}", s.errors_by_kind);
+    let mut a = ADD_SUB.to_vec();
+    a.extend(["-c", "1", "--bearer", "wrong"]);
+    let s = &run(&plan(&url, &a)).await[0];
+    assert_eq!(s.ok, 0);
+    assert!(s.errors_by_kind["http_401"] > 10);
+}

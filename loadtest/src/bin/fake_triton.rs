@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use infergate_load::fake::{FakeConfig, FakeTriton, serve};
-use infergate_load::units::parse_duration;
+use infergate_load::units::{fmt_duration, parse_duration};
 
 /// Fake Triton Inference Server answering KServe v2 HTTP requests from
 /// precomputed bodies (health, metadata, config, repository index, metrics,
@@ -75,9 +75,9 @@ fn run(args: Args) -> Result<()> {
             .with_context(|| format!("binding {}", args.listen))?;
         let addr = listener.local_addr()?;
         eprintln!(
-            "fake-triton listening on http://{addr} (models: {}; delay {:?}; fail-rate {})",
+            "fake-triton listening on http://{addr} (models: {}; delay {}; fail-rate {})",
             cfg.models.join(","),
-            cfg.delay,
+            fmt_duration(cfg.delay),
             cfg.fail_rate
         );
         let state = Arc::new(FakeTriton::new(&cfg));
