@@ -37,7 +37,7 @@ pub const DEFAULT_OPEN_LOOP_CONNECTIONS: usize = 128;
 /// reports throughput, latency percentiles, errors by kind and the highest
 /// throughput that still meets a p95 latency target.
 #[derive(Debug, Parser)]
-#[command(name = "infergate-load", version, about, long_about = None)]
+#[command(name = "infergate-load", version)]
 pub struct Args {
     /// Base URL of the server (scheme, host, port, optional path prefix).
     #[arg(long, default_value = "http://127.0.0.1:8000")]
@@ -149,7 +149,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
 
-    /// No progress line and no table on stderr.
+    /// No progress line on stderr (and with --json, no table on stderr either).
     #[arg(short, long)]
     pub quiet: bool,
 

@@ -13,7 +13,7 @@ use infergate_load::units::{fmt_duration, parse_duration};
 /// precomputed bodies (health, metadata, config, repository index, metrics,
 /// infer in JSON or binary form).
 #[derive(Debug, Parser)]
-#[command(name = "fake-triton", version, about, long_about = None)]
+#[command(name = "fake-triton", version)]
 struct Args {
     /// Address to listen on; port 0 picks a free port (printed on stderr).
     #[arg(long, default_value = "127.0.0.1:8000")]
