@@ -74,9 +74,29 @@ pub enum GatewayError {
     /// The backend broke the exchange after it started.
     #[error("backend '{backend}' failed: {reason}")]
     UpstreamFailed { backend: String, reason: String },
+    /// No backend has room for the model, even after evicting what may be evicted.
+    #[error("no backend has room for the model: {reason}")]
+    NoRoom { reason: String },
+    /// Making room would evict a model in recent use; the client should retry later.
+    #[error("all backends are busy with recently used models; retry in {}s", retry_secs(*.retry_after))]
+    Churn { retry_after: Duration },
+    /// The model failed to load; `reason` is the backend's own message.
+    #[error("model '{model}' failed to load: {reason}")]
+    LoadFailed {
+        model: String,
+        reason: String,
+        retry_after: Duration,
+    },
+    /// The model did not finish loading in time.
+    #[error("model '{model}' did not load within {}s", .after.as_secs())]
+    LoadTimeout { model: String, after: Duration },
     /// The gateway is draining for shutdown.
     #[error("the gateway is shutting down")]
     ShuttingDown,
+}
+
+fn retry_secs(after: Duration) -> u64 {
+    after.as_secs_f64().ceil().max(1.0) as u64
 }
 
 fn version_suffix(version: &Option<String>) -> String {
@@ -98,6 +118,10 @@ impl GatewayError {
             | Self::MethodNotAllowed { .. } => ErrorSource::Client,
             Self::ModelNotReady { .. }
             | Self::NoBackendReady
+            | Self::NoRoom { .. }
+            | Self::Churn { .. }
+            | Self::LoadFailed { .. }
+            | Self::LoadTimeout { .. }
             | Self::UpstreamUnreachable { .. }
             | Self::UpstreamTimeout { .. }
             | Self::UpstreamFailed { .. } => ErrorSource::Upstream,
@@ -119,6 +143,10 @@ impl GatewayError {
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::UpstreamFailed { .. } => "upstream_failed",
+            Self::NoRoom { .. } => "no_room",
+            Self::Churn { .. } => "churn",
+            Self::LoadFailed { .. } => "load_failed",
+            Self::LoadTimeout { .. } => "load_timeout",
             Self::ShuttingDown => "shutting_down",
         }
     }
@@ -131,13 +159,28 @@ impl GatewayError {
             Self::UnknownModel { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ModelNotReady { .. } | Self::NoBackendReady | Self::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::ModelNotReady { .. }
+            | Self::NoBackendReady
+            | Self::NoRoom { .. }
+            | Self::Churn { .. }
+            | Self::LoadFailed { .. }
+            | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnreachable { .. } | Self::UpstreamFailed { .. } => {
                 StatusCode::BAD_GATEWAY
             }
-            Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::UpstreamTimeout { .. } | Self::LoadTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+}
+
+impl GatewayError {
+    /// Seconds a client should wait before retrying a 503.
+    pub fn retry_after_secs(&self) -> u64 {
+        match self {
+            Self::Churn { retry_after } | Self::LoadFailed { retry_after, .. } => {
+                retry_secs(*retry_after)
+            }
+            _ => 1,
         }
     }
 }
@@ -158,7 +201,10 @@ impl IntoResponse for GatewayError {
             HeaderValue::from_static("application/json"),
         );
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(self.retry_after_secs()),
+            );
         }
         response.extensions_mut().insert(ErrorKind {
             kind: self.kind(),
@@ -245,6 +291,31 @@ mod tests {
                     reason: "r".into(),
                 },
                 502,
+                Upstream,
+            ),
+            (GatewayError::NoRoom { reason: "r".into() }, 503, Upstream),
+            (
+                GatewayError::Churn {
+                    retry_after: Duration::from_secs(3),
+                },
+                503,
+                Upstream,
+            ),
+            (
+                GatewayError::LoadFailed {
+                    model: "m".into(),
+                    reason: "r".into(),
+                    retry_after: Duration::from_secs(3),
+                },
+                503,
+                Upstream,
+            ),
+            (
+                GatewayError::LoadTimeout {
+                    model: "m".into(),
+                    after: Duration::from_secs(3),
+                },
+                504,
                 Upstream,
             ),
             (GatewayError::ShuttingDown, 503, Gateway),

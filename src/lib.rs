@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod frontend;
 pub mod pipeline;
+pub mod placement;
 pub mod telemetry;
 pub mod upstream;
 
@@ -31,6 +32,7 @@ pub struct Gateway {
 struct Inner {
     config: Config,
     pool: Arc<Pool>,
+    placement: Arc<placement::Placement>,
     metrics: PrometheusHandle,
     draining: AtomicBool,
 }
@@ -40,10 +42,12 @@ impl Gateway {
     /// health check passes.
     pub fn new(config: Config) -> anyhow::Result<Self> {
         let pool = Arc::new(Pool::new(&config).map_err(anyhow::Error::msg)?);
+        let placement = Arc::new(placement::Placement::new(&config, pool.clone()));
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 pool,
+                placement,
                 metrics: telemetry::metrics_handle(),
                 draining: AtomicBool::new(false),
             }),
@@ -58,6 +62,11 @@ impl Gateway {
     /// The backend pool.
     pub fn pool(&self) -> &Arc<Pool> {
         &self.inner.pool
+    }
+
+    /// Which model is loaded where.
+    pub fn placement(&self) -> &Arc<placement::Placement> {
+        &self.inner.placement
     }
 
     /// The Prometheus renderer.
@@ -112,13 +121,16 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let tasks = TaskTracker::new();
     let upstream_config = &gateway.config().upstream;
+    let placement = gateway.placement().clone();
     upstream::spawn_health_checks(
         gateway.pool(),
         upstream_config.health_interval.0,
         upstream_config.health_timeout.0,
         &tasks,
         &shutdown,
+        Arc::new(move |backend| placement.reconcile(backend)),
     );
+    spawn_warm_up(&gateway, &tasks, &shutdown);
     let servers = TaskTracker::new();
     let serve_one = |listener: TcpListener, router: axum::Router| {
         let shutdown = shutdown.clone();
@@ -154,6 +166,35 @@ pub async fn serve(
     tasks.wait().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Loads pinned and preload models once the first backend is ready.
+fn spawn_warm_up(gateway: &Gateway, tasks: &TaskTracker, shutdown: &CancellationToken) {
+    let preload: Vec<String> = gateway
+        .config()
+        .models
+        .iter()
+        .filter(|m| m.preload && !m.pinned)
+        .map(|m| m.name.clone())
+        .collect();
+    if preload.is_empty() && !gateway.config().models.iter().any(|m| m.pinned) {
+        return;
+    }
+    let gateway = gateway.clone();
+    let shutdown = shutdown.clone();
+    tasks.spawn(async move {
+        let interval = gateway.config().upstream.health_interval.0;
+        while gateway.pool().ready().next().is_none() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(interval / 4) => {}
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = gateway.placement().warm_up(preload) => {}
+        }
+    });
 }
 
 /// Cancels `token` on SIGTERM or SIGINT.

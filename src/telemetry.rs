@@ -18,6 +18,34 @@ pub const ERRORS: &str = "infergate_errors_total";
 /// 1 while a backend passes health checks, else 0.
 pub const BACKEND_UP: &str = "infergate_backend_up";
 
+/// Requests for a model no backend had loaded.
+pub const PLACEMENT_COLD_MISSES: &str = "infergate_placement_cold_misses_total";
+/// How long cold requests waited for their model to load.
+pub const PLACEMENT_COLD_WAIT: &str = "infergate_placement_cold_wait_seconds";
+/// Loads by backend and result.
+pub const PLACEMENT_LOADS: &str = "infergate_placement_loads_total";
+/// Unloads by backend, reason (evict, request, abandon) and result.
+pub const PLACEMENT_UNLOADS: &str = "infergate_placement_unloads_total";
+/// How long loads took.
+pub const PLACEMENT_LOAD_DURATION: &str = "infergate_placement_load_duration_seconds";
+/// Models evicted to make room, by backend.
+pub const PLACEMENT_EVICTIONS: &str = "infergate_placement_evictions_total";
+/// How long an evicted model had been idle.
+pub const PLACEMENT_EVICTED_IDLE: &str = "infergate_placement_evicted_idle_seconds";
+/// Requests refused because making room would evict a model in recent use.
+pub const PLACEMENT_CHURN_REFUSALS: &str = "infergate_placement_churn_refusals_total";
+/// Usable bytes per backend (capacity minus the memory buffer).
+pub const PLACEMENT_CAPACITY: &str = "infergate_placement_capacity_bytes";
+/// Bytes committed to models loaded or loading, per backend.
+pub const PLACEMENT_USED: &str = "infergate_placement_used_bytes";
+/// Bytes of models loading, per backend.
+pub const PLACEMENT_LOADING: &str = "infergate_placement_loading_bytes";
+/// Model copies on the books, per backend.
+pub const PLACEMENT_MODELS: &str = "infergate_placement_models";
+/// Idle time of the least recently used loaded model: low means the pool is short of memory
+/// (scale Triton replicas on it).
+pub const PLACEMENT_LRU_AGE: &str = "infergate_placement_lru_age_seconds";
+
 const LATENCY_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
@@ -67,6 +95,51 @@ fn describe() {
         "Errors answered by the gateway itself, by kind and source."
     );
     describe_gauge!(BACKEND_UP, "1 while the backend passes health checks.");
+    describe_counter!(
+        PLACEMENT_COLD_MISSES,
+        "Requests for a model no backend had loaded."
+    );
+    describe_histogram!(
+        PLACEMENT_COLD_WAIT,
+        Unit::Seconds,
+        "Time cold requests waited for their model to load."
+    );
+    describe_counter!(PLACEMENT_LOADS, "Model loads by backend and result.");
+    describe_counter!(
+        PLACEMENT_UNLOADS,
+        "Model unloads by backend, reason and result."
+    );
+    describe_histogram!(
+        PLACEMENT_LOAD_DURATION,
+        Unit::Seconds,
+        "Model load duration."
+    );
+    describe_counter!(
+        PLACEMENT_EVICTIONS,
+        "Models evicted to make room, by backend."
+    );
+    describe_histogram!(
+        PLACEMENT_EVICTED_IDLE,
+        Unit::Seconds,
+        "Idle time of evicted models."
+    );
+    describe_counter!(
+        PLACEMENT_CHURN_REFUSALS,
+        "Requests refused to avoid evicting recently used models."
+    );
+    describe_gauge!(PLACEMENT_CAPACITY, Unit::Bytes, "Usable bytes per backend.");
+    describe_gauge!(
+        PLACEMENT_USED,
+        Unit::Bytes,
+        "Bytes committed to loaded or loading models."
+    );
+    describe_gauge!(PLACEMENT_LOADING, Unit::Bytes, "Bytes of models loading.");
+    describe_gauge!(PLACEMENT_MODELS, "Model copies per backend.");
+    describe_gauge!(
+        PLACEMENT_LRU_AGE,
+        Unit::Seconds,
+        "Idle time of the least recently used loaded model."
+    );
 }
 
 /// Records a backend's health.

@@ -4,8 +4,10 @@
 //! every problem at once, each named by its key, so `infergate check` can list them all and a
 //! reload can refuse a bad file without touching the running one.
 
+mod placement;
 mod units;
 
+pub use placement::{Model, Placement};
 pub use units::{ByteSize, HumanDuration};
 
 use serde::{Deserialize, Serialize};
@@ -30,6 +32,12 @@ pub struct Config {
     /// The Triton pool.
     #[serde(default)]
     pub backends: Vec<Backend>,
+    /// Which model is loaded where.
+    #[serde(default)]
+    pub placement: Placement,
+    /// Per-model settings (sizes, pins, preloads).
+    #[serde(default)]
+    pub models: Vec<Model>,
 }
 
 /// Listener addresses. Each runs its own server so metrics and admin can stay private.
@@ -232,6 +240,7 @@ impl Config {
                 error(key.into(), "must be greater than 0".into());
             }
         }
+        self.placement.validate(&self.models, &mut errors);
         errors
     }
 }

@@ -6,7 +6,7 @@ use super::Served;
 use super::edge::edge;
 use crate::Gateway;
 use crate::error::GatewayError;
-use crate::pipeline::{self, LeasedBody, ModelRef};
+use crate::pipeline::{LeasedBody, ModelRef};
 use crate::upstream::{self, Backend, ModelEntry};
 use axum::Router;
 use axum::extract::rejection::PathRejection;
@@ -177,10 +177,10 @@ fn check_action(action: &str, request: &Request) -> Result<(), GatewayError> {
     }
 }
 
-/// Every request about one model: place it, forward it, stream the answer back while the
-/// lease keeps the copy in use.
+/// Every request about one model: find or load a copy, forward, stream the answer back
+/// while the lease keeps the copy in use.
 async fn to_model(gateway: &Gateway, model: ModelRef, request: Request) -> Response {
-    let lease = match pipeline::place(gateway.pool(), &model) {
+    let lease = match gateway.placement().acquire(&model).await {
         Ok(lease) => lease,
         Err(error) => return error.into_response(),
     };
@@ -337,9 +337,9 @@ async fn repository_index(
     ))
 }
 
-/// Load and unload across the pool. A load goes where the model is already loaded (Triton
-/// reloads it there) or else to the ready backend with the fewest models; an unload goes to
-/// every backend that has it loaded. The answer is the backends' own.
+/// Load and unload through placement: a load is placed like a cold request (room first,
+/// else LRU eviction) and answered once the model is ready; an unload takes the model off
+/// every backend.
 async fn repository_action(
     State(gateway): State<Gateway>,
     segments: Result<Path<(String, String)>, PathRejection>,
@@ -357,49 +357,20 @@ async fn repository_action(
             path: request.uri().path().to_owned(),
         });
     }
-    let path = request.uri().path().to_owned();
-    let body = read_small_body(&gateway, request).await?;
-    let ready = ready_backends(&gateway)?;
-    let holding: Vec<_> = ready
-        .iter()
-        .filter(|b| b.index().is_ready(&model, None))
-        .cloned()
-        .collect();
-    let targets = match (action.as_str(), holding.is_empty()) {
-        ("unload", true) => return Ok(json_response(StatusCode::OK, Bytes::new())),
-        ("load", true) => vec![least_loaded(&ready)],
-        _ => holding,
-    };
-    let answers = ask_all(&gateway, &targets, Method::POST, &path, body).await;
-    let timeout = gateway.config().upstream.health_timeout.0;
-    let mut result = Ok(json_response(StatusCode::OK, Bytes::new()));
-    for (backend, answer) in answers {
-        // The index is re-read at once so the next request sees the change.
-        let _ = upstream::refresh_index(&backend, timeout).await;
-        match answer {
-            Ok((StatusCode::OK, _)) => {}
-            Ok((status, body)) => result = Ok(json_response(status, body)),
-            Err(error) => result = Err(error),
-        }
+    // The body (load parameters) is read for the size limit; overrides are not placed yet.
+    read_small_body(&gateway, request).await?;
+    if action == "load" {
+        gateway.placement().load(&model).await?;
+    } else {
+        gateway.placement().unload(&model).await;
     }
-    let mut response = result?;
+    let mut response = json_response(StatusCode::OK, Bytes::new());
     response.extensions_mut().insert(Served {
         model,
         version: None,
         backend: String::new(),
     });
     Ok(response)
-}
-
-fn least_loaded(backends: &[Arc<Backend>]) -> Arc<Backend> {
-    backends
-        .iter()
-        .min_by_key(|b| {
-            let loaded = b.index().entries().iter().filter(|e| e.is_ready()).count();
-            (loaded, b.in_flight())
-        })
-        .cloned()
-        .expect("at least one ready backend")
 }
 
 /// Statistics for every model on every ready backend, concatenated.

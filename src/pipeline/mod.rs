@@ -1,10 +1,10 @@
-//! The walk every model request takes, whatever its wire format: find where the model is
-//! served (`place`), then forward. Later stages (auth, route, validate) slot in here, each a
+//! The walk every model request takes, whatever its wire format: find or load a copy of the
+//! model (`Placement::acquire`), then forward. Later stages (auth, route, validate) slot in here, each a
 //! plain function over the gateway state and the request, so HTTP and gRPC share every rule.
 
 mod place;
 
-pub use place::{Lease, LeasedBody, place};
+pub use place::LeasedBody;
 
 /// The model a request names, as the client wrote it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -11,23 +11,29 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Starts one checker task per backend; they stop when `shutdown` is cancelled.
+/// `after_check(i)` runs after every check of backend `i` (placement reconciles there).
 pub fn spawn_health_checks(
     pool: &Arc<Pool>,
     interval: Duration,
     timeout: Duration,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
+    after_check: Arc<dyn Fn(usize) + Send + Sync>,
 ) {
-    for backend in pool.backends() {
+    for (i, backend) in pool.backends().iter().enumerate() {
         let backend = backend.clone();
         let shutdown = shutdown.clone();
+        let after_check = after_check.clone();
         tasks.spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = ticker.tick() => check(&backend, timeout).await,
+                    _ = ticker.tick() => {
+                        check(&backend, timeout).await;
+                        after_check(i);
+                    }
                 }
             }
         });
@@ -73,6 +79,7 @@ async fn probe(backend: &Backend, timeout: Duration) -> Result<(), String> {
 /// Reads the backend's repository index into its state.
 pub async fn refresh_index(backend: &Backend, timeout: Duration) -> Result<(), String> {
     let ticket = backend.index_ticket();
+    let sent = tokio::time::Instant::now();
     let (status, body) = backend
         .client
         .call(
@@ -88,7 +95,8 @@ pub async fn refresh_index(backend: &Backend, timeout: Duration) -> Result<(), S
         return Err(format!("repository index answered {status}"));
     }
     let index = ModelIndex::from_json(&body)
-        .map_err(|e| format!("repository index is not valid JSON: {e}"))?;
+        .map_err(|e| format!("repository index is not valid JSON: {e}"))?
+        .with_read_at(sent);
     backend.set_index(ticket, index);
     Ok(())
 }

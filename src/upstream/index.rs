@@ -32,6 +32,7 @@ impl ModelEntry {
 pub struct ModelIndex {
     entries: Vec<ModelEntry>,
     by_name: HashMap<String, Vec<usize>>,
+    read_at: Option<tokio::time::Instant>,
 }
 
 impl ModelIndex {
@@ -47,7 +48,23 @@ impl ModelIndex {
         for (i, entry) in entries.iter().enumerate() {
             by_name.entry(entry.name.clone()).or_default().push(i);
         }
-        Self { entries, by_name }
+        Self {
+            entries,
+            by_name,
+            read_at: None,
+        }
+    }
+
+    /// Stamps when the request that produced this index was sent: placement ignores an index
+    /// read before its own last change to that backend.
+    pub fn with_read_at(mut self, at: tokio::time::Instant) -> Self {
+        self.read_at = Some(at);
+        self
+    }
+
+    /// When the request for this index was sent.
+    pub fn read_at(&self) -> Option<tokio::time::Instant> {
+        self.read_at
     }
 
     /// Whether the model (a given version, or any) is READY here.

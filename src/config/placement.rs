@@ -1,0 +1,115 @@
+//! `[placement]` and `[[models]]`: how infergate decides which Triton loads which model.
+
+use super::{ByteSize, ConfigError, HumanDuration};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Memory accounting and load policy for the pool.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Placement {
+    /// A read-only view of the model repository the Tritons use, to size models on disk.
+    pub model_repository: Option<PathBuf>,
+    /// Memory kept free on every backend, off its capacity.
+    pub mem_buffer: ByteSize,
+    /// Size on disk times this is a model's estimate when nothing better is known.
+    pub size_multiplier: f64,
+    /// Estimate for a model whose size on disk cannot be read.
+    pub default_model_size: ByteSize,
+    /// Capacity assumed for a backend with no `capacity` key.
+    pub default_capacity: ByteSize,
+    /// A model used more recently than this is never evicted: the request that would need it
+    /// is answered 503 with Retry-After instead, so the pool does not thrash.
+    pub min_churn_age: HumanDuration,
+    /// Loads running at once on one backend; more wait their turn in arrival order.
+    pub max_loading_concurrency: usize,
+    /// How long a load may take; past it the waiting requests get 504 and the load is undone.
+    pub load_timeout: HumanDuration,
+    /// Backends one request may try a failing load on before it is answered 503.
+    pub max_load_attempts: usize,
+    /// First pause before a model that failed to load on a backend is tried there again;
+    /// doubles with each failure up to `load_failure_backoff_max`.
+    pub load_failure_backoff: HumanDuration,
+    /// Longest pause between retries of a failing load on one backend.
+    pub load_failure_backoff_max: HumanDuration,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Self {
+            model_repository: None,
+            mem_buffer: ByteSize(128 << 20),
+            size_multiplier: 1.25,
+            default_model_size: ByteSize(100 << 20),
+            default_capacity: ByteSize(16 << 30),
+            min_churn_age: HumanDuration(Duration::from_secs(60)),
+            max_loading_concurrency: 2,
+            load_timeout: HumanDuration(Duration::from_secs(90)),
+            max_load_attempts: 3,
+            load_failure_backoff: HumanDuration(Duration::from_secs(5)),
+            load_failure_backoff_max: HumanDuration(Duration::from_secs(300)),
+        }
+    }
+}
+
+/// Per-model settings.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    /// Triton model name.
+    pub name: String,
+    /// Explicit memory estimate; wins over every other estimate.
+    pub size: Option<ByteSize>,
+    /// Pinned: loaded at start and never evicted.
+    #[serde(default)]
+    pub pinned: bool,
+    /// Loaded at start into free space (never evicting anything), then evictable.
+    #[serde(default)]
+    pub preload: bool,
+}
+
+impl Placement {
+    /// Checks what serde cannot.
+    pub(super) fn validate(&self, models: &[Model], errors: &mut Vec<ConfigError>) {
+        let mut error = |key: String, message: String| errors.push(ConfigError { key, message });
+        if !(self.size_multiplier.is_finite() && self.size_multiplier > 0.0) {
+            error(
+                "placement.size_multiplier".into(),
+                "must be a positive number".into(),
+            );
+        }
+        if self.max_loading_concurrency == 0 {
+            error(
+                "placement.max_loading_concurrency".into(),
+                "must be at least 1".into(),
+            );
+        }
+        if self.max_load_attempts == 0 {
+            error(
+                "placement.max_load_attempts".into(),
+                "must be at least 1".into(),
+            );
+        }
+        if let Some(repository) = &self.model_repository
+            && !repository.is_dir()
+        {
+            error(
+                "placement.model_repository".into(),
+                format!("{} is not a directory", repository.display()),
+            );
+        }
+        let mut names = HashSet::new();
+        for (i, model) in models.iter().enumerate() {
+            if model.name.trim().is_empty() {
+                error(format!("models[{i}].name"), "must not be empty".into());
+            } else if !names.insert(model.name.as_str()) {
+                error(
+                    format!("models[{i}].name"),
+                    format!("duplicate model {:?}", model.name),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,489 @@
+//! Placement: which Triton has which model loaded, decided by infergate alone.
+//!
+//! A request for a model no backend has is a cold miss: a backend is chosen (room first, else
+//! the least recently used victims), evicted models are unloaded, the model is loaded, and
+//! every request that arrived meanwhile waits on that one load. The books (`table`) are the
+//! single truth, kept in line with each backend's repository index by `reconcile`.
+
+mod estimate;
+mod table;
+
+pub use estimate::{Estimate, Estimator, SizeSource};
+pub use table::{BackendView, Decision, LoadOutcome, LoadPlan, Policy, Table};
+
+use crate::config;
+use crate::error::GatewayError;
+use crate::pipeline::ModelRef;
+use crate::telemetry;
+use crate::upstream::{Backend, InFlight, Pool};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{Semaphore, broadcast};
+use tokio::time::Instant;
+
+/// A change to what is loaded, for components that cache per-model facts (signatures).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelEvent {
+    /// The model was loaded (or reloaded) on a backend.
+    Loaded(String),
+    /// The model was unloaded from a backend.
+    Unloaded(String),
+}
+
+/// The placement service: books, policy, and the calls that change what is loaded.
+pub struct Placement {
+    table: Mutex<Table>,
+    pool: Arc<Pool>,
+    estimator: Estimator,
+    pinned: HashSet<String>,
+    load_slots: Vec<Arc<Semaphore>>,
+    load_timeout: Duration,
+    max_attempts: usize,
+    events: broadcast::Sender<ModelEvent>,
+}
+
+/// A claim on one ready copy of a model for the length of a request: while any lease is
+/// held the copy cannot be evicted; dropping it records the use for LRU.
+pub struct Lease {
+    placement: Arc<Placement>,
+    backend: usize,
+    model: String,
+    in_flight: InFlight,
+}
+
+impl Lease {
+    /// The backend to send to.
+    pub fn backend(&self) -> &Arc<Backend> {
+        self.in_flight.backend()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.placement
+            .books()
+            .release(self.backend, &self.model, Instant::now());
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("backend", &self.backend().name)
+            .field("model", &self.model)
+            .finish()
+    }
+}
+
+impl Placement {
+    /// Builds placement over the pool.
+    pub fn new(config: &config::Config, pool: Arc<Pool>) -> Self {
+        let policy = &config.placement;
+        let usable: Vec<u64> = pool
+            .backends()
+            .iter()
+            .map(|b| {
+                b.capacity
+                    .unwrap_or(policy.default_capacity.bytes())
+                    .saturating_sub(policy.mem_buffer.bytes())
+            })
+            .collect();
+        let table = Table::new(
+            &usable,
+            Policy {
+                min_churn_age: policy.min_churn_age.0,
+                backoff: policy.load_failure_backoff.0,
+                backoff_max: policy.load_failure_backoff_max.0,
+            },
+            Instant::now(),
+        );
+        for (backend, bytes) in pool.backends().iter().zip(&usable) {
+            metrics::gauge!(telemetry::PLACEMENT_CAPACITY, "backend" => backend.name.clone())
+                .set(*bytes as f64);
+        }
+        Self {
+            table: Mutex::new(table),
+            load_slots: pool
+                .backends()
+                .iter()
+                .map(|_| Arc::new(Semaphore::new(policy.max_loading_concurrency)))
+                .collect(),
+            pool,
+            estimator: Estimator::new(policy, &config.models),
+            pinned: config
+                .models
+                .iter()
+                .filter(|m| m.pinned)
+                .map(|m| m.name.clone())
+                .collect(),
+            load_timeout: policy.load_timeout.0,
+            max_attempts: policy.max_load_attempts,
+            events: broadcast::channel(256).0,
+        }
+    }
+
+    /// Receives every load and unload.
+    pub fn subscribe(&self) -> broadcast::Receiver<ModelEvent> {
+        self.events.subscribe()
+    }
+
+    fn books(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().expect("placement lock")
+    }
+
+    fn view(&self, model: &ModelRef) -> Vec<BackendView> {
+        self.pool
+            .backends()
+            .iter()
+            .map(|backend| {
+                let index = backend.index();
+                BackendView {
+                    ready: backend.is_ready(),
+                    knows: index.knows(&model.name),
+                    has_version: model
+                        .version
+                        .as_deref()
+                        .is_none_or(|v| index.is_ready(&model.name, Some(v))),
+                    in_flight: backend.in_flight(),
+                }
+            })
+            .collect()
+    }
+
+    /// Finds (or makes) a ready copy of the model and leases it.
+    pub async fn acquire(self: &Arc<Self>, model: &ModelRef) -> Result<Lease, GatewayError> {
+        self.acquire_with(model, true).await
+    }
+
+    async fn acquire_with(
+        self: &Arc<Self>,
+        model: &ModelRef,
+        allow_evict: bool,
+    ) -> Result<Lease, GatewayError> {
+        let estimate = self.estimator.estimate(&model.name);
+        let pinned = self.pinned.contains(&model.name);
+        let mut attempts = 0;
+        let mut cold_since: Option<Instant> = None;
+        loop {
+            let view = self.view(model);
+            let decision =
+                self.books()
+                    .decide(model, estimate, &view, pinned, allow_evict, Instant::now());
+            let mut waiting = match decision {
+                Decision::Serve(backend) => {
+                    if let Some(since) = cold_since {
+                        metrics::histogram!(telemetry::PLACEMENT_COLD_WAIT)
+                            .record(since.elapsed().as_secs_f64());
+                    }
+                    let in_flight = self.pool.backends()[backend].start_request();
+                    return Ok(Lease {
+                        placement: self.clone(),
+                        backend,
+                        model: model.name.clone(),
+                        in_flight,
+                    });
+                }
+                Decision::Refuse(error) => {
+                    if matches!(error, GatewayError::Churn { .. }) {
+                        metrics::counter!(telemetry::PLACEMENT_CHURN_REFUSALS).increment(1);
+                    }
+                    return Err(error);
+                }
+                Decision::Wait(waiting) => waiting,
+                Decision::Load(plan) => {
+                    metrics::counter!(telemetry::PLACEMENT_COLD_MISSES).increment(1);
+                    let waiting = plan.done.subscribe();
+                    tokio::spawn(self.clone().run_load(plan));
+                    waiting
+                }
+            };
+            cold_since.get_or_insert_with(Instant::now);
+            attempts += 1;
+            let outcome =
+                tokio::time::timeout(self.load_timeout, waiting.wait_for(Option::is_some)).await;
+            match outcome {
+                Err(_) => {
+                    return Err(GatewayError::LoadTimeout {
+                        model: model.name.clone(),
+                        after: self.load_timeout,
+                    });
+                }
+                Ok(Ok(result)) => {
+                    if let Some(Err(reason)) = result.clone()
+                        && attempts >= self.max_attempts
+                    {
+                        return Err(GatewayError::LoadFailed {
+                            model: model.name.clone(),
+                            reason: reason.to_string(),
+                            retry_after: Duration::from_secs(1),
+                        });
+                    }
+                }
+                // The load task ended without a word (it panicked): decide again.
+                Ok(Err(_)) => {}
+            }
+        }
+    }
+
+    /// Carries out a load plan: unload the victims, load the model (one of
+    /// `max_loading_concurrency` slots on the backend), record the outcome, tell the waiters.
+    async fn run_load(self: Arc<Self>, plan: LoadPlan) {
+        let backend = self.pool.backends()[plan.backend].clone();
+        let _slot = self.load_slots[plan.backend]
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore never closed");
+        for victim in &plan.evict {
+            metrics::counter!(telemetry::PLACEMENT_EVICTIONS, "backend" => backend.name.clone())
+                .increment(1);
+            metrics::histogram!(telemetry::PLACEMENT_EVICTED_IDLE)
+                .record(victim.idle.as_secs_f64());
+            self.unload_on(&backend, &victim.model, "evict").await;
+        }
+        let started = Instant::now();
+        let outcome = self.load_on(&backend, &plan.model).await;
+        let result = if outcome.is_ok() {
+            "success"
+        } else {
+            "failure"
+        };
+        metrics::counter!(telemetry::PLACEMENT_LOADS, "backend" => backend.name.clone(), "result" => result)
+            .increment(1);
+        metrics::histogram!(telemetry::PLACEMENT_LOAD_DURATION)
+            .record(started.elapsed().as_secs_f64());
+        match &outcome {
+            Ok(()) => {
+                tracing::info!(model = plan.model, backend = %backend.name, evicted = plan.evict.len(),
+                    load_ms = started.elapsed().as_millis() as u64, "model loaded");
+                let _ = self.events.send(ModelEvent::Loaded(plan.model.clone()));
+            }
+            Err(reason) => {
+                tracing::warn!(model = plan.model, backend = %backend.name, %reason, "model failed to load")
+            }
+        }
+        self.books()
+            .finish_load(plan.backend, &plan.model, &outcome, Instant::now());
+        self.publish_usage(plan.backend);
+        let _ = plan.done.send(Some(outcome));
+    }
+
+    /// `POST .../load`, within `load_timeout`; a load that times out is undone.
+    async fn load_on(&self, backend: &Backend, model: &str) -> Result<(), Arc<str>> {
+        let path = format!("/v2/repository/models/{}/load", path_segment(model));
+        let answer = backend
+            .client
+            .call(
+                backend,
+                Method::POST,
+                &path,
+                Bytes::from_static(b"{}"),
+                self.load_timeout,
+            )
+            .await;
+        match answer {
+            Ok((StatusCode::OK, _)) => Ok(()),
+            Ok((status, body)) => Err(triton_message(status, &body).into()),
+            Err(error) => {
+                if matches!(error, GatewayError::UpstreamTimeout { .. }) {
+                    self.unload_on(backend, model, "abandon").await;
+                }
+                Err(error.to_string().into())
+            }
+        }
+    }
+
+    /// `POST .../unload`; failures are logged, the books already say it is gone.
+    async fn unload_on(&self, backend: &Backend, model: &str, reason: &'static str) {
+        let path = format!("/v2/repository/models/{}/unload", path_segment(model));
+        let answer = backend
+            .client
+            .call(
+                backend,
+                Method::POST,
+                &path,
+                Bytes::from_static(b"{}"),
+                self.load_timeout,
+            )
+            .await;
+        let result = match &answer {
+            Ok((StatusCode::OK, _)) => "success",
+            _ => "failure",
+        };
+        metrics::counter!(telemetry::PLACEMENT_UNLOADS, "backend" => backend.name.clone(), "reason" => reason, "result" => result)
+            .increment(1);
+        match answer {
+            Ok((StatusCode::OK, _)) => {
+                tracing::info!(model, backend = %backend.name, reason, "model unloaded")
+            }
+            Ok((status, body)) => tracing::warn!(model, backend = %backend.name,
+                error = triton_message(status, &body), "unload failed"),
+            Err(error) => tracing::warn!(model, backend = %backend.name, %error, "unload failed"),
+        }
+        let _ = self.events.send(ModelEvent::Unloaded(model.to_string()));
+    }
+
+    /// Loads a model now (the repository API and the admin API), as a request would.
+    pub async fn load(self: &Arc<Self>, model: &str) -> Result<(), GatewayError> {
+        self.acquire(&ModelRef::new(model, None)).await.map(drop)
+    }
+
+    /// Unloads a model from every backend (in-flight requests finish first: Triton waits for
+    /// them). Returns how many copies were unloaded.
+    pub async fn unload(&self, model: &str) -> usize {
+        let backends = self.books().remove_everywhere(model, Instant::now());
+        for &b in &backends {
+            self.unload_on(&self.pool.backends()[b], model, "request")
+                .await;
+            self.publish_usage(b);
+        }
+        backends.len()
+    }
+
+    /// Loads pinned and preload models at start: pinned ones may evict, preloads use free
+    /// space only. Failures are logged; requests will retry them.
+    pub async fn warm_up(self: &Arc<Self>, preload: Vec<String>) {
+        let pinned: Vec<String> = self.pinned.iter().cloned().collect();
+        for (models, allow_evict) in [(pinned, true), (preload, false)] {
+            for model in models {
+                match self
+                    .acquire_with(&ModelRef::new(model.clone(), None), allow_evict)
+                    .await
+                {
+                    Ok(_) => tracing::info!(model, "loaded at start"),
+                    Err(error) => tracing::warn!(model, %error, "not loaded at start"),
+                }
+            }
+        }
+    }
+
+    /// Brings the books for one backend in line with its last health check and index.
+    pub fn reconcile(&self, backend_index: usize) {
+        let backend = &self.pool.backends()[backend_index];
+        let index = backend.index();
+        let ready_models: Vec<(String, Estimate)> = index
+            .entries()
+            .iter()
+            .filter(|e| e.is_ready())
+            .map(|e| (e.name.clone(), self.estimator.estimate(&e.name)))
+            .collect();
+        let pinned = |name: &str| self.pinned.contains(name);
+        let changed = self.books().reconcile(
+            backend_index,
+            backend.is_ready(),
+            &ready_models,
+            index.read_at(),
+            &pinned,
+            Instant::now(),
+        );
+        for model in &changed.adopted {
+            tracing::info!(model, backend = %backend.name, "adopted a model the backend already had");
+        }
+        for model in &changed.dropped {
+            tracing::info!(model, backend = %backend.name, "model is gone from the backend");
+            let _ = self.events.send(ModelEvent::Unloaded(model.clone()));
+        }
+        self.publish_usage(backend_index);
+    }
+
+    /// Stops (or resumes) placing models on a backend; returns false for an unknown name.
+    pub fn set_draining(&self, backend: &str, draining: bool) -> bool {
+        let Some(index) = self.pool.backends().iter().position(|b| b.name == backend) else {
+            return false;
+        };
+        self.books().set_draining(index, draining);
+        true
+    }
+
+    fn publish_usage(&self, backend: usize) {
+        let (used, loading, copies, lru) = {
+            let books = self.books();
+            let (used, loading, copies) = books.usage(backend);
+            (used, loading, copies, books.lru_age(Instant::now()))
+        };
+        let name = self.pool.backends()[backend].name.clone();
+        metrics::gauge!(telemetry::PLACEMENT_USED, "backend" => name.clone()).set(used as f64);
+        metrics::gauge!(telemetry::PLACEMENT_LOADING, "backend" => name.clone())
+            .set(loading as f64);
+        metrics::gauge!(telemetry::PLACEMENT_MODELS, "backend" => name).set(copies as f64);
+        if let Some(age) = lru {
+            metrics::gauge!(telemetry::PLACEMENT_LRU_AGE).set(age.as_secs_f64());
+        }
+    }
+
+    /// The admin view: every backend's books and every failing load.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let now = Instant::now();
+        let books = self.books();
+        let backends: Vec<_> = books
+            .backends()
+            .iter()
+            .zip(self.pool.backends())
+            .map(|(b, backend)| {
+                let mut models: Vec<_> = b
+                    .copies
+                    .iter()
+                    .map(|(name, c)| {
+                        serde_json::json!({
+                            "name": name,
+                            "size": c.size,
+                            "size_source": c.source,
+                            "state": match c.state { table::CopyState::Ready => "ready", table::CopyState::Loading(_) => "loading" },
+                            "idle_seconds": now.saturating_duration_since(c.last_used).as_secs_f64(),
+                            "in_flight": c.in_flight,
+                            "pinned": c.pinned,
+                        })
+                    })
+                    .collect();
+                models.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+                serde_json::json!({
+                    "name": backend.name,
+                    "ready": backend.is_ready(),
+                    "draining": b.draining,
+                    "capacity": b.usable,
+                    "used": b.committed,
+                    "free": b.usable.saturating_sub(b.committed),
+                    "models": models,
+                })
+            })
+            .collect();
+        let failures: Vec<_> = books
+            .failures(now)
+            .into_iter()
+            .map(|(model, b, count, retry_in, reason)| {
+                serde_json::json!({
+                    "model": model,
+                    "backend": self.pool.backends()[b].name,
+                    "failures": count,
+                    "retry_in_seconds": retry_in.as_secs_f64(),
+                    "error": reason.as_ref(),
+                })
+            })
+            .collect();
+        serde_json::json!({ "backends": backends, "failed_loads": failures })
+    }
+}
+
+/// Triton's `{"error": "..."}` message, or the status when the body has none.
+fn triton_message(status: StatusCode, body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("backend answered {status}"))
+}
+
+/// Percent-encodes a model name for use as one URL path segment.
+fn path_segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}

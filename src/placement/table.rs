@@ -1,0 +1,834 @@
+//! The books: which model copy is on which backend, loading or ready, how big, how recently
+//! used, and how many requests hold it. Every decision is a short synchronous function over
+//! these books, taken under one lock that is never held across an await.
+
+use super::estimate::{Estimate, SizeSource};
+use crate::error::GatewayError;
+use crate::pipeline::ModelRef;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How a load ended: `None` while it runs, then success or the backend's error message.
+pub type LoadOutcome = Option<Result<(), Arc<str>>>;
+
+/// The rules a decision follows (from `[placement]`).
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// Models used more recently than this are not evicted.
+    pub min_churn_age: Duration,
+    /// First retry pause after a failed load on a backend.
+    pub backoff: Duration,
+    /// Longest retry pause.
+    pub backoff_max: Duration,
+}
+
+/// What the caller knows about each backend right now (health and its repository index).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BackendView {
+    /// Passes health checks.
+    pub ready: bool,
+    /// Its repository has the model.
+    pub knows: bool,
+    /// Its index shows the requested version READY (true when no version was asked for).
+    pub has_version: bool,
+    /// Requests in flight on the backend, for tie-breaking.
+    pub in_flight: usize,
+}
+
+/// One copy of a model on one backend.
+#[derive(Debug)]
+pub struct Copy {
+    /// Bytes it is counted for.
+    pub size: u64,
+    /// Where that number came from.
+    pub source: SizeSource,
+    /// Loading or serving.
+    pub state: CopyState,
+    /// When a request last finished with it (or when it was placed).
+    pub last_used: Instant,
+    /// Requests holding a lease on it.
+    pub in_flight: usize,
+    /// Never evicted.
+    pub pinned: bool,
+}
+
+/// Loading copies carry the channel their waiters listen on.
+#[derive(Debug)]
+pub enum CopyState {
+    /// A load is running; its outcome arrives on the channel.
+    Loading(watch::Receiver<LoadOutcome>),
+    /// Serving.
+    Ready,
+}
+
+/// One backend's books.
+#[derive(Debug)]
+pub struct Books {
+    /// Capacity minus the memory buffer.
+    pub usable: u64,
+    /// Sum of the sizes of its copies, loading or ready.
+    pub committed: u64,
+    /// No new copies are placed here.
+    pub draining: bool,
+    /// Last time placement changed what is loaded here; an index read before this is stale.
+    pub changed: Instant,
+    /// Copies by model name.
+    pub copies: HashMap<String, Copy>,
+}
+
+impl Books {
+    fn free(&self) -> u64 {
+        self.usable.saturating_sub(self.committed)
+    }
+
+    fn loading_bytes(&self) -> u64 {
+        self.copies
+            .values()
+            .filter(|c| matches!(c.state, CopyState::Loading(_)))
+            .map(|c| c.size)
+            .sum()
+    }
+}
+
+/// A model evicted to make room, for the unload call and the metrics.
+#[derive(Debug)]
+pub struct Evicted {
+    /// Model name.
+    pub model: String,
+    /// How long since it was last used.
+    pub idle: Duration,
+}
+
+/// A load the caller must now carry out: unload `evict` on `backend`, then load `model`,
+/// then report through `finish_load`.
+#[derive(Debug)]
+pub struct LoadPlan {
+    /// Backend index.
+    pub backend: usize,
+    /// Model to load.
+    pub model: String,
+    /// Models to unload first (already off the books).
+    pub evict: Vec<Evicted>,
+    /// Where the outcome is announced.
+    pub done: watch::Sender<LoadOutcome>,
+}
+
+/// What a request for a model should do next.
+#[derive(Debug)]
+pub enum Decision {
+    /// Use the ready copy on this backend (its in-flight count is already raised).
+    Serve(usize),
+    /// A load is running; wait for it, then decide again.
+    Wait(watch::Receiver<LoadOutcome>),
+    /// Start this load, then decide again.
+    Load(LoadPlan),
+    /// Answer with this error.
+    Refuse(GatewayError),
+}
+
+#[derive(Debug)]
+struct Failure {
+    failures: u32,
+    retry_at: Instant,
+    reason: Arc<str>,
+}
+
+/// Every backend's books, in pool order.
+#[derive(Debug)]
+pub struct Table {
+    backends: Vec<Books>,
+    failures: HashMap<(String, usize), Failure>,
+    policy: Policy,
+}
+
+impl Table {
+    /// Empty books for backends with these usable capacities.
+    pub fn new(usable: &[u64], policy: Policy, now: Instant) -> Self {
+        let backends = usable
+            .iter()
+            .map(|&usable| Books {
+                usable,
+                committed: 0,
+                draining: false,
+                changed: now,
+                copies: HashMap::new(),
+            })
+            .collect();
+        Self {
+            backends,
+            failures: HashMap::new(),
+            policy,
+        }
+    }
+
+    /// The books of every backend.
+    pub fn backends(&self) -> &[Books] {
+        &self.backends
+    }
+
+    /// Failed loads still backing off: (model, backend index, failures, retry in, reason).
+    pub fn failures(&self, now: Instant) -> Vec<(String, usize, u32, Duration, Arc<str>)> {
+        let mut rows: Vec<_> = self
+            .failures
+            .iter()
+            .map(|((model, b), f)| {
+                (
+                    model.clone(),
+                    *b,
+                    f.failures,
+                    f.retry_at.saturating_duration_since(now),
+                    f.reason.clone(),
+                )
+            })
+            .collect();
+        rows.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        rows
+    }
+
+    /// Decides what a request for `model` does next. `allow_evict` is false for preloads,
+    /// which only ever use free space.
+    pub fn decide(
+        &mut self,
+        model: &ModelRef,
+        estimate: Estimate,
+        view: &[BackendView],
+        pinned: bool,
+        allow_evict: bool,
+        now: Instant,
+    ) -> Decision {
+        if let Some(decision) = self.hit(model, view) {
+            return decision;
+        }
+        if !view.iter().any(|v| v.ready) {
+            return Decision::Refuse(GatewayError::NoBackendReady);
+        }
+        if !view.iter().any(|v| v.ready && v.knows) {
+            return Decision::Refuse(GatewayError::UnknownModel {
+                model: model.name.clone(),
+            });
+        }
+        if self
+            .backends
+            .iter()
+            .any(|b| b.copies.contains_key(&model.name))
+            && model.version.is_some()
+        {
+            // Loaded, but not the version asked for: loading specific versions is not placed.
+            return Decision::Refuse(GatewayError::ModelNotReady {
+                model: model.name.clone(),
+                version: model.version.clone(),
+            });
+        }
+        let candidates: Vec<usize> = (0..self.backends.len())
+            .filter(|&b| {
+                view[b].ready
+                    && view[b].knows
+                    && !self.backends[b].draining
+                    && !self.backends[b].copies.contains_key(&model.name)
+            })
+            .collect();
+        let allowed: Vec<usize> = candidates
+            .iter()
+            .copied()
+            .filter(|&b| {
+                self.failures
+                    .get(&(model.name.clone(), b))
+                    .is_none_or(|f| f.retry_at <= now)
+            })
+            .collect();
+        if allowed.is_empty() {
+            return Decision::Refuse(self.refusal_after_failures(model, &candidates, now));
+        }
+        match self.choose(&allowed, estimate.bytes, view, allow_evict, now) {
+            Ok((backend, evict)) => {
+                Decision::Load(self.commit(backend, model, estimate, evict, pinned, now))
+            }
+            Err(error) => Decision::Refuse(error),
+        }
+    }
+
+    fn hit(&mut self, model: &ModelRef, view: &[BackendView]) -> Option<Decision> {
+        let mut best: Option<(usize, usize)> = None;
+        let mut loading = None;
+        for (b, books) in self.backends.iter().enumerate() {
+            let Some(copy) = books.copies.get(&model.name) else {
+                continue;
+            };
+            if !view[b].ready {
+                continue;
+            }
+            match &copy.state {
+                CopyState::Ready if view[b].has_version => {
+                    if best.is_none_or(|(_, n)| copy.in_flight < n) {
+                        best = Some((b, copy.in_flight));
+                    }
+                }
+                CopyState::Ready => {}
+                CopyState::Loading(rx) => loading = Some(rx.clone()),
+            }
+        }
+        if let Some((b, _)) = best {
+            let copy = self.backends[b]
+                .copies
+                .get_mut(&model.name)
+                .expect("copy exists");
+            copy.in_flight += 1;
+            return Some(Decision::Serve(b));
+        }
+        loading.map(Decision::Wait)
+    }
+
+    /// Picks the backend: room without eviction first (most free, then fewest in flight);
+    /// else the one whose victims are least recently used.
+    fn choose(
+        &self,
+        allowed: &[usize],
+        size: u64,
+        view: &[BackendView],
+        allow_evict: bool,
+        now: Instant,
+    ) -> Result<(usize, Vec<String>), GatewayError> {
+        let roomy = allowed
+            .iter()
+            .copied()
+            .filter(|&b| self.backends[b].free() >= size)
+            .max_by_key(|&b| {
+                (
+                    self.backends[b].free(),
+                    std::cmp::Reverse(view[b].in_flight),
+                )
+            });
+        if let Some(b) = roomy {
+            return Ok((b, Vec::new()));
+        }
+        let model_too_big = || GatewayError::NoRoom {
+            reason: format!(
+                "needs {size} bytes and no backend can free that much (models in use, loading or pinned stay)"
+            ),
+        };
+        if !allow_evict {
+            return Err(model_too_big());
+        }
+        // (youngest victim's last use, free space, in flight) — the oldest youngest victim wins.
+        let mut best: Option<(usize, Vec<String>, Instant)> = None;
+        for &b in allowed {
+            let books = &self.backends[b];
+            let Some((victims, youngest)) = victims(books, size) else {
+                continue;
+            };
+            let better = match &best {
+                None => true,
+                Some((other, _, other_youngest)) => {
+                    (youngest, std::cmp::Reverse(books.free()), view[b].in_flight)
+                        < (
+                            *other_youngest,
+                            std::cmp::Reverse(self.backends[*other].free()),
+                            view[*other].in_flight,
+                        )
+                }
+            };
+            if better {
+                best = Some((b, victims, youngest));
+            }
+        }
+        let (backend, victims, youngest) = best.ok_or_else(model_too_big)?;
+        let idle = now.saturating_duration_since(youngest);
+        if idle < self.policy.min_churn_age {
+            return Err(GatewayError::Churn {
+                retry_after: self.policy.min_churn_age - idle,
+            });
+        }
+        Ok((backend, victims))
+    }
+
+    /// Takes victims off the books and puts the new copy on as loading.
+    fn commit(
+        &mut self,
+        backend: usize,
+        model: &ModelRef,
+        estimate: Estimate,
+        victims: Vec<String>,
+        pinned: bool,
+        now: Instant,
+    ) -> LoadPlan {
+        let books = &mut self.backends[backend];
+        let evict = victims
+            .into_iter()
+            .filter_map(|name| {
+                let copy = books.copies.remove(&name)?;
+                books.committed -= copy.size;
+                Some(Evicted {
+                    model: name,
+                    idle: now.saturating_duration_since(copy.last_used),
+                })
+            })
+            .collect();
+        let (done, waiting) = watch::channel(None);
+        books.copies.insert(
+            model.name.clone(),
+            Copy {
+                size: estimate.bytes,
+                source: estimate.source,
+                state: CopyState::Loading(waiting),
+                last_used: now,
+                in_flight: 0,
+                pinned,
+            },
+        );
+        books.committed += estimate.bytes;
+        books.changed = now;
+        LoadPlan {
+            backend,
+            model: model.name.clone(),
+            evict,
+            done,
+        }
+    }
+
+    fn refusal_after_failures(
+        &self,
+        model: &ModelRef,
+        candidates: &[usize],
+        now: Instant,
+    ) -> GatewayError {
+        let last = candidates
+            .iter()
+            .filter_map(|&b| self.failures.get(&(model.name.clone(), b)))
+            .min_by_key(|f| f.retry_at);
+        match last {
+            Some(failure) => GatewayError::LoadFailed {
+                model: model.name.clone(),
+                reason: failure.reason.to_string(),
+                retry_after: failure.retry_at.saturating_duration_since(now),
+            },
+            None => GatewayError::NoRoom {
+                reason: format!("no ready backend can take model '{}'", model.name),
+            },
+        }
+    }
+
+    /// Records how a load ended: the copy turns ready, or leaves the books and the failure
+    /// backs off exponentially for that (model, backend).
+    pub fn finish_load(
+        &mut self,
+        backend: usize,
+        model: &str,
+        outcome: &Result<(), Arc<str>>,
+        now: Instant,
+    ) {
+        let books = &mut self.backends[backend];
+        books.changed = now;
+        match outcome {
+            Ok(()) => {
+                if let Some(copy) = books.copies.get_mut(model) {
+                    copy.state = CopyState::Ready;
+                    copy.last_used = now;
+                }
+                self.failures.remove(&(model.to_string(), backend));
+            }
+            Err(reason) => {
+                if let Some(copy) = books.copies.remove(model) {
+                    books.committed -= copy.size;
+                }
+                let entry = self
+                    .failures
+                    .entry((model.to_string(), backend))
+                    .or_insert(Failure {
+                        failures: 0,
+                        retry_at: now,
+                        reason: reason.clone(),
+                    });
+                entry.failures += 1;
+                let factor = 1u32 << (entry.failures - 1).min(16);
+                let pause = self
+                    .policy
+                    .backoff
+                    .saturating_mul(factor)
+                    .min(self.policy.backoff_max);
+                entry.retry_at = now + pause;
+                entry.reason = reason.clone();
+            }
+        }
+    }
+
+    /// A request is done with its copy.
+    pub fn release(&mut self, backend: usize, model: &str, now: Instant) {
+        if let Some(copy) = self.backends[backend].copies.get_mut(model) {
+            copy.in_flight = copy.in_flight.saturating_sub(1);
+            copy.last_used = now;
+        }
+    }
+
+    /// Takes a model off the books everywhere (an explicit unload); returns the backends that
+    /// had a ready copy, to send the unload to.
+    pub fn remove_everywhere(&mut self, model: &str, now: Instant) -> Vec<usize> {
+        let mut held = Vec::new();
+        for (b, books) in self.backends.iter_mut().enumerate() {
+            if let Some(copy) = books.copies.get(model)
+                && matches!(copy.state, CopyState::Ready)
+            {
+                let size = copy.size;
+                books.copies.remove(model);
+                books.committed -= size;
+                books.changed = now;
+                held.push(b);
+            }
+        }
+        held
+    }
+
+    /// Stops or resumes placing new copies on a backend.
+    pub fn set_draining(&mut self, backend: usize, draining: bool) {
+        self.backends[backend].draining = draining;
+    }
+
+    /// Brings one backend's books in line with what it reports. A backend that is not ready
+    /// holds nothing; otherwise READY models it has that the books lack are adopted (counted,
+    /// evictable) and ready copies it no longer has are dropped. An index read before the
+    /// books last changed is stale and ignored.
+    pub fn reconcile(
+        &mut self,
+        backend: usize,
+        ready: bool,
+        index_ready: &[(String, Estimate)],
+        index_read_at: Option<Instant>,
+        pinned: &dyn Fn(&str) -> bool,
+        now: Instant,
+    ) -> Reconciled {
+        let books = &mut self.backends[backend];
+        let mut result = Reconciled::default();
+        if !ready {
+            let gone: Vec<String> = books
+                .copies
+                .iter()
+                .filter(|(_, c)| matches!(c.state, CopyState::Ready))
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in gone {
+                let copy = books.copies.remove(&name).expect("present");
+                books.committed -= copy.size;
+                result.dropped.push(name);
+            }
+            return result;
+        }
+        if index_read_at.is_none_or(|t| t <= books.changed) {
+            return result;
+        }
+        let gone: Vec<String> = books
+            .copies
+            .iter()
+            .filter(|(name, c)| {
+                matches!(c.state, CopyState::Ready) && !index_ready.iter().any(|(n, _)| n == *name)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            let copy = books.copies.remove(&name).expect("present");
+            books.committed -= copy.size;
+            result.dropped.push(name);
+        }
+        for (name, estimate) in index_ready {
+            if books.copies.contains_key(name) {
+                continue;
+            }
+            books.copies.insert(
+                name.clone(),
+                Copy {
+                    size: estimate.bytes,
+                    source: estimate.source,
+                    state: CopyState::Ready,
+                    last_used: now,
+                    in_flight: 0,
+                    pinned: pinned(name),
+                },
+            );
+            books.committed += estimate.bytes;
+            result.adopted.push(name.clone());
+        }
+        result
+    }
+
+    /// Bytes committed and loading on a backend, and copies held.
+    pub fn usage(&self, backend: usize) -> (u64, u64, usize) {
+        let books = &self.backends[backend];
+        (books.committed, books.loading_bytes(), books.copies.len())
+    }
+
+    /// Time since the least recently used idle copy in the pool was used (the pool's LRU
+    /// age): small means the pool is short of memory.
+    pub fn lru_age(&self, now: Instant) -> Option<Duration> {
+        self.backends
+            .iter()
+            .flat_map(|b| b.copies.values())
+            .filter(|c| matches!(c.state, CopyState::Ready))
+            .map(|c| now.saturating_duration_since(c.last_used))
+            .max()
+    }
+}
+
+/// What reconciliation changed on one backend.
+#[derive(Debug, Default)]
+pub struct Reconciled {
+    /// Models found READY and taken onto the books.
+    pub adopted: Vec<String>,
+    /// Models taken off the books because the backend no longer has them.
+    pub dropped: Vec<String>,
+}
+
+/// Least recently used evictable copies whose removal frees `size`, and the last use of the
+/// youngest of them; `None` if even all of them would not do.
+fn victims(books: &Books, size: u64) -> Option<(Vec<String>, Instant)> {
+    let mut evictable: Vec<(&String, &Copy)> = books
+        .copies
+        .iter()
+        .filter(|(_, c)| matches!(c.state, CopyState::Ready) && c.in_flight == 0 && !c.pinned)
+        .collect();
+    evictable.sort_by_key(|(name, c)| (c.last_used, *name));
+    let mut free = books.free();
+    let mut chosen = Vec::new();
+    let mut youngest = None;
+    for (name, copy) in evictable {
+        if free >= size {
+            break;
+        }
+        free += copy.size;
+        chosen.push(name.clone());
+        youngest = Some(copy.last_used);
+    }
+    (free >= size).then(|| (chosen, youngest.expect("at least one victim")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn policy() -> Policy {
+        Policy {
+            min_churn_age: Duration::from_secs(60),
+            backoff: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(300),
+        }
+    }
+
+    fn view(n: usize) -> Vec<BackendView> {
+        vec![
+            BackendView {
+                ready: true,
+                knows: true,
+                has_version: true,
+                in_flight: 0
+            };
+            n
+        ]
+    }
+
+    fn est(mib: u64) -> Estimate {
+        Estimate {
+            bytes: mib * MIB,
+            source: SizeSource::Disk,
+        }
+    }
+
+    fn model(name: &str) -> ModelRef {
+        ModelRef::new(name, None)
+    }
+
+    /// Loads a model to completion and returns the backend it went to.
+    fn load(table: &mut Table, name: &str, mib: u64, now: Instant) -> usize {
+        match table.decide(
+            &model(name),
+            est(mib),
+            &view(table.backends.len()),
+            false,
+            true,
+            now,
+        ) {
+            Decision::Load(plan) => {
+                table.finish_load(plan.backend, name, &Ok(()), now);
+                plan.backend
+            }
+            other => panic!("expected a load of {name}, got {other:?}"),
+        }
+    }
+
+    fn assert_within_capacity(table: &Table) {
+        for books in &table.backends {
+            let sum: u64 = books.copies.values().map(|c| c.size).sum();
+            assert_eq!(sum, books.committed);
+            assert!(
+                books.committed <= books.usable,
+                "{} > {}",
+                books.committed,
+                books.usable
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cold_miss_loads_once_then_hits() {
+        let now = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), now);
+        let plan = match table.decide(&model("a"), est(10), &view(2), false, true, now) {
+            Decision::Load(plan) => plan,
+            other => panic!("{other:?}"),
+        };
+        // While loading, others wait on the same load.
+        assert!(matches!(
+            table.decide(&model("a"), est(10), &view(2), false, true, now),
+            Decision::Wait(_)
+        ));
+        table.finish_load(plan.backend, "a", &Ok(()), now);
+        assert!(
+            matches!(table.decide(&model("a"), est(10), &view(2), false, true, now), Decision::Serve(b) if b == plan.backend)
+        );
+        assert_within_capacity(&table);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fills_free_space_first_then_evicts_least_recently_used() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), start);
+        // Spread by most free space.
+        let a = load(&mut table, "a", 60, start);
+        let b = load(&mut table, "b", 60, start + Duration::from_secs(1));
+        assert_ne!(a, b);
+        // c fits nowhere: the backend with the least recently used model gives it up.
+        let later = start + Duration::from_secs(600);
+        match table.decide(&model("c"), est(60), &view(2), false, true, later) {
+            Decision::Load(plan) => {
+                assert_eq!(plan.backend, a);
+                assert_eq!(plan.evict.len(), 1);
+                assert_eq!(plan.evict[0].model, "a");
+                assert_eq!(plan.evict[0].idle, Duration::from_secs(600));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_within_capacity(&table);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_flight_pinned_and_loading_copies_are_never_evicted() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), start);
+        load(&mut table, "busy", 50, start);
+        assert!(matches!(
+            table.decide(&model("busy"), est(50), &view(1), false, true, start),
+            Decision::Serve(0)
+        ));
+        match table.decide(&model("pinned"), est(50), &view(1), true, true, start) {
+            Decision::Load(plan) => table.finish_load(0, &plan.model, &Ok(()), start),
+            other => panic!("{other:?}"),
+        }
+        let later = start + Duration::from_secs(3600);
+        let refused = table.decide(&model("new"), est(10), &view(1), false, true, later);
+        assert!(
+            matches!(refused, Decision::Refuse(GatewayError::NoRoom { .. })),
+            "{refused:?}"
+        );
+        // Once the busy request is done, busy is the victim.
+        table.release(0, "busy", later);
+        let much_later = later + Duration::from_secs(3600);
+        match table.decide(&model("new"), est(10), &view(1), false, true, much_later) {
+            Decision::Load(plan) => assert_eq!(plan.evict[0].model, "busy"),
+            other => panic!("{other:?}"),
+        }
+        assert_within_capacity(&table);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn churn_guard_refuses_to_evict_recently_used_models() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), start);
+        load(&mut table, "a", 80, start);
+        let soon = start + Duration::from_secs(20);
+        match table.decide(&model("b"), est(80), &view(1), false, true, soon) {
+            Decision::Refuse(GatewayError::Churn { retry_after }) => {
+                assert_eq!(retry_after, Duration::from_secs(40))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_loads_back_off_per_backend_and_then_refuse() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), start);
+        let first = match table.decide(&model("bad"), est(1), &view(2), false, true, start) {
+            Decision::Load(plan) => plan.backend,
+            other => panic!("{other:?}"),
+        };
+        table.finish_load(first, "bad", &Err("boom".into()), start);
+        let second = match table.decide(&model("bad"), est(1), &view(2), false, true, start) {
+            Decision::Load(plan) => plan.backend,
+            other => panic!("{other:?}"),
+        };
+        assert_ne!(first, second, "retried elsewhere");
+        table.finish_load(second, "bad", &Err("boom".into()), start);
+        match table.decide(&model("bad"), est(1), &view(2), false, true, start) {
+            Decision::Refuse(GatewayError::LoadFailed {
+                reason,
+                retry_after,
+                ..
+            }) => {
+                assert_eq!(reason, "boom");
+                assert_eq!(retry_after, Duration::from_secs(5));
+            }
+            other => panic!("{other:?}"),
+        }
+        // After the pause it is tried again; a second failure doubles the pause.
+        let later = start + Duration::from_secs(5);
+        let third = match table.decide(&model("bad"), est(1), &view(2), false, true, later) {
+            Decision::Load(plan) => plan.backend,
+            other => panic!("{other:?}"),
+        };
+        table.finish_load(third, "bad", &Err("boom".into()), later);
+        let rows = table.failures(later);
+        assert!(
+            rows.iter()
+                .any(|r| r.1 == third && r.2 == 2 && r.3 == Duration::from_secs(10)),
+            "{rows:?}"
+        );
+        assert_within_capacity(&table);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reconcile_adopts_drops_and_ignores_stale_indexes() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), start);
+        let later = start + Duration::from_secs(1);
+        let index = vec![("adopted".to_string(), est(10))];
+        let result = table.reconcile(0, true, &index, Some(later), &|_| false, later);
+        assert_eq!(result.adopted, ["adopted"]);
+        // A load changes the books; an index read before that is ignored.
+        let loaded_at = later + Duration::from_secs(1);
+        load(&mut table, "mine", 10, loaded_at);
+        let stale = table.reconcile(0, true, &index, Some(later), &|_| false, loaded_at);
+        assert!(stale.dropped.is_empty());
+        // A fresh index without "mine" means it was unloaded out of band.
+        let fresh = loaded_at + Duration::from_secs(1);
+        let result = table.reconcile(0, true, &index, Some(fresh), &|_| false, fresh);
+        assert_eq!(result.dropped, ["mine"]);
+        // A backend that is down holds nothing.
+        let result = table.reconcile(0, false, &[], None, &|_| false, fresh);
+        assert_eq!(result.dropped, ["adopted"]);
+        assert_eq!(table.usage(0), (0, 0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn preloads_never_evict() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), start);
+        load(&mut table, "a", 80, start);
+        let later = start + Duration::from_secs(3600);
+        let refused = table.decide(&model("pre"), est(50), &view(1), false, false, later);
+        assert!(
+            matches!(refused, Decision::Refuse(GatewayError::NoRoom { .. })),
+            "{refused:?}"
+        );
+    }
+}
