@@ -152,6 +152,10 @@ impl Report {
     }
 }
 
+/// Open-loop p99 send lag (µs) above which the report warns that the
+/// generator, not only the server, shaped the latency figures.
+pub const LAG_WARN_US: u64 = 1_000;
+
 /// Column headings of the step table.
 pub const TABLE_HEADER: &str = "step          conns     infer/s   p50 ms   p90 ms   p95 ms   p99 ms   max ms    errors  stable";
 
@@ -260,6 +264,16 @@ pub fn footer_lines(r: &Report) -> Vec<String> {
                 fmt_ms(l.p50),
                 fmt_ms(l.p99),
                 fmt_ms(l.max)
+            ));
+        }
+    }
+    for s in &r.steps {
+        if let Some(l) = s.send_lag_us.filter(|l| l.p99 > LAG_WARN_US) {
+            out.push(format!(
+                "warning: {}: 1% of requests left more than {} ms behind schedule; the load \
+                 generator (or its CPU) could not keep up, and its lag is part of the latency",
+                s.label,
+                fmt_ms(l.p99)
             ));
         }
     }
@@ -372,6 +386,26 @@ mod tests {
         let r = Report::new(&plan(), vec![step("c=1", 100.0, 6_000)]);
         let f = footer_lines(&r).join("\n");
         assert!(f.contains("none"), "{f}");
+    }
+
+    #[test]
+    fn footer_warns_when_the_generator_lags() {
+        let mut late = step("rate=500", 500.0, 1_000);
+        late.send_lag_us = Some(crate::stats::LagSummary {
+            p50: 50,
+            p99: 2_500,
+            max: 4_000,
+        });
+        let mut on_time = step("rate=100", 100.0, 1_000);
+        on_time.send_lag_us = Some(crate::stats::LagSummary {
+            p50: 30,
+            p99: 200,
+            max: 900,
+        });
+        let f = footer_lines(&Report::new(&plan(), vec![late, on_time])).join("\n");
+        assert!(f.contains("warning: rate=500"), "{f}");
+        assert!(!f.contains("warning: rate=100"), "{f}");
+        assert!(f.contains("open-loop send lag"), "{f}");
     }
 
     #[test]
