@@ -1,16 +1,22 @@
 //! The admin API, on its own listener so it can stay private: what the gateway believes about
-//! its backends, as JSON.
+//! its backends and placement, as JSON, and the operator's levers (load, unload, drain).
 
 use crate::Gateway;
+use crate::error::GatewayError;
 use axum::Router;
-use axum::extract::State;
-use axum::routing::get;
+use axum::extract::{Path, State};
+use axum::routing::{get, post};
 use serde::Serialize;
 
 /// Builds the admin router.
 pub fn router(gateway: Gateway) -> Router {
     Router::new()
         .route("/admin/backends", get(backends))
+        .route("/admin/placement", get(placement))
+        .route("/admin/models/{model}/load", post(load))
+        .route("/admin/models/{model}/unload", post(unload))
+        .route("/admin/backends/{backend}/drain", post(drain))
+        .route("/admin/backends/{backend}/undrain", post(undrain))
         .with_state(gateway)
 }
 
@@ -60,4 +66,58 @@ async fn backends(State(gateway): State<Gateway>) -> axum::Json<Vec<BackendView>
         })
         .collect();
     axum::Json(views)
+}
+
+async fn placement(State(gateway): State<Gateway>) -> axum::Json<serde_json::Value> {
+    axum::Json(gateway.placement().snapshot())
+}
+
+async fn load(
+    State(gateway): State<Gateway>,
+    Path(model): Path<String>,
+) -> Result<axum::Json<serde_json::Value>, GatewayError> {
+    gateway.placement().load(&model).await?;
+    Ok(axum::Json(
+        serde_json::json!({ "model": model, "loaded": true }),
+    ))
+}
+
+async fn unload(
+    State(gateway): State<Gateway>,
+    Path(model): Path<String>,
+) -> axum::Json<serde_json::Value> {
+    let copies = gateway.placement().unload(&model).await;
+    axum::Json(serde_json::json!({ "model": model, "unloaded_copies": copies }))
+}
+
+async fn drain(
+    State(gateway): State<Gateway>,
+    Path(backend): Path<String>,
+) -> Result<axum::Json<serde_json::Value>, GatewayError> {
+    set_draining(&gateway, backend, true)
+}
+
+async fn undrain(
+    State(gateway): State<Gateway>,
+    Path(backend): Path<String>,
+) -> Result<axum::Json<serde_json::Value>, GatewayError> {
+    set_draining(&gateway, backend, false)
+}
+
+/// Draining stops new placements on the backend; copies already there keep serving until
+/// evicted or unloaded.
+fn set_draining(
+    gateway: &Gateway,
+    backend: String,
+    draining: bool,
+) -> Result<axum::Json<serde_json::Value>, GatewayError> {
+    if gateway.placement().set_draining(&backend, draining) {
+        Ok(axum::Json(
+            serde_json::json!({ "backend": backend, "draining": draining }),
+        ))
+    } else {
+        Err(GatewayError::NotFound {
+            path: format!("backend '{backend}'"),
+        })
+    }
 }

@@ -35,6 +35,33 @@ pub fn config_for(name: &str, tritons: &[&Triton], upstream: &str, server: &str)
     text
 }
 
+/// Config text for placement tests: backends named `{name}-i` with the given capacity, the
+/// test model repository for disk sizes, and `tables` (raw TOML: `[placement]` keys,
+/// `[[models]]`, ...) appended.
+pub fn pool_config(
+    name: &str,
+    tritons: &[&Triton],
+    capacity: &str,
+    placement: &str,
+    tables: &str,
+) -> String {
+    let mut text = format!(
+        "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+         [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n\
+         [placement]\nmodel_repository = \"{}\"\n{placement}\n",
+        super::model_repository().display()
+    );
+    for (i, triton) in tritons.iter().enumerate() {
+        text.push_str(&format!(
+            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\nmetrics = \"{}\"\ncapacity = \"{capacity}\"\n",
+            triton.http_url(),
+            triton.metrics_url()
+        ));
+    }
+    text.push_str(tables);
+    text
+}
+
 impl TestGateway {
     /// Starts a gateway from config text and waits until every backend is ready.
     pub async fn start(config_text: &str) -> Self {
@@ -88,6 +115,36 @@ impl TestGateway {
             .json()
             .await
             .expect("admin JSON")
+    }
+
+    /// `GET /admin/placement` as JSON.
+    pub async fn placement(&self) -> serde_json::Value {
+        reqwest::get(format!("http://{}/admin/placement", self.admin))
+            .await
+            .expect("admin reachable")
+            .json()
+            .await
+            .expect("admin JSON")
+    }
+
+    /// Models on each backend's books, sorted, in pool order.
+    pub async fn placed(&self) -> Vec<Vec<String>> {
+        let placement = self.placement().await;
+        placement["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                let mut names: Vec<String> = b["models"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m["name"].as_str().unwrap().to_string())
+                    .collect();
+                names.sort();
+                names
+            })
+            .collect()
     }
 
     /// Text of the gateway's own `/metrics`.

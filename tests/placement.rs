@@ -1,0 +1,354 @@
+//! Placement against real Triton: models load on first request, on one backend, evicted in
+//! LRU order within capacity; Triton's index and its python stub processes always match the
+//! gateway's books; one load per cold burst; failing loads back off; pinned models stay; a
+//! dead backend's models move.
+//!
+//! Sizes come from tests/models (scripts/setup.sh pads sized_a/b/c to 1, 2 and 4 MiB): with
+//! `size_multiplier = 1.0` their estimates are a little over 1, 2 and 4 MiB.
+
+mod support;
+
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use support::gateway::{TestGateway, pool_config};
+use support::{Triton, TritonOptions};
+
+async fn empty_triton(verbose: bool) -> Triton {
+    Triton::start(TritonOptions {
+        verbose,
+        // A failed load must not make Triton unready for the tests that follow it.
+        args: vec!["--strict-readiness=false".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("triton starts")
+}
+
+fn identity_request() -> Value {
+    json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
+}
+
+async fn infer(gateway: &TestGateway, model: &str) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{}/v2/models/{model}/infer", gateway.url()))
+        .json(&identity_request())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let mut body: Value = response.json().await.unwrap_or(Value::Null);
+    if let Some(retry_after) = retry_after {
+        body["retry_after"] = json!(retry_after);
+    }
+    (status, body)
+}
+
+/// Triton's READY models, the gateway's books and the stub processes agree, and no backend
+/// is over its capacity.
+async fn assert_books_match(gateway: &TestGateway, tritons: &[&Triton]) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let placed = gateway.placed().await;
+        let mut loaded = Vec::new();
+        for triton in tritons {
+            let mut models = triton.loaded_models().await.unwrap();
+            models.sort();
+            loaded.push(models);
+        }
+        let stubs: Vec<usize> = tritons.iter().map(|t| t.stub_count()).collect();
+        let counts: Vec<usize> = loaded.iter().map(Vec::len).collect();
+        if placed == loaded && stubs == counts {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "books {placed:?} vs Triton {loaded:?}, stubs {stubs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for backend in gateway.placement().await["backends"].as_array().unwrap() {
+        let (used, capacity) = (
+            backend["used"].as_u64().unwrap(),
+            backend["capacity"].as_u64().unwrap(),
+        );
+        assert!(used <= capacity, "{backend}");
+    }
+}
+
+fn triton_load_calls(triton: &Triton, model: &str) -> usize {
+    triton
+        .log()
+        .matches(&format!(
+            "HTTP request: 2 /v2/repository/models/{model}/load"
+        ))
+        .count()
+}
+
+#[tokio::test]
+async fn a_cold_request_loads_exactly_one_model_on_one_backend() {
+    let (t0, t1) = tokio::join!(empty_triton(false), empty_triton(false));
+    let gateway = TestGateway::start(&pool_config("cold", &[&t0, &t1], "1GiB", "", "")).await;
+    assert_books_match(&gateway, &[&t0, &t1]).await;
+    assert_eq!(
+        t0.stub_count() + t1.stub_count(),
+        0,
+        "nothing loaded before it is asked for"
+    );
+
+    let (status, body) = infer(&gateway, "sized_a").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outputs"][0]["data"], json!([1.0, 2.0, 3.0, 4.0]));
+    let placed = gateway.placed().await;
+    assert_eq!(placed.concat(), ["sized_a"], "{placed:?}");
+    assert_books_match(&gateway, &[&t0, &t1]).await;
+
+    // Served warm from then on, no second copy.
+    for _ in 0..5 {
+        assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    }
+    assert_eq!(gateway.placed().await.concat(), ["sized_a"]);
+    let placement = gateway.placement().await;
+    let copy = placement["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b["models"].as_array().unwrap().clone())
+        .next()
+        .unwrap();
+    assert_eq!(copy["size_source"], "disk");
+    assert!(copy["size"].as_u64().unwrap() > 1 << 20, "{copy}");
+
+    // A model no backend's repository has is not loaded anywhere.
+    let (status, body) = infer(&gateway, "no_such_model").await;
+    assert_eq!(status, 404, "{body}");
+}
+
+#[tokio::test]
+async fn filling_the_pool_evicts_least_recently_used_within_capacity() {
+    let t0 = empty_triton(false).await;
+    let gateway = TestGateway::start(&pool_config(
+        "lru",
+        &[&t0],
+        "6.5MiB",
+        "mem_buffer = \"0\"\nsize_multiplier = 1.0\nmin_churn_age = \"0s\"",
+        "",
+    ))
+    .await;
+    // a (1 MiB) and b (2 MiB) fit; a is then used again, so b is least recently used.
+    assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    assert_eq!(infer(&gateway, "sized_b").await.0, 200);
+    assert_books_match(&gateway, &[&t0]).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    // c (4 MiB) needs b's room, not a's.
+    assert_eq!(infer(&gateway, "sized_c").await.0, 200);
+    assert_eq!(gateway.placed().await, [["sized_a", "sized_c"]]);
+    assert_books_match(&gateway, &[&t0]).await;
+    // b again: a is the least recently used, and evicting it makes room.
+    assert_eq!(infer(&gateway, "sized_b").await.0, 200);
+    assert_eq!(gateway.placed().await, [["sized_b", "sized_c"]]);
+    assert_books_match(&gateway, &[&t0]).await;
+
+    let metrics = gateway.metrics_text("/metrics").await;
+    let evictions: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("infergate_placement_evictions_total{backend=\"lru-0\"}"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(evictions, 2.0, "{metrics}");
+}
+
+#[tokio::test]
+async fn a_hundred_concurrent_cold_requests_cause_one_load() {
+    let (t0, t1) = tokio::join!(empty_triton(true), empty_triton(true));
+    let gateway = TestGateway::start(&pool_config("burst", &[&t0, &t1], "1GiB", "", "")).await;
+    let url = format!("{}/v2/models/sized_b/infer", gateway.url());
+    let client = reqwest::Client::new();
+    let requests = (0..100).map(|_| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            client
+                .post(url)
+                .json(&identity_request())
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    });
+    let statuses = futures_util::future::join_all(requests).await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert_eq!(
+        triton_load_calls(&t0, "sized_b") + triton_load_calls(&t1, "sized_b"),
+        1
+    );
+    assert_books_match(&gateway, &[&t0, &t1]).await;
+}
+
+#[tokio::test]
+async fn a_failing_model_is_tried_elsewhere_then_refused_with_backoff() {
+    let (t0, t1) = tokio::join!(empty_triton(true), empty_triton(true));
+    let gateway = TestGateway::start(&pool_config(
+        "failing",
+        &[&t0, &t1],
+        "1GiB",
+        "load_failure_backoff = \"30s\"",
+        "",
+    ))
+    .await;
+    let (status, body) = infer(&gateway, "failing_model").await;
+    assert_eq!(status, 503, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("model 'failing_model' failed to load:"),
+        "{error}"
+    );
+    assert!(
+        error.contains("initialize always fails"),
+        "Triton's message is kept: {error}"
+    );
+    assert_eq!(
+        triton_load_calls(&t0, "failing_model"),
+        1,
+        "tried on each backend once"
+    );
+    assert_eq!(triton_load_calls(&t1, "failing_model"), 1);
+
+    // Backing off: refused at once, without another load, with a Retry-After.
+    let started = Instant::now();
+    let (status, body) = infer(&gateway, "failing_model").await;
+    assert_eq!(status, 503);
+    assert!(started.elapsed() < Duration::from_millis(500));
+    let retry_after: u64 = body["retry_after"].as_str().unwrap().parse().unwrap();
+    assert!((20..=30).contains(&retry_after), "{body}");
+    assert_eq!(
+        triton_load_calls(&t0, "failing_model") + triton_load_calls(&t1, "failing_model"),
+        2
+    );
+
+    let failed = &gateway.placement().await["failed_loads"];
+    assert_eq!(failed.as_array().unwrap().len(), 2, "{failed}");
+    // Other models are unaffected.
+    assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    assert_books_match(&gateway, &[&t0, &t1]).await;
+}
+
+#[tokio::test]
+async fn churn_guard_answers_503_instead_of_evicting_a_model_in_use() {
+    let t0 = empty_triton(false).await;
+    let gateway = TestGateway::start(&pool_config(
+        "churn",
+        &[&t0],
+        "5MiB",
+        "mem_buffer = \"0\"\nsize_multiplier = 1.0\nmin_churn_age = \"60s\"",
+        "",
+    ))
+    .await;
+    assert_eq!(infer(&gateway, "sized_c").await.0, 200);
+    let (status, body) = infer(&gateway, "sized_b").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("recently used"),
+        "{body}"
+    );
+    let retry_after: u64 = body["retry_after"].as_str().unwrap().parse().unwrap();
+    assert!((50..=60).contains(&retry_after), "{body}");
+    assert_eq!(gateway.placed().await, [["sized_c"]]);
+    assert_books_match(&gateway, &[&t0]).await;
+}
+
+#[tokio::test]
+async fn a_pinned_model_is_loaded_at_start_and_never_evicted() {
+    let t0 = empty_triton(false).await;
+    let gateway = TestGateway::start(&pool_config(
+        "pinned",
+        &[&t0],
+        "7MiB",
+        "mem_buffer = \"0\"\nsize_multiplier = 1.0\nmin_churn_age = \"0s\"",
+        "[[models]]\nname = \"sized_c\"\npinned = true\n",
+    ))
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while gateway.placed().await != [["sized_c"]] {
+        assert!(
+            Instant::now() < deadline,
+            "pinned model not loaded at start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(infer(&gateway, "sized_b").await.0, 200);
+    // sized_a does not fit beside both; only sized_b may make room.
+    assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    assert_eq!(gateway.placed().await, [["sized_a", "sized_c"]]);
+    // Nothing can make room for a second 4 MiB model but the pinned one: refused.
+    let (status, body) = infer(&gateway, "sized_c_twin").await;
+    assert!(status == 404 || status == 503, "{body}");
+    assert_books_match(&gateway, &[&t0]).await;
+    let pinned = gateway.placement().await["backends"][0]["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "sized_c")
+        .unwrap()["pinned"]
+        .clone();
+    assert_eq!(pinned, true);
+}
+
+#[tokio::test]
+async fn a_dead_backends_models_reload_on_the_other() {
+    let (mut t0, mut t1) = tokio::join!(empty_triton(false), empty_triton(false));
+    let gateway = TestGateway::start(&pool_config("dead", &[&t0, &t1], "1GiB", "", "")).await;
+    assert_eq!(
+        infer(&gateway, "add_sub_int").await.0,
+        400,
+        "wrong datatype is Triton's 400"
+    );
+    assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    let holder = gateway
+        .placed()
+        .await
+        .iter()
+        .position(|m| m.contains(&"sized_a".to_string()))
+        .unwrap();
+    if holder == 0 {
+        t0.kill()
+    } else {
+        t1.kill()
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut failures = 0;
+    loop {
+        let (status, body) = infer(&gateway, "sized_a").await;
+        match status {
+            200 => {
+                let placed = gateway.placed().await;
+                if placed[1 - holder].contains(&"sized_a".to_string()) {
+                    break;
+                }
+            }
+            502 | 503 => failures += 1,
+            other => panic!("unexpected {other}: {body}"),
+        }
+        assert!(Instant::now() < deadline, "sized_a never moved");
+    }
+    assert!(
+        failures <= 3,
+        "{failures} failed requests while the backend died"
+    );
+    let survivor = if holder == 0 { &t1 } else { &t0 };
+    assert!(
+        survivor
+            .loaded_models()
+            .await
+            .unwrap()
+            .contains(&"sized_a".to_string())
+    );
+    assert!(gateway.placed().await[holder].is_empty());
+}
