@@ -12,6 +12,7 @@ pub mod pipeline;
 pub mod placement;
 pub mod telemetry;
 pub mod upstream;
+pub mod validate;
 
 use config::Config;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -33,6 +34,7 @@ struct Inner {
     config: Config,
     pool: Arc<Pool>,
     placement: Arc<placement::Placement>,
+    signatures: Arc<validate::SignatureCache>,
     metrics: PrometheusHandle,
     draining: AtomicBool,
 }
@@ -43,11 +45,13 @@ impl Gateway {
     pub fn new(config: Config) -> anyhow::Result<Self> {
         let pool = Arc::new(Pool::new(&config).map_err(anyhow::Error::msg)?);
         let placement = Arc::new(placement::Placement::new(&config, pool.clone()));
+        let signatures = Arc::new(validate::SignatureCache::new(&config.validation));
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 pool,
                 placement,
+                signatures,
                 metrics: telemetry::metrics_handle(),
                 draining: AtomicBool::new(false),
             }),
@@ -67,6 +71,12 @@ impl Gateway {
     /// Which model is loaded where.
     pub fn placement(&self) -> &Arc<placement::Placement> {
         &self.inner.placement
+    }
+
+    /// Model signatures for request validation. Placement must call
+    /// `SignatureCache::invalidate` whenever it loads, unloads or reloads a model.
+    pub fn signatures(&self) -> &Arc<validate::SignatureCache> {
+        &self.inner.signatures
     }
 
     /// The Prometheus renderer.

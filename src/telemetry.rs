@@ -17,6 +17,8 @@ pub const IN_FLIGHT: &str = "infergate_requests_in_flight";
 pub const ERRORS: &str = "infergate_errors_total";
 /// 1 while a backend passes health checks, else 0.
 pub const BACKEND_UP: &str = "infergate_backend_up";
+/// Inference requests refused by validation, by model and reason (`shape`, `datatype`, ...).
+pub const VALIDATION_REJECTIONS: &str = "infergate_validation_rejections_total";
 
 /// Requests for a model no backend had loaded.
 pub const PLACEMENT_COLD_MISSES: &str = "infergate_placement_cold_misses_total";
@@ -95,6 +97,10 @@ fn describe() {
         "Errors answered by the gateway itself, by kind and source."
     );
     describe_gauge!(BACKEND_UP, "1 while the backend passes health checks.");
+    describe_counter!(
+        VALIDATION_REJECTIONS,
+        "Inference requests refused by validation before reaching a backend, by model and reason."
+    );
     describe_counter!(
         PLACEMENT_COLD_MISSES,
         "Requests for a model no backend had loaded."

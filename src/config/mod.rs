@@ -38,6 +38,33 @@ pub struct Config {
     /// Per-model settings (sizes, pins, preloads).
     #[serde(default)]
     pub models: Vec<Model>,
+    /// Checking inference requests against the model's signature.
+    #[serde(default)]
+    pub validation: Validation,
+}
+
+/// Inference requests are checked against the model's signature (fetched from a backend
+/// that serves it) before they are forwarded; see `validate`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Validation {
+    /// Off: inference bodies stream to the backend unread, as every other request does.
+    pub enabled: bool,
+    /// Signatures kept, one per model and version asked for.
+    pub signature_cache_capacity: u64,
+    /// Time allowed to fetch a signature (model metadata and config) from a backend; past
+    /// it the request is forwarded unvalidated.
+    pub signature_fetch_timeout: HumanDuration,
+}
+
+impl Default for Validation {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            signature_cache_capacity: 1024,
+            signature_fetch_timeout: HumanDuration(Duration::from_secs(2)),
+        }
+    }
 }
 
 /// Listener addresses. Each runs its own server so metrics and admin can stay private.
@@ -221,6 +248,18 @@ impl Config {
         if self.server.max_body_size.bytes() == 0 {
             error(
                 "server.max_body_size".into(),
+                "must be greater than 0".into(),
+            );
+        }
+        if self.validation.signature_cache_capacity == 0 {
+            error(
+                "validation.signature_cache_capacity".into(),
+                "must be at least 1".into(),
+            );
+        }
+        if self.validation.signature_fetch_timeout.0.is_zero() {
+            error(
+                "validation.signature_fetch_timeout".into(),
                 "must be greater than 0".into(),
             );
         }

@@ -184,14 +184,19 @@ async fn to_model(gateway: &Gateway, model: ModelRef, request: Request) -> Respo
         Ok(lease) => lease,
         Err(error) => return error.into_response(),
     };
+    let forwarded = match limit_body(gateway, request) {
+        Ok(request) => {
+            match crate::validate::http_request(gateway, lease.backend(), &model, request).await {
+                Ok(request) => upstream::forward(lease.backend(), request).await,
+                Err(error) => Err(error),
+            }
+        }
+        Err(error) => Err(error),
+    };
     let served = Served {
         model: model.name,
         version: model.version,
         backend: lease.backend().name.clone(),
-    };
-    let forwarded = match limit_body(gateway, request) {
-        Ok(request) => upstream::forward(lease.backend(), request).await,
-        Err(error) => Err(error),
     };
     let mut response = match forwarded {
         Ok(response) => {

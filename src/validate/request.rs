@@ -1,0 +1,156 @@
+//! The protocol-neutral inference request the checker reads, and how a refusal is told.
+//!
+//! A front-end decodes its wire format into an `InferRequest`: HTTP from the JSON header and
+//! the binary tensor extension (`validate::http`), gRPC (later) from the protobuf message,
+//! with `raw_input_contents` as `TensorData::Raw`. The checker never sees JSON or protobuf.
+
+use bytes::Bytes;
+use std::fmt;
+
+/// An inference request as far as the model's signature is concerned.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InferRequest {
+    /// The request's `id` (empty when it has none): Triton prefixes its messages with it.
+    pub id: String,
+    /// Inputs in request order.
+    pub inputs: Vec<InputTensor>,
+    /// Names of the outputs asked for (none: all of them).
+    pub outputs: Vec<String>,
+}
+
+impl InferRequest {
+    /// `[request id: <id>] `, Triton's prefix for messages about the request.
+    pub fn log_prefix(&self) -> String {
+        let id = if self.id.is_empty() {
+            "<id_unknown>"
+        } else {
+            &self.id
+        };
+        format!("[request id: {id}] ")
+    }
+}
+
+/// One input tensor: what the request says it is, and where its data is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputTensor {
+    /// Its name.
+    pub name: String,
+    /// Its datatype as the request wrote it (it may name no datatype at all).
+    pub datatype: String,
+    /// Its shape as the request wrote it, batch dimension included.
+    pub shape: Vec<i64>,
+    /// Its data.
+    pub data: TensorData,
+}
+
+/// Where an input's data is, described by size only: the checker never reads tensor values.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    /// Already decoded elements (JSON `data`, gRPC typed contents): how many, and their
+    /// size once serialized (for BYTES, 4 bytes of length per element plus the bytes).
+    Elements { count: u64, byte_size: u64 },
+    /// Bytes in the wire layout (binary tensor extension, gRPC `raw_input_contents`): a
+    /// slice of the request body, not a copy.
+    Raw(Bytes),
+    /// In a shared-memory region the gateway cannot see: only its declared size.
+    SharedMemory { byte_size: u64 },
+}
+
+impl TensorData {
+    /// The data's size in bytes.
+    pub fn byte_size(&self) -> u64 {
+        match self {
+            Self::Elements { byte_size, .. } | Self::SharedMemory { byte_size } => *byte_size,
+            Self::Raw(bytes) => bytes.len() as u64,
+        }
+    }
+}
+
+/// Why a request was refused: a short stable label, used as the `reason` of
+/// `infergate_validation_rejections_total` and of `GatewayError::InvalidInput`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The body is not JSON.
+    MalformedJson,
+    /// JSON, but not an inference request (no `inputs`, a name that is not a string, an
+    /// input with no data or two kinds of data).
+    MalformedRequest,
+    /// A request, input or output parameter of the wrong type or in a forbidden pairing.
+    Parameters,
+    /// An input the model does not have.
+    UnknownInput,
+    /// A required input left out.
+    MissingInput,
+    /// The same input twice.
+    DuplicateInput,
+    /// A datatype that is not the model's, or that JSON cannot carry.
+    Datatype,
+    /// Rank or dimensions that do not match the model's.
+    Shape,
+    /// A batch over `max_batch_size`, or inputs with different batch sizes.
+    BatchSize,
+    /// JSON `data` with a different number of elements than the shape.
+    DataLength,
+    /// A JSON `data` value that does not fit the datatype.
+    DataValue,
+    /// Binary data sizes that do not match the shape or the body.
+    BinarySize,
+    /// BYTES data whose length prefixes do not make up the shape's elements.
+    BytesEncoding,
+    /// An output the model does not have.
+    UnknownOutput,
+}
+
+impl Reason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MalformedJson => "malformed_json",
+            Self::MalformedRequest => "malformed_request",
+            Self::Parameters => "parameters",
+            Self::UnknownInput => "unknown_input",
+            Self::MissingInput => "missing_input",
+            Self::DuplicateInput => "duplicate_input",
+            Self::Datatype => "datatype",
+            Self::Shape => "shape",
+            Self::BatchSize => "batch_size",
+            Self::DataLength => "data_length",
+            Self::DataValue => "data_value",
+            Self::BinarySize => "binary_size",
+            Self::BytesEncoding => "bytes_encoding",
+            Self::UnknownOutput => "unknown_output",
+        }
+    }
+}
+
+/// A refused request: why, and the message the client gets (Triton's words where Triton has
+/// words for it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The metric label.
+    pub reason: Reason,
+    /// The error text.
+    pub message: String,
+}
+
+impl Rejection {
+    /// A rejection for `reason` saying `message`.
+    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Triton's `DimsListToString`: `[4]`, `[-1,4]`, `[]`.
+pub fn dims_to_string(dims: &[i64]) -> String {
+    let inner: Vec<String> = dims.iter().map(i64::to_string).collect();
+    format!("[{}]", inner.join(","))
+}

@@ -1,0 +1,378 @@
+//! A model's signature (what its inputs and outputs are), read from the backend that serves
+//! it, and the cache that keeps it per model and version.
+
+use super::datatype::DataType;
+use crate::config;
+use crate::pipeline::ModelRef;
+use crate::upstream::Backend;
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the checker needs to know about a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signature {
+    /// The model's name (Triton's messages use it).
+    pub name: String,
+    /// Triton's platform (`python`, `onnxruntime_onnx`, `tensorrt_plan`, `ensemble`, ...).
+    pub platform: String,
+    /// 0 when the model does not batch; else the largest batch, and every (non shape-tensor)
+    /// input carries a leading batch dimension that `dims` leaves out.
+    pub max_batch_size: i32,
+    /// Inputs in config order.
+    pub inputs: Vec<InputSpec>,
+    /// Output names.
+    pub outputs: Vec<String>,
+}
+
+/// One input of a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputSpec {
+    /// Its name.
+    pub name: String,
+    /// Its datatype.
+    pub datatype: DataType,
+    /// Its dimensions without the batch dimension; -1 matches any size.
+    pub dims: Vec<i64>,
+    /// May be left out of a request.
+    pub optional: bool,
+    /// Requests in one batch may differ in its size (Triton 2.51 still checks each request
+    /// on its own, so this changes no check; kept to describe the model).
+    pub allow_ragged_batch: bool,
+    /// A shape tensor (TensorRT): its shape carries no batch dimension.
+    pub is_shape_tensor: bool,
+}
+
+impl Signature {
+    /// The input named `name`.
+    pub fn input(&self, name: &str) -> Option<&InputSpec> {
+        self.inputs.iter().find(|i| i.name == name)
+    }
+
+    /// Whether the model has an output named `name`.
+    pub fn has_output(&self, name: &str) -> bool {
+        self.outputs.iter().any(|o| o == name)
+    }
+
+    /// Builds a signature from Triton's model metadata (`GET /v2/models/{m}`) and model
+    /// config (`GET /v2/models/{m}/config`). The two must agree on every input and output.
+    pub fn from_triton(metadata: &[u8], config: &[u8]) -> Result<Self, String> {
+        let metadata: Metadata = serde_json::from_slice(metadata)
+            .map_err(|e| format!("model metadata is not valid: {e}"))?;
+        let config: ModelConfig = serde_json::from_slice(config)
+            .map_err(|e| format!("model config is not valid: {e}"))?;
+        if metadata.inputs.len() != config.input.len() {
+            return Err(format!(
+                "metadata lists {} inputs, config {}",
+                metadata.inputs.len(),
+                config.input.len()
+            ));
+        }
+        let mut inputs = Vec::with_capacity(config.input.len());
+        for input in config.input {
+            let datatype = DataType::from_config(&input.data_type).ok_or_else(|| {
+                format!(
+                    "input '{}' has unknown datatype {}",
+                    input.name, input.data_type
+                )
+            })?;
+            let listed = metadata.inputs.iter().find(|m| m.name == input.name);
+            match listed {
+                Some(m) if m.datatype == datatype.as_str() => {}
+                _ => {
+                    return Err(format!(
+                        "input '{}' differs between metadata and config",
+                        input.name
+                    ));
+                }
+            }
+            inputs.push(InputSpec {
+                name: input.name,
+                datatype,
+                dims: input.dims,
+                optional: input.optional,
+                allow_ragged_batch: input.allow_ragged_batch,
+                is_shape_tensor: input.is_shape_tensor,
+            });
+        }
+        let outputs: Vec<String> = metadata.outputs.into_iter().map(|o| o.name).collect();
+        if outputs.len() != config.output.len()
+            || config.output.iter().any(|o| !outputs.contains(&o.name))
+        {
+            return Err("outputs differ between metadata and config".into());
+        }
+        Ok(Self {
+            name: metadata.name,
+            platform: metadata.platform,
+            max_batch_size: config.max_batch_size,
+            inputs,
+            outputs,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    name: String,
+    #[serde(default)]
+    platform: String,
+    #[serde(default)]
+    inputs: Vec<TensorMetadata>,
+    #[serde(default)]
+    outputs: Vec<TensorMetadata>,
+}
+
+#[derive(Deserialize)]
+struct TensorMetadata {
+    name: String,
+    #[serde(default)]
+    datatype: String,
+}
+
+#[derive(Deserialize)]
+struct ModelConfig {
+    #[serde(default)]
+    max_batch_size: i32,
+    #[serde(default)]
+    input: Vec<ConfigInput>,
+    #[serde(default)]
+    output: Vec<ConfigOutput>,
+}
+
+#[derive(Deserialize)]
+struct ConfigInput {
+    name: String,
+    data_type: String,
+    #[serde(default)]
+    dims: Vec<i64>,
+    #[serde(default)]
+    optional: bool,
+    #[serde(default)]
+    allow_ragged_batch: bool,
+    #[serde(default)]
+    is_shape_tensor: bool,
+}
+
+#[derive(Deserialize)]
+struct ConfigOutput {
+    name: String,
+}
+
+/// How long a failed fetch is remembered: requests for that model go unvalidated meanwhile
+/// instead of each waiting for another failing fetch.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    model: String,
+    version: Option<String>,
+}
+
+struct Entry {
+    signature: Arc<Signature>,
+    /// The model's generation when the fetch began: an entry from before the latest
+    /// `invalidate` is stale even if it was stored after it.
+    generation: u64,
+}
+
+/// Signatures per (model, version or latest), each fetched once from a backend that serves
+/// the model. Concurrent misses for one key share one fetch; other models never wait on it.
+pub struct SignatureCache {
+    entries: moka::future::Cache<Key, Arc<Entry>>,
+    unavailable: moka::future::Cache<Key, u64>,
+    generations: Mutex<HashMap<String, u64>>,
+    fetch_timeout: Duration,
+}
+
+impl SignatureCache {
+    /// An empty cache sized by `[validation]`.
+    pub fn new(config: &config::Validation) -> Self {
+        Self {
+            entries: moka::future::Cache::builder()
+                .max_capacity(config.signature_cache_capacity)
+                .support_invalidation_closures()
+                .build(),
+            unavailable: moka::future::Cache::builder()
+                .max_capacity(config.signature_cache_capacity)
+                .time_to_live(RETRY_AFTER)
+                .build(),
+            generations: Mutex::new(HashMap::new()),
+            fetch_timeout: config.signature_fetch_timeout.0,
+        }
+    }
+
+    /// Forgets every cached signature of `model`, all versions.
+    ///
+    /// Must be called whenever `model` is loaded, unloaded or reloaded on any backend: its
+    /// inputs, outputs or versions may have changed, and a stale signature would refuse
+    /// requests the new model accepts. A fetch already under way when this is called does
+    /// not count: its result is dropped and fetched again.
+    pub fn invalidate(&self, model: &str) {
+        let mut generations = self.generations.lock().unwrap_or_else(|e| e.into_inner());
+        *generations.entry(model.to_owned()).or_insert(0) += 1;
+        drop(generations);
+        // Frees the memory soon; correctness comes from the generation check in `get`.
+        let model = model.to_owned();
+        let _ = self
+            .entries
+            .invalidate_entries_if(move |key, _| key.model == model);
+    }
+
+    fn generation(&self, model: &str) -> u64 {
+        let generations = self.generations.lock().unwrap_or_else(|e| e.into_inner());
+        generations.get(model).copied().unwrap_or(0)
+    }
+
+    /// The signature of `model`, fetched from `backend` if not cached; `None` when it cannot
+    /// be had (the failure is logged once per `RETRY_AFTER`, and the caller forwards the
+    /// request unvalidated: never refuse what Triton might accept).
+    pub async fn get(&self, backend: &Arc<Backend>, model: &ModelRef) -> Option<Arc<Signature>> {
+        let key = Key {
+            model: model.name.clone(),
+            version: model.version.clone(),
+        };
+        for _ in 0..3 {
+            let generation = self.generation(&model.name);
+            if let Some(entry) = self.entries.get(&key).await {
+                if entry.generation == generation {
+                    return Some(entry.signature.clone());
+                }
+                self.entries.invalidate(&key).await;
+            }
+            if self.unavailable.get(&key).await == Some(generation) {
+                return None;
+            }
+            let fetched = self
+                .entries
+                .try_get_with(key.clone(), async {
+                    fetch(backend, model, self.fetch_timeout)
+                        .await
+                        .map(|signature| {
+                            Arc::new(Entry {
+                                signature: Arc::new(signature),
+                                generation,
+                            })
+                        })
+                })
+                .await;
+            match fetched {
+                Ok(entry) if entry.generation == self.generation(&model.name) => {
+                    return Some(entry.signature.clone());
+                }
+                // Invalidated while fetching: drop it and fetch again.
+                Ok(_) => self.entries.invalidate(&key).await,
+                Err(error) => {
+                    let recorded = self
+                        .unavailable
+                        .entry(key.clone())
+                        .or_insert(generation)
+                        .await;
+                    if recorded.is_fresh() {
+                        tracing::warn!(
+                            model = %model.name,
+                            version = model.version.as_deref().unwrap_or(""),
+                            backend = %backend.name,
+                            error = %error,
+                            "model signature unavailable; its requests are forwarded unvalidated"
+                        );
+                    }
+                    return None;
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Fetches metadata and config concurrently and builds the signature.
+async fn fetch(
+    backend: &Backend,
+    model: &ModelRef,
+    timeout: Duration,
+) -> Result<Signature, String> {
+    let mut base = format!("/v2/models/{}", encode_segment(&model.name));
+    if let Some(version) = &model.version {
+        base.push_str("/versions/");
+        base.push_str(&encode_segment(version));
+    }
+    let config_path = format!("{base}/config");
+    let call = |path: &str| {
+        let path = path.to_owned();
+        async move {
+            match backend
+                .client
+                .call(backend, Method::GET, &path, Bytes::new(), timeout)
+                .await
+            {
+                Ok((StatusCode::OK, body)) => Ok(body),
+                Ok((status, body)) => Err(format!(
+                    "GET {path} answered {status}: {}",
+                    String::from_utf8_lossy(&body[..body.len().min(200)])
+                )),
+                Err(error) => Err(format!("GET {path}: {error}")),
+            }
+        }
+    };
+    let (metadata, config) = tokio::join!(call(&base), call(&config_path));
+    Signature::from_triton(&metadata?, &config?)
+}
+
+/// Percent-encodes a path segment (model names are usually plain, but need not be).
+fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const METADATA: &str = r#"{"name":"ragged_sum","versions":["1"],"platform":"python",
+        "inputs":[{"name":"INPUT0","datatype":"FP32","shape":[-1,-1]},
+                  {"name":"LENGTHS","datatype":"INT32","shape":[-1,1]}],
+        "outputs":[{"name":"OUTPUT0","datatype":"FP32","shape":[-1,1]}]}"#;
+    const CONFIG: &str = r#"{"name":"ragged_sum","platform":"","backend":"python",
+        "max_batch_size":8,
+        "input":[{"name":"INPUT0","data_type":"TYPE_FP32","format":"FORMAT_NONE","dims":[-1],
+                  "is_shape_tensor":false,"allow_ragged_batch":true,"optional":false},
+                 {"name":"LENGTHS","data_type":"TYPE_INT32","dims":[1],"optional":true}],
+        "output":[{"name":"OUTPUT0","data_type":"TYPE_FP32","dims":[1]}]}"#;
+
+    #[test]
+    fn reads_triton_metadata_and_config() {
+        let signature = Signature::from_triton(METADATA.as_bytes(), CONFIG.as_bytes()).unwrap();
+        assert_eq!(signature.name, "ragged_sum");
+        assert_eq!(signature.platform, "python");
+        assert_eq!(signature.max_batch_size, 8);
+        assert_eq!(signature.inputs[0].dims, [-1]);
+        assert!(signature.inputs[0].allow_ragged_batch);
+        assert!(signature.inputs[1].optional);
+        assert_eq!(signature.inputs[1].datatype, DataType::Int32);
+        assert!(signature.has_output("OUTPUT0"));
+        assert!(!signature.has_output("OUTPUT1"));
+    }
+
+    #[test]
+    fn refuses_metadata_and_config_that_disagree() {
+        let other = CONFIG.replace("TYPE_INT32", "TYPE_INT64");
+        assert!(Signature::from_triton(METADATA.as_bytes(), other.as_bytes()).is_err());
+        assert!(Signature::from_triton(b"{}", CONFIG.as_bytes()).is_err());
+        assert!(Signature::from_triton(METADATA.as_bytes(), b"not json").is_err());
+    }
+
+    #[test]
+    fn encodes_path_segments() {
+        assert_eq!(encode_segment("add_sub-1.x"), "add_sub-1.x");
+        assert_eq!(encode_segment("a b/c"), "a%20b%2Fc");
+    }
+}
