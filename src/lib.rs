@@ -141,6 +141,7 @@ pub async fn serve(
         Arc::new(move |backend| placement.reconcile(backend)),
     );
     spawn_warm_up(&gateway, &tasks, &shutdown);
+    tasks.spawn(gateway.placement().clone().rebalance_loop(shutdown.clone()));
     let servers = TaskTracker::new();
     let serve_one = |listener: TcpListener, router: axum::Router| {
         let shutdown = shutdown.clone();
@@ -184,10 +185,10 @@ fn spawn_warm_up(gateway: &Gateway, tasks: &TaskTracker, shutdown: &Cancellation
         .config()
         .models
         .iter()
-        .filter(|m| m.preload && !m.pinned)
+        .filter(|m| m.preload && !m.pinned())
         .map(|m| m.name.clone())
         .collect();
-    if preload.is_empty() && !gateway.config().models.iter().any(|m| m.pinned) {
+    if preload.is_empty() && !gateway.config().models.iter().any(|m| m.pinned()) {
         return;
     }
     let gateway = gateway.clone();

@@ -165,7 +165,15 @@ async fn filling_the_pool_evicts_least_recently_used_within_capacity() {
 #[tokio::test]
 async fn a_hundred_concurrent_cold_requests_cause_one_load() {
     let (t0, t1) = tokio::join!(empty_triton(true), empty_triton(true));
-    let gateway = TestGateway::start(&pool_config("burst", &[&t0, &t1], "1GiB", "", "")).await;
+    // No scaling: exactly one load is the point here.
+    let gateway = TestGateway::start(&pool_config(
+        "burst",
+        &[&t0, &t1],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        "",
+    ))
+    .await;
     let url = format!("{}/v2/models/sized_b/infer", gateway.url());
     let client = reqwest::Client::new();
     let requests = (0..100).map(|_| {
@@ -271,7 +279,7 @@ async fn a_pinned_model_is_loaded_at_start_and_never_evicted() {
         &[&t0],
         "7MiB",
         "mem_buffer = \"0\"\nsize_multiplier = 1.0\nmin_churn_age = \"0s\"",
-        "[[models]]\nname = \"sized_c\"\npinned = true\n",
+        "[[models]]\nname = \"sized_c\"\nmin_copies = 1\n",
     ))
     .await;
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -323,9 +331,11 @@ async fn a_dead_backends_models_reload_on_the_other() {
     }
 
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut failures = 0;
+    let mut failures = Vec::new();
+    let mut last: (u16, Value);
     loop {
         let (status, body) = infer(&gateway, "sized_a").await;
+        last = (status, body.clone());
         match status {
             200 => {
                 let placed = gateway.placed().await;
@@ -333,14 +343,18 @@ async fn a_dead_backends_models_reload_on_the_other() {
                     break;
                 }
             }
-            502 | 503 => failures += 1,
+            502 | 503 => failures.push(body),
             other => panic!("unexpected {other}: {body}"),
         }
-        assert!(Instant::now() < deadline, "sized_a never moved");
+        assert!(
+            Instant::now() < deadline,
+            "sized_a never moved: last answer {last:?}, books {:?}",
+            gateway.placed().await
+        );
     }
     assert!(
-        failures <= 3,
-        "{failures} failed requests while the backend died"
+        failures.len() <= 3,
+        "failed requests while the backend died: {failures:?}"
     );
     let survivor = if holder == 0 { &t1 } else { &t0 };
     assert!(
@@ -351,4 +365,184 @@ async fn a_dead_backends_models_reload_on_the_other() {
             .contains(&"sized_a".to_string())
     );
     assert!(gateway.placed().await[holder].is_empty());
+}
+
+/// A metrics endpoint standing in for a GPU Triton's: memory used rises by 3 GiB for every
+/// model the real (CPU) Triton has loaded, as a GPU would show a model's weights.
+async fn gpu_memory_stub(triton_http: String) -> std::net::SocketAddr {
+    use axum::routing::get;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let triton_http = triton_http.clone();
+            async move {
+                let index: Value = reqwest::Client::new()
+                    .post(format!("{triton_http}/v2/repository/index"))
+                    .json(&json!({"ready": true}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                let loaded = index.as_array().unwrap().len() as u64;
+                let used = (1u64 << 30) + loaded * (3u64 << 30);
+                format!(
+                    "# TYPE nv_gpu_memory_used_bytes gauge\nnv_gpu_memory_used_bytes{{gpu_uuid=\"GPU-0\"}} {used}\n"
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+#[tokio::test]
+async fn a_models_size_is_learned_from_the_backends_memory_metric() {
+    let t0 = empty_triton(false).await;
+    let stub = gpu_memory_stub(t0.http_url()).await;
+    let config = pool_config("learn", &[&t0], "16GiB", "", "")
+        .replace(&t0.metrics_url(), &format!("http://{stub}/metrics"));
+    let gateway = TestGateway::start(&config).await;
+    assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    let placement = gateway.placement().await;
+    let copy = &placement["backends"][0]["models"][0];
+    assert_eq!(copy["name"], "sized_a");
+    assert_eq!(copy["size_source"], "learned", "{copy}");
+    assert_eq!(copy["size"], 3u64 << 30);
+    assert_eq!(placement["backends"][0]["used"], 3u64 << 30);
+    // The learned size outlives an unload: the next load is placed by it.
+    let unloaded: Value = reqwest::Client::new()
+        .post(format!(
+            "http://{}/admin/models/sized_a/unload",
+            gateway.admin
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(unloaded["unloaded_copies"], 1);
+    assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    assert_eq!(
+        gateway.placement().await["backends"][0]["models"][0]["size"],
+        3u64 << 30
+    );
+}
+
+#[tokio::test]
+async fn a_busy_model_gets_a_second_copy_and_loses_it_when_idle() {
+    let (t0, t1) = tokio::join!(empty_triton(false), empty_triton(false));
+    let gateway = TestGateway::start(&pool_config(
+        "scale",
+        &[&t0, &t1],
+        "1GiB",
+        "scale_up_rps = 5.0\nmax_copies = 2\nscale_down_idle = \"2s\"\nrebalance_interval = \"500ms\"",
+        "",
+    ))
+    .await;
+    // Steady traffic well above 5 requests/s for one copy.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while gateway
+        .placed()
+        .await
+        .iter()
+        .filter(|m| m.contains(&"sized_a".to_string()))
+        .count()
+        < 2
+    {
+        for _ in 0..10 {
+            assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+        }
+        assert!(Instant::now() < deadline, "no second copy under load");
+    }
+    assert_eq!(gateway.placed().await, [["sized_a"], ["sized_a"]]);
+    assert_books_match(&gateway, &[&t0, &t1]).await;
+    // Both copies serve.
+    for _ in 0..20 {
+        assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    }
+    // Idle: back to one copy, and one stub process.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while gateway.placed().await.concat().len() != 1 {
+        assert!(Instant::now() < deadline, "extra copy never unloaded");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_books_match(&gateway, &[&t0, &t1]).await;
+    assert_eq!(t0.stub_count() + t1.stub_count(), 1);
+}
+
+#[tokio::test]
+async fn draining_a_backend_moves_its_pinned_models_and_places_nothing_new_there() {
+    let (t0, t1) = tokio::join!(empty_triton(false), empty_triton(false));
+    let gateway = TestGateway::start(&pool_config(
+        "drain",
+        &[&t0, &t1],
+        "1GiB",
+        "",
+        "[[models]]\nname = \"sized_c\"\nmin_copies = 1\n",
+    ))
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let ready = |placement: Value| {
+        placement["backends"].as_array().unwrap().iter().any(|b| {
+            b["models"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == "sized_c" && m["state"] == "ready")
+        })
+    };
+    while !ready(gateway.placement().await) {
+        assert!(
+            Instant::now() < deadline,
+            "pinned model not loaded at start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let holder = gateway
+        .placed()
+        .await
+        .iter()
+        .position(|m| !m.is_empty())
+        .unwrap();
+    let name = format!("drain-{holder}");
+    let answer: Value = reqwest::Client::new()
+        .post(format!(
+            "http://{}/admin/backends/{name}/drain",
+            gateway.admin
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["draining"], true);
+    let placed = gateway.placed().await;
+    assert!(placed[holder].is_empty(), "{placed:?}");
+    assert_eq!(placed[1 - holder], ["sized_c"]);
+    // New models go elsewhere while it drains.
+    assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    assert_eq!(infer(&gateway, "sized_b").await.0, 200);
+    assert!(gateway.placed().await[holder].is_empty());
+    assert_eq!(
+        gateway.placement().await["backends"][holder]["draining"],
+        true
+    );
+    let tritons = [&t0, &t1];
+    assert_books_match(&gateway, &tritons).await;
+    // An unknown backend is a clear 404.
+    let response = reqwest::Client::new()
+        .post(format!(
+            "http://{}/admin/backends/nope/drain",
+            gateway.admin
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
 }

@@ -34,6 +34,18 @@ pub struct Placement {
     pub load_failure_backoff: HumanDuration,
     /// Longest pause between retries of a failing load on one backend.
     pub load_failure_backoff_max: HumanDuration,
+    /// Requests per second per copy (over the last `rebalance_interval`) above which a model
+    /// gets another copy on another backend, up to `max_copies`; 0 turns scaling off.
+    pub scale_up_rps: f64,
+    /// Most copies of one model (per-model `max_copies` overrides).
+    pub max_copies: usize,
+    /// Copies beyond a model's first (or its `min_copies`) unused this long are unloaded.
+    pub scale_down_idle: HumanDuration,
+    /// How often copies are scaled up and down.
+    pub rebalance_interval: HumanDuration,
+    /// Backend metric whose rise during a load is the model's learned size (summed over its
+    /// series, e.g. one per GPU). Read from each backend's `metrics` URL.
+    pub memory_metric: String,
 }
 
 impl Default for Placement {
@@ -50,6 +62,11 @@ impl Default for Placement {
             max_load_attempts: 3,
             load_failure_backoff: HumanDuration(Duration::from_secs(5)),
             load_failure_backoff_max: HumanDuration(Duration::from_secs(300)),
+            memory_metric: "nv_gpu_memory_used_bytes".into(),
+            scale_up_rps: 50.0,
+            max_copies: 2,
+            scale_down_idle: HumanDuration(Duration::from_secs(300)),
+            rebalance_interval: HumanDuration(Duration::from_secs(1)),
         }
     }
 }
@@ -62,12 +79,22 @@ pub struct Model {
     pub name: String,
     /// Explicit memory estimate; wins over every other estimate.
     pub size: Option<ByteSize>,
-    /// Pinned: loaded at start and never evicted.
+    /// Copies loaded at start and kept: never evicted, never scaled below this. 0 (the
+    /// default) leaves the model to demand.
     #[serde(default)]
-    pub pinned: bool,
+    pub min_copies: usize,
+    /// Most copies of this model; overrides `placement.max_copies`.
+    pub max_copies: Option<usize>,
     /// Loaded at start into free space (never evicting anything), then evictable.
     #[serde(default)]
     pub preload: bool,
+}
+
+impl Model {
+    /// Pinned models are loaded at start and never evicted.
+    pub fn pinned(&self) -> bool {
+        self.min_copies > 0
+    }
 }
 
 impl Placement {
@@ -100,8 +127,31 @@ impl Placement {
                 format!("{} is not a directory", repository.display()),
             );
         }
+        if !(self.scale_up_rps.is_finite() && self.scale_up_rps >= 0.0) {
+            error(
+                "placement.scale_up_rps".into(),
+                "must be 0 (off) or a positive number".into(),
+            );
+        }
+        if self.max_copies == 0 {
+            error("placement.max_copies".into(), "must be at least 1".into());
+        }
+        if self.rebalance_interval.0.is_zero() {
+            error(
+                "placement.rebalance_interval".into(),
+                "must be greater than 0".into(),
+            );
+        }
         let mut names = HashSet::new();
         for (i, model) in models.iter().enumerate() {
+            if let Some(max) = model.max_copies
+                && (max == 0 || max < model.min_copies)
+            {
+                error(
+                    format!("models[{i}].max_copies"),
+                    "must be at least 1 and at least min_copies".into(),
+                );
+            }
             if model.name.trim().is_empty() {
                 error(format!("models[{i}].name"), "must not be empty".into());
             } else if !names.insert(model.name.as_str()) {

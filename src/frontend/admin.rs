@@ -94,24 +94,24 @@ async fn drain(
     State(gateway): State<Gateway>,
     Path(backend): Path<String>,
 ) -> Result<axum::Json<serde_json::Value>, GatewayError> {
-    set_draining(&gateway, backend, true)
+    set_draining(&gateway, backend, true).await
 }
 
 async fn undrain(
     State(gateway): State<Gateway>,
     Path(backend): Path<String>,
 ) -> Result<axum::Json<serde_json::Value>, GatewayError> {
-    set_draining(&gateway, backend, false)
+    set_draining(&gateway, backend, false).await
 }
 
-/// Draining stops new placements on the backend; copies already there keep serving until
-/// evicted or unloaded.
-fn set_draining(
+/// Draining stops new placements on the backend and moves its pinned models away; other
+/// copies already there keep serving until evicted or unloaded.
+async fn set_draining(
     gateway: &Gateway,
     backend: String,
     draining: bool,
 ) -> Result<axum::Json<serde_json::Value>, GatewayError> {
-    if gateway.placement().set_draining(&backend, draining) {
+    if gateway.placement().set_draining(&backend, draining).await {
         Ok(axum::Json(
             serde_json::json!({ "backend": backend, "draining": draining }),
         ))

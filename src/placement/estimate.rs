@@ -1,7 +1,8 @@
-//! How much memory a model will take once loaded, before anyone has measured it.
+//! How much memory a model will take once loaded.
 //!
-//! In order: an explicit `size` from `[[models]]`; else its size on disk (config plus the
-//! newest version directory) times `size_multiplier`, as KServe ModelMesh does; else
+//! In order: an explicit `size` from `[[models]]`; else the size learned from the backend's
+//! memory metric when it was last loaded; else its size on disk (config plus the newest
+//! version directory) times `size_multiplier`, as KServe ModelMesh does; else
 //! `default_model_size`. Disk sizes are read once per model and kept.
 
 use crate::config;
@@ -16,6 +17,8 @@ use std::sync::Mutex;
 pub enum SizeSource {
     /// `[[models]] size`.
     Config,
+    /// The rise of the backend's memory metric when it was loaded.
+    Learned,
     /// Bytes on disk × multiplier.
     Disk,
     /// `placement.default_model_size`.
@@ -39,6 +42,7 @@ pub struct Estimator {
     multiplier: f64,
     default: u64,
     disk: Mutex<HashMap<String, Option<u64>>>,
+    learned: Mutex<HashMap<String, u64>>,
 }
 
 impl Estimator {
@@ -53,7 +57,17 @@ impl Estimator {
             multiplier: placement.size_multiplier,
             default: placement.default_model_size.bytes(),
             disk: Mutex::new(HashMap::new()),
+            learned: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Keeps a measured size: from now on it is the model's estimate (unless config names
+    /// one), so a small file that fills a GPU is counted as what it fills.
+    pub fn learn(&self, model: &str, bytes: u64) {
+        self.learned
+            .lock()
+            .expect("estimator lock")
+            .insert(model.to_string(), bytes);
     }
 
     /// The estimate for a model. Reads the disk the first time a model is asked about (a
@@ -63,6 +77,12 @@ impl Estimator {
             return Estimate {
                 bytes,
                 source: SizeSource::Config,
+            };
+        }
+        if let Some(&bytes) = self.learned.lock().expect("estimator lock").get(model) {
+            return Estimate {
+                bytes,
+                source: SizeSource::Learned,
             };
         }
         let cached = self
@@ -152,7 +172,8 @@ mod tests {
         let models = [config::Model {
             name: "sized".into(),
             size: Some(config::ByteSize(1 << 30)),
-            pinned: false,
+            min_copies: 0,
+            max_copies: None,
             preload: false,
         }];
         let estimator = Estimator::new(&placement, &models);
@@ -172,6 +193,17 @@ mod tests {
             }
         );
         assert_eq!(estimator.estimate("absent").source, SizeSource::Default);
+        // A learned size wins over the disk, not over config.
+        estimator.learn("padded", 5 << 30);
+        assert_eq!(
+            estimator.estimate("padded"),
+            Estimate {
+                bytes: 5 << 30,
+                source: SizeSource::Learned
+            }
+        );
+        estimator.learn("sized", 1);
+        assert_eq!(estimator.estimate("sized").source, SizeSource::Config);
         assert_eq!(estimator.estimate("../etc").source, SizeSource::Default);
     }
 }

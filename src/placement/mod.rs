@@ -15,10 +15,11 @@ use crate::config;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
 use crate::telemetry;
-use crate::upstream::{Backend, InFlight, Pool};
+use crate::upstream::{Backend, InFlight, Pool, metrics_scrape};
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{Semaphore, broadcast};
@@ -39,10 +40,24 @@ pub struct Placement {
     pool: Arc<Pool>,
     estimator: Estimator,
     pinned: HashSet<String>,
+    min_copies: HashMap<String, usize>,
+    max_copies: HashMap<String, usize>,
+    scaling: Scaling,
     load_slots: Vec<Arc<Semaphore>>,
+    loads_running: Vec<AtomicUsize>,
+    memory_metric: String,
     load_timeout: Duration,
     max_attempts: usize,
     events: broadcast::Sender<ModelEvent>,
+}
+
+/// When models get more copies, and lose them.
+#[derive(Clone, Copy, Debug)]
+struct Scaling {
+    up_rps: f64,
+    max_copies: usize,
+    down_idle: Duration,
+    interval: Duration,
 }
 
 /// A claim on one ready copy of a model for the length of a request: while any lease is
@@ -111,14 +126,36 @@ impl Placement {
                 .iter()
                 .map(|_| Arc::new(Semaphore::new(policy.max_loading_concurrency)))
                 .collect(),
+            loads_running: pool
+                .backends()
+                .iter()
+                .map(|_| AtomicUsize::new(0))
+                .collect(),
+            memory_metric: policy.memory_metric.clone(),
             pool,
             estimator: Estimator::new(policy, &config.models),
             pinned: config
                 .models
                 .iter()
-                .filter(|m| m.pinned)
+                .filter(|m| m.pinned())
                 .map(|m| m.name.clone())
                 .collect(),
+            min_copies: config
+                .models
+                .iter()
+                .map(|m| (m.name.clone(), m.min_copies))
+                .collect(),
+            max_copies: config
+                .models
+                .iter()
+                .filter_map(|m| Some((m.name.clone(), m.max_copies?)))
+                .collect(),
+            scaling: Scaling {
+                up_rps: policy.scale_up_rps,
+                max_copies: policy.max_copies,
+                down_idle: policy.scale_down_idle.0,
+                interval: policy.rebalance_interval.0,
+            },
             load_timeout: policy.load_timeout.0,
             max_attempts: policy.max_load_attempts,
             events: broadcast::channel(256).0,
@@ -245,7 +282,9 @@ impl Placement {
             self.unload_on(&backend, &victim.model, "evict").await;
         }
         let started = Instant::now();
-        let outcome = self.load_on(&backend, &plan.model).await;
+        let outcome = self
+            .measured_load(plan.backend, &backend, &plan.model)
+            .await;
         let result = if outcome.is_ok() {
             "success"
         } else {
@@ -269,6 +308,41 @@ impl Placement {
             .finish_load(plan.backend, &plan.model, &outcome, Instant::now());
         self.publish_usage(plan.backend);
         let _ = plan.done.send(Some(outcome));
+    }
+
+    /// Loads, and where the backend reports memory and no other load ran beside this one,
+    /// learns the model's size from the rise of the memory metric.
+    async fn measured_load(
+        &self,
+        index: usize,
+        backend: &Backend,
+        model: &str,
+    ) -> Result<(), Arc<str>> {
+        let running = &self.loads_running[index];
+        let alone_at_start = running.fetch_add(1, Ordering::AcqRel) == 0;
+        let timeout = Duration::from_secs(2);
+        let before = if alone_at_start {
+            metrics_scrape::read_sum(backend, &self.memory_metric, timeout).await
+        } else {
+            None
+        };
+        let outcome = self.load_on(backend, model).await;
+        let alone_at_end = running.load(Ordering::Acquire) == 1;
+        if outcome.is_ok()
+            && alone_at_end
+            && let Some(before) = before
+            && let Some(after) =
+                metrics_scrape::read_sum(backend, &self.memory_metric, timeout).await
+            && after > before
+        {
+            let bytes = (after - before) as u64;
+            self.estimator.learn(model, bytes);
+            let estimate = self.estimator.estimate(model);
+            self.books().resize(index, model, estimate);
+            tracing::info!(model, backend = %backend.name, bytes, "learned model size from memory metric");
+        }
+        running.fetch_sub(1, Ordering::AcqRel);
+        outcome
     }
 
     /// `POST .../load`, within `load_timeout`; a load that times out is undone.
@@ -343,20 +417,95 @@ impl Placement {
         backends.len()
     }
 
-    /// Loads pinned and preload models at start: pinned ones may evict, preloads use free
-    /// space only. Failures are logged; requests will retry them.
+    /// Loads pinned models (`min_copies` copies each, evicting if need be) and preload models
+    /// (one copy, free space only) at start. Failures are logged; requests will retry them.
     pub async fn warm_up(self: &Arc<Self>, preload: Vec<String>) {
-        let pinned: Vec<String> = self.pinned.iter().cloned().collect();
-        for (models, allow_evict) in [(pinned, true), (preload, false)] {
-            for model in models {
-                match self
-                    .acquire_with(&ModelRef::new(model.clone(), None), allow_evict)
-                    .await
-                {
-                    Ok(_) => tracing::info!(model, "loaded at start"),
-                    Err(error) => tracing::warn!(model, %error, "not loaded at start"),
-                }
+        let mut pinned: Vec<(&String, &usize)> =
+            self.min_copies.iter().filter(|(_, n)| **n > 0).collect();
+        pinned.sort();
+        for (model, &copies) in pinned {
+            match self.acquire(&ModelRef::new(model.clone(), None)).await {
+                Ok(_) => tracing::info!(model, "loaded at start"),
+                Err(error) => tracing::warn!(model, %error, "not loaded at start"),
             }
+            for _ in 1..copies {
+                self.add_copy(model, true).await;
+            }
+        }
+        for model in preload {
+            match self
+                .acquire_with(&ModelRef::new(model.clone(), None), false)
+                .await
+            {
+                Ok(_) => tracing::info!(model, "preloaded"),
+                Err(error) => tracing::info!(model, %error, "not preloaded"),
+            }
+        }
+    }
+
+    /// Loads one more copy of a model on a backend that lacks it, and waits for it.
+    async fn add_copy(self: &Arc<Self>, model: &str, allow_evict: bool) -> bool {
+        let estimate = self.estimator.estimate(model);
+        let view = self.view(&ModelRef::new(model, None));
+        let plan =
+            self.books()
+                .plan_extra_copy(model, estimate, &view, allow_evict, Instant::now());
+        let Some(plan) = plan else { return false };
+        let mut done = plan.done.subscribe();
+        self.clone().run_load(plan).await;
+        matches!(
+            done.wait_for(Option::is_some).await.as_deref(),
+            Ok(Some(Ok(())))
+        )
+    }
+
+    /// Runs `rebalance` every `rebalance_interval` until `shutdown`.
+    pub async fn rebalance_loop(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        let mut last = HashMap::new();
+        let mut ticker = tokio::time::interval(self.scaling.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.rebalance(&mut last).await,
+            }
+        }
+    }
+
+    /// Gives a model another copy when each copy served more than `scale_up_rps` since the
+    /// last round (free space only, up to `max_copies`), and unloads copies beyond a
+    /// model's first (or its `min_copies`) that have been idle for `scale_down_idle`.
+    async fn rebalance(self: &Arc<Self>, last: &mut HashMap<String, u64>) {
+        let seconds = self.scaling.interval.as_secs_f64();
+        let demand = self.books().demand();
+        let mut hot = Vec::new();
+        for (model, (copies, served)) in &demand {
+            let previous = last.insert(model.clone(), *served).unwrap_or(*served);
+            let rate = served.saturating_sub(previous) as f64 / seconds / *copies as f64;
+            let max = self
+                .max_copies
+                .get(model)
+                .copied()
+                .unwrap_or(self.scaling.max_copies);
+            if self.scaling.up_rps > 0.0 && rate > self.scaling.up_rps && *copies < max {
+                hot.push((model.clone(), rate));
+            }
+        }
+        last.retain(|model, _| demand.contains_key(model));
+        for (model, rate) in hot {
+            tracing::info!(model, rps_per_copy = rate, "model is busy: adding a copy");
+            if !self.add_copy(&model, false).await {
+                tracing::debug!(model, "no backend has free space for another copy");
+            }
+        }
+        let keep = |model: &str| self.min_copies.get(model).copied().unwrap_or(0);
+        let idle =
+            self.books()
+                .take_idle_extra_copies(self.scaling.down_idle, &keep, Instant::now());
+        for (b, model) in idle {
+            self.unload_on(&self.pool.backends()[b], &model, "idle")
+                .await;
+            self.publish_usage(b);
         }
     }
 
@@ -390,11 +539,33 @@ impl Placement {
     }
 
     /// Stops (or resumes) placing models on a backend; returns false for an unknown name.
-    pub fn set_draining(&self, backend: &str, draining: bool) -> bool {
+    /// Draining also moves its pinned models: each gets a copy elsewhere first, then leaves.
+    pub async fn set_draining(self: &Arc<Self>, backend: &str, draining: bool) -> bool {
         let Some(index) = self.pool.backends().iter().position(|b| b.name == backend) else {
             return false;
         };
-        self.books().set_draining(index, draining);
+        let pinned_here = {
+            let mut books = self.books();
+            books.set_draining(index, draining);
+            books.pinned_on(index)
+        };
+        if draining {
+            for model in pinned_here {
+                if self.add_copy(&model, true).await {
+                    if self.books().remove_copy(index, &model, Instant::now()) {
+                        self.unload_on(&self.pool.backends()[index], &model, "drain")
+                            .await;
+                    }
+                } else {
+                    tracing::warn!(
+                        model,
+                        backend,
+                        "no other backend can take this pinned model; it stays"
+                    );
+                }
+            }
+            self.publish_usage(index);
+        }
         true
     }
 

@@ -53,6 +53,8 @@ pub struct Copy {
     pub in_flight: usize,
     /// Never evicted.
     pub pinned: bool,
+    /// Requests served since it was placed (for scaling by demand).
+    pub served: u64,
 }
 
 /// Loading copies carry the channel their waiters listen on.
@@ -276,6 +278,7 @@ impl Table {
                 .get_mut(&model.name)
                 .expect("copy exists");
             copy.in_flight += 1;
+            copy.served += 1;
             return Some(Decision::Serve(b));
         }
         loading.map(Decision::Wait)
@@ -376,6 +379,7 @@ impl Table {
                 last_used: now,
                 in_flight: 0,
                 pinned,
+                served: 0,
             },
         );
         books.committed += estimate.bytes;
@@ -454,6 +458,108 @@ impl Table {
         }
     }
 
+    /// Plans one more copy of a loaded model on a backend that lacks it, for demand or for
+    /// `min_copies`. Scale-ups use free space only; pinned copies may evict.
+    pub fn plan_extra_copy(
+        &mut self,
+        model: &str,
+        estimate: Estimate,
+        view: &[BackendView],
+        pinned: bool,
+        now: Instant,
+    ) -> Option<LoadPlan> {
+        let allowed: Vec<usize> = (0..self.backends.len())
+            .filter(|&b| {
+                view[b].ready
+                    && view[b].knows
+                    && !self.backends[b].draining
+                    && !self.backends[b].copies.contains_key(model)
+                    && self
+                        .failures
+                        .get(&(model.to_string(), b))
+                        .is_none_or(|f| f.retry_at <= now)
+            })
+            .collect();
+        let (backend, victims) = self
+            .choose(&allowed, estimate.bytes, view, pinned, now)
+            .ok()?;
+        Some(self.commit(
+            backend,
+            &ModelRef::new(model, None),
+            estimate,
+            victims,
+            pinned,
+            now,
+        ))
+    }
+
+    /// Per model: copies (ready or loading) and requests served by all of them so far.
+    pub fn demand(&self) -> HashMap<String, (usize, u64)> {
+        let mut demand: HashMap<String, (usize, u64)> = HashMap::new();
+        for books in &self.backends {
+            for (name, copy) in &books.copies {
+                let entry = demand.entry(name.clone()).or_default();
+                entry.0 += 1;
+                entry.1 += copy.served;
+            }
+        }
+        demand
+    }
+
+    /// Takes off the books the copies a model no longer needs: beyond `keep(model)` copies
+    /// (at least one), idle for `idle`, with no request on them, least recently used first.
+    pub fn take_idle_extra_copies(
+        &mut self,
+        idle: Duration,
+        keep: &dyn Fn(&str) -> usize,
+        now: Instant,
+    ) -> Vec<(usize, String)> {
+        let mut by_model: HashMap<String, Vec<(usize, Instant, bool)>> = HashMap::new();
+        for (b, books) in self.backends.iter().enumerate() {
+            for (name, copy) in &books.copies {
+                if matches!(copy.state, CopyState::Ready) {
+                    let removable = copy.in_flight == 0
+                        && now.saturating_duration_since(copy.last_used) >= idle;
+                    by_model
+                        .entry(name.clone())
+                        .or_default()
+                        .push((b, copy.last_used, removable));
+                }
+            }
+        }
+        let mut removed = Vec::new();
+        for (name, mut copies) in by_model {
+            let keep = keep(&name).max(1);
+            copies.sort_by_key(|&(_, last_used, _)| last_used);
+            let mut count = copies.len();
+            for (b, _, removable) in copies {
+                if count <= keep {
+                    break;
+                }
+                if removable {
+                    let books = &mut self.backends[b];
+                    let copy = books.copies.remove(&name).expect("present");
+                    books.committed -= copy.size;
+                    books.changed = now;
+                    removed.push((b, name.clone()));
+                    count -= 1;
+                }
+            }
+        }
+        removed
+    }
+
+    /// Replaces a copy's size with a measured one. The books may then exceed capacity until
+    /// eviction catches up: they follow what the backend really holds.
+    pub fn resize(&mut self, backend: usize, model: &str, estimate: Estimate) {
+        let books = &mut self.backends[backend];
+        if let Some(copy) = books.copies.get_mut(model) {
+            books.committed = books.committed - copy.size + estimate.bytes;
+            copy.size = estimate.bytes;
+            copy.source = estimate.source;
+        }
+    }
+
     /// A request is done with its copy.
     pub fn release(&mut self, backend: usize, model: &str, now: Instant) {
         if let Some(copy) = self.backends[backend].copies.get_mut(model) {
@@ -478,6 +584,33 @@ impl Table {
             }
         }
         held
+    }
+
+    /// Pinned models with a ready copy on a backend.
+    pub fn pinned_on(&self, backend: usize) -> Vec<String> {
+        let mut names: Vec<String> = self.backends[backend]
+            .copies
+            .iter()
+            .filter(|(_, c)| c.pinned && matches!(c.state, CopyState::Ready))
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Takes one ready copy off the books (in-flight requests finish on the backend, which
+    /// waits for them before unloading); false if there was none.
+    pub fn remove_copy(&mut self, backend: usize, model: &str, now: Instant) -> bool {
+        let books = &mut self.backends[backend];
+        match books.copies.get(model) {
+            Some(copy) if matches!(copy.state, CopyState::Ready) => {
+                books.committed -= copy.size;
+                books.copies.remove(model);
+                books.changed = now;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Stops or resumes placing new copies on a backend.
@@ -543,6 +676,7 @@ impl Table {
                     last_used: now,
                     in_flight: 0,
                     pinned: pinned(name),
+                    served: 0,
                 },
             );
             books.committed += estimate.bytes;
@@ -817,6 +951,45 @@ mod tests {
         let result = table.reconcile(0, false, &[], None, &|_| false, fresh);
         assert_eq!(result.dropped, ["adopted"]);
         assert_eq!(table.usage(0), (0, 0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn busy_models_get_extra_copies_that_go_when_idle() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB, 100 * MIB], policy(), start);
+        let first = load(&mut table, "hot", 10, start);
+        for _ in 0..5 {
+            assert!(matches!(
+                table.decide(&model("hot"), est(10), &view(3), false, true, start),
+                Decision::Serve(_)
+            ));
+            table.release(first, "hot", start);
+        }
+        assert_eq!(table.demand()["hot"], (1, 5));
+        let plan = table
+            .plan_extra_copy("hot", est(10), &view(3), false, start)
+            .unwrap();
+        assert_ne!(plan.backend, first);
+        table.finish_load(plan.backend, "hot", &Ok(()), start);
+        assert_eq!(table.demand()["hot"].0, 2);
+        // Not idle long enough: both stay; then the least recently used one goes.
+        let soon = start + Duration::from_secs(10);
+        assert!(
+            table
+                .take_idle_extra_copies(Duration::from_secs(60), &|_| 1, soon)
+                .is_empty()
+        );
+        let later = start + Duration::from_secs(61);
+        let removed = table.take_idle_extra_copies(Duration::from_secs(60), &|_| 1, later);
+        assert_eq!(removed.len(), 1);
+        assert_eq!(table.demand()["hot"].0, 1);
+        // min_copies keeps copies however idle.
+        assert!(
+            table
+                .take_idle_extra_copies(Duration::ZERO, &|_| 1, later)
+                .is_empty()
+        );
+        assert_within_capacity(&table);
     }
 
     #[tokio::test(start_paused = true)]

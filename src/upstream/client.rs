@@ -107,8 +107,8 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Forwards a client request to a backend as it is (same method, path, query, headers and
-/// streamed body) and streams the answer back. Passive health: connection failures count
-/// against the backend, successes reset the count.
+/// streamed body) and streams the answer back. Passive health: connection failures (refused,
+/// reset, closed before an answer) count against the backend, successes reset the count.
 pub async fn forward(
     backend: &Arc<Backend>,
     request: Request<Body>,
@@ -137,8 +137,13 @@ pub async fn forward(
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
             let error = classify(&backend.name, &error);
-            if let GatewayError::UpstreamUnreachable { reason, .. } = &error {
-                backend.record_connect_failure(reason);
+            // Refused, reset or closed before an answer: all count against the backend.
+            match &error {
+                GatewayError::UpstreamUnreachable { reason, .. }
+                | GatewayError::UpstreamFailed { reason, .. } => {
+                    backend.record_connect_failure(reason)
+                }
+                _ => {}
             }
             return Err(error);
         }

@@ -1,7 +1,7 @@
 //! `/metrics/backends`: every backend's own Triton metrics in one scrape, each sample labelled
 //! with `backend`, so one Prometheus target covers the whole pool.
 
-use super::Pool;
+use super::{Backend, Pool};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::collections::HashMap;
@@ -47,6 +47,31 @@ pub async fn scrape_all(pool: &Pool, timeout: Duration) -> String {
     }
     merged.render(&mut out);
     out
+}
+
+/// The sum of every sample of `metric` in a backend's metrics (e.g. memory used on each of
+/// its GPUs), or `None` when the backend has no metrics URL, does not answer, or has no such
+/// series (a CPU-only Triton has no `nv_gpu_memory_used_bytes`).
+pub async fn read_sum(backend: &Backend, metric: &str, timeout: Duration) -> Option<f64> {
+    let uri = backend.metrics_url.as_ref()?.parse().ok()?;
+    let (status, body) = backend
+        .client
+        .fetch(&backend.name, Method::GET, uri, Bytes::new(), timeout)
+        .await
+        .ok()?;
+    if status != StatusCode::OK {
+        return None;
+    }
+    sum_of(&String::from_utf8_lossy(&body), metric)
+}
+
+fn sum_of(text: &str, metric: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|line| !line.starts_with('#') && sample_name(line) == metric)
+        .filter_map(|line| line.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 /// Metric families in first-seen order, each with its samples from every backend.
@@ -144,6 +169,13 @@ fn with_backend_label(line: &str, backend: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sums_a_metric_over_its_series() {
+        let text = "# TYPE nv_gpu_memory_used_bytes gauge\nnv_gpu_memory_used_bytes{gpu_uuid=\"a\"} 1e9\nnv_gpu_memory_used_bytes{gpu_uuid=\"b\"} 5e8\nnv_gpu_memory_total_bytes{gpu_uuid=\"a\"} 8e9\n";
+        assert_eq!(sum_of(text, "nv_gpu_memory_used_bytes"), Some(1.5e9));
+        assert_eq!(sum_of(text, "nv_cpu_memory_used_bytes"), None);
+    }
 
     #[test]
     fn merges_families_and_labels_samples() {
