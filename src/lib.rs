@@ -142,6 +142,7 @@ pub async fn serve(
     );
     spawn_warm_up(&gateway, &tasks, &shutdown);
     tasks.spawn(gateway.placement().clone().rebalance_loop(shutdown.clone()));
+    tasks.spawn(forget_signatures_on_change(gateway.clone(), shutdown.clone()));
     let servers = TaskTracker::new();
     let serve_one = |listener: TcpListener, router: axum::Router| {
         let shutdown = shutdown.clone();
@@ -177,6 +178,27 @@ pub async fn serve(
     tasks.wait().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Drops a model's cached signature whenever placement loads or unloads it, so the next
+/// request is checked against what the backend now serves.
+async fn forget_signatures_on_change(gateway: Gateway, shutdown: CancellationToken) {
+    let mut events = gateway.placement().subscribe();
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            event = events.recv() => event,
+        };
+        match event {
+            Ok(placement::ModelEvent::Loaded(model) | placement::ModelEvent::Unloaded(model)) => {
+                gateway.signatures().invalidate(&model)
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "signature cache missed placement events");
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
 }
 
 /// Loads pinned and preload models once the first backend is ready.
