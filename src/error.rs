@@ -1,9 +1,10 @@
 //! `GatewayError`: every way a request can fail, where the failure came from, and how it is
 //! answered on the wire.
 //!
-//! One enum and one classification so that HTTP (and later gRPC) answer the same failure the
-//! same way. The body is Triton's own error shape, `{"error": "..."}`, so Triton clients show
-//! our messages exactly as they would show Triton's.
+//! One enum and one classification so that HTTP and gRPC answer the same failure the same
+//! way. The HTTP body is Triton's own error shape, `{"error": "..."}`, and the gRPC status
+//! carries the same message, so Triton clients show our messages exactly as they would show
+//! Triton's.
 
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
@@ -174,6 +175,29 @@ impl GatewayError {
 }
 
 impl GatewayError {
+    /// The gRPC status code this failure is answered with: the same classification as
+    /// `http_status`, in gRPC's terms (Triton's own codes where Triton has the same failure).
+    pub fn grpc_code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Self::BadRequest(_) | Self::InvalidInput { .. } => Code::InvalidArgument,
+            Self::UnknownModel { .. } | Self::NotFound { .. } => Code::NotFound,
+            Self::MethodNotAllowed { .. } => Code::Unimplemented,
+            // What a gRPC server says of a message over its limit.
+            Self::BodyTooLarge { .. } => Code::ResourceExhausted,
+            // The pool's memory is spoken for: no retry soon will change that.
+            Self::NoRoom { .. } => Code::ResourceExhausted,
+            Self::ModelNotReady { .. }
+            | Self::NoBackendReady
+            | Self::Churn { .. }
+            | Self::LoadFailed { .. }
+            | Self::ShuttingDown
+            | Self::UpstreamUnreachable { .. }
+            | Self::UpstreamFailed { .. } => Code::Unavailable,
+            Self::UpstreamTimeout { .. } | Self::LoadTimeout { .. } => Code::DeadlineExceeded,
+        }
+    }
+
     /// Seconds a client should wait before retrying a 503.
     pub fn retry_after_secs(&self) -> u64 {
         match self {
@@ -215,6 +239,20 @@ impl IntoResponse for GatewayError {
     }
 }
 
+/// The gRPC status: the same message as on HTTP, and `retry-after` metadata where HTTP sends
+/// a `Retry-After` header.
+impl From<GatewayError> for tonic::Status {
+    fn from(error: GatewayError) -> Self {
+        let mut status = tonic::Status::new(error.grpc_code(), error.to_string());
+        if error.http_status() == StatusCode::SERVICE_UNAVAILABLE {
+            status
+                .metadata_mut()
+                .insert("retry-after", error.retry_after_secs().into());
+        }
+        status
+    }
+}
+
 /// Left on an error response so the edge middleware can count and log it once.
 #[derive(Clone, Debug)]
 pub struct ErrorKind {
@@ -230,15 +268,18 @@ pub struct ErrorKind {
 mod tests {
     use super::*;
 
-    /// The whole mapping table, pinned: changing a status is a user-visible change.
+    /// The whole mapping table, HTTP status and gRPC code side by side, pinned: changing
+    /// either is a user-visible change.
     #[test]
-    fn every_error_maps_to_its_status_and_source() {
+    fn every_error_maps_to_its_status_code_and_source() {
         use ErrorSource::*;
+        use tonic::Code::*;
         let backend = || "b".to_string();
-        let table: Vec<(GatewayError, u16, ErrorSource)> = vec![
+        let table: Vec<(GatewayError, u16, tonic::Code, ErrorSource)> = vec![
             (
                 GatewayError::UnknownModel { model: "m".into() },
                 404,
+                NotFound,
                 Client,
             ),
             (
@@ -247,26 +288,44 @@ mod tests {
                     version: None,
                 },
                 503,
+                Unavailable,
                 Upstream,
             ),
-            (GatewayError::NoBackendReady, 503, Upstream),
-            (GatewayError::BodyTooLarge { limit: 1 }, 413, Client),
-            (GatewayError::BadRequest("x".into()), 400, Client),
+            (GatewayError::NoBackendReady, 503, Unavailable, Upstream),
+            (
+                GatewayError::BodyTooLarge { limit: 1 },
+                413,
+                ResourceExhausted,
+                Client,
+            ),
+            (
+                GatewayError::BadRequest("x".into()),
+                400,
+                InvalidArgument,
+                Client,
+            ),
             (
                 GatewayError::InvalidInput {
                     reason: "shape",
                     message: "x".into(),
                 },
                 400,
+                InvalidArgument,
                 Client,
             ),
-            (GatewayError::NotFound { path: "/x".into() }, 404, Client),
+            (
+                GatewayError::NotFound { path: "/x".into() },
+                404,
+                NotFound,
+                Client,
+            ),
             (
                 GatewayError::MethodNotAllowed {
                     method: "GET".into(),
                     path: "/x".into(),
                 },
                 405,
+                Unimplemented,
                 Client,
             ),
             (
@@ -275,6 +334,7 @@ mod tests {
                     reason: "r".into(),
                 },
                 502,
+                Unavailable,
                 Upstream,
             ),
             (
@@ -283,6 +343,7 @@ mod tests {
                     after: Duration::from_secs(1),
                 },
                 504,
+                DeadlineExceeded,
                 Upstream,
             ),
             (
@@ -291,14 +352,21 @@ mod tests {
                     reason: "r".into(),
                 },
                 502,
+                Unavailable,
                 Upstream,
             ),
-            (GatewayError::NoRoom { reason: "r".into() }, 503, Upstream),
+            (
+                GatewayError::NoRoom { reason: "r".into() },
+                503,
+                ResourceExhausted,
+                Upstream,
+            ),
             (
                 GatewayError::Churn {
                     retry_after: Duration::from_secs(3),
                 },
                 503,
+                Unavailable,
                 Upstream,
             ),
             (
@@ -308,6 +376,7 @@ mod tests {
                     retry_after: Duration::from_secs(3),
                 },
                 503,
+                Unavailable,
                 Upstream,
             ),
             (
@@ -316,13 +385,24 @@ mod tests {
                     after: Duration::from_secs(3),
                 },
                 504,
+                DeadlineExceeded,
                 Upstream,
             ),
-            (GatewayError::ShuttingDown, 503, Gateway),
+            (GatewayError::ShuttingDown, 503, Unavailable, Gateway),
         ];
-        for (error, status, source) in table {
+        for (error, status, code, source) in table {
             assert_eq!(error.http_status().as_u16(), status, "{error:?}");
+            assert_eq!(error.grpc_code(), code, "{error:?}");
             assert_eq!(error.source(), source, "{error:?}");
+            let message = error.to_string();
+            let answered = tonic::Status::from(error);
+            assert_eq!(answered.code(), code, "{message}");
+            assert_eq!(answered.message(), message);
+            assert_eq!(
+                answered.metadata().get("retry-after").is_some(),
+                status == 503,
+                "{message}"
+            );
         }
     }
 

@@ -77,6 +77,8 @@ pub struct Listen {
     pub metrics: Option<SocketAddr>,
     /// Admin API.
     pub admin: Option<SocketAddr>,
+    /// KServe v2 gRPC (`inference.GRPCInferenceService`, grpc.health.v1, reflection).
+    pub grpc: Option<SocketAddr>,
 }
 
 /// Limits on what a client may send, and how long shutdown waits.
@@ -87,6 +89,8 @@ pub struct Server {
     pub max_body_size: ByteSize,
     /// How long in-flight requests may run after SIGTERM before the process exits anyway.
     pub drain_timeout: HumanDuration,
+    /// Largest gRPC request message accepted; larger ones get RESOURCE_EXHAUSTED.
+    pub max_grpc_message_size: ByteSize,
 }
 
 impl Default for Server {
@@ -94,6 +98,7 @@ impl Default for Server {
         Self {
             max_body_size: ByteSize(64 << 20),
             drain_timeout: HumanDuration(Duration::from_secs(30)),
+            max_grpc_message_size: ByteSize(64 << 20),
         }
     }
 }
@@ -142,6 +147,9 @@ pub struct Backend {
     /// Base URL of its HTTP/REST endpoint: `http://host:port`, or `h2c://host:port` for
     /// HTTP/2 with prior knowledge.
     pub http: String,
+    /// URL of its gRPC endpoint, `http://host:port`: where the gRPC front-end forwards.
+    /// Required when `listen.grpc` is set.
+    pub grpc: Option<String>,
     /// URL of its Prometheus metrics, re-exported under `/metrics/backends`.
     pub metrics: Option<String>,
     /// Memory the backend offers to models (used by placement).
@@ -244,11 +252,33 @@ impl Config {
             {
                 error(format!("backends[{i}].metrics"), message);
             }
+            match &backend.grpc {
+                Some(url) => {
+                    if let Err(message) = crate::upstream::grpc::parse_url(url) {
+                        error(format!("backends[{i}].grpc"), message);
+                    }
+                }
+                None if self.listen.grpc.is_some() => error(
+                    format!("backends[{i}].grpc"),
+                    "required when listen.grpc is set: the gRPC front-end forwards to each \
+                     backend's gRPC endpoint (http://host:port)"
+                        .into(),
+                ),
+                None => {}
+            }
         }
         if self.server.max_body_size.bytes() == 0 {
             error(
                 "server.max_body_size".into(),
                 "must be greater than 0".into(),
+            );
+        }
+        if self.server.max_grpc_message_size.bytes() == 0
+            || self.server.max_grpc_message_size.bytes() > u32::MAX as u64
+        {
+            error(
+                "server.max_grpc_message_size".into(),
+                "must be greater than 0 and at most 4GiB (a gRPC message length is 32 bits)".into(),
             );
         }
         if self.validation.signature_cache_capacity == 0 {
@@ -387,6 +417,35 @@ mod tests {
             found
                 .iter()
                 .any(|e| e.starts_with("upstream.eject_after_failures:"))
+        );
+    }
+
+    #[test]
+    fn grpc_listener_needs_backend_grpc_urls() {
+        let config = Config::parse(MINIMAL).unwrap();
+        assert_eq!(config.server.max_grpc_message_size.bytes(), 64 << 20);
+        assert!(config.listen.grpc.is_none());
+
+        let with_listener = MINIMAL.replace(
+            "http = \"127.0.0.1:8000\"",
+            "http = \"127.0.0.1:8000\"\ngrpc = \"127.0.0.1:8001\"",
+        );
+        let found = errors(&with_listener);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("backends[0].grpc: required"),
+            "{found:?}"
+        );
+
+        let found = errors(&format!("{with_listener}grpc = \"ftp://x\"\n"));
+        assert!(found[0].starts_with("backends[0].grpc:"), "{found:?}");
+        let config = Config::parse(&format!(
+            "{with_listener}grpc = \"http://127.0.0.1:19001\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            config.backends[0].grpc.as_deref(),
+            Some("http://127.0.0.1:19001")
         );
     }
 

@@ -1,6 +1,7 @@
 //! What happens at the edge of every HTTP request, once: the request id, the span every log
 //! line of the request carries, the in-flight gauge, the request counter and latency, and the
-//! one access-log line.
+//! one access-log line. The gRPC front-end uses the same pieces (`request_id`, `InFlightGauge`,
+//! `record`), so both protocols count into the same series with their own `protocol` label.
 
 use crate::Gateway;
 use crate::error::{ErrorKind, ErrorSource};
@@ -32,10 +33,8 @@ pub struct Served {
 
 /// Client ids are kept when they are short printable ASCII; anything else is replaced so a
 /// hostile id cannot break log lines.
-fn request_id(request: &Request) -> HeaderValue {
-    request
-        .headers()
-        .get(&X_REQUEST_ID)
+pub fn request_id(client: Option<&HeaderValue>) -> HeaderValue {
+    client
         .filter(|v| {
             let bytes = v.as_bytes();
             !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
@@ -51,6 +50,84 @@ fn request_id(request: &Request) -> HeaderValue {
         })
 }
 
+/// Counts a request in `infergate_requests_in_flight` until dropped.
+pub struct InFlightGauge(metrics::Gauge);
+
+impl InFlightGauge {
+    /// Starts counting one request of `protocol`.
+    pub fn start(protocol: &'static str) -> Self {
+        let gauge = metrics::gauge!(telemetry::IN_FLIGHT, "protocol" => protocol);
+        gauge.increment(1.0);
+        Self(gauge)
+    }
+}
+
+impl Drop for InFlightGauge {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+/// The status class label (`2xx`...) of an HTTP status.
+pub fn http_status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// The status class label of a gRPC code: the class of the HTTP status that the gRPC
+/// specification maps the code to, so one `status=~"5.."` alert covers both protocols.
+pub fn grpc_status_class(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "2xx",
+        Code::Cancelled
+        | Code::InvalidArgument
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::PermissionDenied
+        | Code::ResourceExhausted
+        | Code::FailedPrecondition
+        | Code::Aborted
+        | Code::OutOfRange
+        | Code::Unauthenticated => "4xx",
+        Code::Unknown
+        | Code::DeadlineExceeded
+        | Code::Unimplemented
+        | Code::Internal
+        | Code::Unavailable
+        | Code::DataLoss => "5xx",
+    }
+}
+
+/// Records one answered request in the shared series: the request counter, the latency
+/// histogram and, for errors the gateway answered itself, the error counter.
+pub fn record(
+    protocol: &'static str,
+    served: &Served,
+    status_class: &'static str,
+    elapsed: std::time::Duration,
+    error: Option<&ErrorKind>,
+) {
+    metrics::counter!(telemetry::REQUESTS,
+        "protocol" => protocol,
+        "model" => served.model.clone(),
+        "version" => served.version.clone().unwrap_or_default(),
+        "backend" => served.backend.clone(),
+        "status" => status_class)
+    .increment(1);
+    metrics::histogram!(telemetry::REQUEST_DURATION, "protocol" => protocol, "model" => served.model.clone())
+        .record(elapsed.as_secs_f64());
+    if let Some(error) = error {
+        metrics::counter!(telemetry::ERRORS, "kind" => error.kind, "source" => error.source.as_str())
+            .increment(1);
+    }
+}
+
 /// Probes would drown the access log; they are logged at debug level.
 fn is_probe(path: &str) -> bool {
     path.starts_with("/v2/health/")
@@ -58,7 +135,7 @@ fn is_probe(path: &str) -> bool {
 
 /// The middleware itself.
 pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: Next) -> Response {
-    let id = request_id(&request);
+    let id = request_id(request.headers().get(&X_REQUEST_ID));
     request
         .headers_mut()
         .insert(X_REQUEST_ID.clone(), id.clone());
@@ -67,12 +144,11 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
     let path = request.uri().path().to_owned();
     let span = tracing::info_span!("request", request_id = %id.to_str().unwrap_or_default());
 
-    let in_flight = metrics::gauge!(telemetry::IN_FLIGHT, "protocol" => "http");
-    in_flight.increment(1.0);
+    let in_flight = InFlightGauge::start("http");
     let started = Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
     let elapsed = started.elapsed();
-    in_flight.decrement(1.0);
+    drop(in_flight);
 
     response.headers_mut().insert(X_REQUEST_ID.clone(), id);
     let status = response.status();
@@ -82,26 +158,13 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
         .cloned()
         .unwrap_or_default();
     let error = response.extensions().get::<ErrorKind>().cloned();
-    let status_class = match status.as_u16() {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
-    };
-    metrics::counter!(telemetry::REQUESTS,
-        "protocol" => "http",
-        "model" => served.model.clone(),
-        "version" => served.version.clone().unwrap_or_default(),
-        "backend" => served.backend.clone(),
-        "status" => status_class)
-    .increment(1);
-    metrics::histogram!(telemetry::REQUEST_DURATION, "protocol" => "http", "model" => served.model.clone())
-        .record(elapsed.as_secs_f64());
-    if let Some(error) = &error {
-        metrics::counter!(telemetry::ERRORS, "kind" => error.kind, "source" => error.source.as_str())
-            .increment(1);
-    }
+    record(
+        "http",
+        &served,
+        http_status_class(status.as_u16()),
+        elapsed,
+        error.as_ref(),
+    );
 
     let latency_ms = elapsed.as_secs_f64() * 1e3;
     let _entered = span.enter();

@@ -6,8 +6,10 @@ use super::Served;
 use super::edge::edge;
 use crate::Gateway;
 use crate::error::GatewayError;
+use crate::pipeline::repository::{self, Index, ask_all, ready_backends};
 use crate::pipeline::{LeasedBody, ModelRef};
-use crate::upstream::{self, Backend, ModelEntry};
+use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
+use crate::upstream;
 use axum::Router;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
@@ -17,8 +19,6 @@ use axum::routing::{any, get, post};
 use bytes::Bytes;
 use http::{Method, StatusCode, header};
 use http_body_util::BodyExt;
-use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// Builds the KServe v2 router over the gateway state.
 pub fn router(gateway: Gateway) -> Router {
@@ -48,20 +48,10 @@ pub fn router(gateway: Gateway) -> Router {
         .with_state(gateway)
 }
 
-/// The protocol extensions the gateway itself supports end to end.
-const EXTENSIONS: [&str; 6] = [
-    "binary_tensor_data",
-    "classification",
-    "model_repository",
-    "model_configuration",
-    "parameters",
-    "statistics",
-];
-
 async fn server_metadata() -> Response {
     axum::Json(serde_json::json!({
-        "name": "infergate",
-        "version": env!("CARGO_PKG_VERSION"),
+        "name": SERVER_NAME,
+        "version": SERVER_VERSION,
         "extensions": EXTENSIONS,
     }))
     .into_response()
@@ -74,13 +64,7 @@ async fn live() -> StatusCode {
 
 /// Ready while at least one backend is, and not once shutdown has begun.
 async fn ready(State(gateway): State<Gateway>) -> Result<StatusCode, GatewayError> {
-    if gateway.is_draining() {
-        Err(GatewayError::ShuttingDown)
-    } else if gateway.pool().ready().next().is_none() {
-        Err(GatewayError::NoBackendReady)
-    } else {
-        Ok(StatusCode::OK)
-    }
+    gateway.readiness().map(|()| StatusCode::OK)
 }
 
 async fn not_found(request: Request) -> GatewayError {
@@ -244,38 +228,6 @@ async fn read_small_body(gateway: &Gateway, request: Request) -> Result<Bytes, G
     }
 }
 
-/// Asks every ready backend the same control question, concurrently.
-async fn ask_all(
-    gateway: &Gateway,
-    backends: &[Arc<Backend>],
-    method: Method,
-    path: &str,
-    body: Bytes,
-) -> Vec<(Arc<Backend>, Result<(StatusCode, Bytes), GatewayError>)> {
-    let timeout = gateway.config().upstream.request_timeout.0;
-    let calls = backends.iter().map(|backend| {
-        let body = body.clone();
-        let method = method.clone();
-        async move {
-            let answer = backend
-                .client
-                .call(backend, method, path, body, timeout)
-                .await;
-            (backend.clone(), answer)
-        }
-    });
-    futures_util::future::join_all(calls).await
-}
-
-fn ready_backends(gateway: &Gateway) -> Result<Vec<Arc<Backend>>, GatewayError> {
-    let ready: Vec<_> = gateway.pool().ready().cloned().collect();
-    if ready.is_empty() {
-        Err(GatewayError::NoBackendReady)
-    } else {
-        Ok(ready)
-    }
-}
-
 fn json_response(status: StatusCode, body: Bytes) -> Response {
     let mut response = (status, body).into_response();
     response.headers_mut().insert(
@@ -296,50 +248,13 @@ async fn repository_index(
     } else {
         body
     };
-    let backends = ready_backends(&gateway)?;
-    let mut merged: BTreeMap<(String, Option<String>), ModelEntry> = BTreeMap::new();
-    for (backend, answer) in ask_all(
-        &gateway,
-        &backends,
-        Method::POST,
-        "/v2/repository/index",
-        body,
-    )
-    .await
-    {
-        let (status, body) = answer?;
-        if status != StatusCode::OK {
-            return Ok(json_response(status, body));
-        }
-        let entries: Vec<ModelEntry> =
-            serde_json::from_slice(&body).map_err(|e| GatewayError::UpstreamFailed {
-                backend: backend.name.clone(),
-                reason: format!("repository index is not valid JSON: {e}"),
-            })?;
-        for entry in entries {
-            let key = (entry.name.clone(), entry.version.clone());
-            match merged.get(&key) {
-                Some(existing) if existing.is_ready() || !entry.is_ready() => {}
-                _ => {
-                    merged.insert(key, entry);
-                }
-            }
-        }
+    match repository::index(&gateway, body).await? {
+        Index::Merged(rows) => Ok(json_response(
+            StatusCode::OK,
+            Bytes::from(serde_json::to_vec(&rows).expect("serializable")),
+        )),
+        Index::Refused { status, body } => Ok(json_response(status, body)),
     }
-    // A model loaded somewhere is listed by its versions, not also as a bare name.
-    let versioned: std::collections::HashSet<String> = merged
-        .keys()
-        .filter(|(_, version)| version.is_some())
-        .map(|(name, _)| name.clone())
-        .collect();
-    let rows: Vec<ModelEntry> = merged
-        .into_values()
-        .filter(|e| e.version.is_some() || !versioned.contains(&e.name))
-        .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        Bytes::from(serde_json::to_vec(&rows).expect("serializable")),
-    ))
 }
 
 /// Load and unload through placement: a load is placed like a cold request (room first,

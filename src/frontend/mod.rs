@@ -3,7 +3,9 @@
 
 pub mod admin;
 mod edge;
+pub mod grpc;
 pub mod http;
 pub mod metrics;
 
+pub(crate) use edge::{InFlightGauge, X_REQUEST_ID, grpc_status_class, record, request_id};
 pub use edge::{RequestId, Served};

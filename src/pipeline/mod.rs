@@ -3,6 +3,7 @@
 //! plain function over the gateway state and the request, so HTTP and gRPC share every rule.
 
 mod place;
+pub mod repository;
 
 pub use place::LeasedBody;
 

@@ -2,6 +2,7 @@
 //! the models it reports, updated by `health` and read lock-free by every request.
 
 mod client;
+pub mod grpc;
 mod health;
 mod index;
 pub mod metrics_scrape;
@@ -70,6 +71,8 @@ pub struct Backend {
     pub capacity: Option<u64>,
     /// The pooled connection to it.
     pub client: UpstreamClient,
+    /// Its gRPC endpoint, where the gRPC front-end forwards, if configured.
+    pub grpc: Option<grpc::GrpcUpstream>,
     ready: AtomicBool,
     failures: AtomicU32,
     eject_after: u32,
@@ -90,6 +93,11 @@ impl Backend {
         Ok(Self {
             name: config.name.clone(),
             client: UpstreamClient::new(&url, upstream),
+            grpc: config
+                .grpc
+                .as_deref()
+                .map(|url| grpc::GrpcUpstream::new(url, upstream))
+                .transpose()?,
             url,
             metrics_url: config.metrics.clone(),
             capacity: config.capacity.map(config::ByteSize::bytes),

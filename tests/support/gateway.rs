@@ -13,22 +13,26 @@ pub struct TestGateway {
     pub http: SocketAddr,
     pub metrics: SocketAddr,
     pub admin: SocketAddr,
+    /// The KServe v2 gRPC listener.
+    pub grpc: SocketAddr,
     shutdown: CancellationToken,
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
 /// Config text for a gateway over these Tritons, with fast health checks, backends named
 /// `{name}-0`, `{name}-1`, ... (metrics are per process, so each test picks its own name),
-/// and extra keys for the `[upstream]` and `[server]` tables.
+/// and extra keys for the `[upstream]` and `[server]` tables. The gRPC listener is on, and
+/// each backend's `grpc` URL set.
 pub fn config_for(name: &str, tritons: &[&Triton], upstream: &str, server: &str) -> String {
     let mut text = format!(
-        "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+        "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
          [server]\n{server}\n[upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n{upstream}\n"
     );
     for (i, triton) in tritons.iter().enumerate() {
         text.push_str(&format!(
-            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\nmetrics = \"{}\"\ncapacity = \"1GiB\"\n",
+            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\ngrpc = \"{}\"\nmetrics = \"{}\"\ncapacity = \"1GiB\"\n",
             triton.http_url(),
+            triton.grpc_url(),
             triton.metrics_url()
         ));
     }
@@ -46,15 +50,16 @@ pub fn pool_config(
     tables: &str,
 ) -> String {
     let mut text = format!(
-        "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+        "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
          [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n\
          [placement]\nmodel_repository = \"{}\"\n{placement}\n",
         super::model_repository().display()
     );
     for (i, triton) in tritons.iter().enumerate() {
         text.push_str(&format!(
-            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\nmetrics = \"{}\"\ncapacity = \"{capacity}\"\n",
+            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\ngrpc = \"{}\"\nmetrics = \"{}\"\ncapacity = \"{capacity}\"\n",
             triton.http_url(),
+            triton.grpc_url(),
             triton.metrics_url()
         ));
     }
@@ -71,6 +76,7 @@ impl TestGateway {
         let http = listeners.http.local_addr().unwrap();
         let metrics = listeners.metrics.as_ref().unwrap().local_addr().unwrap();
         let admin = listeners.admin.as_ref().unwrap().local_addr().unwrap();
+        let grpc = listeners.grpc.as_ref().unwrap().local_addr().unwrap();
         let gateway = Gateway::new(config).expect("gateway");
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(infergate::serve(gateway, listeners, shutdown.clone()));
@@ -78,6 +84,7 @@ impl TestGateway {
             http,
             metrics,
             admin,
+            grpc,
             shutdown,
             task: Some(task),
         };
@@ -88,6 +95,11 @@ impl TestGateway {
     /// `http://addr` of the KServe v2 listener.
     pub fn url(&self) -> String {
         format!("http://{}", self.http)
+    }
+
+    /// `http://addr` of the gRPC listener, for tonic clients.
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc)
     }
 
     /// Waits until the admin API shows `count` ready backends.

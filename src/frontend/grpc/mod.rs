@@ -1,0 +1,554 @@
+//! The KServe v2 gRPC front-end: Triton's `inference.GRPCInferenceService` with tonic, plus
+//! `grpc.health.v1` for load balancers and server reflection.
+//!
+//! It decodes protobuf into the same pipeline calls the HTTP front-end makes and encodes the
+//! answers back; no rule lives here. A model RPC leases a loaded copy
+//! (`Placement::acquire`, loading the model on first request) and forwards over that
+//! backend's gRPC channel; the repository RPCs go through placement and the pool's merged
+//! index; liveness, readiness and server metadata follow the same rules as HTTP's.
+//!
+//! The service is served by axum (tonic's routes as an axum router) so it shares the other
+//! listeners' graceful shutdown, and so `call::grpc_layer` sees `grpc-timeout` before any
+//! timeout of tonic's would.
+
+mod call;
+mod stream;
+
+use crate::Gateway;
+use crate::error::GatewayError;
+use crate::frontend::Served;
+use crate::pipeline::ModelRef;
+use crate::pipeline::repository::{self, Index};
+use crate::placement::Lease;
+use crate::protocol::inference::grpc_inference_service_server::{
+    GrpcInferenceService, GrpcInferenceServiceServer,
+};
+use crate::protocol::inference::repository_index_response::ModelIndex;
+use crate::protocol::inference::*;
+use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
+use crate::upstream::grpc::{self as upstream_grpc, InferenceClient};
+use bytes::Bytes;
+use call::{Call, Failure};
+use http::StatusCode;
+use std::future::Future;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::metadata::MetadataMap;
+use tonic::service::Routes;
+use tonic::{Request, Response, Status, Streaming};
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+/// The service name load balancers ask `grpc.health.v1` about (the empty name works too).
+const SERVICE_NAME: &str = "inference.GRPCInferenceService";
+
+/// Builds the gRPC router over the gateway state: the inference service, health (kept in
+/// step with readiness by a task on `tasks`) and reflection.
+pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToken) -> axum::Router {
+    let limit = gateway.config().server.max_grpc_message_size.bytes();
+    let inference = GrpcInferenceServiceServer::new(InferenceService {
+        gateway: gateway.clone(),
+    })
+    .max_decoding_message_size(usize::try_from(limit).unwrap_or(usize::MAX))
+    .max_encoding_message_size(usize::MAX);
+    let (reporter, health) = tonic_health::server::health_reporter();
+    spawn_health_updates(gateway.clone(), reporter, tasks, shutdown);
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("the generated descriptor set is valid");
+    Routes::new(inference)
+        .add_service(health)
+        .add_service(reflection)
+        .prepare()
+        .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(
+            gateway,
+            call::grpc_layer,
+        ))
+}
+
+/// Keeps `grpc.health.v1` in step with the gateway's readiness (the same rule as
+/// `/v2/health/ready`), and NOT_SERVING from the moment shutdown begins.
+fn spawn_health_updates(
+    gateway: Gateway,
+    reporter: HealthReporter,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) {
+    let shutdown = shutdown.clone();
+    let interval = (gateway.config().upstream.health_interval.0 / 4).max(Duration::from_millis(50));
+    tasks.spawn(async move {
+        loop {
+            let status = if gateway.readiness().is_ok() {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            for name in ["", SERVICE_NAME] {
+                reporter.set_service_status(name, status).await;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+        for name in ["", SERVICE_NAME] {
+            reporter
+                .set_service_status(name, ServingStatus::NotServing)
+                .await;
+        }
+    });
+}
+
+/// `inference.GRPCInferenceService` over the gateway.
+#[derive(Clone)]
+pub struct InferenceService {
+    gateway: Gateway,
+}
+
+/// Protobuf's empty string is "not given".
+fn version(text: &str) -> Option<String> {
+    (!text.is_empty()).then(|| text.to_owned())
+}
+
+/// A Triton HTTP error answer (`{"error": "..."}` with its status), as a gRPC status.
+fn status_from_http(status: StatusCode, body: &Bytes) -> Status {
+    let message = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let code = match status {
+        StatusCode::BAD_REQUEST => tonic::Code::InvalidArgument,
+        StatusCode::NOT_FOUND => tonic::Code::NotFound,
+        StatusCode::SERVICE_UNAVAILABLE => tonic::Code::Unavailable,
+        StatusCode::GATEWAY_TIMEOUT => tonic::Code::DeadlineExceeded,
+        _ => tonic::Code::Internal,
+    };
+    Status::new(code, message)
+}
+
+impl InferenceService {
+    /// Finds or loads a copy of the model (what HTTP's `to_model` does), and records it as
+    /// what serves the call.
+    async fn place(&self, call: &Call, model: &ModelRef) -> Result<Lease, GatewayError> {
+        let lease = self.gateway.placement().acquire(model).await?;
+        call.served(Served {
+            model: model.name.clone(),
+            version: model.version.clone(),
+            backend: lease.backend().name.clone(),
+        });
+        Ok(lease)
+    }
+
+    /// Forwards one unary call to the leased backend: the client's metadata (less what
+    /// belongs to one hop), the request id, and the time left before the client's deadline
+    /// (capped by `upstream.request_timeout`) as the backend's `grpc-timeout`.
+    ///
+    /// The lease is held until the backend has answered: the answer is then in the
+    /// gateway's memory, so the copy may be evicted while it is being written to the client.
+    async fn forward<Req, Res, Fut>(
+        &self,
+        call: &Call,
+        lease: &Lease,
+        metadata: MetadataMap,
+        message: Req,
+        send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
+    ) -> Result<Response<Res>, Failure>
+    where
+        Fut: Future<Output = Result<Response<Res>, Status>>,
+    {
+        let timeout = call.budget(self.gateway.config().upstream.request_timeout.0);
+        let request = upstream_request(call, metadata, message, Some(timeout));
+        Ok(upstream_grpc::unary(lease.backend(), timeout, |client| send(client, request)).await?)
+    }
+
+    /// Place, then forward: every per-model RPC.
+    async fn to_model<Req, Res, Fut>(
+        &self,
+        call: &Call,
+        model: ModelRef,
+        metadata: MetadataMap,
+        message: Req,
+        send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
+    ) -> Result<Response<Res>, Failure>
+    where
+        Fut: Future<Output = Result<Response<Res>, Status>>,
+    {
+        let lease = self.place(call, &model).await?;
+        self.forward(call, &lease, metadata, message, send).await
+    }
+}
+
+/// A request to a backend: the client's metadata without hop headers, our request id, and a
+/// `grpc-timeout` when there is a time budget.
+fn upstream_request<T>(
+    call: &Call,
+    mut metadata: MetadataMap,
+    message: T,
+    timeout: Option<Duration>,
+) -> Request<T> {
+    call::strip_reserved(&mut metadata);
+    let mut request = Request::from_parts(metadata, Default::default(), message);
+    request.metadata_mut().insert("x-request-id", call.id());
+    if let Some(timeout) = timeout {
+        request.set_timeout(timeout);
+    }
+    request
+}
+
+/// Shared memory names regions on one host; the gateway and its backends are not one host.
+fn no_shared_memory(call: Call) -> Status {
+    call.fail(
+        Failure::Backend(Status::unimplemented(
+            "shared memory cannot cross a gateway: infergate and its backends do not share \
+             memory; send tensors in the request (raw_input_contents)",
+        )),
+        &[],
+    )
+}
+
+/// Trace and log settings belong to each Triton server.
+fn per_backend_setting(call: Call, what: &str) -> Status {
+    call.fail(
+        Failure::Backend(Status::unimplemented(format!(
+            "{what} settings are per Triton server and are not served through infergate; \
+             set them on each backend"
+        ))),
+        &[],
+    )
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for InferenceService {
+    async fn server_live(
+        &self,
+        request: Request<ServerLiveRequest>,
+    ) -> Result<Response<ServerLiveResponse>, Status> {
+        let call = Call::start("ServerLive", &request).probe();
+        call.finish(Ok(Response::new(ServerLiveResponse { live: true })))
+    }
+
+    async fn server_ready(
+        &self,
+        request: Request<ServerReadyRequest>,
+    ) -> Result<Response<ServerReadyResponse>, Status> {
+        let call = Call::start("ServerReady", &request).probe();
+        // Triton answers "not ready" as `ready: false`, not as an error status.
+        let ready = self.gateway.readiness().is_ok();
+        call.finish(Ok(Response::new(ServerReadyResponse { ready })))
+    }
+
+    async fn server_metadata(
+        &self,
+        request: Request<ServerMetadataRequest>,
+    ) -> Result<Response<ServerMetadataResponse>, Status> {
+        let call = Call::start("ServerMetadata", &request);
+        call.finish(Ok(Response::new(ServerMetadataResponse {
+            name: SERVER_NAME.into(),
+            version: SERVER_VERSION.into(),
+            extensions: EXTENSIONS.iter().map(|e| (*e).to_owned()).collect(),
+        })))
+    }
+
+    async fn model_ready(
+        &self,
+        request: Request<ModelReadyRequest>,
+    ) -> Result<Response<ModelReadyResponse>, Status> {
+        let call = Call::start("ModelReady", &request);
+        let (metadata, _, message) = request.into_parts();
+        let model = ModelRef::new(message.name.clone(), version(&message.version));
+        let outcome = call
+            .run(async {
+                match self.place(&call, &model).await {
+                    // Triton answers an unknown or unloadable model with `ready: false`.
+                    Err(error) => {
+                        tracing::debug!(%error, "model is not ready");
+                        Ok(Response::new(ModelReadyResponse { ready: false }))
+                    }
+                    Ok(lease) => {
+                        self.forward(&call, &lease, metadata, message, |mut c, r| async move {
+                            c.model_ready(r).await
+                        })
+                        .await
+                    }
+                }
+            })
+            .await;
+        call.finish(outcome)
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<ModelMetadataRequest>,
+    ) -> Result<Response<ModelMetadataResponse>, Status> {
+        let call = Call::start("ModelMetadata", &request);
+        let (metadata, _, message) = request.into_parts();
+        let model = ModelRef::new(message.name.clone(), version(&message.version));
+        let outcome = call
+            .run(
+                self.to_model(&call, model, metadata, message, |mut c, r| async move {
+                    c.model_metadata(r).await
+                }),
+            )
+            .await;
+        call.finish(outcome)
+    }
+
+    async fn model_infer(
+        &self,
+        request: Request<ModelInferRequest>,
+    ) -> Result<Response<ModelInferResponse>, Status> {
+        let call = Call::start("ModelInfer", &request);
+        let (metadata, _, message) = request.into_parts();
+        let model = ModelRef::new(message.model_name.clone(), version(&message.model_version));
+        let outcome = call
+            .run(
+                self.to_model(&call, model, metadata, message, |mut c, r| async move {
+                    c.model_infer(r).await
+                }),
+            )
+            .await;
+        call.finish(outcome)
+    }
+
+    type ModelStreamInferStream = stream::ResponseStream;
+
+    async fn model_stream_infer(
+        &self,
+        request: Request<Streaming<ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let call = Call::start("ModelStreamInfer", &request);
+        Ok(stream::start(self.gateway.clone(), call, request))
+    }
+
+    async fn model_config(
+        &self,
+        request: Request<ModelConfigRequest>,
+    ) -> Result<Response<ModelConfigResponse>, Status> {
+        let call = Call::start("ModelConfig", &request);
+        let (metadata, _, message) = request.into_parts();
+        let model = ModelRef::new(message.name.clone(), version(&message.version));
+        let outcome = call
+            .run(
+                self.to_model(&call, model, metadata, message, |mut c, r| async move {
+                    c.model_config(r).await
+                }),
+            )
+            .await;
+        call.finish(outcome)
+    }
+
+    async fn model_statistics(
+        &self,
+        request: Request<ModelStatisticsRequest>,
+    ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let call = Call::start("ModelStatistics", &request);
+        let (metadata, _, message) = request.into_parts();
+        let outcome = if message.name.is_empty() {
+            call.run(self.all_statistics(&call, metadata)).await
+        } else {
+            let model = ModelRef::new(message.name.clone(), version(&message.version));
+            call.run(
+                self.to_model(&call, model, metadata, message, |mut c, r| async move {
+                    c.model_statistics(r).await
+                }),
+            )
+            .await
+        };
+        call.finish(outcome)
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<RepositoryIndexRequest>,
+    ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let call = Call::start("RepositoryIndex", &request);
+        let ready = request.get_ref().ready;
+        let outcome = call
+            .run(async {
+                let body = serde_json::json!({ "ready": ready }).to_string();
+                match repository::index(&self.gateway, Bytes::from(body)).await? {
+                    Index::Merged(rows) => Ok(Response::new(RepositoryIndexResponse {
+                        models: rows
+                            .into_iter()
+                            .map(|row| ModelIndex {
+                                name: row.name,
+                                version: row.version.unwrap_or_default(),
+                                state: row.state.unwrap_or_default(),
+                                reason: row.reason.unwrap_or_default(),
+                            })
+                            .collect(),
+                    })),
+                    Index::Refused { status, body } => {
+                        Err(Failure::Backend(status_from_http(status, &body)))
+                    }
+                }
+            })
+            .await;
+        call.finish(outcome)
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<RepositoryModelLoadRequest>,
+    ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        let call = Call::start("RepositoryModelLoad", &request);
+        let model = request.into_inner().model_name;
+        let outcome = call
+            .run(async {
+                // Load parameters (config overrides) are not placed yet, as on HTTP.
+                self.gateway.placement().load(&model).await?;
+                call.served(Served {
+                    model: model.clone(),
+                    ..Served::default()
+                });
+                Ok(Response::new(RepositoryModelLoadResponse {}))
+            })
+            .await;
+        call.finish(outcome)
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<RepositoryModelUnloadRequest>,
+    ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        let call = Call::start("RepositoryModelUnload", &request);
+        let model = request.into_inner().model_name;
+        let outcome = call
+            .run(async {
+                self.gateway.placement().unload(&model).await;
+                Ok(Response::new(RepositoryModelUnloadResponse {}))
+            })
+            .await;
+        call.finish(outcome)
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        request: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        Err(no_shared_memory(Call::start(
+            "SystemSharedMemoryStatus",
+            &request,
+        )))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        request: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        Err(no_shared_memory(Call::start(
+            "SystemSharedMemoryRegister",
+            &request,
+        )))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        request: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        Err(no_shared_memory(Call::start(
+            "SystemSharedMemoryUnregister",
+            &request,
+        )))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        request: Request<CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<CudaSharedMemoryStatusResponse>, Status> {
+        Err(no_shared_memory(Call::start(
+            "CudaSharedMemoryStatus",
+            &request,
+        )))
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        request: Request<CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<CudaSharedMemoryRegisterResponse>, Status> {
+        Err(no_shared_memory(Call::start(
+            "CudaSharedMemoryRegister",
+            &request,
+        )))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        request: Request<CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<CudaSharedMemoryUnregisterResponse>, Status> {
+        Err(no_shared_memory(Call::start(
+            "CudaSharedMemoryUnregister",
+            &request,
+        )))
+    }
+
+    async fn trace_setting(
+        &self,
+        request: Request<TraceSettingRequest>,
+    ) -> Result<Response<TraceSettingResponse>, Status> {
+        Err(per_backend_setting(
+            Call::start("TraceSetting", &request),
+            "trace",
+        ))
+    }
+
+    async fn log_settings(
+        &self,
+        request: Request<LogSettingsRequest>,
+    ) -> Result<Response<LogSettingsResponse>, Status> {
+        Err(per_backend_setting(
+            Call::start("LogSettings", &request),
+            "log",
+        ))
+    }
+}
+
+impl InferenceService {
+    /// Statistics for every model: every ready backend's, concatenated (as HTTP's
+    /// `GET /v2/models/stats`).
+    async fn all_statistics(
+        &self,
+        call: &Call,
+        metadata: MetadataMap,
+    ) -> Result<Response<ModelStatisticsResponse>, Failure> {
+        let backends = repository::ready_backends(&self.gateway)?;
+        let timeout = call.budget(self.gateway.config().upstream.request_timeout.0);
+        let calls = backends.iter().map(|backend| {
+            let request = upstream_request(
+                call,
+                metadata.clone(),
+                ModelStatisticsRequest::default(),
+                Some(timeout),
+            );
+            upstream_grpc::unary(backend, timeout, |mut c| async move {
+                c.model_statistics(request).await
+            })
+        });
+        let mut model_stats = Vec::new();
+        for answer in futures_util::future::join_all(calls).await {
+            model_stats.extend(answer?.into_inner().model_stats);
+        }
+        Ok(Response::new(ModelStatisticsResponse { model_stats }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn triton_http_errors_become_statuses() {
+        let status = status_from_http(
+            StatusCode::BAD_REQUEST,
+            &Bytes::from_static(br#"{"error":"bad index request"}"#),
+        );
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert_eq!(status.message(), "bad index request");
+        let status = status_from_http(StatusCode::BAD_GATEWAY, &Bytes::from_static(b"oops"));
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert_eq!(status.message(), "oops");
+    }
+}

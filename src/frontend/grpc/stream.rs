@@ -1,0 +1,226 @@
+//! `ModelStreamInfer`: one bidirectional stream from the client, fanned out to one stream per
+//! model placed on a backend.
+//!
+//! Each request on the client's stream is placed like any model request. The first request
+//! for a model (name and version) leases a copy and opens a stream to that backend; later
+//! requests for the same model go down the same backend stream, so a sequence stays on one
+//! backend and a decoupled model may answer any number of times. The lease is held for as
+//! long as that backend stream is open. The backends' answers are merged onto the client's
+//! stream as they come (each carries its request `id`).
+//!
+//! A request the gateway cannot place is answered on the stream with `error_message`, as
+//! Triton answers a failed request on a stream, and the stream goes on. A backend stream that
+//! breaks (the backend went away) ends the client's stream with that status (UNAVAILABLE),
+//! since requests in flight on it are lost and the client must know.
+
+use super::call::{Call, Failure, is_too_large};
+use super::{upstream_request, version};
+use crate::Gateway;
+use crate::frontend::Served;
+use crate::pipeline::ModelRef;
+use crate::placement::Lease;
+use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
+use crate::upstream::grpc as upstream_grpc;
+use std::collections::HashMap;
+use std::pin::Pin;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+/// The client's response stream.
+pub type ResponseStream =
+    Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send + 'static>>;
+
+/// Requests waiting to go down one backend stream.
+const ROUTE_QUEUE: usize = 16;
+/// Answers waiting to go to the client.
+const OUT_QUEUE: usize = 64;
+
+/// One model's stream to its backend.
+struct Route {
+    requests: mpsc::Sender<ModelInferRequest>,
+}
+
+/// What the stream did, for its log line.
+#[derive(Default)]
+struct Counts {
+    requests: u64,
+    responses: u64,
+    refused: u64,
+}
+
+/// Starts relaying: returns the client's response stream at once; a task does the work and
+/// writes the call's log line when the stream ends.
+pub fn start(
+    gateway: Gateway,
+    call: Call,
+    request: Request<Streaming<ModelInferRequest>>,
+) -> Response<ResponseStream> {
+    let (out, answers) = mpsc::channel(OUT_QUEUE);
+    let id = call.id();
+    let span = call.span().clone();
+    let (metadata, _, inbound) = request.into_parts();
+    tokio::spawn(relay(gateway, call, metadata, inbound, out).instrument(span));
+    let mut response: Response<ResponseStream> =
+        Response::new(Box::pin(ReceiverStream::new(answers)));
+    response.metadata_mut().insert("x-request-id", id);
+    response
+}
+
+async fn relay(
+    gateway: Gateway,
+    call: Call,
+    metadata: MetadataMap,
+    mut inbound: Streaming<ModelInferRequest>,
+    out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
+) {
+    let mut counts = Counts::default();
+    let mut routes: HashMap<ModelRef, Route> = HashMap::new();
+    let mut pumps: JoinSet<(ModelRef, Result<u64, Failure>)> = JoinSet::new();
+    let limit = gateway.config().server.max_grpc_message_size.bytes();
+    let work = async {
+        loop {
+            tokio::select! {
+                next = inbound.message() => match next {
+                    Ok(Some(message)) => {
+                        counts.requests += 1;
+                        let refused = route(&gateway, &call, &metadata, &mut routes, &mut pumps, &out, message).await;
+                        counts.refused += u64::from(refused);
+                    }
+                    // The client is done sending: let the backends finish answering.
+                    Ok(None) => break,
+                    Err(status) if is_too_large(&status) => return Err(Failure::TooLarge(limit)),
+                    Err(status) => return Err(Failure::Backend(status)),
+                },
+                Some(done) = pumps.join_next() => {
+                    let (model, answered) = done.expect("pump tasks do not panic");
+                    routes.remove(&model);
+                    counts.responses += answered?;
+                }
+                // The client went away.
+                () = out.closed() => return Ok(()),
+            }
+        }
+        routes.clear();
+        while let Some(done) = pumps.join_next().await {
+            counts.responses += done.expect("pump tasks do not panic").1?;
+        }
+        Ok(())
+    };
+    let outcome = call.run(work).await;
+    pumps.abort_all();
+    let extra = [
+        ("requests", counts.requests),
+        ("responses", counts.responses),
+        ("refused", counts.refused),
+    ];
+    match outcome {
+        Ok(()) => call.finish_stream(&extra),
+        Err(failure) => {
+            let status = call.fail(failure, &extra);
+            let _ = out.send(Err(status)).await;
+        }
+    }
+}
+
+/// Sends one request down its model's backend stream, opening one if needed. Returns true
+/// when the request was refused (answered on the stream with `error_message`).
+async fn route(
+    gateway: &Gateway,
+    call: &Call,
+    metadata: &MetadataMap,
+    routes: &mut HashMap<ModelRef, Route>,
+    pumps: &mut JoinSet<(ModelRef, Result<u64, Failure>)>,
+    out: &mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
+    message: ModelInferRequest,
+) -> bool {
+    let model = ModelRef::new(message.model_name.clone(), version(&message.model_version));
+    let message = match routes.get(&model) {
+        Some(route) => match route.requests.send(message).await {
+            Ok(()) => return false,
+            // The backend stream ended meanwhile: place again.
+            Err(mpsc::error::SendError(message)) => {
+                routes.remove(&model);
+                message
+            }
+        },
+        None => message,
+    };
+    let lease = match gateway.placement().acquire(&model).await {
+        Ok(lease) => lease,
+        Err(error) => {
+            tracing::info!(model = model.name, %error, "stream request refused");
+            let answer = ModelStreamInferResponse {
+                error_message: error.to_string(),
+                infer_response: Some(ModelInferResponse {
+                    model_name: message.model_name,
+                    model_version: message.model_version,
+                    id: message.id,
+                    ..Default::default()
+                }),
+            };
+            let _ = out.send(Ok(answer)).await;
+            return true;
+        }
+    };
+    if routes.is_empty() && pumps.is_empty() {
+        // The first model of the stream names it in the metrics and the log line.
+        call.served(Served {
+            model: model.name.clone(),
+            version: model.version.clone(),
+            backend: lease.backend().name.clone(),
+        });
+    }
+    let (requests, queue) = mpsc::channel(ROUTE_QUEUE);
+    requests
+        .send(message)
+        .await
+        .expect("the receiver is alive until the pump starts");
+    let timeout = call
+        .deadline()
+        .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now()));
+    let request = upstream_request(call, metadata.clone(), ReceiverStream::new(queue), timeout);
+    routes.insert(model.clone(), Route { requests });
+    let out = out.clone();
+    pumps.spawn(
+        async move {
+            let answered = pump(lease, request, out).await;
+            (model, answered)
+        }
+        .instrument(call.span().clone()),
+    );
+    false
+}
+
+/// Relays one backend stream's answers to the client until it ends; holds the lease so the
+/// copy stays loaded while the stream is open. Returns how many answers were relayed.
+async fn pump(
+    lease: Lease,
+    request: Request<ReceiverStream<ModelInferRequest>>,
+    out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
+) -> Result<u64, Failure> {
+    let backend = lease.backend();
+    let mut client = upstream_grpc::client(backend)?;
+    let mut answers = match client.model_stream_infer(request).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => return Err(upstream_grpc::classify(backend, status).into()),
+    };
+    backend.record_success();
+    let mut relayed = 0;
+    loop {
+        match answers.message().await {
+            Ok(Some(answer)) => {
+                relayed += 1;
+                if out.send(Ok(answer)).await.is_err() {
+                    return Ok(relayed);
+                }
+            }
+            Ok(None) => return Ok(relayed),
+            Err(status) => return Err(upstream_grpc::classify(backend, status).into()),
+        }
+    }
+}

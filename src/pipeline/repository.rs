@@ -1,0 +1,146 @@
+//! The pool seen as one model repository, for every front-end: the merged index, and the
+//! fan-out that asks every ready backend the same control question.
+
+use crate::Gateway;
+use crate::error::GatewayError;
+use crate::upstream::{Backend, ModelEntry};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+/// The backends that take traffic now, or `NoBackendReady`.
+pub fn ready_backends(gateway: &Gateway) -> Result<Vec<Arc<Backend>>, GatewayError> {
+    let ready: Vec<_> = gateway.pool().ready().cloned().collect();
+    if ready.is_empty() {
+        Err(GatewayError::NoBackendReady)
+    } else {
+        Ok(ready)
+    }
+}
+
+/// Asks every backend in `backends` the same control question (over its HTTP API),
+/// concurrently, within `upstream.request_timeout`.
+pub async fn ask_all(
+    gateway: &Gateway,
+    backends: &[Arc<Backend>],
+    method: Method,
+    path: &str,
+    body: Bytes,
+) -> Vec<(Arc<Backend>, Result<(StatusCode, Bytes), GatewayError>)> {
+    let timeout = gateway.config().upstream.request_timeout.0;
+    let calls = backends.iter().map(|backend| {
+        let body = body.clone();
+        let method = method.clone();
+        async move {
+            let answer = backend
+                .client
+                .call(backend, method, path, body, timeout)
+                .await;
+            (backend.clone(), answer)
+        }
+    });
+    futures_util::future::join_all(calls).await
+}
+
+/// What the pool's repository index came to.
+#[derive(Debug)]
+pub enum Index {
+    /// One row per model and version, READY where any backend has it.
+    Merged(Vec<ModelEntry>),
+    /// A backend refused the question (a malformed body, say): its answer, to pass on.
+    Refused {
+        /// The backend's status.
+        status: StatusCode,
+        /// The backend's body (Triton's `{"error": "..."}`).
+        body: Bytes,
+    },
+}
+
+/// The pool's repository index: every ready backend's index (`body` is Triton's index
+/// request, e.g. `{"ready": true}`), merged.
+pub async fn index(gateway: &Gateway, body: Bytes) -> Result<Index, GatewayError> {
+    let backends = ready_backends(gateway)?;
+    let mut indexes = Vec::with_capacity(backends.len());
+    for (backend, answer) in ask_all(
+        gateway,
+        &backends,
+        Method::POST,
+        "/v2/repository/index",
+        body,
+    )
+    .await
+    {
+        let (status, body) = answer?;
+        if status != StatusCode::OK {
+            return Ok(Index::Refused { status, body });
+        }
+        let entries: Vec<ModelEntry> =
+            serde_json::from_slice(&body).map_err(|e| GatewayError::UpstreamFailed {
+                backend: backend.name.clone(),
+                reason: format!("repository index is not valid JSON: {e}"),
+            })?;
+        indexes.push(entries);
+    }
+    Ok(Index::Merged(merge(indexes)))
+}
+
+/// Merges backends' indexes: one row per model and version, the READY row where any backend
+/// has one; a model loaded somewhere is listed by its versions, not also as a bare name.
+pub fn merge(indexes: impl IntoIterator<Item = Vec<ModelEntry>>) -> Vec<ModelEntry> {
+    let mut merged: BTreeMap<(String, Option<String>), ModelEntry> = BTreeMap::new();
+    for entry in indexes.into_iter().flatten() {
+        let key = (entry.name.clone(), entry.version.clone());
+        match merged.get(&key) {
+            Some(existing) if existing.is_ready() || !entry.is_ready() => {}
+            _ => {
+                merged.insert(key, entry);
+            }
+        }
+    }
+    let versioned: HashSet<String> = merged
+        .keys()
+        .filter(|(_, version)| version.is_some())
+        .map(|(name, _)| name.clone())
+        .collect();
+    merged
+        .into_values()
+        .filter(|e| e.version.is_some() || !versioned.contains(&e.name))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, version: Option<&str>, state: Option<&str>) -> ModelEntry {
+        ModelEntry {
+            name: name.into(),
+            version: version.map(Into::into),
+            state: state.map(Into::into),
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn ready_rows_win_and_bare_names_of_loaded_models_go() {
+        let a = vec![
+            row("add_sub", Some("1"), Some("READY")),
+            row("echo", None, None),
+            row("old", Some("1"), Some("UNAVAILABLE")),
+        ];
+        let b = vec![
+            row("add_sub", None, None),
+            row("echo", None, None),
+            row("old", Some("1"), Some("READY")),
+        ];
+        assert_eq!(
+            merge([a, b]),
+            vec![
+                row("add_sub", Some("1"), Some("READY")),
+                row("echo", None, None),
+                row("old", Some("1"), Some("READY")),
+            ]
+        );
+    }
+}
