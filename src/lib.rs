@@ -10,6 +10,7 @@ pub mod error;
 pub mod frontend;
 pub mod pipeline;
 pub mod placement;
+pub mod protocol;
 pub mod telemetry;
 pub mod upstream;
 pub mod validate;
@@ -88,6 +89,18 @@ impl Gateway {
     pub fn is_draining(&self) -> bool {
         self.inner.draining.load(Ordering::Relaxed)
     }
+
+    /// The gateway's readiness, for every protocol's probe: ready while at least one backend
+    /// is, and not once shutdown has begun.
+    pub fn readiness(&self) -> Result<(), error::GatewayError> {
+        if self.is_draining() {
+            Err(error::GatewayError::ShuttingDown)
+        } else if self.pool().ready().next().is_none() {
+            Err(error::GatewayError::NoBackendReady)
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// Sockets the gateway serves on, bound by the caller.
@@ -98,6 +111,8 @@ pub struct Listeners {
     pub metrics: Option<TcpListener>,
     /// Admin API, if enabled.
     pub admin: Option<TcpListener>,
+    /// KServe v2 gRPC, if enabled.
+    pub grpc: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -115,6 +130,10 @@ impl Listeners {
                 None => None,
             },
             admin: match config.listen.admin {
+                Some(addr) => Some(bind(addr).await?),
+                None => None,
+            },
+            grpc: match config.listen.grpc {
                 Some(addr) => Some(bind(addr).await?),
                 None => None,
             },
@@ -161,6 +180,13 @@ pub async fn serve(
     if let Some(listener) = listeners.admin {
         tracing::info!(addr = %listener.local_addr()?, "serving admin API");
         serve_one(listener, frontend::admin::router(gateway.clone()));
+    }
+    if let Some(listener) = listeners.grpc {
+        tracing::info!(addr = %listener.local_addr()?, "serving KServe v2 gRPC");
+        serve_one(
+            listener,
+            frontend::grpc::router(gateway.clone(), &tasks, &shutdown),
+        );
     }
     servers.close();
     tasks.close();
