@@ -83,6 +83,15 @@ async fn tritonclient_grpc_works_through_the_gateway() {
                 && l.contains("kind=\"body_too_large\"")),
         "{metrics}"
     );
+    // The bad shapes were refused by the gateway's validation, before any backend.
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("infergate_validation_rejections_total{")
+                && l.contains("model=\"add_sub\"")
+                && l.contains("reason=\"shape\"")),
+        "{metrics}"
+    );
 }
 
 async fn client(gateway: &TestGateway) -> GrpcInferenceServiceClient<Channel> {

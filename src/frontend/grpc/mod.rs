@@ -13,6 +13,7 @@
 
 mod call;
 mod stream;
+mod validate;
 
 use crate::Gateway;
 use crate::error::GatewayError;
@@ -304,11 +305,14 @@ impl GrpcInferenceService for InferenceService {
         let (metadata, _, message) = request.into_parts();
         let model = ModelRef::new(message.model_name.clone(), version(&message.model_version));
         let outcome = call
-            .run(
-                self.to_model(&call, model, metadata, message, |mut c, r| async move {
+            .run(async {
+                let lease = self.place(&call, &model).await?;
+                validate::infer_request(&self.gateway, lease.backend(), &model, &message).await?;
+                self.forward(&call, &lease, metadata, message, |mut c, r| async move {
                     c.model_infer(r).await
-                }),
-            )
+                })
+                .await
+            })
             .await;
         call.finish(outcome)
     }

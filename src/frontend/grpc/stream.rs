@@ -20,9 +20,11 @@ use crate::frontend::Served;
 use crate::pipeline::ModelRef;
 use crate::placement::Lease;
 use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
+use crate::upstream::Backend;
 use crate::upstream::grpc as upstream_grpc;
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_stream::Stream;
@@ -42,6 +44,7 @@ const OUT_QUEUE: usize = 64;
 
 /// One model's stream to its backend.
 struct Route {
+    backend: Arc<Backend>,
     requests: mpsc::Sender<ModelInferRequest>,
 }
 
@@ -140,33 +143,32 @@ async fn route(
 ) -> bool {
     let model = ModelRef::new(message.model_name.clone(), version(&message.model_version));
     let message = match routes.get(&model) {
-        Some(route) => match route.requests.send(message).await {
-            Ok(()) => return false,
-            // The backend stream ended meanwhile: place again.
-            Err(mpsc::error::SendError(message)) => {
-                routes.remove(&model);
-                message
+        Some(route) => {
+            if let Err(error) =
+                super::validate::infer_request(gateway, &route.backend, &model, &message).await
+            {
+                return refuse(out, &model, message, error).await;
             }
-        },
+            match route.requests.send(message).await {
+                Ok(()) => return false,
+                // The backend stream ended meanwhile: place again.
+                Err(mpsc::error::SendError(message)) => {
+                    routes.remove(&model);
+                    message
+                }
+            }
+        }
         None => message,
     };
     let lease = match gateway.placement().acquire(&model).await {
         Ok(lease) => lease,
-        Err(error) => {
-            tracing::info!(model = model.name, %error, "stream request refused");
-            let answer = ModelStreamInferResponse {
-                error_message: error.to_string(),
-                infer_response: Some(ModelInferResponse {
-                    model_name: message.model_name,
-                    model_version: message.model_version,
-                    id: message.id,
-                    ..Default::default()
-                }),
-            };
-            let _ = out.send(Ok(answer)).await;
-            return true;
-        }
+        Err(error) => return refuse(out, &model, message, error).await,
     };
+    if let Err(error) =
+        super::validate::infer_request(gateway, lease.backend(), &model, &message).await
+    {
+        return refuse(out, &model, message, error).await;
+    }
     if routes.is_empty() && pumps.is_empty() {
         // The first model of the stream names it in the metrics and the log line.
         call.served(Served {
@@ -184,7 +186,13 @@ async fn route(
         .deadline()
         .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now()));
     let request = upstream_request(call, metadata.clone(), ReceiverStream::new(queue), timeout);
-    routes.insert(model.clone(), Route { requests });
+    routes.insert(
+        model.clone(),
+        Route {
+            backend: lease.backend().clone(),
+            requests,
+        },
+    );
     let out = out.clone();
     pumps.spawn(
         async move {
@@ -194,6 +202,28 @@ async fn route(
         .instrument(call.span().clone()),
     );
     false
+}
+
+/// Answers a request the gateway refuses on the stream, as Triton answers a failed request
+/// on a stream: `error_message`, and the stream goes on. Returns true (refused).
+async fn refuse(
+    out: &mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
+    model: &ModelRef,
+    message: ModelInferRequest,
+    error: crate::error::GatewayError,
+) -> bool {
+    tracing::info!(model = model.name, error = error.kind(), %error, "stream request refused");
+    let answer = ModelStreamInferResponse {
+        error_message: error.to_string(),
+        infer_response: Some(ModelInferResponse {
+            model_name: message.model_name,
+            model_version: message.model_version,
+            id: message.id,
+            ..Default::default()
+        }),
+    };
+    let _ = out.send(Ok(answer)).await;
+    true
 }
 
 /// Relays one backend stream's answers to the client until it ends; holds the lease so the

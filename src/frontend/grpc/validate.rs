@@ -1,0 +1,156 @@
+//! The gRPC reader of the `validate` stage: a `ModelInferRequest` described as the
+//! protocol-neutral `validate::InferRequest`, then checked against the model's signature by
+//! the same `validate::check` as HTTP's requests, before anything is sent to a backend.
+//!
+//! Only what the gateway can describe exactly is checked: tensors in `raw_input_contents`
+//! (what tritonclient and most clients send), as slices of the decoded message. Typed
+//! `contents`, shared-memory inputs, or a count of raw contents that does not match the
+//! inputs are forwarded as they came, and Triton answers them: never refuse what Triton
+//! would accept.
+
+use crate::Gateway;
+use crate::error::GatewayError;
+use crate::pipeline::ModelRef;
+use crate::protocol::inference::ModelInferRequest;
+use crate::upstream::Backend;
+use crate::validate::{self, InferRequest, InputTensor, TensorData};
+use std::sync::Arc;
+
+/// Checks an inference request bound for `backend`; `Ok` also when it cannot be checked.
+pub async fn infer_request(
+    gateway: &Gateway,
+    backend: &Arc<Backend>,
+    model: &ModelRef,
+    message: &ModelInferRequest,
+) -> Result<(), GatewayError> {
+    if !gateway.config().validation.enabled {
+        return Ok(());
+    }
+    let request = match describe(message) {
+        Ok(request) => request,
+        Err(why) => {
+            tracing::debug!(model = %model.name, why, "inference request forwarded unvalidated");
+            return Ok(());
+        }
+    };
+    let Some(signature) = gateway.signatures().get(backend, model).await else {
+        return Ok(());
+    };
+    validate::check(&request, &signature).map_err(|rejection| {
+        metrics::counter!(crate::telemetry::VALIDATION_REJECTIONS,
+            "model" => model.name.clone(),
+            "reason" => rejection.reason.as_str())
+        .increment(1);
+        GatewayError::InvalidInput {
+            reason: rejection.reason.as_str(),
+            message: rejection.message,
+        }
+    })
+}
+
+/// The request as the checker reads it, or why it is not checked.
+fn describe(message: &ModelInferRequest) -> Result<InferRequest, &'static str> {
+    if message.raw_input_contents.len() != message.inputs.len() {
+        return Err("not every input is in raw_input_contents");
+    }
+    let inputs = message
+        .inputs
+        .iter()
+        .zip(&message.raw_input_contents)
+        .map(|(input, raw)| {
+            if input.contents.is_some() {
+                return Err("an input has both typed and raw contents");
+            }
+            if input
+                .parameters
+                .keys()
+                .any(|k| k.starts_with("shared_memory"))
+            {
+                return Err("an input is in shared memory");
+            }
+            Ok(InputTensor {
+                name: input.name.clone(),
+                datatype: input.datatype.clone(),
+                shape: input.shape.clone(),
+                data: TensorData::Raw(raw.clone()),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(InferRequest {
+        id: message.id.clone(),
+        inputs,
+        outputs: message.outputs.iter().map(|o| o.name.clone()).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::inference::InferTensorContents;
+    use crate::protocol::inference::model_infer_request::{
+        InferInputTensor, InferRequestedOutputTensor,
+    };
+    use bytes::Bytes;
+
+    fn input(name: &str) -> InferInputTensor {
+        InferInputTensor {
+            name: name.into(),
+            datatype: "FP32".into(),
+            shape: vec![4],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn raw_contents_are_described_without_copies() {
+        let raw = Bytes::from(vec![0u8; 16]);
+        let message = ModelInferRequest {
+            id: "r1".into(),
+            inputs: vec![input("INPUT0")],
+            outputs: vec![InferRequestedOutputTensor {
+                name: "OUTPUT0".into(),
+                ..Default::default()
+            }],
+            raw_input_contents: vec![raw.clone()],
+            ..Default::default()
+        };
+        let request = describe(&message).unwrap();
+        assert_eq!(request.id, "r1");
+        assert_eq!(request.outputs, ["OUTPUT0"]);
+        let TensorData::Raw(described) = &request.inputs[0].data else {
+            panic!("raw contents are described as raw");
+        };
+        assert_eq!(described.as_ptr(), raw.as_ptr());
+    }
+
+    #[test]
+    fn what_cannot_be_described_exactly_goes_unchecked() {
+        let typed = ModelInferRequest {
+            inputs: vec![InferInputTensor {
+                contents: Some(InferTensorContents {
+                    fp32_contents: vec![1.0; 4],
+                    ..Default::default()
+                }),
+                ..input("INPUT0")
+            }],
+            ..Default::default()
+        };
+        assert!(describe(&typed).is_err());
+        let mut shared = input("INPUT0");
+        shared
+            .parameters
+            .insert("shared_memory_region".into(), Default::default());
+        let shared = ModelInferRequest {
+            inputs: vec![shared],
+            raw_input_contents: vec![Bytes::new()],
+            ..Default::default()
+        };
+        assert!(describe(&shared).is_err());
+        let short = ModelInferRequest {
+            inputs: vec![input("INPUT0"), input("INPUT1")],
+            raw_input_contents: vec![Bytes::new()],
+            ..Default::default()
+        };
+        assert!(describe(&short).is_err());
+    }
+}
