@@ -11,6 +11,7 @@ pub mod frontend;
 pub mod pipeline;
 pub mod placement;
 pub mod protocol;
+pub mod routing;
 pub mod telemetry;
 pub mod upstream;
 pub mod validate;
@@ -161,7 +162,10 @@ pub async fn serve(
     );
     spawn_warm_up(&gateway, &tasks, &shutdown);
     tasks.spawn(gateway.placement().clone().rebalance_loop(shutdown.clone()));
-    tasks.spawn(forget_signatures_on_change(gateway.clone(), shutdown.clone()));
+    tasks.spawn(forget_signatures_on_change(
+        gateway.clone(),
+        shutdown.clone(),
+    ));
     let servers = TaskTracker::new();
     let serve_one = |listener: TcpListener, router: axum::Router| {
         let shutdown = shutdown.clone();
