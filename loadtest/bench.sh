@@ -1,0 +1,490 @@
+#!/usr/bin/env bash
+# loadtest/bench.sh — what infergate costs, next to what users would run instead.
+#
+# One run, one machine, in turns, the same backend and the same load for each stage:
+#   1. direct      straight to the backend
+#   2. nginx       nginx (Debian package) proxy_pass with a keep-alive upstream
+#   3. ig-off      infergate, validation off (auth is off: not built yet)
+#   4. ig-on       infergate "with everything on" (see stage4_config: what it includes is
+#                  decided by what this build accepts, and reported)
+# Pass 1 uses fake-triton (add_sub) so the proxies are what is measured: throughput at
+# concurrency 1, 16, 64, p50/p99 and *added* latency vs direct, CPU per request and peak RSS
+# of each proxy. Pass 2 uses a real Triton (scripts/triton.sh, python add_sub) at
+# concurrency 1 and 16: the end-to-end figures (issue 2's gateway-vs-direct added latency).
+# Stages are interleaved per concurrency level (direct, nginx, ig-off, ig-on at c=1, then at
+# c=16, ...) so a change in machine load hits every stage alike.
+#
+# Writes loadtest/results/<date>-<short sha>.md and prints it. Needs root only to
+# `apt-get install nginx` when it is missing. Stays on loopback; stops only what it started.
+#
+# Knobs (environment):
+#   BENCH_BASE_PORT=29000    ports used: base..base+33 (pass 1), base+100..base+133 (pass 2)
+#   BENCH_WARMUP=2s BENCH_WINDOW=3s BENCH_WINDOWS=3   per step (infergate-load flags)
+#   BENCH_CONCURRENCY="1 16 64"  BENCH_REAL_CONCURRENCY="1 16"
+#   BENCH_PROXY_WORKERS=1    nginx worker_processes and infergate's tokio worker threads
+#                            (TOKIO_WORKER_THREADS); "auto" = one per core for both
+#   BENCH_LOAD_THREADS=1 BENCH_BACKEND_THREADS=1   load generator / fake-triton threads
+#   BENCH_ACCESS_LOG=on      on: both proxies write a line per request to a file; off: neither
+#   BENCH_REAL=1             0 skips the real-Triton pass
+#   BENCH_BUILD=1            0 skips `cargo build --release`
+#   BENCH_OUT=path.md        results file (default loadtest/results/<date>-<sha>.md)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+BASE="${BENCH_BASE_PORT:-29000}"
+WARMUP="${BENCH_WARMUP:-2s}"
+WINDOW="${BENCH_WINDOW:-3s}"
+WINDOWS="${BENCH_WINDOWS:-3}"
+read -r -a LEVELS <<<"${BENCH_CONCURRENCY:-1 16 64}"
+read -r -a REAL_LEVELS <<<"${BENCH_REAL_CONCURRENCY:-1 16}"
+WORKERS="${BENCH_PROXY_WORKERS:-1}"
+LOAD_THREADS="${BENCH_LOAD_THREADS:-1}"
+BACKEND_THREADS="${BENCH_BACKEND_THREADS:-1}"
+ACCESS_LOG="${BENCH_ACCESS_LOG:-on}"
+REAL="${BENCH_REAL:-1}"
+BUILD="${BENCH_BUILD:-1}"
+SHA="$(git rev-parse --short HEAD)"
+OUT="${BENCH_OUT:-loadtest/results/$(date +%F)-$SHA.md}"
+BIN="$ROOT/target/release"
+STARTED=$SECONDS
+
+die() { echo "bench.sh: $*" >&2; exit 1; }
+say() { echo "bench.sh: $*" >&2; }
+
+# ---------------------------------------------------------------- processes we own
+TMP="$(mktemp -d /tmp/infergate-bench.XXXXXX)"
+PIDS=()
+declare -A PID # name -> pid of what we started
+TRITON_STARTED=0
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if ((TRITON_STARTED)); then scripts/triton.sh stop 1 $((BASE + 100)) >/dev/null 2>&1 || true; fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- prerequisites
+command -v curl >/dev/null || die "curl is required"
+command -v jq >/dev/null || die "jq is required (apt-get install -y jq)"
+if ! command -v nginx >/dev/null; then
+    [[ $(id -u) == 0 ]] || die "nginx is missing; run as root or: sudo apt-get install -y nginx"
+    say "installing nginx (Debian package)"
+    # Debian starts the packaged service on install unless policy-rc.d forbids it; we never
+    # use that service, only a foreground nginx on our own config.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >"$TMP/apt.log" 2>&1 ||
+        { apt-get update >>"$TMP/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >>"$TMP/apt.log" 2>&1; } ||
+        { tail -20 "$TMP/apt.log" >&2; die "apt-get install nginx failed"; }
+fi
+NGINX="$(command -v nginx)"
+
+port_busy() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+PORTS=("$BASE" $((BASE + 10)) $((BASE + 20)) $((BASE + 22)) $((BASE + 23)) $((BASE + 30)) $((BASE + 32)) $((BASE + 33)))
+if ((REAL)); then
+    PORTS+=($((BASE + 100)) $((BASE + 101)) $((BASE + 102)) $((BASE + 110)) $((BASE + 120)) $((BASE + 122)) $((BASE + 123)) $((BASE + 130)) $((BASE + 132)) $((BASE + 133)))
+fi
+for p in "${PORTS[@]}"; do port_busy "$p" && die "port $p is in use (set BENCH_BASE_PORT)"; done
+
+if ((BUILD)); then
+    say "building (cargo build --release -p infergate -p infergate-load)"
+    cargo build --release -p infergate -p infergate-load 2>"$TMP/build.log" ||
+        { tail -30 "$TMP/build.log" >&2; die "build failed (others may be mid-edit: retry in a minute)"; }
+fi
+for b in infergate infergate-load fake-triton; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b"; done
+
+LOAD_ARGS=(-i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --threads "$LOAD_THREADS"
+    --warmup "$WARMUP" --duration "$WINDOW" --windows "$WINDOWS" --json -q)
+# Extra arguments for stage 4 (a bearer token once JWT auth is on).
+STAGE4_LOAD_ARGS=()
+
+# ---------------------------------------------------------------- machine
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+LOAD_BEFORE="$(loadavg)"
+CPU_MODEL="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+MEM="$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+KERNEL="$(uname -sr)"
+NPROC="$(nproc)"
+DIRTY="$(git status --porcelain -- src Cargo.toml Cargo.lock | wc -l)"
+
+# ---------------------------------------------------------------- helpers
+wait_http() { # url [seconds] — until it answers 200
+    local url="$1" deadline=$((SECONDS + ${2:-20}))
+    until [[ "$(curl -s -o /dev/null -w '%{http_code}' "$url" 2>/dev/null)" == 200 ]]; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.1
+    done
+}
+
+INFER_BODY='{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"data":[1,2,3,4]},{"name":"INPUT1","datatype":"FP32","shape":[4],"data":[4,3,2,1]}]}'
+check_infer() { # base url
+    local code
+    code="$(curl -s -o "$TMP/infer.out" -w '%{http_code}' -H 'content-type: application/json' \
+        -d "$INFER_BODY" "$1/v2/models/add_sub/infer")"
+    [[ "$code" == 200 ]] || { cat "$TMP/infer.out" >&2; die "infer through $1 answered $code"; }
+}
+
+# nginx: render the template into its own prefix dir and run it in the foreground.
+start_nginx() { # name listen_port upstream_port
+    local dir="$TMP/nginx-$1" log=off
+    mkdir -p "$dir"
+    [[ "$ACCESS_LOG" == on ]] && log="$dir/access.log"
+    sed -e "s#@PREFIX@#$dir#g" -e "s#@WORKERS@#$WORKERS#" -e "s#@LISTEN@#127.0.0.1:$2#" \
+        -e "s#@UPSTREAM@#127.0.0.1:$3#" -e "s#@ACCESS_LOG@#$log#" \
+        loadtest/nginx/proxy.conf.template >"$dir/nginx.conf"
+    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout.log" 2>&1 &
+    PIDS+=("$!")
+    PID[$1]=$!
+}
+
+# infergate's logs go to a file, like nginx's access log; RUST_LOG=warn drops the per-request
+# line when BENCH_ACCESS_LOG=off.
+start_infergate() { # name config
+    local level=info
+    [[ "$ACCESS_LOG" == on ]] || level=warn
+    if [[ "$WORKERS" == auto ]]; then
+        RUST_LOG="$level" "$BIN/infergate" --config "$2" >"$TMP/$1.log" 2>&1 &
+    else
+        TOKIO_WORKER_THREADS="$WORKERS" RUST_LOG="$level" "$BIN/infergate" --config "$2" >"$TMP/$1.log" 2>&1 &
+    fi
+    PIDS+=("$!")
+    PID[$1]=$!
+}
+
+# Placement adopts add_sub from the backend's repository index (it answers READY); the
+# admin API must show it ready before anything is measured.
+wait_placement() { # name admin_port
+    local deadline=$((SECONDS + 20))
+    until curl -s "127.0.0.1:$2/admin/placement" |
+        jq -e '[.backends[].models[] | select(.name == "add_sub" and .state == "ready")] | length > 0' >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || { tail -20 "$TMP/$1.log" >&2; die "$1: add_sub never showed ready in /admin/placement"; }
+        sleep 0.2
+    done
+}
+
+# ---------------------------------------------------------------- infergate configs
+# Optional features are blocks between "#>> name: what it does" and "#<<". A block is kept
+# only when `infergate check` accepts it (its keys exist in this build); the results say
+# which were kept and which were not available.
+drop_blocks() { # names-to-drop... < config > config
+    awk -v drop=" $* " '
+        /^#>> / { name = $2; sub(":", "", name); inblock = 1; skip = index(drop, " " name " ") > 0; next }
+        /^#<</  { inblock = 0; skip = 0; next }
+        !skip   { print }'
+}
+block_names() { grep -o '^#>> [a-z0-9_-]*' | cut -c5-; }
+block_title() { grep "^#>> $1:" | cut -d: -f2- | sed 's/^ *//'; }
+
+KEPT_FEATURES=()   # set by render_config: "name (title)"
+MISSING_FEATURES=()
+render_config() { # template-file out-file
+    local all names name others
+    all="$(cat "$1")"
+    read -r -a names <<<"$(block_names <<<"$all" | tr '\n' ' ')"
+    KEPT_FEATURES=() MISSING_FEATURES=()
+    local keep=()
+    for name in "${names[@]}"; do
+        others=()
+        for o in "${names[@]}"; do [[ "$o" == "$name" ]] || others+=("$o"); done
+        drop_blocks "${others[@]}" <<<"$all" >"$2"
+        if "$BIN/infergate" check --config "$2" >"$TMP/check.out" 2>&1; then
+            keep+=("$name")
+            KEPT_FEATURES+=("$name ($(block_title "$name" <<<"$all"))")
+        else
+            MISSING_FEATURES+=("$name ($(grep -m1 . "$TMP/check.out" | sed "s#$2: ##"))")
+        fi
+    done
+    local drop=()
+    for name in "${names[@]}"; do [[ " ${keep[*]} " == *" $name "* ]] || drop+=("$name"); done
+    drop_blocks "${drop[@]}" <<<"$all" >"$2"
+    "$BIN/infergate" check --config "$2" >"$TMP/check.out" 2>&1 ||
+        { cat "$TMP/check.out" >&2; die "rendered config $2 is invalid"; }
+}
+
+# Stage 3: infergate with validation and auth off.
+stage3_config() { # http_port backend_port
+    cat <<EOF
+[listen]
+http = "127.0.0.1:$1"
+metrics = "127.0.0.1:$(($1 + 2))"
+admin = "127.0.0.1:$(($1 + 3))"
+
+[[backends]]
+name = "backend"
+http = "http://127.0.0.1:$2"
+capacity = "16GiB"
+
+#>> validation-off: request validation explicitly disabled
+[validation]
+enabled = false
+#<<
+EOF
+}
+
+# Stage 4: infergate with everything on. This one heredoc grows with the gateway: when JWT
+# auth lands, add its block (and put the token in STAGE4_LOAD_ARGS=(--bearer "\$TOKEN"));
+# when canary routes land, add a route for add_sub that splits across two targets (both the
+# same model here, so the benchmark still hits add_sub) and point the load at the route.
+stage4_config() { # http_port backend_port
+    cat <<EOF
+[listen]
+http = "127.0.0.1:$1"
+metrics = "127.0.0.1:$(($1 + 2))"
+admin = "127.0.0.1:$(($1 + 3))"
+
+[[backends]]
+name = "backend"
+http = "http://127.0.0.1:$2"
+capacity = "16GiB"
+
+#>> validation: every request checked against add_sub's signature before it is forwarded
+[validation]
+enabled = true
+#<<
+EOF
+}
+
+# ---------------------------------------------------------------- measuring
+# CPU ticks (user+system) of processes, for CPU per request.
+ticks() { local t=0 p f; for p in "$@"; do read -r -a f <"/proc/$p/stat"; t=$((t + f[13] + f[14])); done; echo "$t"; }
+HZ="$(getconf CLK_TCK)"
+nginx_pids() { echo "$1" "$(pgrep -P "$1" | tr '\n' ' ')"; } # master, then workers
+
+# measure PASS STAGE URL C PROXY_PIDS... — one infergate-load step; JSON plus CPU figures.
+measure() {
+    local pass="$1" stage="$2" url="$3" c="$4"; shift 4
+    local out="$TMP/$pass-$stage-c$c.json" extra=() before_p before_b after_p after_b
+    [[ "$stage" == ig-on ]] && extra=("${STAGE4_LOAD_ARGS[@]}")
+    cut -d' ' -f1 /proc/loadavg >"$out.load"
+    before_p="$(ticks "$@")"; before_b="$(ticks "$BACKEND_PID")"
+    "$BIN/infergate-load" --url "$url" "${LOAD_ARGS[@]}" "${extra[@]}" -c "$c" >"$out" 2>"$out.err" ||
+        { cat "$out.err" >&2; die "infergate-load failed for $pass $stage c=$c"; }
+    after_p="$(ticks "$@")"; after_b="$(ticks "$BACKEND_PID")"
+    # Requests served during the whole invocation (warm-up included), estimated from the
+    # measured rate: CPU ticks cover the warm-up too.
+    local span ok
+    span="$(jq '.config.warmup_s + .steps[0].measured_s' "$out")"
+    ok="$(jq --argjson span "$span" '.steps[0].throughput_rps * $span' "$out")"
+    awk -v p=$((after_p - before_p)) -v b=$((after_b - before_b)) -v hz="$HZ" -v n="$ok" -v np=$# \
+        'BEGIN { printf "%s %s\n", (np ? sprintf("%.1f", p / hz / n * 1e6) : "-"), sprintf("%.1f", b / hz / n * 1e6) }' >"$out.cpu"
+    say "$pass $stage c=$c: $(jq -r '.steps[0] | "\(.throughput_rps | floor) infer/s, p50 \(.latency_us.p50) us, p99 \(.latency_us.p99) us, errors \(.errors)"' "$out")"
+}
+
+hwm_kib() { local t=0 p v; for p in "$@"; do v="$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)"; t=$((t + ${v:-0})); done; echo "$t"; }
+
+stop_pids() { local p; for p in "$@"; do kill "$p" 2>/dev/null || true; done; for p in "$@"; do wait "$p" 2>/dev/null || true; done; }
+
+STAGES=(direct nginx ig-off ig-on)
+declare -A HWM # pass-stage -> peak RSS in KiB (nginx: master + workers)
+
+# run_pass PASS BACKEND_PORT LEVELS... — starts the three proxies in front of the backend on
+# BACKEND_PORT, measures every stage at every level, records peak RSS, stops the proxies.
+run_pass() {
+    local pass="$1" bport="$2" off; shift 2
+    off=$((bport + 10))
+    start_nginx "$pass-nginx" "$off" "$bport"
+    stage3_config $((off + 10)) "$bport" >"$TMP/$pass-stage3.tpl"
+    render_config "$TMP/$pass-stage3.tpl" "$TMP/$pass-ig-off.toml"
+    STAGE3_FEATURES=("${KEPT_FEATURES[@]}")
+    stage4_config $((off + 20)) "$bport" >"$TMP/$pass-stage4.tpl"
+    render_config "$TMP/$pass-stage4.tpl" "$TMP/$pass-ig-on.toml"
+    STAGE4_FEATURES=("${KEPT_FEATURES[@]}")
+    STAGE4_MISSING=("${MISSING_FEATURES[@]}")
+    start_infergate "$pass-ig-off" "$TMP/$pass-ig-off.toml"
+    start_infergate "$pass-ig-on" "$TMP/$pass-ig-on.toml"
+    declare -A url=([direct]="http://127.0.0.1:$bport" [nginx]="http://127.0.0.1:$off"
+        [ig-off]="http://127.0.0.1:$((off + 10))" [ig-on]="http://127.0.0.1:$((off + 20))")
+    wait_http "${url[nginx]}/v2/health/ready" || die "nginx did not start: $(cat "$TMP/nginx-$pass-nginx/error.log")"
+    wait_http "${url[ig-off]}/v2/health/ready" || die "infergate did not start: $(tail "$TMP/$pass-ig-off.log")"
+    wait_http "${url[ig-on]}/v2/health/ready" || die "infergate did not start: $(tail "$TMP/$pass-ig-on.log")"
+    wait_placement "$pass-ig-off" $((off + 13))
+    wait_placement "$pass-ig-on" $((off + 23))
+    local stage c
+    for stage in "${STAGES[@]}"; do check_infer "${url[$stage]}"; done
+    PLACEMENT[$pass]="$(curl -s "127.0.0.1:$((off + 23))/admin/placement" |
+        jq -c '[.backends[] | {name, models: [.models[] | {name, state, size_source}]}]')"
+    local -A pids=([direct]="" [nginx]="$(nginx_pids "${PID[$pass-nginx]}")"
+        [ig-off]="${PID[$pass-ig-off]}" [ig-on]="${PID[$pass-ig-on]}")
+    for c in "$@"; do
+        for stage in "${STAGES[@]}"; do
+            # shellcheck disable=SC2086
+            measure "$pass" "$stage" "${url[$stage]}" "$c" ${pids[$stage]}
+        done
+    done
+    for stage in nginx ig-off ig-on; do
+        # shellcheck disable=SC2086
+        HWM[$pass-$stage]="$(hwm_kib ${pids[$stage]})"
+    done
+    # shellcheck disable=SC2086
+    stop_pids ${pids[nginx]%% *} "${PID[$pass-ig-off]}" "${PID[$pass-ig-on]}"
+}
+declare -A PLACEMENT
+
+# ---------------------------------------------------------------- pass 1: fake-triton
+say "pass 1: fake-triton backend (temp dir $TMP)"
+"$BIN/fake-triton" --listen "127.0.0.1:$BASE" --threads "$BACKEND_THREADS" >"$TMP/fake.log" 2>&1 &
+PIDS+=("$!")
+BACKEND_PID=$!
+wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start"
+run_pass fake "$BASE" "${LEVELS[@]}"
+HWM[fake-direct]="$(hwm_kib "$BACKEND_PID")"
+stop_pids "$BACKEND_PID"
+
+# ---------------------------------------------------------------- pass 2: real Triton
+if ((REAL)); then
+    say "pass 2: real Triton (scripts/triton.sh start 1 $((BASE + 100)) --load-model=add_sub)"
+    TRITON_STARTED=1
+    scripts/triton.sh start 1 $((BASE + 100)) --load-model=add_sub >"$TMP/triton-start.log" 2>&1 ||
+        { cat "$TMP/triton-start.log" >&2; die "Triton did not start"; }
+    BACKEND_PID="$(cat "target/triton-logs/triton-$((BASE + 100)).pid")"
+    wait_http "http://127.0.0.1:$((BASE + 100))/v2/models/add_sub/ready" 60 || die "Triton never made add_sub ready"
+    TRITON_VERSION="$(curl -s "127.0.0.1:$((BASE + 100))/v2" | jq -r .version)"
+    run_pass real $((BASE + 100)) "${REAL_LEVELS[@]}"
+    scripts/triton.sh stop 1 $((BASE + 100)) >/dev/null 2>&1 || true
+    TRITON_STARTED=0
+fi
+LOAD_AFTER="$(loadavg)"
+ELAPSED=$((SECONDS - STARTED))
+
+# ---------------------------------------------------------------- report
+calc() { awk "BEGIN { printf \"$1\", $2 }"; }
+f() { jq -r ".steps[0]$2" "$TMP/$1.json"; } # f pass-stage-cC field
+cpu_of() { cut -d' ' -f"$2" "$TMP/$1.json.cpu"; }
+ratio() { # a b -> a/b with 2 decimals, n/a when b <= 0
+    awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'
+}
+label() {
+    case "$1" in
+        direct) echo "direct" ;;
+        nginx) echo "nginx" ;;
+        ig-off) echo "infergate, validation off" ;;
+        ig-on) echo "infergate, everything on" ;;
+    esac
+}
+
+main_table() { # pass levels...
+    local pass="$1" c s k d thr p50 p99 dp50 dp99; shift
+    echo "| stage | c | infer/s | p50 µs | p99 µs | added p50 µs | added p99 µs | proxy CPU µs/req | backend CPU µs/req | errors | window spread | load avg |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for c in "$@"; do
+        d="$pass-direct-c$c"
+        for s in "${STAGES[@]}"; do
+            k="$pass-$s-c$c"
+            thr="$(f "$k" .throughput_rps)"; p50="$(f "$k" .latency_us.p50)"; p99="$(f "$k" .latency_us.p99)"
+            if [[ "$s" == direct ]]; then dp50="—"; dp99="—"; else
+                dp50=$((p50 - $(f "$d" .latency_us.p50))); dp99=$((p99 - $(f "$d" .latency_us.p99)))
+            fi
+            printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | ±%s%% | %s |\n' "$(label "$s")" "$c" \
+                "$(calc %.0f "$thr")" "$p50" "$p99" "$dp50" "$dp99" "$(cpu_of "$k" 1)" "$(cpu_of "$k" 2)" \
+                "$(f "$k" .errors)" "$(calc %.1f "$(f "$k" .window_spread_pct)")" "$(cat "$TMP/$k.json.load")"
+        done
+    done
+}
+
+ratio_table() { # pass levels...
+    local pass="$1" c s k n d; shift
+    echo "| stage | c | throughput × nginx | throughput × direct | added p50 × nginx | added p99 × nginx | proxy CPU/req × nginx |"
+    echo "|---|---:|---:|---:|---:|---:|---:|"
+    for s in ig-off ig-on; do
+        for c in "$@"; do
+            k="$pass-$s-c$c"; n="$pass-nginx-c$c"; d="$pass-direct-c$c"
+            printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$(label "$s")" "$c" \
+                "$(ratio "$(f "$k" .throughput_rps)" "$(f "$n" .throughput_rps)")" \
+                "$(ratio "$(f "$k" .throughput_rps)" "$(f "$d" .throughput_rps)")" \
+                "$(ratio $(($(f "$k" .latency_us.p50) - $(f "$d" .latency_us.p50))) $(($(f "$n" .latency_us.p50) - $(f "$d" .latency_us.p50))))" \
+                "$(ratio $(($(f "$k" .latency_us.p99) - $(f "$d" .latency_us.p99))) $(($(f "$n" .latency_us.p99) - $(f "$d" .latency_us.p99))))" \
+                "$(ratio "$(cpu_of "$k" 1)" "$(cpu_of "$n" 1)")"
+        done
+    done
+}
+
+join_list() { local out="" x; for x in "$@"; do out+="${out:+; }$x"; done; echo "${out:-none}"; }
+if ((${#STAGE4_FEATURES[@]})); then
+    STAGE4_LABEL="$(join_list "${STAGE4_FEATURES[@]}")"
+else
+    STAGE4_LABEL="nothing beyond stage 3 in this build, so stage 4 repeats stage 3's configuration (the difference between the two rows is run-to-run noise)"
+fi
+WORKERS_LABEL="$WORKERS"
+[[ "$WORKERS" == auto ]] && WORKERS_LABEL="one per core ($NPROC)"
+
+report() {
+    echo "# infergate benchmark: $(date +%F), commit $SHA"
+    echo
+    echo "Produced by \`loadtest/bench.sh\` in ${ELAPSED} s."
+    echo
+    echo "## Machine and setup"
+    echo
+    echo "- Machine: $NPROC × $CPU_MODEL, $MEM memory, $KERNEL."
+    echo "- Load average (1, 5, 15 min): $LOAD_BEFORE before, $LOAD_AFTER after. The machine is shared: the per-step load average is in the tables, and CPU per request (from /proc/PID/stat, warm-up included, requests estimated from the measured rate) is less sensitive to other work than throughput."
+    echo "- infergate: commit $SHA$( ((DIRTY)) && echo " plus $DIRTY uncommitted changed paths under src/, Cargo.toml, Cargo.lock at run time (others were editing)"), release profile. nginx: $("$NGINX" -v 2>&1 | cut -d/ -f2) (Debian package), config \`loadtest/nginx/proxy.conf.template\`.$( ((REAL)) && echo " Triton: $TRITON_VERSION (nvidia-pytriton wheel, CPU, python backend).")"
+    echo "- Load: \`infergate-load\` closed loop, \`add_sub\` JSON bodies (INPUT0, INPUT1: FP32 [4]), \`--check\` on every response, warm-up $WARMUP then $WINDOWS × $WINDOW windows per step, $LOAD_THREADS load-generator thread(s); the stages take turns at each concurrency level."
+    echo "- Proxies: $WORKERS_LABEL worker(s) each (nginx \`worker_processes\`, infergate \`TOKIO_WORKER_THREADS\`). fake-triton: $BACKEND_THREADS thread(s). Access logs: $ACCESS_LOG for both (a line per request to a file)."
+    echo "- Stage 3 (infergate, validation off): auth not built yet$( ((${#STAGE3_FEATURES[@]})) && echo "; $(join_list "${STAGE3_FEATURES[@]}")")."
+    echo "- Stage 4 (infergate, everything on) includes: $STAGE4_LABEL."
+    ((${#STAGE4_MISSING[@]})) && echo "- Not available in this build (refused by \`infergate check\`, so left out of stage 4): $(join_list "${STAGE4_MISSING[@]}")."
+    echo "- JWT auth and canary routes are not built yet and are in no stage."
+    echo "- Placement (stage 4, /admin/placement after warm-up): pass 1 \`${PLACEMENT[fake]}\`$( ((REAL)) && echo ", pass 2 \`${PLACEMENT[real]}\`")."
+    echo
+    echo "## Pass 1: proxy overhead (fake-triton backend)"
+    echo
+    echo "Added latency is the stage's percentile minus direct's at the same concurrency."
+    echo
+    main_table fake "${LEVELS[@]}"
+    echo
+    echo "### infergate as a ratio of nginx and of direct"
+    echo
+    ratio_table fake "${LEVELS[@]}"
+    echo
+    echo "### Peak RSS (VmHWM)"
+    echo
+    echo "| process | pass 1 (fake-triton) |$( ((REAL)) && echo " pass 2 (Triton) |") × nginx (pass 1) |"
+    echo "|---|---:|$( ((REAL)) && echo "---:|")---:|"
+    local s
+    for s in nginx ig-off ig-on; do
+        echo "| $(label "$s")$([[ $s == nginx ]] && echo " (master + workers)") | $(calc %.1f "${HWM[fake-$s]} / 1024") MiB |$( ((REAL)) && echo " $(calc %.1f "${HWM[real-$s]} / 1024") MiB |") $(ratio "${HWM[fake-$s]}" "${HWM[fake-nginx]}") |"
+    done
+    echo "| fake-triton (backend, for scale) | $(calc %.1f "${HWM[fake-direct]} / 1024") MiB |$( ((REAL)) && echo " |") |"
+    if ((REAL)); then
+        echo
+        echo "## Pass 2: end to end (real Triton, python add_sub)"
+        echo
+        main_table real "${REAL_LEVELS[@]}"
+        echo
+        ratio_table real "${REAL_LEVELS[@]}"
+        echo
+        echo "### Gateway added latency vs direct to Triton (issue 2)"
+        echo
+        echo "| c | direct p50 / p99 µs | infergate, validation off: p50 / p99 µs | added p50 / p99 µs | infergate, everything on: added p50 / p99 µs |"
+        echo "|---:|---:|---:|---:|---:|"
+        local c d o n
+        for c in "${REAL_LEVELS[@]}"; do
+            d="real-direct-c$c"; o="real-ig-off-c$c"; n="real-ig-on-c$c"
+            echo "| $c | $(f "$d" .latency_us.p50) / $(f "$d" .latency_us.p99) | $(f "$o" .latency_us.p50) / $(f "$o" .latency_us.p99) | $(($(f "$o" .latency_us.p50) - $(f "$d" .latency_us.p50))) / $(($(f "$o" .latency_us.p99) - $(f "$d" .latency_us.p99))) | $(($(f "$n" .latency_us.p50) - $(f "$d" .latency_us.p50))) / $(($(f "$n" .latency_us.p99) - $(f "$d" .latency_us.p99))) |"
+        done
+    fi
+    echo
+    echo "## Issue 8 targets (pass 1)"
+    echo
+    local c worst_on=99 worst_off=99 r
+    for c in "${LEVELS[@]}"; do
+        r="$(ratio "$(f "fake-ig-on-c$c" .throughput_rps)" "$(f "fake-nginx-c$c" .throughput_rps)")"
+        worst_on="$(awk -v a="$worst_on" -v b="$r" 'BEGIN { print (b < a ? b : a) }')"
+        r="$(ratio "$(f "fake-ig-off-c$c" .throughput_rps)" "$(f "fake-nginx-c$c" .throughput_rps)")"
+        worst_off="$(awk -v a="$worst_off" -v b="$r" 'BEGIN { print (b < a ? b : a) }')"
+    done
+    met() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { ok = (op == ">=" ? v >= t : v < t); print (ok ? "met" : "**not met**") }'; }
+    echo "- Everything on, throughput ≥ 0.9 × nginx at every concurrency: lowest ratio $worst_on — $(met "$worst_on" 0.9 ">=")."
+    if [[ " ${LEVELS[*]} " == *" 16 "* ]]; then
+        local added=$(($(f fake-ig-on-c16 .latency_us.p99) - $(f fake-direct-c16 .latency_us.p99)))
+        echo "- Everything on, p99 added latency < 1 ms at c=16: $added µs — $(met "$added" 1000 "<")."
+    fi
+    echo "- Validation and auth off, throughput ≥ nginx at every concurrency: lowest ratio $worst_off — $(met "$worst_off" 1.0 ">=")."
+}
+
+mkdir -p "$(dirname "$OUT")"
+report >"$OUT"
+cat "$OUT"
+say "wrote $OUT"
