@@ -51,7 +51,8 @@ pub struct Args {
     #[arg(long)]
     pub model_version: Option<String>,
 
-    /// Wire protocol. Only `http` is implemented; `grpc` is reserved.
+    /// Wire protocol: `http` (KServe v2 REST) or `grpc` (KServe v2 gRPC ModelInfer, tensors
+    /// as raw contents; --url is then the gRPC endpoint, http://host:port).
     #[arg(long, value_enum, default_value = "http")]
     pub protocol: Protocol,
 
@@ -181,7 +182,7 @@ pub struct Plan {
     pub model: String,
     /// Model version, if pinned.
     pub model_version: Option<String>,
-    /// Wire protocol (always `Http` once validated).
+    /// Wire protocol.
     pub protocol: Protocol,
     /// HTTP/2 prior knowledge.
     pub http2: bool,
@@ -214,14 +215,13 @@ pub struct Plan {
 impl Args {
     /// Validates the arguments and builds everything the run needs.
     pub fn into_plan(self) -> Result<Plan> {
-        if self.protocol == Protocol::Grpc {
-            bail!(
-                "--protocol grpc is not yet supported: only the HTTP/REST transport is \
-                 implemented (a gRPC Transport can be added next to transport/http.rs); \
-                 use --protocol http"
-            );
+        if self.protocol == Protocol::Grpc && self.request_file.is_some() {
+            bail!("--request-file is a JSON body for HTTP; with --protocol grpc use --input");
         }
-        let uri = infer_uri(&self.url, &self.model, self.model_version.as_deref())?;
+        let uri = match self.protocol {
+            Protocol::Http => infer_uri(&self.url, &self.model, self.model_version.as_deref())?,
+            Protocol::Grpc => crate::transport::grpc::infer_uri(&self.url)?,
+        };
         let headers = build_headers(
             self.bearer.as_deref(),
             self.api_key.as_deref(),
@@ -310,7 +310,8 @@ impl Args {
             return Ok((vec![body], BodySource::File(path.clone())));
         }
 
-        let encoding = if self.binary {
+        // gRPC sends tensors as raw contents, built from binary bodies.
+        let encoding = if self.binary || self.protocol == Protocol::Grpc {
             Encoding::Binary
         } else {
             Encoding::Json
@@ -416,9 +417,12 @@ mod tests {
     }
 
     #[test]
-    fn grpc_is_refused_clearly() {
-        let err = plan(&["--protocol", "grpc", "-i", "X:FP32:1"]).unwrap_err();
-        assert!(err.to_string().contains("not yet supported"), "{err}");
+    fn grpc_builds_binary_bodies() {
+        let p = plan(&["--protocol", "grpc", "-i", "X:FP32:1"]).unwrap();
+        assert_eq!(p.protocol, Protocol::Grpc);
+        assert!(p.bodies.iter().all(|b| b.header_len.is_some()));
+        let err = plan(&["--protocol", "grpc", "--request-file", "x.json"]).unwrap_err();
+        assert!(err.to_string().contains("--request-file"), "{err}");
     }
 
     #[test]

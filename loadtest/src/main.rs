@@ -19,8 +19,9 @@ use infergate_load::report::{
 };
 use infergate_load::runner::{Progress, run_step};
 use infergate_load::stats::StepSummary;
-use infergate_load::transport::Transport;
+use infergate_load::transport::grpc::{GrpcOptions, GrpcTransport};
 use infergate_load::transport::http::{HttpOptions, HttpTransport};
+use infergate_load::transport::{Protocol, Transport};
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -75,11 +76,31 @@ fn http_transport(plan: &Plan, connections: usize) -> Result<HttpTransport> {
     )
 }
 
+fn grpc_transport(plan: &Plan, connections: usize) -> Result<GrpcTransport> {
+    GrpcTransport::new(
+        &plan.url,
+        &plan.model,
+        plan.model_version.as_deref(),
+        &plan.bodies,
+        &plan.endpoint.headers,
+        GrpcOptions {
+            connections,
+            check: plan.check,
+        },
+    )
+}
+
 /// Sends one request before measuring, to fail fast with a clear message
 /// when nothing listens at `--url`, and to warn when the model refuses the
 /// request (wrong name or shape) instead of silently measuring errors.
 async fn preflight(plan: &Plan) -> Result<()> {
-    let t = http_transport(plan, 1)?;
+    match plan.protocol {
+        Protocol::Http => preflight_with(plan, http_transport(plan, 1)?).await,
+        Protocol::Grpc => preflight_with(plan, grpc_transport(plan, 1)?).await,
+    }
+}
+
+async fn preflight_with<T: Transport>(plan: &Plan, t: T) -> Result<()> {
     let r = tokio::time::timeout(plan.timing.timeout, t.infer(0)).await;
     match r {
         Ok(Ok(())) => Ok(()),
@@ -118,12 +139,20 @@ async fn run_plan(plan: Plan) -> Result<ExitCode> {
     let n = plan.steps.len();
     let mut summaries: Vec<StepSummary> = Vec::with_capacity(n);
     for (i, step) in plan.steps.iter().enumerate() {
-        let transport = Arc::new(http_transport(&plan, step.connections)?);
         let progress = Progress {
             enabled: !plan.quiet,
             prefix: format!("[{}/{} {}]", i + 1, n, step.load.label()),
         };
-        let result = run_step(transport, *step, plan.timing, progress).await;
+        let result = match plan.protocol {
+            Protocol::Http => {
+                let transport = Arc::new(http_transport(&plan, step.connections)?);
+                run_step(transport, *step, plan.timing, progress).await
+            }
+            Protocol::Grpc => {
+                let transport = Arc::new(grpc_transport(&plan, step.connections)?);
+                run_step(transport, *step, plan.timing, progress).await
+            }
+        };
         let summary = StepSummary::from_result(&result, plan.stability);
         out.line(&table_row(&summary));
         summaries.push(summary);

@@ -14,6 +14,8 @@ use serde::de::IgnoredAny;
 pub enum ErrorKind {
     /// The server answered with this HTTP status (non-2xx, or non-200 with `--check`).
     Status(u16),
+    /// The server answered with this gRPC status code (not OK).
+    Grpc(i32),
     /// No connection could be established (refused, unreachable, DNS).
     Connect,
     /// No complete response within `--timeout` of the intended send time.
@@ -41,6 +43,7 @@ impl ErrorKind {
     pub fn name(&self) -> String {
         match self {
             ErrorKind::Status(code) => format!("http_{code}"),
+            ErrorKind::Grpc(code) => format!("grpc_{code}"),
             ErrorKind::Connect => "connect".into(),
             ErrorKind::Timeout => "timeout".into(),
             ErrorKind::Request => "request".into(),

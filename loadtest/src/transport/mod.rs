@@ -2,14 +2,14 @@
 //!
 //! The runner only knows the [`Transport`] trait, so the load shapes (closed
 //! loop, open loop), the statistics and the report are shared by every wire
-//! protocol. HTTP/REST is implemented in [`http`]; a gRPC transport would be
-//! another implementation of the same trait (its own module, built from the
-//! same generated tensors), selected by `--protocol grpc`.
+//! protocol. HTTP/REST is implemented in [`http`], KServe v2 gRPC in [`grpc`]
+//! (built from the same generated tensors), selected by `--protocol grpc`.
 
 use std::future::Future;
 
 use crate::outcome::ErrorKind;
 
+pub mod grpc;
 pub mod http;
 
 /// Sends inference requests and reports how each one ended.
@@ -29,7 +29,7 @@ pub trait Transport: Send + Sync + 'static {
 pub enum Protocol {
     /// KServe v2 over HTTP/REST (HTTP/1.1, or h2c with `--http2`).
     Http,
-    /// KServe v2 over gRPC: reserved for a future transport; refused for now.
+    /// KServe v2 over gRPC (`ModelInfer`, raw tensor contents).
     Grpc,
 }
 
