@@ -189,6 +189,69 @@ pub fn check(request: &InferRequest, signature: &Signature) -> Result<(), Reject
     Ok(())
 }
 
+/// A raw binary request (no JSON header): `size` bytes for the model's only input, whose
+/// shape Triton deduces (batch 1, one variable dimension from the size). Triton keeps such
+/// an input under the name `raw_input`, which its messages show.
+pub fn check_raw(size: u64, signature: &Signature) -> Result<(), Rejection> {
+    let log = "[request id: <id_unknown>] ";
+    let model = signature.name.as_str();
+    let [spec] = signature.inputs.as_slice() else {
+        return Err(Rejection::new(
+            Reason::MalformedRequest,
+            format!(
+                "{log}Raw request must only have 1 input (found 1) to be deduced but got {} inputs in '{model}' model configuration",
+                signature.inputs.len()
+            ),
+        ));
+    };
+    let variable = spec.dims.iter().filter(|&&d| d == -1).count();
+    let fixed = spec
+        .dims
+        .iter()
+        .filter(|&&d| d != -1)
+        .fold(1i64, |n, &d| n.wrapping_mul(d));
+    if variable > 1 {
+        return Err(Rejection::new(
+            Reason::Shape,
+            format!(
+                "{log}The shape of the raw input '{}' can not be deduced because there are more than one variable-sized dimension",
+                spec.name
+            ),
+        ));
+    }
+    let Some(element_size) = spec.datatype.size() else {
+        if variable == 0 && fixed == 1 {
+            // Triton prepends the length: one string, always well-formed.
+            return Ok(());
+        }
+        return Err(Rejection::new(
+            Reason::Shape,
+            format!(
+                "{log}For BYTE datatype raw input '{}', the model must have input shape [1]",
+                spec.name
+            ),
+        ));
+    };
+    let mut elements = fixed;
+    if variable == 1 {
+        if fixed <= 0 {
+            // Triton would divide by this; nothing to compare against.
+            return Ok(());
+        }
+        elements = fixed.wrapping_mul(size as i64 / fixed / element_size as i64);
+    }
+    let expected = elements.wrapping_mul(element_size as i64);
+    if signature.platform.starts_with("tensorrt_") || i64::try_from(size) == Ok(expected) {
+        return Ok(());
+    }
+    Err(Rejection::new(
+        Reason::BinarySize,
+        format!(
+            "{log}input byte size mismatch for input 'raw_input' for model '{model}'. Expected {expected}, got {size}"
+        ),
+    ))
+}
+
 /// Triton's message for a request with the wrong number of inputs.
 fn count_error(
     request: &InferRequest,
@@ -783,6 +846,75 @@ mod tests {
             )
             .1,
             "[request id: <id_unknown>] All input dimensions should be specified for input 'INPUT0' for model 'add_sub', got [-1]"
+        );
+    }
+
+    #[test]
+    fn raw_requests_feed_the_only_input() {
+        let p = "[request id: <id_unknown>] ";
+        let batched = model(
+            "batched_double",
+            8,
+            vec![spec("INPUT0", DataType::Fp32, &[4])],
+            &["OUTPUT0"],
+        );
+        assert!(check_raw(16, &batched).is_ok());
+        assert_eq!(
+            check_raw(12, &batched).unwrap_err(),
+            Rejection::new(
+                Reason::BinarySize,
+                format!(
+                    "{p}input byte size mismatch for input 'raw_input' for model 'batched_double'. Expected 16, got 12"
+                )
+            )
+        );
+        assert_eq!(
+            check_raw(16, &add_sub()).unwrap_err().message,
+            format!(
+                "{p}Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in 'add_sub' model configuration"
+            )
+        );
+        let strings = model(
+            "string_echo",
+            0,
+            vec![spec("INPUT0", DataType::Bytes, &[-1])],
+            &["OUTPUT0"],
+        );
+        assert_eq!(
+            check_raw(5, &strings).unwrap_err().message,
+            format!("{p}For BYTE datatype raw input 'INPUT0', the model must have input shape [1]")
+        );
+        let one = model(
+            "one",
+            0,
+            vec![spec("INPUT0", DataType::Bytes, &[1])],
+            &["OUTPUT0"],
+        );
+        assert!(check_raw(5, &one).is_ok());
+        let variable = model(
+            "v",
+            0,
+            vec![spec("INPUT0", DataType::Fp32, &[-1, 2])],
+            &["OUTPUT0"],
+        );
+        assert!(check_raw(24, &variable).is_ok());
+        assert!(
+            check_raw(20, &variable)
+                .unwrap_err()
+                .message
+                .ends_with("Expected 16, got 20")
+        );
+        let two = model(
+            "w",
+            0,
+            vec![spec("INPUT0", DataType::Fp32, &[-1, -1])],
+            &["OUTPUT0"],
+        );
+        assert!(
+            check_raw(16, &two)
+                .unwrap_err()
+                .message
+                .contains("more than one variable-sized dimension")
         );
     }
 

@@ -18,6 +18,8 @@ use std::collections::HashSet;
 pub enum Parsed {
     /// Read: check it against the signature.
     Request(InferRequest),
+    /// A raw binary request: the whole body is the model's only input (`check_raw`).
+    Raw,
     /// A kind of request the gateway leaves to Triton (compressed body, raw binary input,
     /// an absurd header): forwarded unvalidated. The text says why, for debug logs.
     Unvalidated(&'static str),
@@ -59,8 +61,8 @@ pub fn parse(
         },
     } as usize;
     if header_length == 0 {
-        // Triton reads the whole body as one raw tensor ("raw binary request").
-        return Ok(Parsed::Unvalidated("raw binary request"));
+        // Triton reads the whole body as one tensor for the model's only input.
+        return Ok(Parsed::Raw);
     }
     let document = json::parse_request(&body[..header_length])
         .map_err(|e| Rejection::new(Reason::MalformedJson, json::syntax_message(&e)))?;
@@ -742,10 +744,7 @@ mod tests {
                 .message,
             format!("inference header size should be in range (0, {total}), got: 100000")
         );
-        assert_eq!(
-            binary(header, &[7; 16], Some("abc")).unwrap(),
-            Parsed::Unvalidated("raw binary request")
-        );
+        assert_eq!(binary(header, &[7; 16], Some("abc")).unwrap(), Parsed::Raw);
         assert_eq!(
             binary(header, &[7; 16], Some("99999999999")).unwrap(),
             Parsed::Unvalidated("Inference-Header-Content-Length overflows")
@@ -757,10 +756,7 @@ mod tests {
                 .message,
             "unexpected size for input 'INPUT0', expecting 16 additional bytes for model 'add_sub'"
         );
-        assert_eq!(
-            parse(&Bytes::new(), None, None, "m").unwrap(),
-            Parsed::Unvalidated("raw binary request")
-        );
+        assert_eq!(parse(&Bytes::new(), None, None, "m").unwrap(), Parsed::Raw);
         assert_eq!(
             parse(&Bytes::from(header), None, Some(b"gzip"), "m").unwrap(),
             Parsed::Unvalidated("compressed request body")

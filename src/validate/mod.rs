@@ -69,6 +69,7 @@ pub async fn http_request(
         &model.name,
     ) {
         Ok(http::Parsed::Request(parsed)) => check(&parsed, &signature),
+        Ok(http::Parsed::Raw) => check::check_raw(body.len() as u64, &signature),
         Ok(http::Parsed::Unvalidated(why)) => {
             tracing::debug!(model = %model.name, why, "inference request forwarded unvalidated");
             Ok(())
