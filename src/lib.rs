@@ -187,10 +187,20 @@ pub async fn serve(
     }
     if let Some(listener) = listeners.grpc {
         tracing::info!(addr = %listener.local_addr()?, "serving KServe v2 gRPC");
-        serve_one(
-            listener,
-            frontend::grpc::router(gateway.clone(), &tasks, &shutdown),
-        );
+        let router = frontend::grpc::router(gateway.clone(), &tasks, &shutdown);
+        // gRPC writes a response as several small HTTP/2 frames (headers, data, trailers):
+        // with Nagle on, the last one waits for the client's delayed ACK.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::debug!(%error, "could not set TCP_NODELAY");
+            }
+        });
+        let shutdown = shutdown.clone();
+        servers.spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        });
     }
     servers.close();
     tasks.close();
