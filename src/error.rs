@@ -75,6 +75,9 @@ pub enum GatewayError {
     /// The backend broke the exchange after it started.
     #[error("backend '{backend}' failed: {reason}")]
     UpstreamFailed { backend: String, reason: String },
+    /// Every target of the route has weight 0 (all rolled back or switched off).
+    #[error("route '{route}' has no target with a weight above 0")]
+    RouteUnavailable { route: String },
     /// No backend has room for the model, even after evicting what may be evicted.
     #[error("no backend has room for the model: {reason}")]
     NoRoom { reason: String },
@@ -119,6 +122,7 @@ impl GatewayError {
             | Self::MethodNotAllowed { .. } => ErrorSource::Client,
             Self::ModelNotReady { .. }
             | Self::NoBackendReady
+            | Self::RouteUnavailable { .. }
             | Self::NoRoom { .. }
             | Self::Churn { .. }
             | Self::LoadFailed { .. }
@@ -144,6 +148,7 @@ impl GatewayError {
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::UpstreamFailed { .. } => "upstream_failed",
+            Self::RouteUnavailable { .. } => "route_unavailable",
             Self::NoRoom { .. } => "no_room",
             Self::Churn { .. } => "churn",
             Self::LoadFailed { .. } => "load_failed",
@@ -162,6 +167,7 @@ impl GatewayError {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotReady { .. }
             | Self::NoBackendReady
+            | Self::RouteUnavailable { .. }
             | Self::NoRoom { .. }
             | Self::Churn { .. }
             | Self::LoadFailed { .. }
@@ -189,6 +195,7 @@ impl GatewayError {
             Self::NoRoom { .. } => Code::ResourceExhausted,
             Self::ModelNotReady { .. }
             | Self::NoBackendReady
+            | Self::RouteUnavailable { .. }
             | Self::Churn { .. }
             | Self::LoadFailed { .. }
             | Self::ShuttingDown
@@ -359,6 +366,12 @@ mod tests {
                 GatewayError::NoRoom { reason: "r".into() },
                 503,
                 ResourceExhausted,
+                Upstream,
+            ),
+            (
+                GatewayError::RouteUnavailable { route: "r".into() },
+                503,
+                Unavailable,
                 Upstream,
             ),
             (

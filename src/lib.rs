@@ -36,6 +36,7 @@ struct Inner {
     config: Config,
     pool: Arc<Pool>,
     placement: Arc<placement::Placement>,
+    routes: pipeline::RouteTable,
     signatures: Arc<validate::SignatureCache>,
     metrics: PrometheusHandle,
     draining: AtomicBool,
@@ -47,12 +48,14 @@ impl Gateway {
     pub fn new(config: Config) -> anyhow::Result<Self> {
         let pool = Arc::new(Pool::new(&config).map_err(anyhow::Error::msg)?);
         let placement = Arc::new(placement::Placement::new(&config, pool.clone()));
+        let routes = pipeline::RouteTable::new(&config.routes);
         let signatures = Arc::new(validate::SignatureCache::new(&config.validation));
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 pool,
                 placement,
+                routes,
                 signatures,
                 metrics: telemetry::metrics_handle(),
                 draining: AtomicBool::new(false),
@@ -68,6 +71,11 @@ impl Gateway {
     /// The backend pool.
     pub fn pool(&self) -> &Arc<Pool> {
         &self.inner.pool
+    }
+
+    /// Model names split across targets (canary routes).
+    pub fn routes(&self) -> &pipeline::RouteTable {
+        &self.inner.routes
     }
 
     /// Which model is loaded where.

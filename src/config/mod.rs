@@ -5,9 +5,11 @@
 //! reload can refuse a bad file without touching the running one.
 
 mod placement;
+mod routes;
 mod units;
 
 pub use placement::{Model, Placement};
+pub use routes::{Route, RouteTarget, StickyKey};
 pub use units::{ByteSize, HumanDuration};
 
 use serde::{Deserialize, Serialize};
@@ -41,6 +43,9 @@ pub struct Config {
     /// Checking inference requests against the model's signature.
     #[serde(default)]
     pub validation: Validation,
+    /// Model names split across targets by weight (canary rollouts).
+    #[serde(default)]
+    pub routes: Vec<Route>,
 }
 
 /// Inference requests are checked against the model's signature (fetched from a backend
@@ -310,6 +315,7 @@ impl Config {
             }
         }
         self.placement.validate(&self.models, &mut errors);
+        routes::validate(&self.routes, &mut errors);
         errors
     }
 }

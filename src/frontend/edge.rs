@@ -29,6 +29,8 @@ pub struct Served {
     pub version: Option<String>,
     /// Backend that answered.
     pub backend: String,
+    /// The route the client called, when its model name was a route.
+    pub route: Option<String>,
 }
 
 /// Client ids are kept when they are short printable ASCII; anything else is replaced so a
@@ -118,10 +120,14 @@ pub fn record(
         "model" => served.model.clone(),
         "version" => served.version.clone().unwrap_or_default(),
         "backend" => served.backend.clone(),
+        "route" => served.route.clone().unwrap_or_default(),
         "status" => status_class)
     .increment(1);
-    metrics::histogram!(telemetry::REQUEST_DURATION, "protocol" => protocol, "model" => served.model.clone())
-        .record(elapsed.as_secs_f64());
+    metrics::histogram!(telemetry::REQUEST_DURATION,
+        "protocol" => protocol,
+        "model" => served.model.clone(),
+        "route" => served.route.clone().unwrap_or_default())
+    .record(elapsed.as_secs_f64());
     if let Some(error) = error {
         metrics::counter!(telemetry::ERRORS, "kind" => error.kind, "source" => error.source.as_str())
             .increment(1);
@@ -168,21 +174,22 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
 
     let latency_ms = elapsed.as_secs_f64() * 1e3;
     let _entered = span.enter();
+    let route = served.route.as_deref().unwrap_or("");
     let version = served.version.as_deref().unwrap_or("");
     match error {
         Some(e) if e.source != ErrorSource::Client => tracing::warn!(
-            %method, path, model = served.model, version, backend = served.backend,
+            %method, path, model = served.model, version, backend = served.backend, route,
             status = status.as_u16(), latency_ms, error = e.kind, source = e.source.as_str(), message = e.message, "request failed"
         ),
         Some(e) => tracing::info!(
-            %method, path, model = served.model, version, backend = served.backend,
+            %method, path, model = served.model, version, backend = served.backend, route,
             status = status.as_u16(), latency_ms, error = e.kind, message = e.message, "request refused"
         ),
         None if is_probe(&path) => {
             tracing::debug!(%method, path, status = status.as_u16(), latency_ms, "probe")
         }
         None => tracing::info!(
-            %method, path, model = served.model, version, backend = served.backend,
+            %method, path, model = served.model, version, backend = served.backend, route,
             status = status.as_u16(), latency_ms, "request"
         ),
     }

@@ -163,7 +163,19 @@ fn check_action(action: &str, request: &Request) -> Result<(), GatewayError> {
 
 /// Every request about one model: find or load a copy, forward, stream the answer back
 /// while the lease keeps the copy in use.
-async fn to_model(gateway: &Gateway, model: ModelRef, request: Request) -> Response {
+async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> Response {
+    let headers = request.headers();
+    let routed = match gateway
+        .routes()
+        .resolve(model, |name| headers.get(name).map(|v| v.as_bytes()))
+    {
+        Ok(routed) => routed,
+        Err(error) => return error.into_response(),
+    };
+    if routed.route.is_some() {
+        *request.uri_mut() = target_uri(request.uri(), &routed.target);
+    }
+    let model = routed.target;
     let lease = match gateway.placement().acquire(&model).await {
         Ok(lease) => lease,
         Err(error) => return error.into_response(),
@@ -181,6 +193,7 @@ async fn to_model(gateway: &Gateway, model: ModelRef, request: Request) -> Respo
         model: model.name,
         version: model.version,
         backend: lease.backend().name.clone(),
+        route: routed.route,
     };
     let mut response = match forwarded {
         Ok(response) => {
@@ -189,8 +202,35 @@ async fn to_model(gateway: &Gateway, model: ModelRef, request: Request) -> Respo
         }
         Err(error) => error.into_response(),
     };
+    if let Some(label) = routed.label
+        && let Ok(value) = http::HeaderValue::from_str(&label)
+    {
+        response.headers_mut().insert(TARGET_HEADER, value);
+    }
     response.extensions_mut().insert(served);
     response
+}
+
+/// Response header naming the route target that served a request (`model[/version]`).
+const TARGET_HEADER: http::HeaderName = http::HeaderName::from_static("infergate-target");
+
+/// `/v2/models/{route}{rest}` becomes `/v2/models/{target}[/versions/{v}]{rest}`.
+fn target_uri(uri: &http::Uri, target: &ModelRef) -> http::Uri {
+    let path = uri.path();
+    let after_model = path
+        .strip_prefix("/v2/models/")
+        .map_or("", |tail| tail.find('/').map_or("", |i| &tail[i..]));
+    let mut rewritten = format!("/v2/models/{}", upstream::path_segment(&target.name));
+    if let Some(version) = &target.version {
+        rewritten.push_str("/versions/");
+        rewritten.push_str(&upstream::path_segment(version));
+    }
+    rewritten.push_str(after_model);
+    if let Some(query) = uri.query() {
+        rewritten.push('?');
+        rewritten.push_str(query);
+    }
+    rewritten.parse().unwrap_or_else(|_| uri.clone())
 }
 
 /// Refuses a declared length over the limit at once, and cuts off a chunked body that grows
@@ -287,8 +327,7 @@ async fn repository_action(
     let mut response = json_response(StatusCode::OK, Bytes::new());
     response.extensions_mut().insert(Served {
         model,
-        version: None,
-        backend: String::new(),
+        ..Served::default()
     });
     Ok(response)
 }

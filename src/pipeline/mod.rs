@@ -1,11 +1,14 @@
-//! The walk every model request takes, whatever its wire format: find or load a copy of the
-//! model (`Placement::acquire`), then forward. Later stages (auth, route, validate) slot in here, each a
-//! plain function over the gateway state and the request, so HTTP and gRPC share every rule.
+//! The walk every model request takes, whatever its wire format: resolve the route to a
+//! target model (`route`), find or load a copy of it (`Placement::acquire`), check the input
+//! (`validate`), then forward. Each stage is a plain function over the gateway state and the
+//! request, so HTTP and gRPC share every rule.
 
 mod place;
 pub mod repository;
+mod route;
 
 pub use place::LeasedBody;
+pub use route::{PIN_HEADER, RouteTable, Routed};
 
 /// The model a request names, as the client wrote it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -15,7 +15,7 @@ use crate::config;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
 use crate::telemetry;
-use crate::upstream::{Backend, InFlight, Pool, metrics_scrape};
+use crate::upstream::{Backend, InFlight, Pool, metrics_scrape, path_segment};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::collections::{HashMap, HashSet};
@@ -285,6 +285,14 @@ impl Placement {
         let outcome = self
             .measured_load(plan.backend, &backend, &plan.model)
             .await;
+        if outcome.is_ok() {
+            // Versions served are read from the index: refresh it before anyone is told.
+            if let Err(reason) =
+                crate::upstream::refresh_index(&backend, Duration::from_secs(2)).await
+            {
+                tracing::warn!(backend = %backend.name, %reason, "index refresh after a load failed");
+            }
+        }
         let result = if outcome.is_ok() {
             "success"
         } else {
@@ -644,17 +652,4 @@ fn triton_message(status: StatusCode, body: &[u8]) -> String {
         .ok()
         .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
         .unwrap_or_else(|| format!("backend answered {status}"))
-}
-
-/// Percent-encodes a model name for use as one URL path segment.
-fn path_segment(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for byte in name.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
 }

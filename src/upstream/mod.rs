@@ -18,6 +18,19 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+/// Percent-encodes a model name for use as one URL path segment.
+pub fn path_segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
 /// A backend's base URL, and whether it speaks HTTP/2 with prior knowledge (`h2c://`).
 #[derive(Clone, Debug)]
 pub struct BackendUrl {

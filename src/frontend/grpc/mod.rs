@@ -139,6 +139,7 @@ impl InferenceService {
             model: model.name.clone(),
             version: model.version.clone(),
             backend: lease.backend().name.clone(),
+            route: None,
         });
         Ok(lease)
     }
