@@ -130,7 +130,7 @@ fn sum(response: &ModelInferResponse) -> Vec<f32> {
 
 #[tokio::test]
 async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
-    let t0 = Triton::start(TritonOptions::with_models(&["add_sub"]))
+    let t0 = Triton::start(TritonOptions::with_models(&["add_sub", "slow_model"]))
         .await
         .unwrap();
     let gateway = TestGateway::start(&config_for("tonic", &[&t0], "", "")).await;
@@ -170,6 +170,15 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     assert_ne!(id, "has space");
     assert_eq!(id.to_str().unwrap().len(), 36);
     assert!(response.into_inner().ready);
+
+    // The deadline is checked on both sides of the gateway: tonic's client enforces its own
+    // grpc-timeout, so here only "not a hang" is visible (the gateway's own DEADLINE_EXCEEDED
+    // is pinned by unit tests in frontend::grpc::call and upstream::grpc).
+    let mut slow = slow_request(5_000);
+    slow.set_timeout(Duration::from_millis(300));
+    let started = Instant::now();
+    client.model_infer(slow).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2));
 
     // grpc.health.v1, for load balancers: the whole server and the inference service.
     let channel = Channel::from_shared(gateway.grpc_url())
@@ -219,6 +228,29 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     );
 }
 
+/// A slow_model request that takes `delay_ms` on the backend.
+fn slow_request(delay_ms: i64) -> tonic::Request<ModelInferRequest> {
+    let mut slow = ModelInferRequest {
+        model_name: "slow_model".into(),
+        id: "slow".into(),
+        inputs: vec![InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "FP32".into(),
+            shape: vec![4],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![bytes::Bytes::from(vec![0u8; 16])],
+        ..Default::default()
+    };
+    slow.parameters.insert(
+        "delay_ms".into(),
+        InferParameter {
+            parameter_choice: Some(ParameterChoice::Int64Param(delay_ms)),
+        },
+    );
+    tonic::Request::new(slow)
+}
+
 #[tokio::test]
 async fn a_killed_backend_gives_unavailable_not_a_hang() {
     let mut t0 = Triton::start(TritonOptions::with_models(&["add_sub", "slow_model"]))
@@ -233,25 +265,10 @@ async fn a_killed_backend_gives_unavailable_not_a_hang() {
 
     // A stream with a request in flight on the backend when it dies.
     let (requests, queue) = tokio::sync::mpsc::channel(4);
-    let mut slow = ModelInferRequest {
-        model_name: "slow_model".into(),
-        id: "in-flight".into(),
-        inputs: vec![InferInputTensor {
-            name: "INPUT0".into(),
-            datatype: "FP32".into(),
-            shape: vec![4],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![bytes::Bytes::from(vec![0u8; 16])],
-        ..Default::default()
-    };
-    slow.parameters.insert(
-        "delay_ms".into(),
-        InferParameter {
-            parameter_choice: Some(ParameterChoice::Int64Param(10_000)),
-        },
-    );
-    requests.send(slow).await.unwrap();
+    requests
+        .send(slow_request(10_000).into_inner())
+        .await
+        .unwrap();
     let mut answers = client
         .model_stream_infer(tokio_stream::wrappers::ReceiverStream::new(queue))
         .await

@@ -130,7 +130,7 @@ where
             crate::telemetry::upstream_latency(&backend.name, started.elapsed());
             Ok(response)
         }
-        Ok(Err(status)) => Err(classify(backend, status)),
+        Ok(Err(status)) => Err(classify(backend, status, Some(timeout))),
         Err(_) => Err(CallError::Gateway(GatewayError::UpstreamTimeout {
             backend: backend.name.clone(),
             after: timeout,
@@ -140,18 +140,28 @@ where
 
 /// Tells a transport failure (tonic made the status from an error of its own: it has a
 /// source) from the backend's own answer (no source), and counts connection failures.
-pub fn classify(backend: &Backend, status: Status) -> CallError {
+/// `timeout` is the `grpc-timeout` the call was sent with: tonic's client enforces it too,
+/// and its expiry (which tonic calls CANCELLED) is the backend being too slow.
+pub fn classify(backend: &Backend, status: Status, timeout: Option<Duration>) -> CallError {
     let Some(source) = std::error::Error::source(&status) else {
         backend.record_success();
         return CallError::Backend(status);
     };
     let mut connect = false;
+    let mut expired = false;
     let mut innermost = source.to_string();
     let mut next = Some(source);
     while let Some(error) = next {
         connect |= error.is::<tonic::ConnectError>();
+        expired |= error.is::<tonic::TimeoutExpired>();
         innermost = error.to_string();
         next = error.source();
+    }
+    if expired {
+        return CallError::Gateway(GatewayError::UpstreamTimeout {
+            backend: backend.name.clone(),
+            after: timeout.unwrap_or_default(),
+        });
     }
     if connect {
         backend.record_connect_failure(&innermost);
@@ -185,6 +195,33 @@ mod tests {
         assert!(parse_url("https://x:1").is_err());
         assert!(parse_url("http://").is_err());
         assert!(parse_url("http://x:1/v2").unwrap_err().contains("path"));
+    }
+
+    fn backend() -> Backend {
+        let config = config::Config::parse(
+            "[listen]\nhttp = \"127.0.0.1:0\"\n[[backends]]\nname = \"b\"\n\
+             http = \"http://127.0.0.1:1\"\ngrpc = \"http://127.0.0.1:1\"",
+        )
+        .unwrap();
+        Backend::new(&config.backends[0], &config.upstream).unwrap()
+    }
+
+    #[test]
+    fn answers_pass_through_and_failures_are_named() {
+        let backend = backend();
+        match classify(&backend, Status::invalid_argument("bad shape"), None) {
+            CallError::Backend(status) => assert_eq!(status.message(), "bad shape"),
+            other => panic!("{other:?}"),
+        }
+        // tonic's own expiry of the grpc-timeout it sent: the backend was too slow.
+        let expired = Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        match classify(&backend, expired, Some(Duration::from_millis(300))) {
+            CallError::Gateway(error @ GatewayError::UpstreamTimeout { .. }) => {
+                assert_eq!(error.grpc_code(), tonic::Code::DeadlineExceeded);
+                assert_eq!(error.to_string(), "backend 'b' did not answer within 300ms");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]

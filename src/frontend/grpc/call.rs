@@ -473,6 +473,26 @@ mod tests {
         assert_eq!(names, ["authorization", "x-tenant"]);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn the_clients_deadline_ends_the_work_with_deadline_exceeded() {
+        let mut request = tonic::Request::new(());
+        let deadline = Instant::now() + Duration::from_millis(300);
+        request.extensions_mut().insert(Deadline(deadline));
+        let call = Call::start("ModelInfer", &request);
+        assert_eq!(
+            call.budget(Duration::from_secs(60)),
+            Duration::from_millis(300)
+        );
+        let outcome: Result<(), Failure> = call.run(std::future::pending()).await;
+        assert_eq!(Instant::now(), deadline);
+        let failure = outcome.unwrap_err();
+        assert!(matches!(failure, Failure::Deadline(after) if after == Duration::from_millis(300)));
+        let status = call.fail(failure, &[]);
+        assert_eq!(status.code(), Code::DeadlineExceeded);
+        assert!(status.message().contains("300ms"));
+        assert!(status.metadata().get("x-request-id").is_some());
+    }
+
     #[test]
     fn failures_map_to_codes() {
         let (status, kind) = Failure::TooLarge(10).into_status();

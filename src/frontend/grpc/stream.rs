@@ -235,10 +235,14 @@ async fn pump(
     out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
 ) -> Result<u64, Failure> {
     let backend = lease.backend();
+    let timeout = request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| super::call::parse_timeout(v.as_bytes()));
     let mut client = upstream_grpc::client(backend)?;
     let mut answers = match client.model_stream_infer(request).await {
         Ok(response) => response.into_inner(),
-        Err(status) => return Err(upstream_grpc::classify(backend, status).into()),
+        Err(status) => return Err(upstream_grpc::classify(backend, status, timeout).into()),
     };
     backend.record_success();
     let mut relayed = 0;
@@ -251,7 +255,7 @@ async fn pump(
                 }
             }
             Ok(None) => return Ok(relayed),
-            Err(status) => return Err(upstream_grpc::classify(backend, status).into()),
+            Err(status) => return Err(upstream_grpc::classify(backend, status, timeout).into()),
         }
     }
 }
