@@ -35,12 +35,21 @@ enum Command {
     Run,
     /// Validate a config file and print every error with its key; exit 1 on error.
     Check,
+    /// Replay a request trace against the placement policy, LRU baselines and Belady.
+    Simulate(Box<infergate::placement::simulate::Args>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => check(&cli.config),
+        Command::Simulate(args) => match infergate::placement::simulate::main(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("simulate: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Run => run(&cli.config, cli.log_format),
     }
 }

@@ -6,6 +6,7 @@
 //! single truth, kept in line with each backend's repository index by `reconcile`.
 
 mod estimate;
+pub mod simulate;
 mod table;
 
 pub use estimate::{Estimate, Estimator, SizeSource};

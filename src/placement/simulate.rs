@@ -1,0 +1,598 @@
+//! `infergate simulate`: replays a request trace against the real placement table with a
+//! virtual clock and fake backends, beside per-instance LRU baselines (what ModelMesh does)
+//! and Belady's oracle, so a policy change can be judged on a million requests in seconds
+//! instead of on a GPU pool in days.
+//!
+//! The real policy is `Table::decide` / `finish_load` / `release`, called as
+//! `Placement::acquire` and `run_load` call them, with `tokio::time::Instant`s computed from
+//! the virtual clock (`base + elapsed`): no runtime, no sleeping. What the gateway does
+//! around the table — load slots per backend, waiters re-deciding when their load ends,
+//! leases held for the request's length — the event loop in `engine` does the same way.
+
+mod engine;
+mod policies;
+mod trace;
+
+pub use engine::{Outcome, Placer, Refusal, Setup, Step, run};
+pub use policies::{Baseline, Real, Rule};
+pub use trace::{Request, Rng, Trace, Workload, generate, parse, to_csv};
+
+use crate::config::{ByteSize, HumanDuration};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Command-line options of `infergate simulate`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Models in the generated trace.
+    #[arg(long, default_value_t = 10_000)]
+    pub models: usize,
+    /// Backends in the pool.
+    #[arg(long, default_value_t = 20)]
+    pub backends: usize,
+    /// Requests in the generated trace.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub requests: usize,
+    /// Memory per backend (as `backends[].capacity`).
+    #[arg(long, default_value = "16GiB", value_parser = ByteSize::parse)]
+    pub capacity: ByteSize,
+    /// Kept free on each backend (as `placement.mem_buffer`).
+    #[arg(long, default_value = "128MiB", value_parser = ByteSize::parse)]
+    pub mem_buffer: ByteSize,
+    /// Replay this trace (`time_ms,model` CSV) instead of generating one.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Model sizes for `--trace` (`model,bytes` CSV); default: `<trace>.sizes.csv` beside
+    /// the trace if it exists.
+    #[arg(long, requires = "trace")]
+    pub sizes: Option<PathBuf>,
+    /// Size of a model the sizes file does not name.
+    #[arg(long, default_value = "256MiB", value_parser = ByteSize::parse)]
+    pub default_size: ByteSize,
+    /// Write the trace used to FILE and its sizes to `<FILE>.sizes.csv`.
+    #[arg(long, value_name = "FILE")]
+    pub save_trace: Option<PathBuf>,
+    /// Seed of the generated trace.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Mean rate of the steady request stream, per second.
+    #[arg(long, default_value_t = 10.0)]
+    pub rate: f64,
+    /// Median model size (log-normal).
+    #[arg(long, default_value = "256MiB", value_parser = ByteSize::parse)]
+    pub size_median: ByteSize,
+    /// σ of the log-normal model size.
+    #[arg(long, default_value_t = 1.0)]
+    pub size_sigma: f64,
+    /// Smallest model size.
+    #[arg(long, default_value = "16MiB", value_parser = ByteSize::parse)]
+    pub size_min: ByteSize,
+    /// Largest model size.
+    #[arg(long, default_value = "8GiB", value_parser = ByteSize::parse)]
+    pub size_max: ByteSize,
+    /// Zipf exponent of popularity.
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf: f64,
+    /// Popularity ranks rotated per hour (a new model becomes the hottest each step).
+    #[arg(long, default_value_t = 100.0)]
+    pub drift: f64,
+    /// Mean time between bursts; 0s turns them off.
+    #[arg(long, default_value = "10m", value_parser = HumanDuration::parse)]
+    pub burst_every: HumanDuration,
+    /// Requests in a burst (all for one model picked at random).
+    #[arg(long, default_value_t = 200)]
+    pub burst_size: usize,
+    /// How long a burst lasts.
+    #[arg(long, default_value = "60s", value_parser = HumanDuration::parse)]
+    pub burst_length: HumanDuration,
+    /// The real policy's `placement.min_churn_age`.
+    #[arg(long, default_value = "60s", value_parser = HumanDuration::parse)]
+    pub min_churn_age: HumanDuration,
+    /// Fixed part of a load's duration.
+    #[arg(long, default_value = "500ms", value_parser = HumanDuration::parse)]
+    pub load_base: HumanDuration,
+    /// Load time per GiB of model.
+    #[arg(long, default_value = "1s", value_parser = HumanDuration::parse)]
+    pub load_per_gib: HumanDuration,
+    /// How long a request holds its model copy.
+    #[arg(long, default_value = "10ms", value_parser = HumanDuration::parse)]
+    pub service_time: HumanDuration,
+    /// Loads at once per backend (`placement.max_loading_concurrency`).
+    #[arg(long, default_value_t = 2)]
+    pub max_loading: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One policy's row of the report.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// Policy name.
+    pub policy: &'static str,
+    /// What it did.
+    pub outcome: Outcome,
+    /// Wall time the replay took.
+    pub wall: Duration,
+}
+
+/// Builds or reads the trace, replays it against the three policies, prints the report.
+pub fn main(args: &Args) -> anyhow::Result<()> {
+    anyhow::ensure!(args.backends > 0, "--backends must be at least 1");
+    anyhow::ensure!(args.max_loading > 0, "--max-loading must be at least 1");
+    let started = std::time::Instant::now();
+    let trace = match &args.trace {
+        Some(path) => read_trace(path, args.sizes.as_deref(), args.default_size.bytes())?,
+        None => {
+            anyhow::ensure!(
+                args.models > 0 && args.rate > 0.0,
+                "--models and --rate must be positive"
+            );
+            generate(&workload(args))
+        }
+    };
+    let trace_wall = started.elapsed();
+    if let Some(path) = &args.save_trace {
+        let (requests, sizes) = to_csv(&trace);
+        std::fs::write(path, requests)?;
+        std::fs::write(sizes_path(path), sizes)?;
+    }
+    let setup = Setup {
+        usable: vec![
+            args.capacity
+                .bytes()
+                .saturating_sub(args.mem_buffer.bytes());
+            args.backends
+        ],
+        min_churn_age: args.min_churn_age.0,
+        load_base: args.load_base.0,
+        load_per_gib: args.load_per_gib.0,
+        service: args.service_time.0,
+        max_loading: args.max_loading,
+    };
+    let rows = compare(&trace, &setup);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json_report(args, &trace, &setup, &rows, trace_wall))?
+        );
+    } else {
+        print!("{}", text_report(&trace, &setup, &rows, trace_wall));
+    }
+    Ok(())
+}
+
+/// Runs the real table and the baselines (plain LRU, LRU placed by instance age, Belady)
+/// over the same trace and pool.
+pub fn compare(trace: &Trace, setup: &Setup) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut timed = |policy: &'static str, placer: &mut dyn Placer| {
+        let started = std::time::Instant::now();
+        let outcome = run(placer, trace, setup);
+        rows.push(Row {
+            policy,
+            outcome,
+            wall: started.elapsed(),
+        });
+    };
+    timed("infergate", &mut Real::new(trace, setup));
+    timed("plain LRU", &mut Baseline::new(Rule::Lru, trace, setup));
+    timed(
+        "LRU, oldest instance",
+        &mut Baseline::new(Rule::LruOldestInstance, trace, setup),
+    );
+    timed("Belady", &mut Baseline::new(Rule::Belady, trace, setup));
+    rows
+}
+
+fn workload(args: &Args) -> Workload {
+    Workload {
+        models: args.models,
+        requests: args.requests,
+        seed: args.seed,
+        rate: args.rate,
+        size_median: args.size_median.bytes(),
+        size_sigma: args.size_sigma,
+        size_min: args.size_min.bytes(),
+        size_max: args.size_max.bytes(),
+        zipf: args.zipf,
+        drift_per_hour: args.drift,
+        burst_every: args.burst_every.0,
+        burst_size: args.burst_size,
+        burst_length: args.burst_length.0,
+    }
+}
+
+/// `trace.csv` → `trace.sizes.csv`.
+fn sizes_path(trace: &Path) -> PathBuf {
+    let stem = trace.file_stem().unwrap_or_default().to_string_lossy();
+    trace.with_file_name(format!("{stem}.sizes.csv"))
+}
+
+fn read_trace(path: &Path, sizes: Option<&Path>, default_size: u64) -> anyhow::Result<Trace> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let sizes_file = match sizes {
+        Some(p) => Some(p.to_path_buf()),
+        None => Some(sizes_path(path)).filter(|p| p.exists()),
+    };
+    let sizes_text = match &sizes_file {
+        Some(p) => {
+            Some(std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
+        }
+        None => None,
+    };
+    parse(&text, sizes_text.as_deref(), default_size)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Bytes in the largest binary unit that keeps the number at least 1.
+fn human(bytes: u64) -> String {
+    let mut value = bytes as f64;
+    for unit in ["B", "KiB", "MiB", "GiB"] {
+        if value < 1024.0 {
+            return format!("{value:.1} {unit}");
+        }
+        value /= 1024.0;
+    }
+    format!("{value:.1} TiB")
+}
+
+fn percentile(waits: &[u32], p: f64) -> u32 {
+    if waits.is_empty() {
+        return 0;
+    }
+    let mut sorted = waits.to_vec();
+    let rank = ((sorted.len() - 1) as f64 * p).round() as usize;
+    *sorted.select_nth_unstable(rank).1
+}
+
+fn mean_ms(waits: &[u32]) -> f64 {
+    if waits.is_empty() {
+        0.0
+    } else {
+        waits.iter().map(|&w| f64::from(w)).sum::<f64>() / waits.len() as f64
+    }
+}
+
+fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration) -> String {
+    use std::fmt::Write as _;
+    let span = trace.requests.last().map_or(0, |r| r.at_ms) as f64 / 3_600_000.0;
+    let total: u64 = trace.sizes.iter().sum();
+    let pool: u64 = setup.usable.iter().sum();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} requests over {:.1} h, {} models ({} in all), {} backends × {} usable ({}, {:.1}% of the models' bytes); trace built in {:.2}s",
+        trace.requests.len(),
+        span,
+        trace.names.len(),
+        human(total),
+        setup.usable.len(),
+        human(setup.usable.first().copied().unwrap_or(0)),
+        human(pool),
+        100.0 * pool as f64 / total.max(1) as f64,
+        trace_wall.as_secs_f64(),
+    );
+    let _ = writeln!(
+        out,
+        "min_churn_age {:?}, load {:?} + {:?}/GiB, {} loads at once per backend, service {:?}\n",
+        setup.min_churn_age, setup.load_base, setup.load_per_gib, setup.max_loading, setup.service
+    );
+    let _ = writeln!(
+        out,
+        "| policy | hit ratio | cold misses | loads | loaded | evictions | mean evicted idle | refused (churn / no room) | cold wait mean / p99 | peak committed max / sum | wall |"
+    );
+    let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    for row in rows {
+        let o = &row.outcome;
+        let idle = if o.evictions == 0 {
+            0.0
+        } else {
+            o.evicted_idle.as_secs_f64() / o.evictions as f64
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {:.2}% | {} | {} | {} | {} | {:.0}s | {} / {} | {:.2}s / {:.2}s | {} / {} | {:.2}s |",
+            row.policy,
+            100.0 * o.hit_ratio(),
+            o.cold_misses,
+            o.loads,
+            human(o.bytes_loaded),
+            o.evictions,
+            idle,
+            o.refused_churn,
+            o.refused_no_room + o.refused_other,
+            mean_ms(&o.cold_waits_ms) / 1000.0,
+            f64::from(percentile(&o.cold_waits_ms, 0.99)) / 1000.0,
+            human(o.peak_committed.iter().max().copied().unwrap_or(0)),
+            human(o.peak_committed.iter().sum::<u64>()),
+            row.wall.as_secs_f64(),
+        );
+    }
+    let find = |name: &str| rows.iter().find(|r| r.policy == name).map(|r| &r.outcome);
+    if let Some(real) = find("infergate") {
+        let _ = writeln!(out);
+        for (other, label) in [
+            ("plain LRU", "vs plain LRU"),
+            ("LRU, oldest instance", "vs LRU, oldest instance"),
+            ("Belady", "vs Belady (the gap left)"),
+        ] {
+            if let Some(o) = find(other) {
+                let _ = writeln!(
+                    out,
+                    "infergate {label}: hit ratio {:+.2} points, bytes loaded {:+.1}%",
+                    100.0 * (real.hit_ratio() - o.hit_ratio()),
+                    100.0 * (real.bytes_loaded as f64 / o.bytes_loaded.max(1) as f64 - 1.0),
+                );
+            }
+        }
+    }
+    out
+}
+
+fn json_report(
+    args: &Args,
+    trace: &Trace,
+    setup: &Setup,
+    rows: &[Row],
+    trace_wall: Duration,
+) -> serde_json::Value {
+    let policies: Vec<_> = rows
+        .iter()
+        .map(|row| {
+            let o = &row.outcome;
+            serde_json::json!({
+                "policy": row.policy,
+                "requests": o.requests,
+                "hits": o.hits,
+                "hit_ratio": o.hit_ratio(),
+                "cold_misses": o.cold_misses,
+                "loads": o.loads,
+                "bytes_loaded": o.bytes_loaded,
+                "evictions": o.evictions,
+                "mean_evicted_idle_seconds": if o.evictions == 0 { 0.0 } else { o.evicted_idle.as_secs_f64() / o.evictions as f64 },
+                "refused_churn": o.refused_churn,
+                "refused_no_room": o.refused_no_room,
+                "refused_other": o.refused_other,
+                "cold_wait_mean_seconds": mean_ms(&o.cold_waits_ms) / 1000.0,
+                "cold_wait_p99_seconds": f64::from(percentile(&o.cold_waits_ms, 0.99)) / 1000.0,
+                "peak_committed_bytes": o.peak_committed,
+                "peak_committed_max_bytes": o.peak_committed.iter().max(),
+                "peak_committed_sum_bytes": o.peak_committed.iter().sum::<u64>(),
+                "loads_per_backend": o.loads_per_backend,
+                "peak_load_queue": o.peak_load_queue,
+                "wall_seconds": row.wall.as_secs_f64(),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "trace": {
+            "source": args.trace.as_ref().map_or("generated".to_string(), |p| p.display().to_string()),
+            "seed": args.seed,
+            "models": trace.names.len(),
+            "requests": trace.requests.len(),
+            "span_seconds": trace.requests.last().map_or(0, |r| r.at_ms) as f64 / 1000.0,
+            "model_bytes_total": trace.sizes.iter().sum::<u64>(),
+            "build_seconds": trace_wall.as_secs_f64(),
+        },
+        "pool": {
+            "backends": setup.usable.len(),
+            "usable_bytes_each": setup.usable.first(),
+            "min_churn_age_seconds": setup.min_churn_age.as_secs_f64(),
+            "load_base_seconds": setup.load_base.as_secs_f64(),
+            "load_per_gib_seconds": setup.load_per_gib.as_secs_f64(),
+            "service_seconds": setup.service.as_secs_f64(),
+            "max_loading": setup.max_loading,
+        },
+        "policies": policies,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn setup(usable_mib: &[u64], churn: Duration) -> Setup {
+        Setup {
+            usable: usable_mib.iter().map(|m| m * MIB).collect(),
+            min_churn_age: churn,
+            load_base: Duration::from_millis(500),
+            load_per_gib: Duration::from_secs(1),
+            service: Duration::from_millis(10),
+            max_loading: 2,
+        }
+    }
+
+    /// (hits, cold misses, loads, evictions, bytes loaded in MiB, churn refusals)
+    fn summary(o: &Outcome) -> (u64, u64, u64, u64, u64, u64) {
+        (
+            o.hits,
+            o.cold_misses,
+            o.loads,
+            o.evictions,
+            o.bytes_loaded / MIB,
+            o.refused_churn,
+        )
+    }
+
+    fn row<'a>(rows: &'a [Row], policy: &str) -> &'a Outcome {
+        &rows
+            .iter()
+            .find(|r| r.policy == policy)
+            .unwrap_or_else(|| panic!("no row {policy}"))
+            .outcome
+    }
+
+    fn tiny() -> Trace {
+        parse(
+            include_str!("../../tests/traces/tiny.csv"),
+            Some(include_str!("../../tests/traces/tiny.sizes.csv")),
+            1,
+        )
+        .unwrap()
+    }
+
+    /// One backend with room for two of the 40 MiB models; requests a b c a d a b, one a
+    /// second (every load is done well before the next request).
+    ///
+    /// LRU: a b c(evicts a) a(evicts b) d(evicts c) a=hit b(evicts d): 1 hit, 6 loads, 4 evictions.
+    /// Belady: a b c(evicts b: next needed at 6, a at 3) a=hit d(evicts c: never again)
+    /// a=hit b(a and d never again; a goes, lower index): 2 hits, 5 loads, 3 evictions.
+    #[test]
+    fn one_backend_lru_and_belady_by_hand() {
+        let trace = tiny();
+        assert_eq!(trace.names, ["a", "b", "c", "d"]);
+        let setup = setup(&[100], Duration::ZERO);
+        let rows = compare(&trace, &setup);
+        assert_eq!(summary(row(&rows, "infergate")), (1, 6, 6, 4, 240, 0));
+        assert_eq!(summary(row(&rows, "plain LRU")), (1, 6, 6, 4, 240, 0));
+        assert_eq!(
+            summary(row(&rows, "LRU, oldest instance")),
+            (1, 6, 6, 4, 240, 0)
+        );
+        assert_eq!(summary(row(&rows, "Belady")), (2, 5, 5, 3, 200, 0));
+        for row in &rows {
+            assert_eq!(row.outcome.peak_committed, [80 * MIB]);
+            assert_eq!(
+                row.outcome.cold_waits_ms.len() as u64,
+                row.outcome.cold_misses
+            );
+        }
+        // Each cold miss waits exactly its load: 0.5 s + 40 MiB at 1 s/GiB.
+        assert!(
+            row(&rows, "infergate")
+                .cold_waits_ms
+                .iter()
+                .all(|&w| w == 539)
+        );
+    }
+
+    /// The same trace with the churn guard at 60 s: nothing is ever old enough to evict, so
+    /// c and d are refused and the two first models stay.
+    #[test]
+    fn churn_guard_refuses_instead_of_evicting() {
+        let rows = compare(&tiny(), &setup(&[100], Duration::from_secs(60)));
+        // a b load; c refused; a hit; d refused; a hit; b hit.
+        assert_eq!(summary(row(&rows, "infergate")), (3, 2, 2, 0, 80, 2));
+        assert_eq!(row(&rows, "infergate").refusals(), 2);
+        // The baselines have no guard.
+        assert_eq!(row(&rows, "plain LRU").refused_churn, 0);
+    }
+
+    /// Two backends (100 and 95 MiB), one request a second: a(60) b(50) c(30) a d(50) a.
+    /// a → backend 0 (most free), b → 1, c → 1 (45 free against 40). When d comes nothing has
+    /// room. Plain LRU takes the backend with most free space (0, 40 free) and evicts a, then
+    /// must evict d again to bring a back: 1 hit, 5 loads (250 MiB), 2 evictions.
+    /// infergate takes the backend whose victims are oldest (1: b, last used at 1 s, against
+    /// a at 3 s) and a stays: 2 hits, 4 loads (190 MiB), 1 eviction. Belady agrees (b is
+    /// never needed again).
+    #[test]
+    fn two_backends_placement_rule_by_hand() {
+        let trace = parse(
+            "0,a\n1000,b\n2000,c\n3000,a\n4000,d\n5000,a\n",
+            Some("a,60MiB\nb,50MiB\nc,30MiB\nd,50MiB\n"),
+            1,
+        )
+        .unwrap();
+        let rows = compare(&trace, &setup(&[100, 95], Duration::ZERO));
+        assert_eq!(summary(row(&rows, "infergate")), (2, 4, 4, 1, 190, 0));
+        assert_eq!(summary(row(&rows, "plain LRU")), (1, 5, 5, 2, 250, 0));
+        assert_eq!(
+            summary(row(&rows, "LRU, oldest instance")),
+            (2, 4, 4, 1, 190, 0)
+        );
+        assert_eq!(summary(row(&rows, "Belady")), (2, 4, 4, 1, 190, 0));
+    }
+
+    /// Requests that arrive while their model loads wait on that one load; loads beyond the
+    /// per-backend slots queue.
+    #[test]
+    fn concurrent_cold_requests_share_one_load_and_loads_queue() {
+        // a b c all 1 GiB on one 4 GiB backend, two load slots: c waits for a's slot.
+        let trace = parse(
+            "0,a\n0,b\n0,c\n100,a\n100,a\n",
+            Some("a,1GiB\nb,1GiB\nc,1GiB\n"),
+            1,
+        )
+        .unwrap();
+        let rows = compare(&trace, &setup(&[4096], Duration::ZERO));
+        for row in &rows {
+            let o = &row.outcome;
+            assert_eq!(
+                (o.hits, o.cold_misses, o.loads),
+                (0, 5, 3),
+                "{}",
+                row.policy
+            );
+            assert_eq!(o.peak_load_queue, 1);
+            let mut waits = o.cold_waits_ms.clone();
+            waits.sort();
+            // a, b: 1.5 s; the two later a's: 1.4 s; c: 1.5 s queued + 1.5 s.
+            assert_eq!(waits, [1400, 1400, 1500, 1500, 3000], "{}", row.policy);
+        }
+    }
+
+    fn small_workload() -> Trace {
+        generate(&Workload {
+            models: 300,
+            requests: 30_000,
+            seed: 11,
+            rate: 5.0,
+            size_median: 256 * MIB,
+            size_sigma: 1.0,
+            size_min: 16 * MIB,
+            size_max: 2048 * MIB,
+            zipf: 1.0,
+            drift_per_hour: 100.0,
+            burst_every: Duration::from_secs(120),
+            burst_size: 50,
+            burst_length: Duration::from_secs(20),
+        })
+    }
+
+    /// Without its churn guard the real table follows the same rule as the
+    /// "LRU, oldest instance" baseline, so on any trace the two must agree request for
+    /// request: a check of the adapter, the event loop and the baseline at once.
+    #[test]
+    fn real_table_without_churn_guard_matches_its_baseline_exactly() {
+        let trace = small_workload();
+        let setup = setup(&[4096, 4096, 4096, 3072], Duration::ZERO);
+        let rows = compare(&trace, &setup);
+        let (real, twin) = (row(&rows, "infergate"), row(&rows, "LRU, oldest instance"));
+        assert_eq!(summary(real), summary(twin));
+        assert_eq!(real.cold_waits_ms, twin.cold_waits_ms);
+        assert_eq!(real.peak_committed, twin.peak_committed);
+        assert!(real.evictions > 1000, "the trace must exercise eviction");
+    }
+
+    /// A small generated run: the books never go over capacity, and every request is
+    /// accounted for exactly once.
+    #[test]
+    fn generated_run_keeps_capacity_and_accounts_for_every_request() {
+        let trace = small_workload();
+        let setup = setup(&[4096, 4096, 4096, 3072], Duration::from_secs(60));
+        for row in compare(&trace, &setup) {
+            let o = &row.outcome;
+            assert_eq!(o.requests, 30_000);
+            assert_eq!(
+                o.hits + o.cold_misses + o.refusals(),
+                o.requests,
+                "{}",
+                row.policy
+            );
+            assert_eq!(
+                o.cold_waits_ms.len() as u64,
+                o.cold_misses,
+                "{}",
+                row.policy
+            );
+            for (peak, usable) in o.peak_committed.iter().zip(&setup.usable) {
+                assert!(peak <= usable, "{}: {peak} > {usable}", row.policy);
+            }
+            assert!(o.hits > 0 && o.loads > 0 && o.evictions > 0);
+        }
+    }
+}

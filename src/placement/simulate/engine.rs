@@ -1,0 +1,284 @@
+//! The discrete-event loop: requests arrive from the trace, loads finish after a
+//! size-proportional time (at most `max_loading` at once per backend, the rest queued in
+//! order, as `Placement::run_load` does with its semaphore), and requests hold their copy for
+//! a fixed service time. Time is microseconds since the trace's start; policies see it as
+//! they like (the real table as `tokio::time::Instant`s).
+
+use super::trace::Trace;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Duration;
+
+/// Microseconds since the start of the trace.
+pub type Micros = u64;
+
+/// The pool and the timings every policy is run with.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// Usable bytes per backend (capacity minus the memory buffer).
+    pub usable: Vec<u64>,
+    /// The real policy's churn guard.
+    pub min_churn_age: Duration,
+    /// Fixed part of a load's duration.
+    pub load_base: Duration,
+    /// Load time per GiB of model.
+    pub load_per_gib: Duration,
+    /// How long a request holds its copy.
+    pub service: Duration,
+    /// Loads running at once per backend.
+    pub max_loading: usize,
+}
+
+impl Setup {
+    fn load_time(&self, bytes: u64) -> Micros {
+        let per_gib = self.load_per_gib.as_secs_f64() * bytes as f64 / (1u64 << 30) as f64;
+        (self.load_base.as_micros() as u64) + (per_gib * 1e6) as u64
+    }
+}
+
+/// Why a request was turned away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Making room would evict something used within `min_churn_age`.
+    Churn,
+    /// No backend can free enough (the model is too big, or everything is busy or loading).
+    NoRoom,
+    /// Anything else the table answered (should not happen with fake backends).
+    Other,
+}
+
+/// What a policy tells a request to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Use the ready copy on this backend; the policy has counted the request on it.
+    Serve(usize),
+    /// A load of this model is under way; wait for it.
+    Wait,
+    /// Load the model on this backend (the policy has already taken the victims off its
+    /// books and counted the new copy); wait for it.
+    Load {
+        /// Backend index.
+        backend: usize,
+        /// Copies evicted to make room.
+        evicted: usize,
+        /// Their idle times, summed.
+        evicted_idle: Duration,
+    },
+    /// Answer with an error.
+    Refuse(Refusal),
+}
+
+/// A placement policy under test. Every call carries the current virtual time.
+pub trait Placer {
+    /// Request `index` of the trace, for `model`, has arrived (called before `decide`).
+    /// Only an oracle needs this.
+    fn observe(&mut self, _index: usize, _model: u32) {}
+    /// What a request for `model` should do now.
+    fn decide(&mut self, model: u32, now: Micros) -> Step;
+    /// The load of `model` on `backend` has finished (always successfully here).
+    fn finish_load(&mut self, backend: usize, model: u32, now: Micros);
+    /// A request served by `backend` is done with its copy of `model`.
+    fn release(&mut self, backend: usize, model: u32, now: Micros);
+    /// Bytes committed (loaded or loading) on a backend.
+    fn committed(&self, backend: usize) -> u64;
+}
+
+/// What one policy did over one trace.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Requests in the trace.
+    pub requests: u64,
+    /// Served at once by a ready copy.
+    pub hits: u64,
+    /// Found no ready copy and waited for a load (their own or one already running).
+    pub cold_misses: u64,
+    /// Loads started.
+    pub loads: u64,
+    /// Bytes of those loads.
+    pub bytes_loaded: u64,
+    /// Copies evicted.
+    pub evictions: u64,
+    /// Idle time of evicted copies, summed (for the mean).
+    pub evicted_idle: Duration,
+    /// Refused by the churn guard.
+    pub refused_churn: u64,
+    /// Refused for want of room.
+    pub refused_no_room: u64,
+    /// Refused for another reason.
+    pub refused_other: u64,
+    /// Each cold miss's wait until served, in milliseconds.
+    pub cold_waits_ms: Vec<u32>,
+    /// Highest committed bytes per backend.
+    pub peak_committed: Vec<u64>,
+    /// Loads started per backend.
+    pub loads_per_backend: Vec<u64>,
+    /// Loads waiting for a free load slot, at most, on any backend.
+    pub peak_load_queue: usize,
+}
+
+impl Outcome {
+    /// Hits over requests.
+    pub fn hit_ratio(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.hits as f64 / self.requests as f64
+        }
+    }
+
+    /// All refusals.
+    pub fn refusals(&self) -> u64 {
+        self.refused_churn + self.refused_no_room + self.refused_other
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    // Releases sort before load completions at the same instant: a request that ends as a
+    // load ends has already let go of its copy.
+    Release { backend: u32, model: u32 },
+    LoadDone { backend: u32, model: u32 },
+}
+
+struct Sim<'a> {
+    setup: &'a Setup,
+    sizes: &'a [u64],
+    events: BinaryHeap<Reverse<(Micros, Event)>>,
+    queued: Vec<VecDeque<u32>>,
+    running: Vec<usize>,
+    waiters: Vec<Vec<Micros>>,
+    out: Outcome,
+}
+
+/// Replays the trace against one policy.
+pub fn run(placer: &mut dyn Placer, trace: &Trace, setup: &Setup) -> Outcome {
+    let backends = setup.usable.len();
+    let mut sim = Sim {
+        setup,
+        sizes: &trace.sizes,
+        events: BinaryHeap::new(),
+        queued: vec![VecDeque::new(); backends],
+        running: vec![0; backends],
+        waiters: vec![Vec::new(); trace.names.len()],
+        out: Outcome {
+            peak_committed: vec![0; backends],
+            loads_per_backend: vec![0; backends],
+            ..Outcome::default()
+        },
+    };
+    for (index, request) in trace.requests.iter().enumerate() {
+        let now = request.at_ms * 1000;
+        sim.advance(placer, now);
+        placer.observe(index, request.model);
+        sim.out.requests += 1;
+        sim.dispatch(placer, request.model, now, now, true);
+    }
+    sim.advance(placer, Micros::MAX);
+    sim.out
+}
+
+impl Sim<'_> {
+    /// Handles every event up to and including `until`.
+    fn advance(&mut self, placer: &mut dyn Placer, until: Micros) {
+        while let Some(&Reverse((at, event))) = self.events.peek() {
+            if at > until {
+                break;
+            }
+            self.events.pop();
+            match event {
+                Event::Release { backend, model } => placer.release(backend as usize, model, at),
+                Event::LoadDone { backend, model } => {
+                    let backend = backend as usize;
+                    placer.finish_load(backend, model, at);
+                    self.running[backend] -= 1;
+                    if let Some(next) = self.queued[backend].pop_front() {
+                        self.start_load(backend, next, at);
+                    }
+                    // Everyone who waited on this load decides again, as `acquire` does.
+                    for arrived in std::mem::take(&mut self.waiters[model as usize]) {
+                        self.dispatch(placer, model, arrived, at, false);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One decision for a request that arrived at `arrived`; `fresh` is its first.
+    fn dispatch(
+        &mut self,
+        placer: &mut dyn Placer,
+        model: u32,
+        arrived: Micros,
+        now: Micros,
+        fresh: bool,
+    ) {
+        match placer.decide(model, now) {
+            Step::Serve(backend) => {
+                if fresh {
+                    self.out.hits += 1;
+                } else {
+                    let waited_ms = (now - arrived) / 1000;
+                    self.out
+                        .cold_waits_ms
+                        .push(waited_ms.min(u32::MAX as u64) as u32);
+                }
+                let done = now + self.setup.service.as_micros() as u64;
+                self.events.push(Reverse((
+                    done,
+                    Event::Release {
+                        backend: backend as u32,
+                        model,
+                    },
+                )));
+            }
+            Step::Wait => {
+                if fresh {
+                    self.out.cold_misses += 1;
+                }
+                self.waiters[model as usize].push(arrived);
+            }
+            Step::Load {
+                backend,
+                evicted,
+                evicted_idle,
+            } => {
+                if fresh {
+                    self.out.cold_misses += 1;
+                }
+                self.out.loads += 1;
+                self.out.loads_per_backend[backend] += 1;
+                self.out.bytes_loaded += self.sizes[model as usize];
+                self.out.evictions += evicted as u64;
+                self.out.evicted_idle += evicted_idle;
+                let committed = placer.committed(backend);
+                let peak = &mut self.out.peak_committed[backend];
+                *peak = (*peak).max(committed);
+                self.waiters[model as usize].push(arrived);
+                if self.running[backend] < self.setup.max_loading {
+                    self.start_load(backend, model, now);
+                } else {
+                    self.queued[backend].push_back(model);
+                    self.out.peak_load_queue =
+                        self.out.peak_load_queue.max(self.queued[backend].len());
+                }
+            }
+            Step::Refuse(why) => match why {
+                Refusal::Churn => self.out.refused_churn += 1,
+                Refusal::NoRoom => self.out.refused_no_room += 1,
+                Refusal::Other => self.out.refused_other += 1,
+            },
+        }
+    }
+
+    fn start_load(&mut self, backend: usize, model: u32, now: Micros) {
+        self.running[backend] += 1;
+        let done = now + self.setup.load_time(self.sizes[model as usize]);
+        self.events.push(Reverse((
+            done,
+            Event::LoadDone {
+                backend: backend as u32,
+                model,
+            },
+        )));
+    }
+}
