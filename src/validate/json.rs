@@ -103,20 +103,34 @@ impl ElementCheck {
     fn accepts(self, leaf: Leaf) -> bool {
         match (self, leaf) {
             (Self::Bool, Leaf::Bool) | (Self::String, Leaf::String) => true,
-            (Self::Uint, Leaf::Number(n)) => n.as_u64().is_some(),
-            (Self::Int, Leaf::Number(n)) => n.is_i64(),
-            (Self::Double, Leaf::Number(_)) => true,
+            (Self::Uint, Leaf::Number { uint, .. }) => uint,
+            (Self::Int, Leaf::Number { int, .. }) => int,
+            (Self::Double, Leaf::Number { .. }) => true,
             _ => false,
         }
     }
 }
 
+/// An element of `data`, as far as the checks tell elements apart.
 #[derive(Clone, Copy)]
 enum Leaf {
     Bool,
     String,
-    Number(Number),
+    /// A number; `uint`: `IsUint64`, `int`: `IsInt64`.
+    Number {
+        uint: bool,
+        int: bool,
+    },
     Other,
+}
+
+impl Leaf {
+    fn number(n: Number) -> Self {
+        Self::Number {
+            uint: n.as_u64().is_some(),
+            int: n.is_i64(),
+        }
+    }
 }
 
 /// An input's `data`, summarized while reading instead of built.
@@ -129,6 +143,8 @@ pub struct DataSummary {
     pub elements: u64,
     /// For each `ElementCheck`, the index of the first element it refuses.
     first_refused: [Option<u64>; CHECKS],
+    /// Bit per `ElementCheck` that has refused nothing yet.
+    unrefused: u8,
     /// Sum over string elements of their decoded length plus 4 (BYTES serialization).
     pub string_bytes: u64,
 }
@@ -140,16 +156,21 @@ impl DataSummary {
     }
 
     fn add(&mut self, leaf: Leaf) {
-        for check in [
-            ElementCheck::Bool,
-            ElementCheck::Uint,
-            ElementCheck::Int,
-            ElementCheck::Double,
-            ElementCheck::String,
-        ] {
-            let slot = &mut self.first_refused[check.index()];
-            if slot.is_none() && !check.accepts(leaf) {
-                *slot = Some(self.elements);
+        // Most arrays are of one kind: after the first element nothing is left to record,
+        // and the common case is one mask test per element.
+        if self.unrefused != 0 {
+            for check in [
+                ElementCheck::Bool,
+                ElementCheck::Uint,
+                ElementCheck::Int,
+                ElementCheck::Double,
+                ElementCheck::String,
+            ] {
+                let bit = 1 << check.index();
+                if self.unrefused & bit != 0 && !check.accepts(leaf) {
+                    self.first_refused[check.index()] = Some(self.elements);
+                    self.unrefused &= !bit;
+                }
             }
         }
         self.elements += 1;
@@ -493,6 +514,7 @@ impl<'a> Reader<'a> {
             kind: Kind::Null,
             elements: 0,
             first_refused: [None; CHECKS],
+            unrefused: (1 << CHECKS) - 1,
             string_bytes: 0,
         });
         let mut stack: Vec<Frame> = Vec::new();
@@ -553,9 +575,12 @@ impl<'a> Reader<'a> {
                     kind
                 }
                 _ => {
-                    let number = self.number()?;
+                    let leaf = match self.plain_number() {
+                        Some(leaf) => leaf,
+                        None => Leaf::number(self.number()?),
+                    };
                     if counts && let Some(summary) = summary.as_mut() {
-                        summary.add(Leaf::Number(number));
+                        summary.add(leaf);
                     }
                     Kind::Number
                 }
@@ -731,6 +756,54 @@ impl<'a> Reader<'a> {
             self.pos += 1;
         }
         Ok(codepoint)
+    }
+
+    /// The common number in tensor data, classified without computing its value: at most
+    /// 18 integer digits (no leading zero), an optional fraction, no exponent. Such a number
+    /// can be neither too big nor anything but what its form says (an integer fits both
+    /// int64 and uint64 unless negative). Anything else (`None`, nothing consumed) goes the
+    /// full `number` way, which has the errors and their offsets.
+    fn plain_number(&mut self) -> Option<Leaf> {
+        let text = &self.text[self.pos..];
+        let negative = text.first() == Some(&b'-');
+        let start = usize::from(negative);
+        let digits = text[start..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        if digits == 0 || digits > 18 || (digits > 1 && text[start] == b'0') {
+            return None;
+        }
+        let mut end = start + digits;
+        let mut fraction = false;
+        if text.get(end) == Some(&b'.') {
+            let decimals = text[end + 1..]
+                .iter()
+                .take_while(|c| c.is_ascii_digit())
+                .count();
+            if decimals == 0 {
+                return None;
+            }
+            fraction = true;
+            end += 1 + decimals;
+        }
+        if matches!(text.get(end), Some(b'e' | b'E')) {
+            return None;
+        }
+        self.pos += end;
+        Some(if fraction {
+            Leaf::Number {
+                uint: false,
+                int: false,
+            }
+        } else {
+            // "-0" is RapidJSON's integer 0, unsigned too.
+            let zero = digits == 1 && text[start] == b'0';
+            Leaf::Number {
+                uint: !negative || zero,
+                int: true,
+            }
+        })
     }
 
     /// RapidJSON's `ParseNumber` (1.1, `kParseNanAndInfFlag`, normal precision), step by
@@ -1110,6 +1183,54 @@ mod tests {
         assert!(!Number::Int(u64::MAX.into()).is_i64());
         assert!(Number::Int(-1).is_i64());
         assert_eq!(Number::Int(-1).as_u64(), None);
+    }
+
+    #[test]
+    fn plain_numbers_are_classified_as_the_full_reader_does() {
+        for text in [
+            "0",
+            "-0",
+            "7",
+            "-7",
+            "123456789012345678",
+            "-123456789012345678",
+            "0.5",
+            "-0.5",
+            "1.25",
+            "999999999999999999.999",
+        ] {
+            let mut reader = Reader {
+                text: text.as_bytes(),
+                pos: 0,
+            };
+            let Some(Leaf::Number { uint, int }) = reader.plain_number() else {
+                panic!("{text} is plain")
+            };
+            assert_eq!(reader.pos, text.len(), "{text}");
+            let full = number(text);
+            assert_eq!(
+                (uint, int),
+                (full.as_u64().is_some(), full.is_i64()),
+                "{text}"
+            );
+        }
+        for text in [
+            "01",
+            "-",
+            "1.",
+            "1e5",
+            "1234567890123456789",
+            "NaN",
+            "-Inf",
+            ".5",
+        ] {
+            let mut reader = Reader {
+                text: text.as_bytes(),
+                pos: 0,
+            };
+            assert!(reader.plain_number().is_none(), "{text}");
+            assert_eq!(reader.pos, 0);
+        }
     }
 
     #[test]
