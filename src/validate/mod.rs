@@ -34,7 +34,7 @@ use crate::pipeline::ModelRef;
 use crate::upstream::Backend;
 use axum::body::Body;
 use axum::extract::Request;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use std::sync::Arc;
 
@@ -60,7 +60,16 @@ pub async fn http_request(
         return Ok(request);
     };
     let (parts, body) = request.into_parts();
-    let body = collect(body, gateway.config().server.max_body_size.bytes()).await?;
+    let declared = parts
+        .headers
+        .get(::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let body = collect(
+        body,
+        gateway.config().server.max_body_size.bytes(),
+        declared,
+    )
+    .await?;
     let header = |name| parts.headers.get(name).map(::http::HeaderValue::as_bytes);
     let outcome = match http::parse(
         &body,
@@ -92,21 +101,76 @@ pub async fn http_request(
 }
 
 /// The whole body, read within the body limit (a body that is already limited answers with
-/// `BodyTooLarge` once it passes it).
-async fn collect(body: Body, limit: u64) -> Result<Bytes, GatewayError> {
-    match body.collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) => {
-            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
-            while let Some(e) = source {
-                if e.is::<crate::body::BodyTooLarge>() {
-                    return Err(GatewayError::BodyTooLarge { limit });
-                }
-                source = e.source();
+/// `BodyTooLarge` once it passes it). A body that arrives in one chunk is kept as it is; one
+/// in several is copied once into a buffer sized by `Content-Length`, so a request never
+/// holds much more than its own size.
+async fn collect(mut body: Body, limit: u64, declared: Option<u64>) -> Result<Bytes, GatewayError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| read_error(&error, limit))?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        match (&mut joined, first.take()) {
+            (Some(buffer), _) => buffer.extend_from_slice(&data),
+            (None, None) => first = Some(data),
+            (None, Some(head)) => {
+                let capacity = declared.unwrap_or(0).min(limit) as usize;
+                let mut buffer = BytesMut::with_capacity(capacity.max(head.len() + data.len()));
+                buffer.extend_from_slice(&head);
+                buffer.extend_from_slice(&data);
+                joined = Some(buffer);
             }
-            Err(GatewayError::BadRequest(format!(
-                "could not read request body: {error}"
-            )))
         }
+    }
+    Ok(match joined {
+        Some(buffer) => buffer.freeze(),
+        None => first.unwrap_or_default(),
+    })
+}
+
+fn read_error(error: &axum::Error, limit: u64) -> GatewayError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if e.is::<crate::body::BodyTooLarge>() {
+            return GatewayError::BodyTooLarge { limit };
+        }
+        source = e.source();
+    }
+    GatewayError::BadRequest(format!("could not read request body: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunked(chunks: &[&'static str]) -> Body {
+        let chunks: Vec<Result<Bytes, std::io::Error>> = chunks
+            .iter()
+            .map(|c| Ok(Bytes::from_static(c.as_bytes())))
+            .collect();
+        Body::from_stream(futures_util::stream::iter(chunks))
+    }
+
+    #[tokio::test]
+    async fn collects_a_body_once_within_the_limit() {
+        let body = collect(chunked(&["ab", "cd", "e"]), 100, Some(5))
+            .await
+            .unwrap();
+        assert_eq!(body, "abcde");
+        let whole = Bytes::from_static(b"one chunk");
+        let kept = collect(Body::from(whole.clone()), 100, None).await.unwrap();
+        assert_eq!(
+            kept.as_ptr(),
+            whole.as_ptr(),
+            "a single chunk is not copied"
+        );
+        assert!(collect(chunked(&[]), 100, None).await.unwrap().is_empty());
+        let limited = crate::body::limited(chunked(&["abc", "def"]), 4);
+        assert!(matches!(
+            collect(limited, 4, None).await,
+            Err(GatewayError::BodyTooLarge { limit: 4 })
+        ));
     }
 }
