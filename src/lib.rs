@@ -11,6 +11,7 @@ pub mod frontend;
 pub mod pipeline;
 pub mod placement;
 pub mod protocol;
+pub mod reload;
 pub mod routing;
 pub mod telemetry;
 pub mod upstream;
@@ -36,7 +37,8 @@ struct Inner {
     config: Config,
     pool: Arc<Pool>,
     placement: Arc<placement::Placement>,
-    routes: pipeline::RouteTable,
+    live: arc_swap::ArcSwap<reload::Live>,
+    config_path: Option<std::path::PathBuf>,
     signatures: Arc<validate::SignatureCache>,
     metrics: PrometheusHandle,
     draining: AtomicBool,
@@ -48,14 +50,16 @@ impl Gateway {
     pub fn new(config: Config) -> anyhow::Result<Self> {
         let pool = Arc::new(Pool::new(&config).map_err(anyhow::Error::msg)?);
         let placement = Arc::new(placement::Placement::new(&config, pool.clone()));
-        let routes = pipeline::RouteTable::new(&config.routes);
+        let text = toml::to_string(&config).unwrap_or_default();
+        let live = arc_swap::ArcSwap::from_pointee(reload::Live::new(config.clone(), &text));
         let signatures = Arc::new(validate::SignatureCache::new(&config.validation));
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 pool,
                 placement,
-                routes,
+                live,
+                config_path: None,
                 signatures,
                 metrics: telemetry::metrics_handle(),
                 draining: AtomicBool::new(false),
@@ -73,9 +77,39 @@ impl Gateway {
         &self.inner.pool
     }
 
-    /// Model names split across targets (canary routes).
-    pub fn routes(&self) -> &pipeline::RouteTable {
-        &self.inner.routes
+    /// Builds the state from a config file, which reloads (SIGHUP, `POST /admin/reload`, or
+    /// when the file changes) while `serve` runs.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, config::ConfigErrors> {
+        let config = Config::load(path)?;
+        let mut gateway = Self::new(config).map_err(|e| {
+            config::ConfigErrors(vec![config::ConfigError {
+                key: String::new(),
+                message: format!("{e:#}"),
+            }])
+        })?;
+        let inner = Arc::get_mut(&mut gateway.inner).expect("not shared yet");
+        inner.config_path = Some(path.to_path_buf());
+        if let Ok(text) = std::fs::read_to_string(path) {
+            inner.live =
+                arc_swap::ArcSwap::from_pointee(reload::Live::new(inner.config.clone(), &text));
+        }
+        Ok(gateway)
+    }
+
+    /// What a request reads from the reloadable config (routes): take it once per request
+    /// and keep it to the end.
+    pub fn live(&self) -> Arc<reload::Live> {
+        self.inner.live.load_full()
+    }
+
+    /// Replaces the live config in one atomic store.
+    pub(crate) fn swap_live(&self, live: reload::Live) {
+        self.inner.live.store(Arc::new(live));
+    }
+
+    /// The file the config came from, if any (what reload reads).
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        self.inner.config_path.as_deref()
     }
 
     /// Which model is loaded where.
@@ -170,6 +204,9 @@ pub async fn serve(
     );
     spawn_warm_up(&gateway, &tasks, &shutdown);
     tasks.spawn(gateway.placement().clone().rebalance_loop(shutdown.clone()));
+    if let Some(path) = gateway.config_path() {
+        reload::spawn_triggers(&gateway, path, Duration::from_secs(1), &tasks, &shutdown);
+    }
     tasks.spawn(forget_signatures_on_change(
         gateway.clone(),
         shutdown.clone(),

@@ -75,8 +75,8 @@ fn check(path: &std::path::Path) -> ExitCode {
 
 fn run(path: &std::path::Path, log_format: LogFormat) -> ExitCode {
     telemetry::init_logging(log_format);
-    let config = match Config::load(path) {
-        Ok(config) => config,
+    let gateway = match infergate::Gateway::from_file(path) {
+        Ok(gateway) => gateway,
         Err(errors) => {
             for error in &errors.0 {
                 tracing::error!(config = %path.display(), "{error}");
@@ -86,8 +86,7 @@ fn run(path: &std::path::Path, log_format: LogFormat) -> ExitCode {
     };
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let result = runtime.block_on(async move {
-        let listeners = infergate::Listeners::bind(&config).await?;
-        let gateway = infergate::Gateway::new(config)?;
+        let listeners = infergate::Listeners::bind(gateway.config()).await?;
         let shutdown = CancellationToken::new();
         infergate::cancel_on_signal(shutdown.clone());
         infergate::serve(gateway, listeners, shutdown).await

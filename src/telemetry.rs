@@ -48,6 +48,9 @@ pub const PLACEMENT_MODELS: &str = "infergate_placement_models";
 /// (scale Triton replicas on it).
 pub const PLACEMENT_LRU_AGE: &str = "infergate_placement_lru_age_seconds";
 
+/// Config reloads by result (`success`, `failure`).
+pub const CONFIG_RELOADS: &str = "infergate_config_reload_total";
+
 const LATENCY_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
@@ -97,6 +100,7 @@ fn describe() {
         "Errors answered by the gateway itself, by kind and source."
     );
     describe_gauge!(BACKEND_UP, "1 while the backend passes health checks.");
+    describe_counter!(CONFIG_RELOADS, "Config reloads by result.");
     describe_counter!(
         VALIDATION_REJECTIONS,
         "Inference requests refused by validation before reaching a backend, by model and reason."

@@ -13,6 +13,8 @@ pub fn router(gateway: Gateway) -> Router {
     Router::new()
         .route("/admin/backends", get(backends))
         .route("/admin/placement", get(placement))
+        .route("/admin/reload", post(reload))
+        .route("/admin/config", get(running_config))
         .route("/admin/models/{model}/load", post(load))
         .route("/admin/models/{model}/unload", post(unload))
         .route("/admin/backends/{backend}/drain", post(drain))
@@ -120,4 +122,41 @@ async fn set_draining(
             path: format!("backend '{backend}'"),
         })
     }
+}
+
+/// Reloads the config file: 200 with the new hash and what was unloaded, or 400 naming every
+/// bad key (and nothing changes).
+async fn reload(State(gateway): State<Gateway>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Some(path) = gateway.config_path() else {
+        return GatewayError::BadRequest("the gateway was not started from a config file".into())
+            .into_response();
+    };
+    match crate::reload::reload(&gateway, path).await {
+        Ok(reloaded) => axum::Json(reloaded).into_response(),
+        Err(errors) => {
+            let message = errors
+                .0
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ");
+            GatewayError::BadRequest(format!("config not reloaded: {message}")).into_response()
+        }
+    }
+}
+
+/// The running config, its hash and when it was loaded.
+async fn running_config(State(gateway): State<Gateway>) -> axum::Json<serde_json::Value> {
+    let live = gateway.live();
+    let loaded_at = live
+        .loaded_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    axum::Json(serde_json::json!({
+        "hash": live.hash,
+        "loaded_at_unix": loaded_at,
+        "path": gateway.config_path(),
+        "config": *live.config,
+    }))
 }

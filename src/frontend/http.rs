@@ -166,7 +166,8 @@ fn check_action(action: &str, request: &Request) -> Result<(), GatewayError> {
 async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> Response {
     let headers = request.headers();
     let routed = match gateway
-        .routes()
+        .live()
+        .routes
         .resolve(model, |name| headers.get(name).map(|v| v.as_bytes()))
     {
         Ok(routed) => routed,
@@ -211,8 +212,8 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
     response
 }
 
-/// Response header naming the route target that served a request (`model[/version]`).
-const TARGET_HEADER: http::HeaderName = http::HeaderName::from_static("infergate-target");
+const TARGET_HEADER: http::HeaderName =
+    http::HeaderName::from_static(crate::protocol::TARGET_HEADER);
 
 /// `/v2/models/{route}{rest}` becomes `/v2/models/{target}[/versions/{v}]{rest}`.
 fn target_uri(uri: &http::Uri, target: &ModelRef) -> http::Uri {

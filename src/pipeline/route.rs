@@ -8,8 +8,9 @@ use crate::error::GatewayError;
 use crate::routing::{Route, Target};
 use std::collections::HashMap;
 
-/// Header that pins a request to one target of a route (for testing a canary directly).
-pub const PIN_HEADER: &str = "infergate-target";
+/// Header that pins a request to one target of a route (for testing a canary directly):
+/// the same name the answer uses to say which target served it.
+pub const PIN_HEADER: &str = crate::protocol::TARGET_HEADER;
 
 /// Where a request goes.
 #[derive(Clone, Debug, PartialEq)]

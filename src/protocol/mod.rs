@@ -17,6 +17,10 @@ pub const EXTENSIONS: [&str; 6] = [
     "statistics",
 ];
 
+/// The response header (HTTP) and metadata (gRPC) naming the route target that served a
+/// request, `model[/version]`, when the model name the client called was a route.
+pub const TARGET_HEADER: &str = "infergate-target";
+
 /// Triton's `inference` package: messages, the `GRPCInferenceService` server trait and client.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod inference {

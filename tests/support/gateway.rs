@@ -71,13 +71,21 @@ impl TestGateway {
     /// Starts a gateway from config text and waits until every backend is ready.
     pub async fn start(config_text: &str) -> Self {
         let config = Config::parse(config_text).unwrap_or_else(|e| panic!("test config: {e}"));
-        let backends = config.backends.len();
-        let listeners = Listeners::bind(&config).await.expect("bind");
+        Self::serve(Gateway::new(config).expect("gateway")).await
+    }
+
+    /// Starts a gateway from a config file, which then reloads like the binary's.
+    pub async fn start_from_file(path: &std::path::Path) -> Self {
+        Self::serve(Gateway::from_file(path).unwrap_or_else(|e| panic!("test config: {e}"))).await
+    }
+
+    async fn serve(gateway: Gateway) -> Self {
+        let backends = gateway.config().backends.len();
+        let listeners = Listeners::bind(gateway.config()).await.expect("bind");
         let http = listeners.http.local_addr().unwrap();
         let metrics = listeners.metrics.as_ref().unwrap().local_addr().unwrap();
         let admin = listeners.admin.as_ref().unwrap().local_addr().unwrap();
         let grpc = listeners.grpc.as_ref().unwrap().local_addr().unwrap();
-        let gateway = Gateway::new(config).expect("gateway");
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(infergate::serve(gateway, listeners, shutdown.clone()));
         let this = Self {

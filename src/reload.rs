@@ -1,0 +1,230 @@
+//! Config reload without dropping a request: the new file is parsed and fully validated
+//! before anything changes, then the live part (routes) is swapped in one atomic store.
+//! A request takes the live snapshot once and keeps it to the end, so in-flight requests
+//! finish on the config they started with. Listeners, connection pools and loaded models
+//! are untouched; parts of the file that cannot change while running are refused by key.
+
+use crate::Gateway;
+use crate::config::{Config, ConfigError, ConfigErrors};
+use crate::pipeline::RouteTable;
+use crate::telemetry;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What a request reads from the config while it runs: swapped whole on reload.
+#[derive(Debug)]
+pub struct Live {
+    /// The running config as loaded.
+    pub config: Arc<Config>,
+    /// Routes built from it.
+    pub routes: RouteTable,
+    /// FNV-1a of the file text, to tell which file is running.
+    pub hash: String,
+    /// When it was loaded.
+    pub loaded_at: SystemTime,
+}
+
+impl Live {
+    /// The live snapshot of a config and the text it came from.
+    pub fn new(config: Config, text: &str) -> Self {
+        Self {
+            routes: RouteTable::new(&config.routes),
+            config: Arc::new(config),
+            hash: format!("{:016x}", fnv1a(text.as_bytes())),
+            loaded_at: SystemTime::now(),
+        }
+    }
+}
+
+/// What a successful reload changed.
+#[derive(Debug, serde::Serialize)]
+pub struct Reloaded {
+    /// Hash of the new file.
+    pub hash: String,
+    /// Models no route or pin uses any more, unloaded from Triton (blue/green leftovers).
+    pub unloaded: Vec<String>,
+}
+
+/// Keys that can change while running; everything else needs a restart.
+const RELOADABLE: [&str; 1] = ["routes"];
+
+/// Reads, validates and applies the config file. On any error nothing changes, and the
+/// errors name their keys.
+pub async fn reload(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors> {
+    let outcome = apply(gateway, path).await;
+    let result = if outcome.is_ok() {
+        "success"
+    } else {
+        "failure"
+    };
+    metrics::counter!(telemetry::CONFIG_RELOADS, "result" => result).increment(1);
+    match &outcome {
+        Ok(reloaded) => {
+            tracing::info!(config = %path.display(), hash = reloaded.hash, unloaded = ?reloaded.unloaded, "config reloaded")
+        }
+        Err(errors) => {
+            tracing::warn!(config = %path.display(), %errors, "config reload refused; the running config stays")
+        }
+    }
+    outcome
+}
+
+async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            key: String::new(),
+            message: format!("cannot read {}: {e}", path.display()),
+        }])
+    })?;
+    let config = Config::parse(&text)?;
+    let fixed = fixed_keys_changed(gateway.config(), &config);
+    if !fixed.is_empty() {
+        return Err(ConfigErrors(
+            fixed
+                .into_iter()
+                .map(|key| ConfigError {
+                    key,
+                    message: "cannot change while running; restart the gateway to apply it".into(),
+                })
+                .collect(),
+        ));
+    }
+    let before = route_targets(&gateway.live().config);
+    let live = Live::new(config, &text);
+    let hash = live.hash.clone();
+    let after = route_targets(&live.config);
+    let pinned: BTreeSet<String> = live
+        .config
+        .models
+        .iter()
+        .filter(|m| m.pinned())
+        .map(|m| m.name.clone())
+        .collect();
+    gateway.swap_live(live);
+    // Blue/green without leftovers: a target no route uses any more is unloaded; Triton
+    // lets its in-flight requests finish first.
+    let mut unloaded = Vec::new();
+    for model in before.difference(&after) {
+        if !pinned.contains(model) && gateway.placement().unload(model).await > 0 {
+            unloaded.push(model.clone());
+        }
+    }
+    Ok(Reloaded { hash, unloaded })
+}
+
+/// Top-level keys other than the reloadable ones whose values differ.
+fn fixed_keys_changed(running: &Config, new: &Config) -> Vec<String> {
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
+        (serde_json::to_value(running), serde_json::to_value(new))
+    else {
+        return vec![String::new()];
+    };
+    let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| !RELOADABLE.contains(&k.as_str()) && a.get(*k) != b.get(*k))
+        .cloned()
+        .collect()
+}
+
+fn route_targets(config: &Config) -> BTreeSet<String> {
+    config
+        .routes
+        .iter()
+        .flat_map(|r| r.targets.iter().map(|t| t.model.clone()))
+        .collect()
+}
+
+/// Reloads on SIGHUP and when the file changes (checked every `poll`, acted on once the
+/// file has stopped changing for one more poll), until `shutdown`.
+pub fn spawn_triggers(
+    gateway: &Gateway,
+    path: &Path,
+    poll: Duration,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) {
+    let (gateway, path, shutdown) = (gateway.clone(), path.to_path_buf(), shutdown.clone());
+    tasks.spawn(async move {
+        #[cfg(unix)]
+        let mut hangup =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let mut seen = modified(&path);
+        let mut pending: Option<SystemTime> = None;
+        loop {
+            #[cfg(unix)]
+            let sighup = async {
+                match hangup.as_mut() {
+                    Some(signal) => signal.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let sighup = std::future::pending::<Option<()>>();
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = sighup => {
+                    tracing::info!("SIGHUP received: reloading config");
+                    let _ = reload(&gateway, &path).await;
+                    seen = modified(&path);
+                }
+                _ = tokio::time::sleep(poll) => {
+                    let now = modified(&path);
+                    if now != seen {
+                        // Debounce: act once the file has stopped changing.
+                        if pending == now {
+                            let _ = reload(&gateway, &path).await;
+                            seen = now;
+                            pending = None;
+                        } else {
+                            pending = now;
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+        [listen]
+        http = "127.0.0.1:0"
+        [[backends]]
+        name = "b"
+        http = "http://127.0.0.1:1"
+        [[routes]]
+        model = "r"
+        targets = [{ model = "a", weight = 1 }]
+    "#;
+
+    #[test]
+    fn only_routes_may_change_while_running() {
+        let running = Config::parse(BASE).unwrap();
+        let routes_changed = Config::parse(&BASE.replace("weight = 1", "weight = 5")).unwrap();
+        assert!(fixed_keys_changed(&running, &routes_changed).is_empty());
+        let backend_changed = Config::parse(&BASE.replace("127.0.0.1:1", "127.0.0.1:2")).unwrap();
+        assert_eq!(fixed_keys_changed(&running, &backend_changed), ["backends"]);
+    }
+
+    #[test]
+    fn the_hash_tells_files_apart() {
+        let a = Live::new(Config::parse(BASE).unwrap(), BASE);
+        let b = Live::new(Config::parse(BASE).unwrap(), &format!("{BASE}\n"));
+        assert_ne!(a.hash, b.hash);
+        assert_eq!(a.hash.len(), 16);
+    }
+}

@@ -1,0 +1,209 @@
+//! Config reload under load against real Triton: routes change with no failed request, an
+//! invalid file changes nothing, fixed keys are refused by name, the file watcher reloads on
+//! its own, and a target a reload removes is unloaded from Triton (no stub left behind).
+
+mod support;
+
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use support::gateway::{TestGateway, pool_config};
+use support::{Triton, TritonOptions};
+
+fn config(triton: &Triton, targets: &str) -> String {
+    pool_config(
+        "reload",
+        &[triton],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        &format!("[[routes]]\nmodel = \"ranker\"\ntargets = [{targets}]\n"),
+    )
+}
+
+fn split(a: u32, b: u32) -> String {
+    format!("{{ model = \"sized_a\", weight = {a} }}, {{ model = \"sized_b\", weight = {b} }}")
+}
+
+async fn admin(gateway: &TestGateway, method: reqwest::Method, path: &str) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .request(method, format!("http://{}{path}", gateway.admin))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+async fn infer(client: &reqwest::Client, url: &str) -> Result<String, String> {
+    let response = client
+        .post(url)
+        .json(&json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body: Value = response.json().await.map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!("{status}: {body}"));
+    }
+    Ok(body["model_name"].as_str().unwrap_or_default().to_string())
+}
+
+/// Share of `sized_b` over `n` requests.
+async fn canary_share(client: &reqwest::Client, url: &str, n: usize) -> f64 {
+    let mut canary = 0;
+    for _ in 0..n {
+        if infer(client, url).await.unwrap() == "sized_b" {
+            canary += 1;
+        }
+    }
+    canary as f64 / n as f64
+}
+
+#[tokio::test]
+async fn routes_reload_under_load_without_a_failed_request() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, config(&triton, &split(90, 10))).unwrap();
+    let gateway = TestGateway::start_from_file(&path).await;
+    let url = format!("{}/v2/models/ranker/infer", gateway.url());
+    let client = reqwest::Client::new();
+    // Both targets loaded before the load starts, so every answer below is a warm one.
+    assert!(
+        infer(
+            &client,
+            &format!("{}/v2/models/sized_a/infer", gateway.url())
+        )
+        .await
+        .is_ok()
+    );
+    assert!(
+        infer(
+            &client,
+            &format!("{}/v2/models/sized_b/infer", gateway.url())
+        )
+        .await
+        .is_ok()
+    );
+    let (_, running) = admin(&gateway, reqwest::Method::GET, "/admin/config").await;
+    let (first_hash, first_loaded) = (running["hash"].clone(), running["loaded_at_unix"].clone());
+
+    // Continuous load from 8 clients while the config changes 50 times.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (stop, ok, failed, errors) =
+                (stop.clone(), ok.clone(), failed.clone(), errors.clone());
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    match infer(&client, &url).await {
+                        Ok(_) => ok.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            errors.lock().unwrap().push(e);
+                            failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+    for i in 0..50 {
+        let (a, b) = if i % 2 == 0 { (10, 90) } else { (90, 10) };
+        std::fs::write(&path, config(&triton, &split(a, b))).unwrap();
+        let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+        assert_eq!(status, 200, "{body}");
+        if i == 25 {
+            // An invalid file: refused with its key, nothing changes.
+            let good = std::fs::read_to_string(&path).unwrap();
+            std::fs::write(
+                &path,
+                good.replace("weight = 90", "weight = 90, colour = \"red\""),
+            )
+            .unwrap();
+            let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+            assert_eq!(status, 400, "{body}");
+            assert!(body["error"].as_str().unwrap().contains("colour"), "{body}");
+            std::fs::write(&path, good).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "failed requests: {:?}",
+        errors.lock().unwrap()
+    );
+    assert!(
+        ok.load(Ordering::Relaxed) > 200,
+        "too little load: {}",
+        ok.load(Ordering::Relaxed)
+    );
+
+    // The split follows the last reload (90/10 after an odd count).
+    let share = canary_share(&client, &url, 1000).await;
+    assert!(
+        (share - 0.10).abs() < 0.05,
+        "canary share {share} after reloading 90/10"
+    );
+    // The running file is the same text as the first one again: same hash, a later load.
+    let (_, running) = admin(&gateway, reqwest::Method::GET, "/admin/config").await;
+    assert_eq!(running["hash"], first_hash);
+    assert_ne!(running["loaded_at_unix"], first_loaded);
+
+    // A key that cannot change while running is refused by name.
+    let moved =
+        config(&triton, &split(90, 10)).replace("capacity = \"1GiB\"", "capacity = \"2GiB\"");
+    std::fs::write(&path, moved).unwrap();
+    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("backends: cannot change while running"),
+        "{body}"
+    );
+
+    // The file watcher reloads on its own: promote the canary to 100%.
+    std::fs::write(&path, config(&triton, &split(0, 100))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while canary_share(&client, &url, 20).await < 1.0 {
+        assert!(Instant::now() < deadline, "file change never reloaded");
+    }
+
+    // Remove the old target: it is unloaded from Triton, its stub process with it.
+    std::fs::write(
+        &path,
+        config(&triton, "{ model = \"sized_b\", weight = 1 }"),
+    )
+    .unwrap();
+    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["unloaded"], json!(["sized_a"]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let loaded = triton.loaded_models().await.unwrap();
+        if loaded == ["sized_b"] && triton.stub_count() == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sized_a left behind: {loaded:?}, {} stubs",
+            triton.stub_count()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = gateway.metrics_text("/metrics").await;
+    assert!(
+        metrics.contains("infergate_config_reload_total{result=\"failure\"}"),
+        "{metrics}"
+    );
+}
