@@ -309,3 +309,75 @@ async fn a_killed_backend_gives_unavailable_not_a_hang() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_route_name_is_resolved_and_its_target_named_in_metadata() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = r#"
+[[routes]]
+model = "ranker"
+sticky = "header:x-user-id"
+targets = [{ model = "sized_a", weight = 50 }, { model = "sized_b", weight = 50 }]
+"#;
+    let gateway = TestGateway::start(&support::gateway::pool_config(
+        "grpcroutes",
+        &[&triton],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        routes,
+    ))
+    .await;
+    let mut client = client(&gateway).await;
+    let ranker = |user: &str| {
+        let mut request = tonic::Request::new(ModelInferRequest {
+            model_name: "ranker".into(),
+            inputs: vec![InferInputTensor {
+                name: "INPUT0".into(),
+                datatype: "FP32".into(),
+                shape: vec![4],
+                ..Default::default()
+            }],
+            raw_input_contents: vec![bytes::Bytes::from(vec![0u8; 16])],
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert("x-user-id", user.parse().unwrap());
+        request
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for user in 0..12 {
+        let user = format!("user-{user}");
+        let mut first = None;
+        for _ in 0..3 {
+            let response = client.model_infer(ranker(&user)).await.unwrap();
+            let target = response.metadata().get("infergate-target").unwrap().clone();
+            let served = response.into_inner().model_name;
+            assert_eq!(
+                target,
+                served.as_str(),
+                "the target named is the one that answered"
+            );
+            assert!(served == "sized_a" || served == "sized_b", "{served}");
+            // Sticky: one user, one target.
+            assert_eq!(first.get_or_insert_with(|| served.clone()), &served);
+        }
+        seen.insert(first.unwrap());
+    }
+    assert_eq!(
+        seen.len(),
+        2,
+        "12 users split across both targets: {seen:?}"
+    );
+
+    // Other model RPCs resolve the route too.
+    let ready = client
+        .model_ready(ModelReadyRequest {
+            name: "ranker".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap();
+    assert!(ready.metadata().get("infergate-target").is_some());
+    assert!(ready.into_inner().ready);
+}

@@ -145,6 +145,7 @@ pub struct Call {
     probe: bool,
     span: Span,
     served: Mutex<Served>,
+    target: Mutex<Option<String>>,
     _in_flight: InFlightGauge,
 }
 
@@ -166,6 +167,7 @@ impl Call {
             probe: false,
             span,
             served: Mutex::new(Served::default()),
+            target: Mutex::new(None),
             _in_flight: InFlightGauge::start("grpc"),
         }
     }
@@ -190,6 +192,22 @@ impl Call {
     /// never become metric labels).
     pub fn served(&self, served: Served) {
         *self.served.lock().expect("served lock") = served;
+    }
+
+    /// Records the route target (`model[/version]`) that serves the call: returned to the
+    /// client in `infergate-target` metadata, as HTTP returns it in a header.
+    pub fn routed_to(&self, label: String) {
+        *self.target.lock().expect("target lock") = Some(label);
+    }
+
+    /// Adds the call's own metadata to an answer: the request id, the route target.
+    fn stamp(&self, metadata: &mut MetadataMap) {
+        metadata.insert("x-request-id", self.id());
+        if let Some(label) = self.target.lock().expect("target lock").as_deref()
+            && let Ok(value) = AsciiMetadataValue::try_from(label)
+        {
+            metadata.insert(crate::protocol::TARGET_HEADER, value);
+        }
     }
 
     /// The client's deadline, if it set one.
@@ -229,7 +247,7 @@ impl Call {
         match outcome {
             Ok(mut response) => {
                 strip_reserved(response.metadata_mut());
-                response.metadata_mut().insert("x-request-id", self.id());
+                self.stamp(response.metadata_mut());
                 self.log(Code::Ok, None, None, &[]);
                 Ok(response)
             }
@@ -240,7 +258,7 @@ impl Call {
     /// Ends a call with an error status: logged and counted, the request id attached.
     pub fn fail(self, failure: Failure, extra: &[(&str, u64)]) -> Status {
         let (mut status, kind) = failure.into_status();
-        status.metadata_mut().insert("x-request-id", self.id());
+        self.stamp(status.metadata_mut());
         let message = status.message().to_owned();
         self.log(status.code(), kind.as_ref(), Some(&message), extra);
         status

@@ -133,15 +133,33 @@ fn status_from_http(status: StatusCode, body: &Bytes) -> Status {
 impl InferenceService {
     /// Finds or loads a copy of the model (what HTTP's `to_model` does), and records it as
     /// what serves the call.
-    async fn place(&self, call: &Call, model: &ModelRef) -> Result<Lease, GatewayError> {
-        let lease = self.gateway.placement().acquire(model).await?;
+    ///
+    /// A model name that is a route is resolved first (sticky keys read from the call's
+    /// metadata, as HTTP reads them from headers); the copy leased is the target's, which is
+    /// returned so the message can be sent under the target's name.
+    async fn place(
+        &self,
+        call: &Call,
+        requested: ModelRef,
+        metadata: &MetadataMap,
+    ) -> Result<(Lease, ModelRef), GatewayError> {
+        let routed = self
+            .gateway
+            .live()
+            .routes
+            .resolve(requested, |name| metadata.get(name).map(|v| v.as_bytes()))?;
+        let target = routed.target;
+        let lease = self.gateway.placement().acquire(&target).await?;
         call.served(Served {
-            model: model.name.clone(),
-            version: model.version.clone(),
+            model: target.name.clone(),
+            version: target.version.clone(),
             backend: lease.backend().name.clone(),
-            route: None,
+            route: routed.route,
         });
-        Ok(lease)
+        if let Some(label) = routed.label {
+            call.routed_to(label);
+        }
+        Ok((lease, target))
     }
 
     /// Forwards one unary call to the leased backend: the client's metadata (less what
@@ -167,20 +185,51 @@ impl InferenceService {
     }
 
     /// Place, then forward: every per-model RPC.
-    async fn to_model<Req, Res, Fut>(
+    async fn to_model<Req: NamesModel, Res, Fut>(
         &self,
         call: &Call,
-        model: ModelRef,
         metadata: MetadataMap,
-        message: Req,
+        mut message: Req,
         send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
     ) -> Result<Response<Res>, Failure>
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
-        let lease = self.place(call, &model).await?;
+        let (lease, target) = self.place(call, message.model(), &metadata).await?;
+        message.retarget(&target);
         self.forward(call, &lease, metadata, message, send).await
     }
+}
+
+/// A request message that names a model: what it asks for, and how to send it to the
+/// target a route chose instead.
+trait NamesModel {
+    /// The model (and version) the client named.
+    fn model(&self) -> ModelRef;
+    /// Names `target` instead.
+    fn retarget(&mut self, target: &ModelRef);
+}
+
+macro_rules! names_model {
+    ($($message:ty: $name:ident, $version:ident;)*) => {$(
+        impl NamesModel for $message {
+            fn model(&self) -> ModelRef {
+                ModelRef::new(self.$name.clone(), version(&self.$version))
+            }
+            fn retarget(&mut self, target: &ModelRef) {
+                self.$name.clone_from(&target.name);
+                self.$version = target.version.clone().unwrap_or_default();
+            }
+        }
+    )*};
+}
+
+names_model! {
+    ModelReadyRequest: name, version;
+    ModelMetadataRequest: name, version;
+    ModelConfigRequest: name, version;
+    ModelStatisticsRequest: name, version;
+    ModelInferRequest: model_name, model_version;
 }
 
 /// A request to a backend: the client's metadata without hop headers, our request id, and a
@@ -259,17 +308,17 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelReadyRequest>,
     ) -> Result<Response<ModelReadyResponse>, Status> {
         let call = Call::start("ModelReady", &request);
-        let (metadata, _, message) = request.into_parts();
-        let model = ModelRef::new(message.name.clone(), version(&message.version));
+        let (metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                match self.place(&call, &model).await {
+                match self.place(&call, message.model(), &metadata).await {
                     // Triton answers an unknown or unloadable model with `ready: false`.
                     Err(error) => {
                         tracing::debug!(%error, "model is not ready");
                         Ok(Response::new(ModelReadyResponse { ready: false }))
                     }
-                    Ok(lease) => {
+                    Ok((lease, target)) => {
+                        message.retarget(&target);
                         self.forward(&call, &lease, metadata, message, |mut c, r| async move {
                             c.model_ready(r).await
                         })
@@ -287,10 +336,9 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<ModelMetadataResponse>, Status> {
         let call = Call::start("ModelMetadata", &request);
         let (metadata, _, message) = request.into_parts();
-        let model = ModelRef::new(message.name.clone(), version(&message.version));
         let outcome = call
             .run(
-                self.to_model(&call, model, metadata, message, |mut c, r| async move {
+                self.to_model(&call, metadata, message, |mut c, r| async move {
                     c.model_metadata(r).await
                 }),
             )
@@ -303,12 +351,12 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         let call = Call::start("ModelInfer", &request);
-        let (metadata, _, message) = request.into_parts();
-        let model = ModelRef::new(message.model_name.clone(), version(&message.model_version));
+        let (metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                let lease = self.place(&call, &model).await?;
-                validate::infer_request(&self.gateway, lease.backend(), &model, &message).await?;
+                let (lease, target) = self.place(&call, message.model(), &metadata).await?;
+                message.retarget(&target);
+                validate::infer_request(&self.gateway, lease.backend(), &target, &message).await?;
                 self.forward(&call, &lease, metadata, message, |mut c, r| async move {
                     c.model_infer(r).await
                 })
@@ -334,10 +382,9 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<ModelConfigResponse>, Status> {
         let call = Call::start("ModelConfig", &request);
         let (metadata, _, message) = request.into_parts();
-        let model = ModelRef::new(message.name.clone(), version(&message.version));
         let outcome = call
             .run(
-                self.to_model(&call, model, metadata, message, |mut c, r| async move {
+                self.to_model(&call, metadata, message, |mut c, r| async move {
                     c.model_config(r).await
                 }),
             )
@@ -354,9 +401,8 @@ impl GrpcInferenceService for InferenceService {
         let outcome = if message.name.is_empty() {
             call.run(self.all_statistics(&call, metadata)).await
         } else {
-            let model = ModelRef::new(message.name.clone(), version(&message.version));
             call.run(
-                self.to_model(&call, model, metadata, message, |mut c, r| async move {
+                self.to_model(&call, metadata, message, |mut c, r| async move {
                     c.model_statistics(r).await
                 }),
             )

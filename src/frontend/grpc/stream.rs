@@ -139,9 +139,21 @@ async fn route(
     routes: &mut HashMap<ModelRef, Route>,
     pumps: &mut JoinSet<(ModelRef, Result<u64, Failure>)>,
     out: &mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
-    message: ModelInferRequest,
+    mut message: ModelInferRequest,
 ) -> bool {
-    let model = ModelRef::new(message.model_name.clone(), version(&message.model_version));
+    // A route name is resolved per request (sticky keys from the stream's metadata, so a
+    // sticky route keeps one target for the whole stream); the request goes on under the
+    // target's name, down the target's backend stream.
+    let requested = ModelRef::new(message.model_name.clone(), version(&message.model_version));
+    let routed = match gateway.live().routes.resolve(requested.clone(), |name| {
+        metadata.get(name).map(|v| v.as_bytes())
+    }) {
+        Ok(routed) => routed,
+        Err(error) => return refuse(out, &requested, message, error).await,
+    };
+    let model = routed.target;
+    message.model_name.clone_from(&model.name);
+    message.model_version = model.version.clone().unwrap_or_default();
     let message = match routes.get(&model) {
         Some(route) => {
             if let Err(error) =
@@ -175,7 +187,7 @@ async fn route(
             model: model.name.clone(),
             version: model.version.clone(),
             backend: lease.backend().name.clone(),
-            route: None,
+            route: routed.route,
         });
     }
     let (requests, queue) = mpsc::channel(ROUTE_QUEUE);
