@@ -19,7 +19,7 @@
 #
 # Knobs (environment):
 #   BENCH_BASE_PORT=29000    ports used: base..base+33 (pass 1), base+100..base+133 (pass 2)
-#   BENCH_WARMUP=2s BENCH_WINDOW=3s BENCH_WINDOWS=3   per step (infergate-load flags)
+#   BENCH_WARMUP=1s BENCH_WINDOW=3s BENCH_WINDOWS=3   per step (infergate-load flags)
 #   BENCH_CONCURRENCY="1 16 64"  BENCH_REAL_CONCURRENCY="1 16"
 #   BENCH_PROXY_WORKERS=1    nginx worker_processes and infergate's tokio worker threads
 #                            (TOKIO_WORKER_THREADS); "auto" = one per core for both
@@ -34,7 +34,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 BASE="${BENCH_BASE_PORT:-29000}"
-WARMUP="${BENCH_WARMUP:-2s}"
+WARMUP="${BENCH_WARMUP:-1s}"
 WINDOW="${BENCH_WINDOW:-3s}"
 WINDOWS="${BENCH_WINDOWS:-3}"
 read -r -a LEVELS <<<"${BENCH_CONCURRENCY:-1 16 64}"
@@ -46,7 +46,8 @@ ACCESS_LOG="${BENCH_ACCESS_LOG:-on}"
 REAL="${BENCH_REAL:-1}"
 BUILD="${BENCH_BUILD:-1}"
 SHA="$(git rev-parse --short HEAD)"
-OUT="${BENCH_OUT:-loadtest/results/$(date +%F)-$SHA.md}"
+DATE="$(date +%F)"
+OUT="${BENCH_OUT:-loadtest/results/$DATE-$SHA.md}"
 BIN="$ROOT/target/release"
 STARTED=$SECONDS
 
@@ -94,6 +95,7 @@ if ((BUILD)); then
     cargo build --release -p infergate -p infergate-load 2>"$TMP/build.log" ||
         { tail -30 "$TMP/build.log" >&2; die "build failed (others may be mid-edit: retry in a minute)"; }
 fi
+BUILD_S=$((SECONDS - STARTED))
 for b in infergate infergate-load fake-triton; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b"; done
 
 LOAD_ARGS=(-i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --threads "$LOAD_THREADS"
@@ -411,9 +413,9 @@ WORKERS_LABEL="$WORKERS"
 [[ "$WORKERS" == auto ]] && WORKERS_LABEL="one per core ($NPROC)"
 
 report() {
-    echo "# infergate benchmark: $(date +%F), commit $SHA"
+    echo "# infergate benchmark: $DATE, commit $SHA"
     echo
-    echo "Produced by \`loadtest/bench.sh\` in ${ELAPSED} s."
+    echo "Produced by \`loadtest/bench.sh\` in ${ELAPSED} s (${BUILD_S} s of it building)."
     echo
     echo "## Machine and setup"
     echo

@@ -160,8 +160,8 @@ pub fn infer_request(
     let Some(header_len) = body.header_len else {
         bail!("the gRPC transport needs binary bodies (tensors as raw bytes)");
     };
-    let header: serde_json::Value = serde_json::from_slice(&body.bytes[..header_len])
-        .context("request header is not JSON")?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&body.bytes[..header_len]).context("request header is not JSON")?;
     let mut raw = body.bytes.slice(header_len..);
     let mut request = pb::ModelInferRequest {
         model_name: model.to_owned(),
@@ -175,17 +175,19 @@ pub fn infer_request(
         if size > raw.len() {
             bail!("an input's binary_data_size is past the end of the body");
         }
-        request.inputs.push(pb::model_infer_request::InferInputTensor {
-            name: input["name"].as_str().unwrap_or_default().to_owned(),
-            datatype: input["datatype"].as_str().unwrap_or_default().to_owned(),
-            shape: input["shape"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(serde_json::Value::as_i64)
-                .collect(),
-            ..Default::default()
-        });
+        request
+            .inputs
+            .push(pb::model_infer_request::InferInputTensor {
+                name: input["name"].as_str().unwrap_or_default().to_owned(),
+                datatype: input["datatype"].as_str().unwrap_or_default().to_owned(),
+                shape: input["shape"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(serde_json::Value::as_i64)
+                    .collect(),
+                ..Default::default()
+            });
         request.raw_input_contents.push(raw.split_to(size));
     }
     for output in header["outputs"].as_array().into_iter().flatten() {
