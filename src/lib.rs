@@ -51,7 +51,7 @@ impl Gateway {
         let pool = Arc::new(Pool::new(&config).map_err(anyhow::Error::msg)?);
         let placement = Arc::new(placement::Placement::new(&config, pool.clone()));
         let text = toml::to_string(&config).unwrap_or_default();
-        let live = arc_swap::ArcSwap::from_pointee(reload::Live::new(config.clone(), &text));
+        let live = arc_swap::ArcSwap::from_pointee(reload::Live::new(config.clone(), &text, None));
         let signatures = Arc::new(validate::SignatureCache::new(&config.validation));
         Ok(Self {
             inner: Arc::new(Inner {
@@ -90,8 +90,11 @@ impl Gateway {
         let inner = Arc::get_mut(&mut gateway.inner).expect("not shared yet");
         inner.config_path = Some(path.to_path_buf());
         if let Ok(text) = std::fs::read_to_string(path) {
-            inner.live =
-                arc_swap::ArcSwap::from_pointee(reload::Live::new(inner.config.clone(), &text));
+            inner.live = arc_swap::ArcSwap::from_pointee(reload::Live::new(
+                inner.config.clone(),
+                &text,
+                None,
+            ));
         }
         Ok(gateway)
     }

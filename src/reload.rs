@@ -29,10 +29,11 @@ pub struct Live {
 }
 
 impl Live {
-    /// The live snapshot of a config and the text it came from.
-    pub fn new(config: Config, text: &str) -> Self {
+    /// The live snapshot of a config and the text it came from; routes the config leaves
+    /// as they were in `previous` keep their state (guards).
+    pub fn new(config: Config, text: &str, previous: Option<&Live>) -> Self {
         Self {
-            routes: RouteTable::new(&config.routes),
+            routes: RouteTable::new(&config.routes, previous.map(|p| &p.routes)),
             config: Arc::new(config),
             hash: format!("{:016x}", fnv1a(text.as_bytes())),
             loaded_at: SystemTime::now(),
@@ -94,7 +95,7 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
         ));
     }
     let before = route_targets(&gateway.live().config);
-    let live = Live::new(config, &text);
+    let live = Live::new(config, &text, Some(&gateway.live()));
     let hash = live.hash.clone();
     let after = route_targets(&live.config);
     let pinned: BTreeSet<String> = live
@@ -222,8 +223,8 @@ mod tests {
 
     #[test]
     fn the_hash_tells_files_apart() {
-        let a = Live::new(Config::parse(BASE).unwrap(), BASE);
-        let b = Live::new(Config::parse(BASE).unwrap(), &format!("{BASE}\n"));
+        let a = Live::new(Config::parse(BASE).unwrap(), BASE, None);
+        let b = Live::new(Config::parse(BASE).unwrap(), &format!("{BASE}\n"), None);
         assert_ne!(a.hash, b.hash);
         assert_eq!(a.hash.len(), 16);
     }

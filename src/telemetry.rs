@@ -48,6 +48,13 @@ pub const PLACEMENT_MODELS: &str = "infergate_placement_models";
 /// (scale Triton replicas on it).
 pub const PLACEMENT_LRU_AGE: &str = "infergate_placement_lru_age_seconds";
 
+/// Canaries switched off by a route guard, by route, target and reason (automatic rollback).
+pub const ROUTE_ROLLBACKS: &str = "infergate_route_rollbacks_total";
+
+/// Copies of requests sent to mirror targets, by route, target and outcome (`sent`,
+/// `failed`, `dropped` when too many copies were already in flight).
+pub const MIRRORED: &str = "infergate_mirror_requests_total";
+
 /// Config reloads by result (`success`, `failure`).
 pub const CONFIG_RELOADS: &str = "infergate_config_reload_total";
 
@@ -101,6 +108,14 @@ fn describe() {
     );
     describe_gauge!(BACKEND_UP, "1 while the backend passes health checks.");
     describe_counter!(CONFIG_RELOADS, "Config reloads by result.");
+    describe_counter!(
+        ROUTE_ROLLBACKS,
+        "Canaries switched off by a route guard, by route, target and reason."
+    );
+    describe_counter!(
+        MIRRORED,
+        "Request copies for mirror targets, by route, target and outcome."
+    );
     describe_counter!(
         VALIDATION_REJECTIONS,
         "Inference requests refused by validation before reaching a backend, by model and reason."

@@ -145,3 +145,158 @@ async fn a_route_splits_by_weight_sticks_by_key_and_names_its_target() {
     };
     assert_eq!(count("sized_a") + count("sized_b"), 10_002.0, "{metrics}");
 }
+
+/// Sends one infer; returns the status and the model that answered (or the error).
+async fn infer_status(client: &reqwest::Client, url: &str) -> (u16, String) {
+    let response = client.post(url).json(&request()).send().await.unwrap();
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap();
+    let said = body["model_name"].as_str().or(body["error"].as_str());
+    (status, said.unwrap_or_default().to_string())
+}
+
+async fn admin_routes(gateway: &TestGateway) -> Value {
+    reqwest::get(format!("http://{}/admin/routes", gateway.admin))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_guard_switches_off_a_failing_canary_and_traffic_returns_to_stable() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = r#"
+[[routes]]
+model = "guarded"
+targets = [{ model = "sized_a", weight = 50 }, { model = "error_model", weight = 50 }]
+guard = { max_error_rate = 0.2, window = "30s", min_requests = 10 }
+"#;
+    let gateway = TestGateway::start(&pool_config(
+        "guards",
+        &[&triton],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        routes,
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v2/models/guarded/infer", gateway.url());
+    let mut answers = Vec::new();
+    for _ in 0..120 {
+        answers.push(infer_status(&client, &url).await);
+    }
+    let failures: Vec<_> = answers
+        .iter()
+        .filter(|(status, _)| *status != 200)
+        .collect();
+    // The canary fails every request; it is switched off once it has answered
+    // min_requests of them, all failed.
+    assert_eq!(failures.len(), 10, "{failures:?}");
+    assert!(
+        failures[0].0 >= 500 && failures[0].1.contains("injected failure"),
+        "{failures:?}"
+    );
+    let last = answers
+        .iter()
+        .rposition(|(status, _)| *status != 200)
+        .unwrap();
+    assert!(
+        answers[last + 1..]
+            .iter()
+            .all(|(_, model)| model == "sized_a"),
+        "after the trip every request goes to the stable target"
+    );
+    assert!(last < 60, "tripped late: last failure at request {last}");
+
+    let view = admin_routes(&gateway).await;
+    let route = &view[0];
+    assert_eq!(route["route"], "guarded");
+    assert_eq!(route["targets"][1]["target"], "error_model");
+    assert_eq!(route["targets"][1]["weight"], 50);
+    assert_eq!(route["targets"][1]["current_weight"], 0);
+    assert_eq!(route["targets"][1]["window"]["failures"], 10);
+    assert_eq!(route["trips"][0]["reason"], "error_rate");
+    assert!(
+        route["trips"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("10 of 10 requests"),
+        "{route}"
+    );
+    let metrics = gateway.metrics_text("/metrics").await;
+    assert!(
+        metrics.contains(
+            "infergate_route_rollbacks_total{route=\"guarded\",target=\"error_model\",reason=\"error_rate\"} 1"
+        ),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_mirror_gets_copies_and_the_client_only_sees_the_primary() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = r#"
+[[routes]]
+model = "shadowed"
+targets = [
+  { model = "sized_a", weight = 1 },
+  { model = "sized_b", mirror = true, percent = 50 },
+  { model = "error_model", mirror = true, percent = 100 },
+]
+"#;
+    let gateway = TestGateway::start(&pool_config(
+        "mirrors",
+        &[&triton],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        routes,
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v2/models/shadowed/infer", gateway.url());
+    for _ in 0..200 {
+        // A failing mirror (error_model) never shows in the client's answer.
+        assert_eq!(
+            infer_status(&client, &url).await,
+            (200, "sized_a".to_string())
+        );
+    }
+    // The copies arrive at Triton on their own time.
+    let stats_url = format!("{}/v2/models/sized_b/stats", triton.http_url());
+    let mut copies = 0;
+    for _ in 0..50 {
+        let stats: Value = reqwest::get(&stats_url)
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        copies = stats["model_stats"][0]["inference_stats"]["success"]["count"]
+            .as_u64()
+            .unwrap_or(0);
+        let metrics = gateway.metrics_text("/metrics").await;
+        if metrics.contains("target=\"error_model\",outcome=\"failed\"} 200") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        (70..=130).contains(&copies),
+        "sized_b got {copies} copies of 200 requests at 50%"
+    );
+    let metrics = gateway.metrics_text("/metrics").await;
+    assert!(
+        metrics.contains(&format!(
+            "infergate_mirror_requests_total{{route=\"shadowed\",target=\"sized_b\",outcome=\"sent\"}} {copies}"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "infergate_mirror_requests_total{route=\"shadowed\",target=\"error_model\",outcome=\"failed\"} 200"
+        ),
+        "{metrics}"
+    );
+}

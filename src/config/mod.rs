@@ -9,7 +9,7 @@ mod routes;
 mod units;
 
 pub use placement::{Model, Placement};
-pub use routes::{Route, RouteTarget, StickyKey};
+pub use routes::{Guard, Route, RouteTarget, StickyKey};
 pub use units::{ByteSize, HumanDuration};
 
 use serde::{Deserialize, Serialize};
@@ -387,6 +387,49 @@ mod tests {
         let found = errors(&MINIMAL.replace("name = \"triton-0\"", "name = \"t\"\nweight = 3"));
         assert!(found[0].starts_with("backends[0]"), "{found:?}");
         assert!(found[0].contains("weight"), "{found:?}");
+    }
+
+    #[test]
+    fn mirrors_and_guards_are_checked_by_key() {
+        let route = |targets: &str, guard: &str| {
+            errors(&format!(
+                "{MINIMAL}[[routes]]\nmodel = \"r\"\ntargets = [{targets}]\n{guard}"
+            ))
+        };
+        let found = route(r#"{ model = "a" }"#, "");
+        assert!(
+            found[0].starts_with("routes[0].targets[0].weight: required"),
+            "{found:?}"
+        );
+        let found = route(
+            r#"{ model = "a", weight = 1, mirror = true, percent = 5 }"#,
+            "",
+        );
+        assert!(
+            found[0].starts_with("routes[0].targets[0].weight: a mirror never answers"),
+            "{found:?}"
+        );
+        let found = route(r#"{ model = "a", mirror = true, percent = 101 }"#, "");
+        assert!(
+            found[0].contains("101 is not between 0 and 100"),
+            "{found:?}"
+        );
+        let found = route(
+            r#"{ model = "a", weight = 1 }"#,
+            "guard = { window = \"10s\" }",
+        );
+        assert!(
+            found[0].starts_with("routes[0].guard: set max_error_rate"),
+            "{found:?}"
+        );
+        let found = route(
+            r#"{ model = "a", weight = 1 }"#,
+            "guard = { max_error_rate = 2.0 }",
+        );
+        assert!(
+            found[0].starts_with("routes[0].guard.max_error_rate"),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! `[[routes]]`: one model name clients call, split across target models or versions.
 
 use super::ConfigError;
+use super::units::HumanDuration;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
 /// A route as written in the config file.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
     /// The name clients call.
@@ -15,18 +16,61 @@ pub struct Route {
     pub sticky: Option<String>,
     /// The targets and their weights.
     pub targets: Vec<RouteTarget>,
+    /// Automatic rollback: limits the canaries are held to.
+    pub guard: Option<Guard>,
 }
 
 /// One target of a route.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteTarget {
     /// Triton model name.
     pub model: String,
     /// Triton model version; absent for the server's choice.
     pub version: Option<String>,
-    /// Integer share of traffic, any total; 0 takes the target out.
-    pub weight: u32,
+    /// Integer share of traffic, any total; 0 takes the target out. Not for mirrors.
+    pub weight: Option<u32>,
+    /// A shadow target: gets a copy of `percent` of the route's requests, its answers
+    /// discarded. Never chosen to answer a client.
+    #[serde(default)]
+    pub mirror: bool,
+    /// Share of the route's requests (0 to 100) a mirror gets a copy of.
+    pub percent: Option<f64>,
+}
+
+impl RouteTarget {
+    /// The configured weight (validated present for every target that is not a mirror).
+    pub fn weight(&self) -> u32 {
+        self.weight.unwrap_or(0)
+    }
+}
+
+/// Automatic rollback: when a canary (any target but the stable one, the one with the
+/// highest weight) breaks a limit over the window, its weight drops to 0 until the
+/// route's config changes.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Guard {
+    /// Highest share of a canary's requests that may fail (5xx), 0 to 1.
+    pub max_error_rate: Option<f64>,
+    /// Highest ratio of a canary's p95 latency to the stable target's.
+    pub max_p95_ratio: Option<f64>,
+    /// How far back the limits look.
+    #[serde(default = "Guard::default_window")]
+    pub window: HumanDuration,
+    /// Requests a target needs in the window before its figures count.
+    #[serde(default = "Guard::default_min_requests")]
+    pub min_requests: u64,
+}
+
+impl Guard {
+    fn default_window() -> HumanDuration {
+        HumanDuration(std::time::Duration::from_secs(60))
+    }
+
+    fn default_min_requests() -> u64 {
+        100
+    }
 }
 
 /// Where a sticky key is read from.
@@ -77,20 +121,78 @@ pub(super) fn validate(routes: &[Route], errors: &mut Vec<ConfigError>) {
                 "a route needs at least one target".into(),
             );
         }
+        if let Some(guard) = &route.guard {
+            validate_guard(guard, &format!("routes[{i}].guard"), &mut error);
+        }
         let mut labels = HashSet::new();
         for (j, target) in route.targets.iter().enumerate() {
+            let key = format!("routes[{i}].targets[{j}]");
             if target.model.trim().is_empty() {
-                error(
-                    format!("routes[{i}].targets[{j}].model"),
-                    "must not be empty".into(),
-                );
+                error(format!("{key}.model"), "must not be empty".into());
             }
+            validate_share(target, &key, &mut error);
             if !labels.insert((target.model.as_str(), target.version.as_deref())) {
-                error(
-                    format!("routes[{i}].targets[{j}]"),
-                    "the same target twice".into(),
-                );
+                error(key, "the same target twice".into());
             }
         }
+    }
+}
+
+/// A target answers by `weight`; a mirror copies by `percent`: each has its own, not both.
+fn validate_share(target: &RouteTarget, key: &str, error: &mut impl FnMut(String, String)) {
+    match (target.mirror, target.weight, target.percent) {
+        (false, Some(_), None) => {}
+        (false, None, _) => error(
+            format!("{key}.weight"),
+            "required (a mirror sets `mirror = true` and `percent` instead)".into(),
+        ),
+        (false, Some(_), Some(_)) => error(
+            format!("{key}.percent"),
+            "only for mirrors (`mirror = true`)".into(),
+        ),
+        (true, Some(_), _) => error(
+            format!("{key}.weight"),
+            "a mirror never answers: give it `percent` of the traffic to copy instead".into(),
+        ),
+        (true, None, None) => error(
+            format!("{key}.percent"),
+            "required for a mirror (0 to 100)".into(),
+        ),
+        (true, None, Some(p)) if !(0.0..=100.0).contains(&p) => error(
+            format!("{key}.percent"),
+            format!("{p} is not between 0 and 100"),
+        ),
+        (true, None, Some(_)) => {}
+    }
+}
+
+fn validate_guard(guard: &Guard, key: &str, error: &mut impl FnMut(String, String)) {
+    if guard.max_error_rate.is_none() && guard.max_p95_ratio.is_none() {
+        error(
+            key.to_string(),
+            "set max_error_rate, max_p95_ratio or both".into(),
+        );
+    }
+    if let Some(rate) = guard.max_error_rate
+        && !(0.0..=1.0).contains(&rate)
+    {
+        error(
+            format!("{key}.max_error_rate"),
+            format!("{rate} is not between 0 and 1"),
+        );
+    }
+    if let Some(ratio) = guard.max_p95_ratio
+        && !(ratio > 0.0 && ratio.is_finite())
+    {
+        error(
+            format!("{key}.max_p95_ratio"),
+            format!("{ratio} must be above 0"),
+        );
+    }
+    if guard.window.0.is_zero() {
+        error(format!("{key}.window"), "must be above 0".into());
+    }
+    if guard.min_requests == 0 {
+        error(format!("{key}.min_requests"), "must be at least 1".into());
     }
 }

@@ -15,6 +15,7 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/admin/placement", get(placement))
         .route("/admin/reload", post(reload))
         .route("/admin/config", get(running_config))
+        .route("/admin/routes", get(routes))
         .route("/admin/models/{model}/load", post(load))
         .route("/admin/models/{model}/unload", post(unload))
         .route("/admin/backends/{backend}/drain", post(drain))
@@ -159,4 +160,38 @@ async fn running_config(State(gateway): State<Gateway>) -> axum::Json<serde_json
         "path": gateway.config_path(),
         "config": *live.config,
     }))
+}
+
+/// Every route: its targets with configured and current weights (a guard may have switched a
+/// canary off), each target's figures over the guard's window, and every trip with its reason.
+async fn routes(State(gateway): State<Gateway>) -> axum::Json<Vec<serde_json::Value>> {
+    let live = gateway.live();
+    let mut views: Vec<serde_json::Value> = live
+        .routes
+        .routes()
+        .map(|route| {
+            let guard = route.guard();
+            let targets: Vec<_> = route
+                .targets
+                .iter()
+                .enumerate()
+                .map(|(i, target)| {
+                    serde_json::json!({
+                        "target": route.label(i),
+                        "weight": target.weight,
+                        "current_weight": route.weight(i),
+                        "mirror_percent": target.mirror,
+                        "window": guard.map(|g| g.figures(i)),
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "route": route.name,
+                "targets": targets,
+                "trips": guard.map(|g| g.trips()).unwrap_or_default(),
+            })
+        })
+        .collect();
+    views.sort_by(|a, b| a["route"].as_str().cmp(&b["route"].as_str()));
+    axum::Json(views)
 }

@@ -7,7 +7,7 @@ use super::edge::edge;
 use crate::Gateway;
 use crate::error::GatewayError;
 use crate::pipeline::repository::{self, Index, ask_all, ready_backends};
-use crate::pipeline::{LeasedBody, ModelRef};
+use crate::pipeline::{LeasedBody, ModelRef, Outcome, Routed, mirror};
 use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream;
 use axum::Router;
@@ -165,7 +165,7 @@ fn check_action(action: &str, request: &Request) -> Result<(), GatewayError> {
 /// while the lease keeps the copy in use.
 async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> Response {
     let headers = request.headers();
-    let routed = match gateway
+    let mut routed = match gateway
         .live()
         .routes
         .resolve(model, |name| headers.get(name).map(|v| v.as_bytes()))
@@ -173,23 +173,39 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
         Ok(routed) => routed,
         Err(error) => return error.into_response(),
     };
+    // Only inference counts in a guard and is mirrored: metadata calls would blur both.
+    if !is_infer(&request) {
+        routed.outcome = None;
+        routed.mirrors.clear();
+    }
+    let copy = mirror_copy(&mut routed, &request);
     if routed.route.is_some() {
         *request.uri_mut() = target_uri(request.uri(), &routed.target);
     }
     let model = routed.target;
     let lease = match gateway.placement().acquire(&model).await {
         Ok(lease) => lease,
-        Err(error) => return error.into_response(),
-    };
-    let forwarded = match limit_body(gateway, request) {
-        Ok(request) => {
-            match crate::validate::http_request(gateway, lease.backend(), &model, request).await {
-                Ok(request) => upstream::forward(lease.backend(), request).await,
-                Err(error) => Err(error),
-            }
+        Err(error) => {
+            finish(routed.outcome, error.http_status());
+            return error.into_response();
         }
-        Err(error) => Err(error),
     };
+    let forwarded = async {
+        let request = limit_body(gateway, request)?;
+        let mut request =
+            crate::validate::http_request(gateway, lease.backend(), &model, request).await?;
+        if let Some(copy) = copy {
+            request = mirror::http(gateway, copy, request, target_uri).await?;
+        }
+        upstream::forward(lease.backend(), request).await
+    }
+    .await;
+    finish(
+        routed.outcome,
+        forwarded
+            .as_ref()
+            .map_or_else(GatewayError::http_status, |r| r.status()),
+    );
     let served = Served {
         model: model.name,
         version: model.version,
@@ -210,6 +226,30 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
     }
     response.extensions_mut().insert(served);
     response
+}
+
+fn is_infer(request: &Request) -> bool {
+    request.method() == Method::POST && request.uri().path().ends_with("/infer")
+}
+
+/// Counts the answer for a guarded route: a 5xx is a failure of the target.
+fn finish(outcome: Option<Outcome>, status: StatusCode) {
+    if let Some(outcome) = outcome {
+        outcome.finish(status.is_server_error());
+    }
+}
+
+/// The mirror copy an inference request of a route with mirrors makes (other model
+/// requests are not mirrored).
+fn mirror_copy(routed: &mut Routed, request: &Request) -> Option<(mirror::Copy, http::Uri)> {
+    if routed.mirrors.is_empty() {
+        return None;
+    }
+    let copy = mirror::Copy {
+        route: routed.route.clone()?,
+        mirrors: std::mem::take(&mut routed.mirrors),
+    };
+    Some((copy, request.uri().clone()))
 }
 
 const TARGET_HEADER: http::HeaderName =

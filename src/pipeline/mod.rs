@@ -3,12 +3,13 @@
 //! (`validate`), then forward. Each stage is a plain function over the gateway state and the
 //! request, so HTTP and gRPC share every rule.
 
+pub mod mirror;
 mod place;
 pub mod repository;
 mod route;
 
 pub use place::LeasedBody;
-pub use route::{PIN_HEADER, RouteTable, Routed};
+pub use route::{Outcome, PIN_HEADER, RouteTable, Routed};
 
 /// The model a request names, as the client wrote it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

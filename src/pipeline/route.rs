@@ -7,13 +7,15 @@ use crate::config::{self, StickyKey};
 use crate::error::GatewayError;
 use crate::routing::{Route, Target};
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// Header that pins a request to one target of a route (for testing a canary directly):
 /// the same name the answer uses to say which target served it.
 pub const PIN_HEADER: &str = crate::protocol::TARGET_HEADER;
 
 /// Where a request goes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct Routed {
     /// The route's name, when the request named a route.
     pub route: Option<String>,
@@ -21,37 +23,79 @@ pub struct Routed {
     pub target: ModelRef,
     /// `model[/version]` of the chosen target, when routed.
     pub label: Option<String>,
+    /// For a guarded route: where the answer is to be counted.
+    pub outcome: Option<Outcome>,
+    /// Mirror targets that get a copy of this request (shadow traffic).
+    pub mirrors: Vec<ModelRef>,
+}
+
+impl Routed {
+    fn unrouted(target: ModelRef) -> Self {
+        Self {
+            route: None,
+            target,
+            label: None,
+            outcome: None,
+            mirrors: Vec::new(),
+        }
+    }
+}
+
+/// Counts a guarded route's answer for the target that gave it (automatic rollback).
+#[derive(Debug)]
+pub struct Outcome {
+    route: Arc<Route>,
+    target: usize,
+    started: Instant,
+}
+
+impl Outcome {
+    /// The answer came: `failed` for a server-side failure (5xx, or no answer at all).
+    pub fn finish(self, failed: bool) {
+        self.route
+            .observe(self.target, failed, self.started.elapsed());
+    }
 }
 
 /// Every configured route, by the name clients call.
 #[derive(Debug, Default)]
 pub struct RouteTable {
-    routes: HashMap<String, (Route, Option<StickyKey>)>,
+    routes: HashMap<String, Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    config: config::Route,
+    route: Arc<Route>,
+    sticky: Option<StickyKey>,
 }
 
 impl RouteTable {
-    /// Builds the table from (validated) config.
-    pub fn new(routes: &[config::Route]) -> Self {
+    /// Builds the table from (validated) config. A route whose config is the same as in
+    /// `previous` keeps its state there (its guard's window and trips), so a reload that
+    /// does not touch a route does not bring back a canary its guard switched off.
+    pub fn new(routes: &[config::Route], previous: Option<&RouteTable>) -> Self {
         let routes = routes
             .iter()
             .map(|r| {
-                let targets = r
-                    .targets
-                    .iter()
-                    .map(|t| Target {
-                        model: t.model.clone(),
-                        version: t.version.clone(),
-                        weight: t.weight,
-                    })
-                    .collect();
-                let sticky = r.sticky.as_deref().and_then(|s| StickyKey::parse(s).ok());
-                (
-                    r.model.clone(),
-                    (Route::new(r.model.clone(), targets), sticky),
-                )
+                let kept = previous
+                    .and_then(|p| p.routes.get(&r.model))
+                    .filter(|e| e.config == *r)
+                    .map(|e| e.route.clone());
+                let entry = Entry {
+                    config: r.clone(),
+                    route: kept.unwrap_or_else(|| Arc::new(build(r))),
+                    sticky: r.sticky.as_deref().and_then(|s| StickyKey::parse(s).ok()),
+                };
+                (r.model.clone(), entry)
             })
             .collect();
         Self { routes }
+    }
+
+    /// Every route, for the admin API.
+    pub fn routes(&self) -> impl Iterator<Item = &Route> {
+        self.routes.values().map(|e| &*e.route)
     }
 
     /// Resolves a request. `header(name)` reads a request header (or gRPC metadata); the pin
@@ -61,16 +105,12 @@ impl RouteTable {
         requested: ModelRef,
         header: impl Fn(&str) -> Option<&'h [u8]>,
     ) -> Result<Routed, GatewayError> {
-        let Some((route, sticky)) = self
+        let Some(Entry { route, sticky, .. }) = self
             .routes
             .get(&requested.name)
             .filter(|_| requested.version.is_none())
         else {
-            return Ok(Routed {
-                route: None,
-                target: requested,
-                label: None,
-            });
+            return Ok(Routed::unrouted(requested));
         };
         let chosen = match header(PIN_HEADER) {
             Some(pin) => {
@@ -97,12 +137,40 @@ impl RouteTable {
                     })?
             }
         };
-        let target = &route.targets[chosen];
+        let model_ref = |i: usize| {
+            let target = &route.targets[i];
+            ModelRef::new(target.model.clone(), target.version.clone())
+        };
         Ok(Routed {
             route: Some(route.name.clone()),
-            target: ModelRef::new(target.model.clone(), target.version.clone()),
+            target: model_ref(chosen),
             label: Some(route.label(chosen).to_string()),
+            outcome: route.guard().map(|_| Outcome {
+                route: route.clone(),
+                target: chosen,
+                started: Instant::now(),
+            }),
+            mirrors: route.mirrors().map(model_ref).collect(),
         })
+    }
+}
+
+/// The routing form of a configured route.
+fn build(config: &config::Route) -> Route {
+    let targets = config
+        .targets
+        .iter()
+        .map(|t| Target {
+            model: t.model.clone(),
+            version: t.version.clone(),
+            weight: t.weight(),
+            mirror: t.mirror.then(|| t.percent.unwrap_or(0.0)),
+        })
+        .collect();
+    let route = Route::new(config.model.clone(), targets);
+    match &config.guard {
+        Some(limits) => route.guarded(limits.clone()),
+        None => route,
     }
 }
 
@@ -128,7 +196,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        RouteTable::new(&config.routes)
+        RouteTable::new(&config.routes, None)
     }
 
     #[test]
@@ -153,11 +221,12 @@ mod tests {
             .resolve(ModelRef::new("ranker", None), user(b"u-42"))
             .unwrap();
         for _ in 0..100 {
+            let again = table
+                .resolve(ModelRef::new("ranker", None), user(b"u-42"))
+                .unwrap();
             assert_eq!(
-                table
-                    .resolve(ModelRef::new("ranker", None), user(b"u-42"))
-                    .unwrap(),
-                first
+                (again.target, again.label),
+                (first.target.clone(), first.label.clone())
             );
         }
         assert_eq!(first.route.as_deref(), Some("ranker"));
@@ -176,5 +245,47 @@ mod tests {
         );
         let off = table.resolve(ModelRef::new("off", None), |_| None);
         assert!(matches!(off, Err(GatewayError::RouteUnavailable { .. })));
+    }
+
+    fn guarded(error_rate: f64) -> Vec<config::Route> {
+        let text = format!(
+            r#"
+            [listen]
+            http = "127.0.0.1:0"
+            [[backends]]
+            name = "b"
+            http = "http://127.0.0.1:1"
+            [[routes]]
+            model = "g"
+            targets = [{{ model = "stable", weight = 9 }}, {{ model = "canary", weight = 1 }}]
+            guard = {{ max_error_rate = {error_rate}, min_requests = 1 }}
+            "#
+        );
+        config::Config::parse(&text).unwrap().routes
+    }
+
+    #[test]
+    fn a_trip_lasts_until_the_route_config_changes() {
+        let table = RouteTable::new(&guarded(0.5), None);
+        let canary = || {
+            table
+                .resolve(ModelRef::new("g", None), |name| {
+                    (name == PIN_HEADER).then_some(&b"canary"[..])
+                })
+                .unwrap()
+        };
+        canary().outcome.unwrap().finish(true);
+        let trips = |t: &RouteTable| t.routes().next().unwrap().guard().unwrap().trips().len();
+        assert_eq!(trips(&table), 1);
+        let unchanged = RouteTable::new(&guarded(0.5), Some(&table));
+        assert_eq!(
+            trips(&unchanged),
+            1,
+            "a reload that leaves the route keeps the trip"
+        );
+        assert_eq!(unchanged.routes().next().unwrap().weight(1), 0);
+        let changed = RouteTable::new(&guarded(0.6), Some(&table));
+        assert_eq!(trips(&changed), 0);
+        assert_eq!(changed.routes().next().unwrap().weight(1), 1);
     }
 }

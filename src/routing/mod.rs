@@ -7,7 +7,11 @@
 //! keys that must move. Hashes are fixed (FNV-1a + splitmix64), not per process, so every
 //! gateway replica sends a key to the same target.
 
+pub mod guard;
+
+pub use guard::Guard;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// One place a route can send a request.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,6 +22,8 @@ pub struct Target {
     pub version: Option<String>,
     /// Share of traffic; 0 takes the target out.
     pub weight: u32,
+    /// For a mirror (never chosen to answer): the percentage of requests copied to it.
+    pub mirror: Option<f64>,
 }
 
 impl Target {
@@ -31,14 +37,14 @@ impl Target {
 }
 
 /// Weighted targets behind one name.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Route {
     /// The name clients call.
     pub name: String,
     /// Where requests may go.
     pub targets: Vec<Target>,
     labels: Vec<String>,
-    total_weight: u64,
+    guard: Option<Guard>,
 }
 
 /// Per-request randomness for non-sticky routes: a counter through splitmix64, uniform
@@ -49,31 +55,78 @@ impl Route {
     /// Builds a route; targets keep their order.
     pub fn new(name: impl Into<String>, targets: Vec<Target>) -> Self {
         let labels = targets.iter().map(Target::label).collect();
-        let total_weight = targets.iter().map(|t| u64::from(t.weight)).sum();
         Self {
             name: name.into(),
             targets,
             labels,
-            total_weight,
+            guard: None,
+        }
+    }
+
+    /// Holds the route's canaries to `limits` (automatic rollback).
+    pub fn guarded(mut self, limits: crate::config::Guard) -> Self {
+        let weights: Vec<u32> = self.targets.iter().map(|t| self.weight_of(t)).collect();
+        self.guard = Some(Guard::new(limits, &weights));
+        self
+    }
+
+    /// The guard, when the route has one.
+    pub fn guard(&self) -> Option<&Guard> {
+        self.guard.as_ref()
+    }
+
+    fn weight_of(&self, target: &Target) -> u32 {
+        if target.mirror.is_some() {
+            0
+        } else {
+            target.weight
+        }
+    }
+
+    /// Target `i`'s weight now: 0 for a mirror and for a canary its guard switched off.
+    pub fn weight(&self, i: usize) -> u32 {
+        if self.guard.as_ref().is_some_and(|g| g.is_off(i)) {
+            0
+        } else {
+            self.weight_of(&self.targets[i])
         }
     }
 
     /// Index of the target for a request: by the sticky key when there is one, else at
     /// random by weight. `None` when every weight is 0.
     pub fn choose(&self, sticky_key: Option<&[u8]>) -> Option<usize> {
-        if self.total_weight == 0 {
+        let total: u64 = (0..self.targets.len())
+            .map(|i| u64::from(self.weight(i)))
+            .sum();
+        if total == 0 {
             return None;
         }
         match sticky_key {
             Some(key) => self.rendezvous(key),
             None => {
-                let draw = splitmix64(SEQUENCE.fetch_add(1, Ordering::Relaxed)) % self.total_weight;
+                let draw = random() % total;
                 let mut acc = 0;
-                self.targets.iter().position(|t| {
-                    acc += u64::from(t.weight);
+                (0..self.targets.len()).find(|&i| {
+                    acc += u64::from(self.weight(i));
                     draw < acc
                 })
             }
+        }
+    }
+
+    /// The mirrors that get a copy of this request, each drawn at its percentage.
+    pub fn mirrors(&self) -> impl Iterator<Item = usize> + '_ {
+        self.targets.iter().enumerate().filter_map(|(i, t)| {
+            let percent = t.mirror?;
+            let draw = (random() % 10_000) as f64;
+            (draw < percent * 100.0).then_some(i)
+        })
+    }
+
+    /// Counts an answer of target `i` in the guard, which may switch it off.
+    pub fn observe(&self, i: usize, failed: bool, latency: Duration) {
+        if let Some(guard) = &self.guard {
+            guard.observe(&self.name, (i, &self.labels[i]), failed, latency);
         }
     }
 
@@ -85,20 +138,26 @@ impl Route {
     fn rendezvous(&self, key: &[u8]) -> Option<usize> {
         let key_hash = fnv1a(key);
         let mut best: Option<(usize, f64)> = None;
-        for (i, target) in self.targets.iter().enumerate() {
-            if target.weight == 0 {
+        for i in 0..self.targets.len() {
+            let weight = self.weight(i);
+            if weight == 0 {
                 continue;
             }
             let h = splitmix64(key_hash ^ fnv1a(self.labels[i].as_bytes()));
             // Uniform in (0, 1]; score = -w / ln(u) is largest for the winner.
             let u = ((h >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-            let score = -f64::from(target.weight) / u.ln();
+            let score = -f64::from(weight) / u.ln();
             if best.is_none_or(|(_, s)| score > s) {
                 best = Some((i, score));
             }
         }
         best.map(|(i, _)| i)
     }
+}
+
+/// A uniform draw for per-request choices.
+fn random() -> u64 {
+    splitmix64(SEQUENCE.fetch_add(1, Ordering::Relaxed))
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
@@ -131,6 +190,7 @@ mod tests {
                     model: format!("ranker_{i}"),
                     version: (i == 1).then(|| "2".to_string()),
                     weight,
+                    mirror: None,
                 })
                 .collect(),
         )

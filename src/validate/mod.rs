@@ -104,7 +104,11 @@ pub async fn http_request(
 /// `BodyTooLarge` once it passes it). A body that arrives in one chunk is kept as it is; one
 /// in several is copied once into a buffer sized by `Content-Length`, so a request never
 /// holds much more than its own size.
-async fn collect(mut body: Body, limit: u64, declared: Option<u64>) -> Result<Bytes, GatewayError> {
+pub(crate) async fn collect(
+    mut body: Body,
+    limit: u64,
+    declared: Option<u64>,
+) -> Result<Bytes, GatewayError> {
     let mut first: Option<Bytes> = None;
     let mut joined: Option<BytesMut> = None;
     while let Some(frame) = body.frame().await {

@@ -56,6 +56,17 @@ impl From<CallError> for Failure {
 }
 
 impl Failure {
+    /// A failure on the server's side (what a 5xx is in HTTP): what route guards count.
+    pub fn is_server_error(&self) -> bool {
+        match self {
+            Self::Gateway(error) => error.http_status().is_server_error(),
+            Self::Backend(status) => {
+                crate::frontend::edge::grpc_status_class(status.code()) == "5xx"
+            }
+            Self::Deadline(_) | Self::TooLarge(_) => false,
+        }
+    }
+
     /// The status sent to the client, and what the log and the error counter say of it.
     fn into_status(self) -> (Status, Option<ErrorKind>) {
         match self {

@@ -18,8 +18,8 @@ mod validate;
 use crate::Gateway;
 use crate::error::GatewayError;
 use crate::frontend::Served;
-use crate::pipeline::ModelRef;
 use crate::pipeline::repository::{self, Index};
+use crate::pipeline::{ModelRef, Routed, mirror};
 use crate::placement::Lease;
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
@@ -142,24 +142,31 @@ impl InferenceService {
         call: &Call,
         requested: ModelRef,
         metadata: &MetadataMap,
-    ) -> Result<(Lease, ModelRef), GatewayError> {
-        let routed = self
+    ) -> Result<(Lease, Routed), GatewayError> {
+        let mut routed = self
             .gateway
             .live()
             .routes
             .resolve(requested, |name| metadata.get(name).map(|v| v.as_bytes()))?;
-        let target = routed.target;
-        let lease = self.gateway.placement().acquire(&target).await?;
+        let lease = match self.gateway.placement().acquire(&routed.target).await {
+            Ok(lease) => lease,
+            Err(error) => {
+                if let Some(outcome) = routed.outcome.take() {
+                    outcome.finish(error.http_status().is_server_error());
+                }
+                return Err(error);
+            }
+        };
         call.served(Served {
-            model: target.name.clone(),
-            version: target.version.clone(),
+            model: routed.target.name.clone(),
+            version: routed.target.version.clone(),
             backend: lease.backend().name.clone(),
-            route: routed.route,
+            route: routed.route.clone(),
         });
-        if let Some(label) = routed.label {
+        if let Some(label) = routed.label.take() {
             call.routed_to(label);
         }
-        Ok((lease, target))
+        Ok((lease, routed))
     }
 
     /// Forwards one unary call to the leased backend: the client's metadata (less what
@@ -195,8 +202,8 @@ impl InferenceService {
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
-        let (lease, target) = self.place(call, message.model(), &metadata).await?;
-        message.retarget(&target);
+        let (lease, routed) = self.place(call, message.model(), &metadata).await?;
+        message.retarget(&routed.target);
         self.forward(call, &lease, metadata, message, send).await
     }
 }
@@ -317,8 +324,8 @@ impl GrpcInferenceService for InferenceService {
                         tracing::debug!(%error, "model is not ready");
                         Ok(Response::new(ModelReadyResponse { ready: false }))
                     }
-                    Ok((lease, target)) => {
-                        message.retarget(&target);
+                    Ok((lease, routed)) => {
+                        message.retarget(&routed.target);
                         self.forward(&call, &lease, metadata, message, |mut c, r| async move {
                             c.model_ready(r).await
                         })
@@ -354,13 +361,31 @@ impl GrpcInferenceService for InferenceService {
         let (metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                let (lease, target) = self.place(&call, message.model(), &metadata).await?;
-                message.retarget(&target);
-                validate::infer_request(&self.gateway, lease.backend(), &target, &message).await?;
-                self.forward(&call, &lease, metadata, message, |mut c, r| async move {
-                    c.model_infer(r).await
-                })
-                .await
+                let (lease, mut routed) = self.place(&call, message.model(), &metadata).await?;
+                message.retarget(&routed.target);
+                let answer = async {
+                    validate::infer_request(
+                        &self.gateway,
+                        lease.backend(),
+                        &routed.target,
+                        &message,
+                    )
+                    .await?;
+                    if let Some(route) = routed.route.clone().filter(|_| !routed.mirrors.is_empty())
+                    {
+                        let mirrors = std::mem::take(&mut routed.mirrors);
+                        mirror::grpc(&self.gateway, mirror::Copy { route, mirrors }, &message);
+                    }
+                    self.forward(&call, &lease, metadata, message, |mut c, r| async move {
+                        c.model_infer(r).await
+                    })
+                    .await
+                }
+                .await;
+                if let Some(outcome) = routed.outcome {
+                    outcome.finish(answer.as_ref().is_err_and(Failure::is_server_error));
+                }
+                answer
             })
             .await;
         call.finish(outcome)
