@@ -39,6 +39,8 @@ struct Inner {
     placement: Arc<placement::Placement>,
     live: arc_swap::ArcSwap<reload::Live>,
     config_path: Option<std::path::PathBuf>,
+    /// Starts health checks for backends a reload adds (set when `serve` starts).
+    health: std::sync::OnceLock<upstream::HealthChecks>,
     signatures: Arc<validate::SignatureCache>,
     metrics: PrometheusHandle,
     draining: AtomicBool,
@@ -60,6 +62,7 @@ impl Gateway {
                 placement,
                 live,
                 config_path: None,
+                health: std::sync::OnceLock::new(),
                 signatures,
                 metrics: telemetry::metrics_handle(),
                 draining: AtomicBool::new(false),
@@ -110,6 +113,18 @@ impl Gateway {
         self.inner.live.store(Arc::new(live));
     }
 
+    /// Adds a backend to the pool and to placement, and starts its health checks: it takes
+    /// traffic after its first good one.
+    pub(crate) fn add_backend(&self, backend: upstream::Backend) {
+        let index = self.inner.pool.add(backend);
+        let backend = self.inner.pool.backends()[index].clone();
+        self.inner.placement.add_backend(&backend);
+        if let Some(health) = self.inner.health.get() {
+            health.spawn(index, backend);
+        }
+        tracing::info!(backend = %self.inner.pool.backends()[index].name, "backend added to the pool");
+    }
+
     /// The file the config came from, if any (what reload reads).
     pub fn config_path(&self) -> Option<&std::path::Path> {
         self.inner.config_path.as_deref()
@@ -141,7 +156,7 @@ impl Gateway {
     pub fn readiness(&self) -> Result<(), error::GatewayError> {
         if self.is_draining() {
             Err(error::GatewayError::ShuttingDown)
-        } else if self.pool().ready().next().is_none() {
+        } else if !self.pool().any_ready() {
             Err(error::GatewayError::NoBackendReady)
         } else {
             Ok(())
@@ -197,14 +212,15 @@ pub async fn serve(
     let tasks = TaskTracker::new();
     let upstream_config = &gateway.config().upstream;
     let placement = gateway.placement().clone();
-    upstream::spawn_health_checks(
-        gateway.pool(),
-        upstream_config.health_interval.0,
-        upstream_config.health_timeout.0,
-        &tasks,
-        &shutdown,
-        Arc::new(move |backend| placement.reconcile(backend)),
-    );
+    let health = upstream::HealthChecks {
+        interval: upstream_config.health_interval.0,
+        timeout: upstream_config.health_timeout.0,
+        tasks: tasks.clone(),
+        shutdown: shutdown.clone(),
+        after_check: Arc::new(move |backend| placement.reconcile(backend)),
+    };
+    health.spawn_all(gateway.pool());
+    let _ = gateway.inner.health.set(health);
     spawn_warm_up(&gateway, &tasks, &shutdown);
     tasks.spawn(gateway.placement().clone().rebalance_loop(shutdown.clone()));
     if let Some(path) = gateway.config_path() {
@@ -305,7 +321,7 @@ fn spawn_warm_up(gateway: &Gateway, tasks: &TaskTracker, shutdown: &Cancellation
     let shutdown = shutdown.clone();
     tasks.spawn(async move {
         let interval = gateway.config().upstream.health_interval.0;
-        while gateway.pool().ready().next().is_none() {
+        while !gateway.pool().any_ready() {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(interval / 4) => {}

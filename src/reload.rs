@@ -48,10 +48,14 @@ pub struct Reloaded {
     pub hash: String,
     /// Models no route or pin uses any more, unloaded from Triton (blue/green leftovers).
     pub unloaded: Vec<String>,
+    /// Backends added to the pool (they take traffic after their first good check).
+    pub added_backends: Vec<String>,
+    /// Backends taken out of the pool (drained: requests on them finish).
+    pub removed_backends: Vec<String>,
 }
 
 /// Keys that can change while running; everything else needs a restart.
-const RELOADABLE: [&str; 1] = ["routes"];
+const RELOADABLE: [&str; 2] = ["routes", "backends"];
 
 /// Reads, validates and applies the config file. On any error nothing changes, and the
 /// errors name their keys.
@@ -82,7 +86,7 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
         }])
     })?;
     let config = Config::parse(&text)?;
-    let fixed = fixed_keys_changed(gateway.config(), &config);
+    let fixed = fixed_keys_changed(&gateway.live().config, &config);
     if !fixed.is_empty() {
         return Err(ConfigErrors(
             fixed
@@ -94,6 +98,7 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
                 .collect(),
         ));
     }
+    let changes = BackendChanges::between(&gateway.live().config, &config)?;
     let before = route_targets(&gateway.live().config);
     let live = Live::new(config, &text, Some(&gateway.live()));
     let hash = live.hash.clone();
@@ -106,6 +111,7 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
         .map(|m| m.name.clone())
         .collect();
     gateway.swap_live(live);
+    let (removed_backends, added_backends) = changes.apply(gateway).await;
     // Blue/green without leftovers: a target no route uses any more is unloaded; Triton
     // lets its in-flight requests finish first.
     let mut unloaded = Vec::new();
@@ -114,7 +120,66 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
             unloaded.push(model.clone());
         }
     }
-    Ok(Reloaded { hash, unloaded })
+    Ok(Reloaded {
+        hash,
+        unloaded,
+        added_backends,
+        removed_backends,
+    })
+}
+
+/// Backends a reload takes out and puts in, by name; one whose entry changed is both.
+struct BackendChanges {
+    removed: Vec<String>,
+    added: Vec<crate::upstream::Backend>,
+}
+
+impl BackendChanges {
+    /// The difference, with every new backend already built (so a bad one refuses the
+    /// whole reload before anything changes).
+    fn between(running: &Config, new: &Config) -> Result<Self, ConfigErrors> {
+        let find =
+            |config: &Config, name: &str| config.backends.iter().find(|b| b.name == name).cloned();
+        let removed = running
+            .backends
+            .iter()
+            .filter(|b| find(new, &b.name).as_ref() != Some(*b))
+            .map(|b| b.name.clone())
+            .collect();
+        let mut added = Vec::new();
+        let mut errors = Vec::new();
+        for (i, backend) in new.backends.iter().enumerate() {
+            if find(running, &backend.name).as_ref() == Some(backend) {
+                continue;
+            }
+            match crate::upstream::Pool::build(backend, new) {
+                Ok(built) => added.push(built),
+                Err(message) => errors.push(ConfigError {
+                    key: format!("backends[{i}]"),
+                    message,
+                }),
+            }
+        }
+        if errors.is_empty() {
+            Ok(Self { removed, added })
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+
+    /// Retires the removed backends (pinned models move first; requests on them finish),
+    /// then adds the new ones with their health checks.
+    async fn apply(self, gateway: &Gateway) -> (Vec<String>, Vec<String>) {
+        for name in &self.removed {
+            gateway.placement().retire(name).await;
+        }
+        let mut added = Vec::new();
+        for backend in self.added {
+            added.push(backend.name.clone());
+            gateway.add_backend(backend);
+        }
+        (self.removed, added)
+    }
 }
 
 /// Top-level keys other than the reloadable ones whose values differ.
@@ -213,12 +278,14 @@ mod tests {
     "#;
 
     #[test]
-    fn only_routes_may_change_while_running() {
+    fn only_routes_and_backends_may_change_while_running() {
         let running = Config::parse(BASE).unwrap();
         let routes_changed = Config::parse(&BASE.replace("weight = 1", "weight = 5")).unwrap();
         assert!(fixed_keys_changed(&running, &routes_changed).is_empty());
         let backend_changed = Config::parse(&BASE.replace("127.0.0.1:1", "127.0.0.1:2")).unwrap();
-        assert_eq!(fixed_keys_changed(&running, &backend_changed), ["backends"]);
+        assert!(fixed_keys_changed(&running, &backend_changed).is_empty());
+        let listener_changed = Config::parse(&BASE.replace("127.0.0.1:0", "127.0.0.1:9")).unwrap();
+        assert_eq!(fixed_keys_changed(&running, &listener_changed), ["listen"]);
     }
 
     #[test]

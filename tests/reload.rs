@@ -197,8 +197,7 @@ async fn routes_reload_under_load_without_a_failed_request() {
     assert_ne!(running["loaded_at_unix"], first_loaded);
 
     // A key that cannot change while running is refused by name.
-    let moved =
-        config(&triton, &split(90, 10)).replace("capacity = \"1GiB\"", "capacity = \"2GiB\"");
+    let moved = config(&triton, &split(90, 10)).replace("scale_up_rps = 0.0", "scale_up_rps = 5.0");
     std::fs::write(&path, moved).unwrap();
     let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
     assert_eq!(status, 400);
@@ -206,7 +205,7 @@ async fn routes_reload_under_load_without_a_failed_request() {
         body["error"]
             .as_str()
             .unwrap()
-            .contains("backends: cannot change while running"),
+            .contains("placement: cannot change while running"),
         "{body}"
     );
 
@@ -243,5 +242,102 @@ async fn routes_reload_under_load_without_a_failed_request() {
     assert!(
         metrics.contains("infergate_config_reload_total{result=\"failure\"}"),
         "{metrics}"
+    );
+}
+
+/// Config text over these (name, Triton) backends.
+fn pool(backends: &[(&str, &Triton)]) -> String {
+    let mut text = String::from(
+        "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
+         [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n",
+    );
+    for (name, triton) in backends {
+        text.push_str(&format!(
+            "[[backends]]\nname = \"{name}\"\nhttp = \"{}\"\ngrpc = \"{}\"\ncapacity = \"1GiB\"\n",
+            triton.http_url(),
+            triton.grpc_url(),
+        ));
+    }
+    text
+}
+
+#[tokio::test]
+async fn backends_join_and_leave_on_reload_without_a_failed_request() {
+    let (one, two) = tokio::join!(
+        Triton::start(TritonOptions::default()),
+        Triton::start(TritonOptions::default())
+    );
+    let (one, two) = (one.unwrap(), two.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, pool(&[("joins-one", &one)])).unwrap();
+    let gateway = TestGateway::start_from_file(&path).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v2/models/sized_a/infer", gateway.url());
+    assert_eq!(infer(&client, &url).await.unwrap(), "sized_a");
+
+    // A new backend joins after its first ready check.
+    std::fs::write(&path, pool(&[("joins-one", &one), ("joins-two", &two)])).unwrap();
+    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["added_backends"], json!(["joins-two"]));
+    gateway.wait_for_ready_backends(2).await;
+
+    // The first leaves while 8 clients keep calling a model only it has: requests on it
+    // finish, new ones wait for a copy on the second, none fails.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (client, url, stop) = (client.clone(), url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match infer(&client, &url).await {
+                        Ok(_) => ok += 1,
+                        Err(error) => failed.push(error),
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(&path, pool(&[("joins-two", &two)])).unwrap();
+    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["removed_backends"], json!(["joins-one"]));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, Vec::new());
+    for client in clients {
+        let (o, f) = client.await.unwrap();
+        ok += o;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(ok > 50, "too little load: {ok}");
+    assert!(
+        two.loaded_models()
+            .await
+            .unwrap()
+            .contains(&"sized_a".to_string())
+    );
+    let names: Vec<String> = gateway
+        .admin_backends()
+        .await
+        .iter()
+        .map(|b| b["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["joins-two"]);
+    let placement = gateway.placement().await;
+    assert_eq!(
+        placement["backends"].as_array().unwrap().len(),
+        1,
+        "{placement}"
     );
 }

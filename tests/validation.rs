@@ -699,7 +699,7 @@ async fn requests_that_would_hurt_triton_never_reach_it(
 async fn signatures_are_fetched_once_and_invalidated(triton: &Triton, repository: &Path) {
     let text = config_for("cache", &[triton], "", "");
     let config = Config::parse(&text).unwrap();
-    let backend = Arc::new(Backend::new(&config.backends[0], &config.upstream).unwrap());
+    let backend = Arc::new(Backend::new(&config.backends[0], &config.upstream, 1).unwrap());
     let cache = Arc::new(SignatureCache::new(&Validation::default()));
     let model = ModelRef::new("reshaped", None);
     let fetched_before = config_fetches(triton, "reshaped");

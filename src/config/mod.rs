@@ -144,7 +144,7 @@ impl Default for Upstream {
 }
 
 /// One Triton instance of the pool.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Backend {
     /// Unique name, used in metrics, logs and the admin API.

@@ -49,6 +49,7 @@ async fn backends(State(gateway): State<Gateway>) -> axum::Json<Vec<BackendView>
         .pool()
         .backends()
         .iter()
+        .filter(|backend| !backend.is_retired())
         .map(|backend| BackendView {
             name: backend.name.clone(),
             url: backend.url.base.clone(),

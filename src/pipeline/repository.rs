@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// The backends that take traffic now, or `NoBackendReady`.
 pub fn ready_backends(gateway: &Gateway) -> Result<Vec<Arc<Backend>>, GatewayError> {
-    let ready: Vec<_> = gateway.pool().ready().cloned().collect();
+    let ready: Vec<_> = gateway.pool().ready();
     if ready.is_empty() {
         Err(GatewayError::NoBackendReady)
     } else {

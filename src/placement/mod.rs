@@ -20,10 +20,10 @@ use crate::upstream::{Backend, InFlight, Pool, metrics_scrape, path_segment};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::{Semaphore, broadcast};
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 /// A change to what is loaded, for components that cache per-model facts (signatures).
@@ -44,9 +44,9 @@ pub struct Placement {
     min_copies: HashMap<String, usize>,
     max_copies: HashMap<String, usize>,
     scaling: Scaling,
-    load_slots: Vec<Arc<Semaphore>>,
-    loads_running: Vec<AtomicUsize>,
     memory_metric: String,
+    /// `placement.default_capacity` and `mem_buffer`, for backends a reload adds.
+    sizes: (u64, u64),
     load_timeout: Duration,
     max_attempts: usize,
     events: broadcast::Sender<ModelEvent>,
@@ -98,15 +98,8 @@ impl Placement {
     /// Builds placement over the pool.
     pub fn new(config: &config::Config, pool: Arc<Pool>) -> Self {
         let policy = &config.placement;
-        let usable: Vec<u64> = pool
-            .backends()
-            .iter()
-            .map(|b| {
-                b.capacity
-                    .unwrap_or(policy.default_capacity.bytes())
-                    .saturating_sub(policy.mem_buffer.bytes())
-            })
-            .collect();
+        let usable: Vec<u64> = pool.backends().iter().map(|b| usable(b, policy)).collect();
+        let sizes = (policy.default_capacity.bytes(), policy.mem_buffer.bytes());
         let table = Table::new(
             &usable,
             Policy {
@@ -122,17 +115,8 @@ impl Placement {
         }
         Self {
             table: Mutex::new(table),
-            load_slots: pool
-                .backends()
-                .iter()
-                .map(|_| Arc::new(Semaphore::new(policy.max_loading_concurrency)))
-                .collect(),
-            loads_running: pool
-                .backends()
-                .iter()
-                .map(|_| AtomicUsize::new(0))
-                .collect(),
             memory_metric: policy.memory_metric.clone(),
+            sizes,
             pool,
             estimator: Estimator::new(policy, &config.models),
             pinned: config
@@ -270,7 +254,8 @@ impl Placement {
     /// `max_loading_concurrency` slots on the backend), record the outcome, tell the waiters.
     async fn run_load(self: Arc<Self>, plan: LoadPlan) {
         let backend = self.pool.backends()[plan.backend].clone();
-        let _slot = self.load_slots[plan.backend]
+        let _slot = backend
+            .load_slots
             .clone()
             .acquire_owned()
             .await
@@ -327,7 +312,7 @@ impl Placement {
         backend: &Backend,
         model: &str,
     ) -> Result<(), Arc<str>> {
-        let running = &self.loads_running[index];
+        let running = &backend.loads_running;
         let alone_at_start = running.fetch_add(1, Ordering::AcqRel) == 0;
         let timeout = Duration::from_secs(2);
         let before = if alone_at_start {
@@ -547,10 +532,38 @@ impl Placement {
         self.publish_usage(backend_index);
     }
 
+    /// Opens books for a backend a reload added to the pool (at index `backend`).
+    pub fn add_backend(&self, backend: &Backend) {
+        let bytes = usable_of(backend, self.sizes);
+        self.books().add_backend(bytes, Instant::now());
+        metrics::gauge!(telemetry::PLACEMENT_CAPACITY, "backend" => backend.name.clone())
+            .set(bytes as f64);
+    }
+
+    /// Takes a backend a reload removed out of placement: its pinned models move elsewhere
+    /// first (as for a drain), then it is retired (never ready again; requests on it finish)
+    /// and its books are closed.
+    pub async fn retire(self: &Arc<Self>, name: &str) {
+        let Some(index) = self.index_of(name) else {
+            return;
+        };
+        self.set_draining(name, true).await;
+        self.pool.backends()[index].retire();
+        self.reconcile(index);
+        tracing::info!(backend = name, "backend removed from the pool");
+    }
+
+    fn index_of(&self, name: &str) -> Option<usize> {
+        self.pool
+            .backends()
+            .iter()
+            .position(|b| b.name == name && !b.is_retired())
+    }
+
     /// Stops (or resumes) placing models on a backend; returns false for an unknown name.
     /// Draining also moves its pinned models: each gets a copy elsewhere first, then leaves.
     pub async fn set_draining(self: &Arc<Self>, backend: &str, draining: bool) -> bool {
-        let Some(index) = self.pool.backends().iter().position(|b| b.name == backend) else {
+        let Some(index) = self.index_of(backend) else {
             return false;
         };
         let pinned_here = {
@@ -601,7 +614,8 @@ impl Placement {
         let backends: Vec<_> = books
             .backends()
             .iter()
-            .zip(self.pool.backends())
+            .zip(self.pool.backends().iter())
+            .filter(|(_, backend)| !backend.is_retired())
             .map(|(b, backend)| {
                 let mut models: Vec<_> = b
                     .copies
@@ -653,4 +667,19 @@ fn triton_message(status: StatusCode, body: &[u8]) -> String {
         .ok()
         .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
         .unwrap_or_else(|| format!("backend answered {status}"))
+}
+
+/// What a backend offers models: its capacity (or the default) less the buffer kept free.
+fn usable(backend: &Backend, policy: &config::Placement) -> u64 {
+    usable_of(
+        backend,
+        (policy.default_capacity.bytes(), policy.mem_buffer.bytes()),
+    )
+}
+
+fn usable_of(backend: &Backend, (default_capacity, mem_buffer): (u64, u64)) -> u64 {
+    backend
+        .capacity
+        .unwrap_or(default_capacity)
+        .saturating_sub(mem_buffer)
 }

@@ -166,6 +166,17 @@ impl Table {
         }
     }
 
+    /// Empty books for a backend added to the pool (its index is the next one).
+    pub fn add_backend(&mut self, usable: u64, now: Instant) {
+        self.backends.push(Books {
+            usable,
+            committed: 0,
+            draining: false,
+            changed: now,
+            copies: HashMap::new(),
+        });
+    }
+
     /// The books of every backend.
     pub fn backends(&self) -> &[Books] {
         &self.backends

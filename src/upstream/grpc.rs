@@ -203,7 +203,7 @@ mod tests {
              http = \"http://127.0.0.1:1\"\ngrpc = \"http://127.0.0.1:1\"",
         )
         .unwrap();
-        Backend::new(&config.backends[0], &config.upstream).unwrap()
+        Backend::new(&config.backends[0], &config.upstream, 1).unwrap()
     }
 
     #[test]
@@ -231,7 +231,7 @@ mod tests {
              http = \"http://127.0.0.1:1\"\ngrpc = \"http://127.0.0.1:1\"",
         )
         .unwrap();
-        let backend = Arc::new(Backend::new(&config.backends[0], &config.upstream).unwrap());
+        let backend = Arc::new(Backend::new(&config.backends[0], &config.upstream, 1).unwrap());
         let started = Instant::now();
         let answer = unary(&backend, Duration::from_secs(5), |mut c| async move {
             c.server_live(crate::protocol::inference::ServerLiveRequest {})

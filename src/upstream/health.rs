@@ -10,29 +10,46 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Starts one checker task per backend; they stop when `shutdown` is cancelled.
-/// `after_check(i)` runs after every check of backend `i` (placement reconciles there).
-pub fn spawn_health_checks(
-    pool: &Arc<Pool>,
-    interval: Duration,
-    timeout: Duration,
-    tasks: &TaskTracker,
-    shutdown: &CancellationToken,
-    after_check: Arc<dyn Fn(usize) + Send + Sync>,
-) {
-    for (i, backend) in pool.backends().iter().enumerate() {
-        let backend = backend.clone();
-        let shutdown = shutdown.clone();
-        let after_check = after_check.clone();
-        tasks.spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
+/// What runs every backend's checks: one task per backend, stopped by `shutdown` (or when
+/// a reload retires the backend). `after_check(i)` runs after every check of backend `i`
+/// (placement reconciles there).
+#[derive(Clone)]
+pub struct HealthChecks {
+    /// Time between checks.
+    pub interval: Duration,
+    /// Time allowed for one check.
+    pub timeout: Duration,
+    /// Where the tasks are tracked, for shutdown.
+    pub tasks: TaskTracker,
+    /// Stops every check.
+    pub shutdown: CancellationToken,
+    /// Runs after each check of a backend, with its index.
+    pub after_check: Arc<dyn Fn(usize) + Send + Sync>,
+}
+
+impl HealthChecks {
+    /// Starts checking every backend of the pool.
+    pub fn spawn_all(&self, pool: &Pool) {
+        for (i, backend) in pool.backends().iter().enumerate() {
+            self.spawn(i, backend.clone());
+        }
+    }
+
+    /// Starts checking backend `i`: at once, then every `interval`.
+    pub fn spawn(&self, i: usize, backend: Arc<Backend>) {
+        let this = self.clone();
+        self.tasks.spawn(async move {
+            let mut ticker = tokio::time::interval(this.interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
+                    _ = this.shutdown.cancelled() => return,
                     _ = ticker.tick() => {
-                        check(&backend, timeout).await;
-                        after_check(i);
+                        if backend.is_retired() {
+                            return;
+                        }
+                        check(&backend, this.timeout).await;
+                        (this.after_check)(i);
                     }
                 }
             }

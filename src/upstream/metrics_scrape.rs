@@ -10,7 +10,8 @@ use std::time::Duration;
 /// Scrapes every backend that has a metrics URL (concurrently, each within `timeout`) and
 /// merges the texts. A backend that fails to answer is left out and named in a comment.
 pub async fn scrape_all(pool: &Pool, timeout: Duration) -> String {
-    let scrapes = pool.backends().iter().filter_map(|backend| {
+    let backends = pool.backends();
+    let scrapes = backends.iter().filter_map(|backend| {
         let url = backend.metrics_url.as_ref()?;
         Some(async move {
             let uri = url

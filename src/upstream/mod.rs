@@ -8,7 +8,7 @@ mod index;
 pub mod metrics_scrape;
 
 pub use client::{UpstreamClient, forward};
-pub use health::{refresh_index, spawn_health_checks};
+pub use health::{HealthChecks, refresh_index};
 pub use index::{ModelEntry, ModelIndex};
 
 use crate::config;
@@ -96,12 +96,21 @@ pub struct Backend {
     index_requests: AtomicU64,
     index_applied: Mutex<u64>,
     last_error: Mutex<Option<String>>,
+    retired: AtomicBool,
+    /// Loads allowed at once here (`placement.max_loading_concurrency`).
+    pub load_slots: Arc<tokio::sync::Semaphore>,
+    /// Loads running here now (holding a slot), for the admin API and scaling decisions.
+    pub loads_running: AtomicUsize,
 }
 
 impl Backend {
     /// Builds a backend from its (validated) config entry. It starts not ready: it takes
     /// traffic after its first successful health check.
-    pub fn new(config: &config::Backend, upstream: &config::Upstream) -> Result<Self, String> {
+    pub fn new(
+        config: &config::Backend,
+        upstream: &config::Upstream,
+        load_concurrency: usize,
+    ) -> Result<Self, String> {
         let url = BackendUrl::parse(&config.http)?;
         Ok(Self {
             name: config.name.clone(),
@@ -122,7 +131,22 @@ impl Backend {
             index_requests: AtomicU64::new(0),
             index_applied: Mutex::new(0),
             last_error: Mutex::new(None),
+            retired: AtomicBool::new(false),
+            load_slots: Arc::new(tokio::sync::Semaphore::new(load_concurrency)),
+            loads_running: AtomicUsize::new(0),
         })
+    }
+
+    /// Takes the backend out for good (a reload removed it): never ready again, its health
+    /// checks stop; requests already on it finish.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        self.set_ready(false);
+    }
+
+    /// Whether a reload removed the backend.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// Passed its last health check and is not ejected.
@@ -154,7 +178,9 @@ impl Backend {
     /// Records a successful health check.
     fn mark_healthy(&self) {
         self.failures.store(0, Ordering::Relaxed);
-        self.set_ready(true);
+        if !self.is_retired() {
+            self.set_ready(true);
+        }
     }
 
     /// Records a failed health check: not ready until the next good one.
@@ -226,10 +252,13 @@ impl Drop for InFlight {
     }
 }
 
-/// Every configured backend.
+/// Every configured backend. A reload adds backends at the end and retires removed ones in
+/// place, so a backend's index never changes while the gateway runs.
 #[derive(Debug, Default)]
 pub struct Pool {
-    backends: Vec<Arc<Backend>>,
+    backends: ArcSwap<Vec<Arc<Backend>>>,
+    /// Serializes changes (reloads), so two cannot lose each other's backend.
+    changing: Mutex<()>,
 }
 
 impl Pool {
@@ -238,24 +267,61 @@ impl Pool {
         let backends = config
             .backends
             .iter()
-            .map(|b| Backend::new(b, &config.upstream).map(Arc::new))
+            .map(|b| Self::build(b, config).map(Arc::new))
             .collect::<Result<_, _>>()?;
-        Ok(Self { backends })
+        Ok(Self {
+            backends: ArcSwap::from_pointee(backends),
+            changing: Mutex::new(()),
+        })
     }
 
-    /// All backends, ready or not.
-    pub fn backends(&self) -> &[Arc<Backend>] {
-        &self.backends
+    /// A backend as `config` describes it.
+    pub fn build(backend: &config::Backend, config: &config::Config) -> Result<Backend, String> {
+        Backend::new(
+            backend,
+            &config.upstream,
+            config.placement.max_loading_concurrency,
+        )
+    }
+
+    /// Every backend slot, ready or not, retired ones included (indices are stable).
+    pub fn backends(&self) -> Arc<Vec<Arc<Backend>>> {
+        self.backends.load_full()
     }
 
     /// Backends that currently take traffic.
-    pub fn ready(&self) -> impl Iterator<Item = &Arc<Backend>> {
-        self.backends.iter().filter(|b| b.is_ready())
+    pub fn ready(&self) -> Vec<Arc<Backend>> {
+        self.backends
+            .load()
+            .iter()
+            .filter(|b| b.is_ready())
+            .cloned()
+            .collect()
     }
 
-    /// A backend by config name.
-    pub fn get(&self, name: &str) -> Option<&Arc<Backend>> {
-        self.backends.iter().find(|b| b.name == name)
+    /// Whether any backend takes traffic.
+    pub fn any_ready(&self) -> bool {
+        self.backends.load().iter().any(|b| b.is_ready())
+    }
+
+    /// A backend in service by config name.
+    pub fn get(&self, name: &str) -> Option<Arc<Backend>> {
+        self.backends
+            .load()
+            .iter()
+            .find(|b| b.name == name && !b.is_retired())
+            .cloned()
+    }
+
+    /// Adds a backend (a reload added it); returns its index. It takes traffic after its
+    /// first good health check.
+    pub fn add(&self, backend: Backend) -> usize {
+        let _changing = self.changing.lock().expect("pool lock");
+        let mut backends = Vec::clone(&self.backends.load());
+        backends.push(Arc::new(backend));
+        let index = backends.len() - 1;
+        self.backends.store(Arc::new(backends));
+        index
     }
 }
 
@@ -295,7 +361,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        let backend = Backend::new(&config.backends[0], &config.upstream).unwrap();
+        let backend = Backend::new(&config.backends[0], &config.upstream, 1).unwrap();
         backend.mark_healthy();
         backend.record_connect_failure("refused");
         assert!(backend.is_ready());
@@ -312,7 +378,7 @@ mod tests {
             "[listen]\nhttp = \"127.0.0.1:0\"\n[[backends]]\nname = \"b\"\nhttp = \"http://127.0.0.1:1\"",
         )
         .unwrap();
-        let backend = Backend::new(&config.backends[0], &config.upstream).unwrap();
+        let backend = Backend::new(&config.backends[0], &config.upstream, 1).unwrap();
         let ready = |name: &str| {
             ModelIndex::from_json(
                 format!(r#"[{{"name":"{name}","version":"1","state":"READY"}}]"#).as_bytes(),
