@@ -282,7 +282,7 @@ async fn a_pinned_model_is_loaded_at_start_and_never_evicted() {
         "[[models]]\nname = \"sized_c\"\nmin_copies = 1\n",
     ))
     .await;
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while gateway.placed().await != [["sized_c"]] {
         assert!(
             Instant::now() < deadline,

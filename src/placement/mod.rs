@@ -6,10 +6,12 @@
 //! single truth, kept in line with each backend's repository index by `reconcile`.
 
 mod estimate;
+mod load_queue;
 pub mod simulate;
 mod table;
 
 pub use estimate::{Estimate, Estimator, SizeSource};
+pub use load_queue::{LoadQueue, Priority};
 pub use table::{BackendView, Decision, LoadOutcome, LoadPlan, Policy, Table};
 
 use crate::config;
@@ -218,7 +220,7 @@ impl Placement {
                 Decision::Load(plan) => {
                     metrics::counter!(telemetry::PLACEMENT_COLD_MISSES).increment(1);
                     let waiting = plan.done.subscribe();
-                    tokio::spawn(self.clone().run_load(plan));
+                    tokio::spawn(self.clone().run_load(plan, Priority::Request));
                     waiting
                 }
             };
@@ -252,14 +254,9 @@ impl Placement {
 
     /// Carries out a load plan: unload the victims, load the model (one of
     /// `max_loading_concurrency` slots on the backend), record the outcome, tell the waiters.
-    async fn run_load(self: Arc<Self>, plan: LoadPlan) {
+    async fn run_load(self: Arc<Self>, plan: LoadPlan, priority: Priority) {
         let backend = self.pool.backends()[plan.backend].clone();
-        let _slot = backend
-            .load_slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("semaphore never closed");
+        let _slot = backend.load_slots.acquire(priority).await;
         for victim in &plan.evict {
             metrics::counter!(telemetry::PLACEMENT_EVICTIONS, "backend" => backend.name.clone())
                 .increment(1);
@@ -446,7 +443,7 @@ impl Placement {
                 .plan_extra_copy(model, estimate, &view, allow_evict, Instant::now());
         let Some(plan) = plan else { return false };
         let mut done = plan.done.subscribe();
-        self.clone().run_load(plan).await;
+        self.clone().run_load(plan, Priority::Background).await;
         matches!(
             done.wait_for(Option::is_some).await.as_deref(),
             Ok(Some(Ok(())))

@@ -97,8 +97,8 @@ pub struct Backend {
     index_applied: Mutex<u64>,
     last_error: Mutex<Option<String>>,
     retired: AtomicBool,
-    /// Loads allowed at once here (`placement.max_loading_concurrency`).
-    pub load_slots: Arc<tokio::sync::Semaphore>,
+    /// Loads allowed at once here (`placement.max_loading_concurrency`), requests first.
+    pub load_slots: Arc<crate::placement::LoadQueue>,
     /// Loads running here now (holding a slot), for the admin API and scaling decisions.
     pub loads_running: AtomicUsize,
 }
@@ -132,7 +132,7 @@ impl Backend {
             index_applied: Mutex::new(0),
             last_error: Mutex::new(None),
             retired: AtomicBool::new(false),
-            load_slots: Arc::new(tokio::sync::Semaphore::new(load_concurrency)),
+            load_slots: crate::placement::LoadQueue::new(load_concurrency),
             loads_running: AtomicUsize::new(0),
         })
     }

@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
-/// How long [`Triton::start`] waits for `/v2/health/ready` before giving up.
-pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`Triton::start`] waits for `/v2/health/ready` before giving up: generous, since
+/// a test binary starts several Tritons at once on two shared cores.
+pub const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// How many times [`Triton::start`] retries with fresh ports when one was taken meanwhile.
 const START_ATTEMPTS: usize = 5;
 
