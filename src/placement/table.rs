@@ -5,7 +5,7 @@
 use super::estimate::{Estimate, SizeSource};
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -41,6 +41,8 @@ pub struct BackendView {
 /// One copy of a model on one backend.
 #[derive(Debug)]
 pub struct Copy {
+    /// The model's name (shared with the eviction order).
+    pub name: Arc<str>,
     /// Bytes it is counted for.
     pub size: u64,
     /// Where that number came from.
@@ -77,11 +79,66 @@ pub struct Books {
     pub draining: bool,
     /// Last time placement changed what is loaded here; an index read before this is stale.
     pub changed: Instant,
-    /// Copies by model name.
+    /// Copies by model name. Change them only through `put`, `take` and `modify`, which keep
+    /// `idle` in step.
     pub copies: HashMap<String, Copy>,
+    /// The copies eviction may take (ready, unused, not pinned), least recently used first:
+    /// a miss reads victims off the front instead of sorting every copy.
+    idle: BTreeSet<(Instant, Arc<str>)>,
 }
 
 impl Books {
+    fn new(usable: u64, now: Instant) -> Self {
+        Self {
+            usable,
+            committed: 0,
+            draining: false,
+            changed: now,
+            copies: HashMap::new(),
+            idle: BTreeSet::new(),
+        }
+    }
+
+    /// The copy's place in the eviction order, when eviction may take it.
+    fn idle_key(copy: &Copy) -> Option<(Instant, Arc<str>)> {
+        (matches!(copy.state, CopyState::Ready) && copy.in_flight == 0 && !copy.pinned)
+            .then(|| (copy.last_used, copy.name.clone()))
+    }
+
+    /// Puts a copy on the books (replacing any of the same model).
+    fn put(&mut self, copy: Copy) {
+        if let Some(key) = Self::idle_key(&copy) {
+            self.idle.insert(key);
+        }
+        if let Some(old) = self.copies.insert(copy.name.to_string(), copy)
+            && let Some(key) = Self::idle_key(&old)
+        {
+            self.idle.remove(&key);
+        }
+    }
+
+    /// Takes a copy off the books.
+    fn take(&mut self, name: &str) -> Option<Copy> {
+        let copy = self.copies.remove(name)?;
+        if let Some(key) = Self::idle_key(&copy) {
+            self.idle.remove(&key);
+        }
+        Some(copy)
+    }
+
+    /// Changes a copy, keeping its place in the eviction order right.
+    fn modify<R>(&mut self, name: &str, change: impl FnOnce(&mut Copy) -> R) -> Option<R> {
+        let copy = self.copies.get_mut(name)?;
+        if let Some(key) = Self::idle_key(copy) {
+            self.idle.remove(&key);
+        }
+        let result = change(copy);
+        if let Some(key) = Self::idle_key(copy) {
+            self.idle.insert(key);
+        }
+        Some(result)
+    }
+
     fn free(&self) -> u64 {
         self.usable.saturating_sub(self.committed)
     }
@@ -151,13 +208,7 @@ impl Table {
     pub fn new(usable: &[u64], policy: Policy, now: Instant) -> Self {
         let backends = usable
             .iter()
-            .map(|&usable| Books {
-                usable,
-                committed: 0,
-                draining: false,
-                changed: now,
-                copies: HashMap::new(),
-            })
+            .map(|&usable| Books::new(usable, now))
             .collect();
         Self {
             backends,
@@ -168,13 +219,7 @@ impl Table {
 
     /// Empty books for a backend added to the pool (its index is the next one).
     pub fn add_backend(&mut self, usable: u64, now: Instant) {
-        self.backends.push(Books {
-            usable,
-            committed: 0,
-            draining: false,
-            changed: now,
-            copies: HashMap::new(),
-        });
+        self.backends.push(Books::new(usable, now));
     }
 
     /// The books of every backend.
@@ -284,12 +329,10 @@ impl Table {
             }
         }
         if let Some((b, _)) = best {
-            let copy = self.backends[b]
-                .copies
-                .get_mut(&model.name)
-                .expect("copy exists");
-            copy.in_flight += 1;
-            copy.served += 1;
+            self.backends[b].modify(&model.name, |copy| {
+                copy.in_flight += 1;
+                copy.served += 1;
+            });
             return Some(Decision::Serve(b));
         }
         loading.map(Decision::Wait)
@@ -372,7 +415,7 @@ impl Table {
         let evict = victims
             .into_iter()
             .filter_map(|name| {
-                let copy = books.copies.remove(&name)?;
+                let copy = books.take(&name)?;
                 books.committed -= copy.size;
                 Some(Evicted {
                     model: name,
@@ -381,18 +424,16 @@ impl Table {
             })
             .collect();
         let (done, waiting) = watch::channel(None);
-        books.copies.insert(
-            model.name.clone(),
-            Copy {
-                size: estimate.bytes,
-                source: estimate.source,
-                state: CopyState::Loading(waiting),
-                last_used: now,
-                in_flight: 0,
-                pinned,
-                served: 0,
-            },
-        );
+        books.put(Copy {
+            name: model.name.as_str().into(),
+            size: estimate.bytes,
+            source: estimate.source,
+            state: CopyState::Loading(waiting),
+            last_used: now,
+            in_flight: 0,
+            pinned,
+            served: 0,
+        });
         books.committed += estimate.bytes;
         books.changed = now;
         LoadPlan {
@@ -438,14 +479,14 @@ impl Table {
         books.changed = now;
         match outcome {
             Ok(()) => {
-                if let Some(copy) = books.copies.get_mut(model) {
+                books.modify(model, |copy| {
                     copy.state = CopyState::Ready;
                     copy.last_used = now;
-                }
+                });
                 self.failures.remove(&(model.to_string(), backend));
             }
             Err(reason) => {
-                if let Some(copy) = books.copies.remove(model) {
+                if let Some(copy) = books.take(model) {
                     books.committed -= copy.size;
                 }
                 let entry = self
@@ -549,7 +590,7 @@ impl Table {
                 }
                 if removable {
                     let books = &mut self.backends[b];
-                    let copy = books.copies.remove(&name).expect("present");
+                    let copy = books.take(&name).expect("present");
                     books.committed -= copy.size;
                     books.changed = now;
                     removed.push((b, name.clone()));
@@ -564,19 +605,22 @@ impl Table {
     /// eviction catches up: they follow what the backend really holds.
     pub fn resize(&mut self, backend: usize, model: &str, estimate: Estimate) {
         let books = &mut self.backends[backend];
-        if let Some(copy) = books.copies.get_mut(model) {
-            books.committed = books.committed - copy.size + estimate.bytes;
+        if let Some(old) = books.modify(model, |copy| {
+            let old = copy.size;
             copy.size = estimate.bytes;
             copy.source = estimate.source;
+            old
+        }) {
+            books.committed = books.committed - old + estimate.bytes;
         }
     }
 
     /// A request is done with its copy.
     pub fn release(&mut self, backend: usize, model: &str, now: Instant) {
-        if let Some(copy) = self.backends[backend].copies.get_mut(model) {
+        self.backends[backend].modify(model, |copy| {
             copy.in_flight = copy.in_flight.saturating_sub(1);
             copy.last_used = now;
-        }
+        });
     }
 
     /// Takes a model off the books everywhere (an explicit unload); returns the backends that
@@ -588,7 +632,7 @@ impl Table {
                 && matches!(copy.state, CopyState::Ready)
             {
                 let size = copy.size;
-                books.copies.remove(model);
+                books.take(model);
                 books.committed -= size;
                 books.changed = now;
                 held.push(b);
@@ -616,7 +660,7 @@ impl Table {
         match books.copies.get(model) {
             Some(copy) if matches!(copy.state, CopyState::Ready) => {
                 books.committed -= copy.size;
-                books.copies.remove(model);
+                books.take(model);
                 books.changed = now;
                 true
             }
@@ -652,7 +696,7 @@ impl Table {
                 .map(|(name, _)| name.clone())
                 .collect();
             for name in gone {
-                let copy = books.copies.remove(&name).expect("present");
+                let copy = books.take(&name).expect("present");
                 books.committed -= copy.size;
                 result.dropped.push(name);
             }
@@ -670,7 +714,7 @@ impl Table {
             .map(|(name, _)| name.clone())
             .collect();
         for name in gone {
-            let copy = books.copies.remove(&name).expect("present");
+            let copy = books.take(&name).expect("present");
             books.committed -= copy.size;
             result.dropped.push(name);
         }
@@ -678,18 +722,16 @@ impl Table {
             if books.copies.contains_key(name) {
                 continue;
             }
-            books.copies.insert(
-                name.clone(),
-                Copy {
-                    size: estimate.bytes,
-                    source: estimate.source,
-                    state: CopyState::Ready,
-                    last_used: now,
-                    in_flight: 0,
-                    pinned: pinned(name),
-                    served: 0,
-                },
-            );
+            books.put(Copy {
+                name: name.as_str().into(),
+                size: estimate.bytes,
+                source: estimate.source,
+                state: CopyState::Ready,
+                last_used: now,
+                in_flight: 0,
+                pinned: pinned(name),
+                served: 0,
+            });
             books.committed += estimate.bytes;
             result.adopted.push(name.clone());
         }
@@ -726,22 +768,16 @@ pub struct Reconciled {
 /// Least recently used evictable copies whose removal frees `size`, and the last use of the
 /// youngest of them; `None` if even all of them would not do.
 fn victims(books: &Books, size: u64) -> Option<(Vec<String>, Instant)> {
-    let mut evictable: Vec<(&String, &Copy)> = books
-        .copies
-        .iter()
-        .filter(|(_, c)| matches!(c.state, CopyState::Ready) && c.in_flight == 0 && !c.pinned)
-        .collect();
-    evictable.sort_by_key(|(name, c)| (c.last_used, *name));
     let mut free = books.free();
     let mut chosen = Vec::new();
     let mut youngest = None;
-    for (name, copy) in evictable {
+    for (last_used, name) in &books.idle {
         if free >= size {
             break;
         }
-        free += copy.size;
-        chosen.push(name.clone());
-        youngest = Some(copy.last_used);
+        free += books.copies[&**name].size;
+        chosen.push(name.to_string());
+        youngest = Some(*last_used);
     }
     (free >= size).then(|| (chosen, youngest.expect("at least one victim")))
 }
@@ -803,6 +839,8 @@ mod tests {
 
     fn assert_within_capacity(table: &Table) {
         for books in &table.backends {
+            let idle: BTreeSet<_> = books.copies.values().filter_map(Books::idle_key).collect();
+            assert_eq!(idle, books.idle, "the eviction order follows the copies");
             let sum: u64 = books.copies.values().map(|c| c.size).sum();
             assert_eq!(sum, books.committed);
             assert!(
@@ -1014,5 +1052,43 @@ mod tests {
             matches!(refused, Decision::Refuse(GatewayError::NoRoom { .. })),
             "{refused:?}"
         );
+    }
+
+    #[test]
+    fn the_eviction_order_stays_in_step_through_random_traffic() {
+        let mut table = Table::new(&[300 * MIB, 200 * MIB], policy(), Instant::now());
+        let start = Instant::now();
+        let mut held: Vec<(usize, String)> = Vec::new();
+        let mut seed = 7u64;
+        for step in 0..5_000u64 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let now = start + Duration::from_secs(120 * step);
+            let name = format!("m{}", (seed >> 33) % 12);
+            let release = (seed >> 20).is_multiple_of(3);
+            if release && !held.is_empty() {
+                let (b, name) = held.swap_remove((seed >> 40) as usize % held.len());
+                table.release(b, &name, now);
+            } else {
+                match table.decide(
+                    &model(&name),
+                    est(40 + (seed >> 50) % 60),
+                    &view(2),
+                    false,
+                    true,
+                    now,
+                ) {
+                    Decision::Serve(b) => held.push((b, name)),
+                    Decision::Load(plan) => {
+                        let ok = !(seed >> 45).is_multiple_of(7);
+                        let outcome = if ok { Ok(()) } else { Err("boom".into()) };
+                        table.finish_load(plan.backend, &name, &outcome, now);
+                    }
+                    Decision::Wait(_) | Decision::Refuse(_) => {}
+                }
+            }
+            assert_within_capacity(&table);
+        }
     }
 }
