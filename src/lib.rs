@@ -14,6 +14,7 @@ pub mod protocol;
 pub mod reload;
 pub mod routing;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;
 pub mod validate;
 
@@ -44,6 +45,8 @@ struct Inner {
     signatures: Arc<validate::SignatureCache>,
     metrics: PrometheusHandle,
     draining: AtomicBool,
+    /// The listeners' certificates (and client CAs), when `[listen.tls]` is set.
+    tls: Option<Arc<tls::ServerTls>>,
 }
 
 impl Gateway {
@@ -55,6 +58,12 @@ impl Gateway {
         let text = toml::to_string(&config).unwrap_or_default();
         let live = arc_swap::ArcSwap::from_pointee(reload::Live::new(config.clone(), &text, None));
         let signatures = Arc::new(validate::SignatureCache::new(&config.validation));
+        let tls = match &config.listen.tls {
+            Some(settings) => Some(Arc::new(
+                tls::ServerTls::new(settings).map_err(|e| anyhow::anyhow!("{e}"))?,
+            )),
+            None => None,
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -66,6 +75,7 @@ impl Gateway {
                 signatures,
                 metrics: telemetry::metrics_handle(),
                 draining: AtomicBool::new(false),
+                tls,
             }),
         })
     }
@@ -128,6 +138,11 @@ impl Gateway {
     /// The file the config came from, if any (what reload reads).
     pub fn config_path(&self) -> Option<&std::path::Path> {
         self.inner.config_path.as_deref()
+    }
+
+    /// The listeners' TLS state, when `[listen.tls]` is set.
+    pub fn tls(&self) -> Option<&Arc<tls::ServerTls>> {
+        self.inner.tls.as_ref()
     }
 
     /// Which model is loaded where.
@@ -230,8 +245,11 @@ pub async fn serve(
         gateway.clone(),
         shutdown.clone(),
     ));
+    if let Some(tls) = gateway.tls() {
+        tls.spawn_watch(Duration::from_secs(1), &tasks, &shutdown);
+    }
     let servers = TaskTracker::new();
-    let serve_one = |listener: TcpListener, router: axum::Router| {
+    let serve_plain = |listener: TcpListener, router: axum::Router| {
         let shutdown = shutdown.clone();
         servers.spawn(async move {
             axum::serve(listener, router)
@@ -239,32 +257,61 @@ pub async fn serve(
                 .await
         });
     };
-    tracing::info!(addr = %listeners.http.local_addr()?, "serving KServe v2 HTTP");
-    serve_one(listeners.http, frontend::http::router(gateway.clone()));
-    if let Some(listener) = listeners.metrics {
-        tracing::info!(addr = %listener.local_addr()?, "serving metrics");
-        serve_one(listener, frontend::metrics::router(gateway.clone()));
-    }
-    if let Some(listener) = listeners.admin {
-        tracing::info!(addr = %listener.local_addr()?, "serving admin API");
-        serve_one(listener, frontend::admin::router(gateway.clone()));
-    }
-    if let Some(listener) = listeners.grpc {
-        tracing::info!(addr = %listener.local_addr()?, "serving KServe v2 gRPC");
-        let router = frontend::grpc::router(gateway.clone(), &tasks, &shutdown);
-        // gRPC writes a response as several small HTTP/2 frames (headers, data, trailers):
-        // with Nagle on, the last one waits for the client's delayed ACK.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            if let Err(error) = tcp.set_nodelay(true) {
-                tracing::debug!(%error, "could not set TCP_NODELAY");
-            }
-        });
+    // HTTP, gRPC and admin speak TLS when `[listen.tls]` is set; metrics never does.
+    let serve_one = |name: &'static str, listener: TcpListener, router: axum::Router| {
+        let Some(tls) = gateway.tls() else {
+            serve_plain(listener, router);
+            return Ok::<_, std::io::Error>(());
+        };
+        let listener = tls::TlsListener::new(listener, tls.clone(), name)?;
         let shutdown = shutdown.clone();
         servers.spawn(async move {
-            axum::serve(listener, router)
+            axum::serve(listener, tls::WithPeer::make(router))
                 .with_graceful_shutdown(shutdown.cancelled_owned())
                 .await
         });
+        Ok(())
+    };
+    let scheme = if gateway.tls().is_some() {
+        "TLS"
+    } else {
+        "plain"
+    };
+    tracing::info!(addr = %listeners.http.local_addr()?, scheme, "serving KServe v2 HTTP");
+    serve_one(
+        "http",
+        listeners.http,
+        frontend::http::router(gateway.clone()),
+    )?;
+    if let Some(listener) = listeners.metrics {
+        tracing::info!(addr = %listener.local_addr()?, "serving metrics");
+        serve_plain(listener, frontend::metrics::router(gateway.clone()));
+    }
+    if let Some(listener) = listeners.admin {
+        tracing::info!(addr = %listener.local_addr()?, scheme, "serving admin API");
+        serve_one("admin", listener, frontend::admin::router(gateway.clone()))?;
+    }
+    if let Some(listener) = listeners.grpc {
+        tracing::info!(addr = %listener.local_addr()?, scheme, "serving KServe v2 gRPC");
+        let router = frontend::grpc::router(gateway.clone(), &tasks, &shutdown);
+        if gateway.tls().is_some() {
+            // The TLS accept loop sets TCP_NODELAY itself.
+            serve_one("grpc", listener, router)?;
+        } else {
+            // gRPC writes a response as several small HTTP/2 frames (headers, data,
+            // trailers): with Nagle on, the last one waits for the client's delayed ACK.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                if let Err(error) = tcp.set_nodelay(true) {
+                    tracing::debug!(%error, "could not set TCP_NODELAY");
+                }
+            });
+            let shutdown = shutdown.clone();
+            servers.spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await
+            });
+        }
     }
     servers.close();
     tasks.close();

@@ -99,6 +99,11 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
         ));
     }
     let changes = BackendChanges::between(&gateway.live().config, &config)?;
+    // New certificate files (or the same files, read again) before anything is swapped: a
+    // certificate that does not load refuses the whole reload.
+    if let (Some(tls), Some(settings)) = (gateway.tls(), &config.listen.tls) {
+        tls.reload(settings).map_err(|e| ConfigErrors(vec![e]))?;
+    }
     let before = route_targets(&gateway.live().config);
     let live = Live::new(config, &text, Some(&gateway.live()));
     let hash = live.hash.clone();
@@ -182,13 +187,21 @@ impl BackendChanges {
     }
 }
 
-/// Top-level keys other than the reloadable ones whose values differ.
+/// Top-level keys other than the reloadable ones whose values differ. `listen.tls` may
+/// change (other files, client CAs) but not appear or disappear: listeners are not re-bound.
 fn fixed_keys_changed(running: &Config, new: &Config) -> Vec<String> {
-    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
+    let (Ok(serde_json::Value::Object(mut a)), Ok(serde_json::Value::Object(mut b))) =
         (serde_json::to_value(running), serde_json::to_value(new))
     else {
         return vec![String::new()];
     };
+    if running.listen.tls.is_some() && new.listen.tls.is_some() {
+        for config in [&mut a, &mut b] {
+            if let Some(serde_json::Value::Object(listen)) = config.get_mut("listen") {
+                listen.remove("tls");
+            }
+        }
+    }
     let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     keys.into_iter()
         .filter(|k| !RELOADABLE.contains(&k.as_str()) && a.get(*k) != b.get(*k))
@@ -286,6 +299,23 @@ mod tests {
         assert!(fixed_keys_changed(&running, &backend_changed).is_empty());
         let listener_changed = Config::parse(&BASE.replace("127.0.0.1:0", "127.0.0.1:9")).unwrap();
         assert_eq!(fixed_keys_changed(&running, &listener_changed), ["listen"]);
+    }
+
+    #[test]
+    fn tls_files_may_change_but_tls_may_not_be_turned_on() {
+        let tls = |cert: &str| {
+            BASE.replace(
+                "http = \"127.0.0.1:0\"",
+                &format!(
+                    "http = \"127.0.0.1:0\"\n[listen.tls]\ncert = \"{cert}\"\nkey = \"k.pem\""
+                ),
+            )
+        };
+        let running = Config::parse(&tls("a.pem")).unwrap();
+        let rotated = Config::parse(&tls("b.pem")).unwrap();
+        assert!(fixed_keys_changed(&running, &rotated).is_empty());
+        let plain = Config::parse(BASE).unwrap();
+        assert_eq!(fixed_keys_changed(&plain, &rotated), ["listen"]);
     }
 
     #[test]

@@ -58,6 +58,11 @@ pub const MIRRORED: &str = "infergate_mirror_requests_total";
 /// Config reloads by result (`success`, `failure`).
 pub const CONFIG_RELOADS: &str = "infergate_config_reload_total";
 
+/// Listener certificate reloads by result (`success`, `failure`: the old one stays).
+pub const TLS_RELOADS: &str = "infergate_tls_reloads_total";
+/// TLS handshakes that failed or timed out, by listener (`http`, `grpc`, `admin`).
+pub const TLS_HANDSHAKE_FAILURES: &str = "infergate_tls_handshake_failures_total";
+
 const LATENCY_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
@@ -115,6 +120,14 @@ fn describe() {
     describe_counter!(
         MIRRORED,
         "Request copies for mirror targets, by route, target and outcome."
+    );
+    describe_counter!(
+        TLS_RELOADS,
+        "Listener certificate reloads by result; on failure the running certificate stays."
+    );
+    describe_counter!(
+        TLS_HANDSHAKE_FAILURES,
+        "TLS handshakes that failed or timed out, by listener."
     );
     describe_counter!(
         VALIDATION_REJECTIONS,

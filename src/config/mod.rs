@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The whole config file, as the operator wrote it (with defaults filled in).
@@ -84,6 +84,65 @@ pub struct Listen {
     pub admin: Option<SocketAddr>,
     /// KServe v2 gRPC (`inference.GRPCInferenceService`, grpc.health.v1, reflection).
     pub grpc: Option<SocketAddr>,
+    /// TLS for the HTTP, gRPC and admin listeners (metrics stays plain: scrapers sit on the
+    /// private side). Absent: every listener is plain TCP, as before.
+    pub tls: Option<ListenTls>,
+}
+
+/// Server certificate and optional client-certificate verification (mTLS). The files are
+/// read again when they change and on config reload; a bad new file keeps the old one.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenTls {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the leaf certificate.
+    pub key: PathBuf,
+    /// PEM bundle of the CAs that sign client certificates; set, it turns on mTLS.
+    pub client_ca: Option<PathBuf>,
+    /// `required` (default): a client without a certificate signed by `client_ca` fails
+    /// the handshake; `optional`: it may connect without one (any certificate it does send
+    /// must verify), and the auth stage decides.
+    pub client_auth: Option<ClientAuth>,
+    /// Which field of a verified client certificate becomes the request's `PeerIdentity`:
+    /// `cn` (default), `dns_san`, `uri_san` or `email_san` (the first such name).
+    pub client_identity: Option<ClientIdentity>,
+}
+
+impl ListenTls {
+    /// Whether a client must present a certificate (only with `client_ca`).
+    pub fn client_auth(&self) -> ClientAuth {
+        self.client_auth.unwrap_or(ClientAuth::Required)
+    }
+
+    /// Which certificate field names the client.
+    pub fn client_identity(&self) -> ClientIdentity {
+        self.client_identity.unwrap_or(ClientIdentity::Cn)
+    }
+}
+
+/// Whether a client certificate is required when `listen.tls.client_ca` is set.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientAuth {
+    /// No certificate, no connection.
+    Required,
+    /// Connections without a certificate are let through (without a `PeerIdentity`).
+    Optional,
+}
+
+/// The client-certificate field that names the peer.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientIdentity {
+    /// The subject's common name.
+    Cn,
+    /// The first DNS subject alternative name.
+    DnsSan,
+    /// The first URI subject alternative name (SPIFFE IDs live here).
+    UriSan,
+    /// The first email (RFC 822) subject alternative name.
+    EmailSan,
 }
 
 /// Limits on what a client may send, and how long shutdown waits.
@@ -127,6 +186,9 @@ pub struct Upstream {
     /// Consecutive connection failures (from traffic or checks) that eject a backend
     /// until its next successful health check.
     pub eject_after_failures: u32,
+    /// PEM bundle of the CAs that sign `https://` backends' certificates; without it (and
+    /// without `backends[].tls_ca`) the system's roots are used.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for Upstream {
@@ -139,6 +201,7 @@ impl Default for Upstream {
             health_interval: HumanDuration(Duration::from_secs(2)),
             health_timeout: HumanDuration(Duration::from_secs(1)),
             eject_after_failures: 3,
+            tls_ca: None,
         }
     }
 }
@@ -149,16 +212,25 @@ impl Default for Upstream {
 pub struct Backend {
     /// Unique name, used in metrics, logs and the admin API.
     pub name: String,
-    /// Base URL of its HTTP/REST endpoint: `http://host:port`, or `h2c://host:port` for
-    /// HTTP/2 with prior knowledge.
+    /// Base URL of its HTTP/REST endpoint: `http://host:port`, `https://host:port` (TLS,
+    /// HTTP/1.1), or `h2c://host:port` for HTTP/2 with prior knowledge.
     pub http: String,
-    /// URL of its gRPC endpoint, `http://host:port`: where the gRPC front-end forwards.
-    /// Required when `listen.grpc` is set.
+    /// URL of its gRPC endpoint, `http://host:port` or `https://host:port`: where the gRPC
+    /// front-end forwards. Required when `listen.grpc` is set.
     pub grpc: Option<String>,
     /// URL of its Prometheus metrics, re-exported under `/metrics/backends`.
     pub metrics: Option<String>,
     /// Memory the backend offers to models (used by placement).
     pub capacity: Option<ByteSize>,
+    /// PEM CA bundle for this backend's `https://` URLs, instead of `upstream.tls_ca`.
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl Backend {
+    /// The CA bundle its `https://` URLs are verified with (`None`: the system's roots).
+    pub fn tls_ca<'a>(&'a self, upstream: &'a Upstream) -> Option<&'a Path> {
+        self.tls_ca.as_deref().or(upstream.tls_ca.as_deref())
+    }
 }
 
 /// One problem in a config file, with the key it concerns.
@@ -312,6 +384,21 @@ impl Config {
         ] {
             if value.0.is_zero() {
                 error(key.into(), "must be greater than 0".into());
+            }
+        }
+        if let Some(tls) = &self.listen.tls
+            && tls.client_ca.is_none()
+        {
+            for (key, set) in [
+                ("listen.tls.client_auth", tls.client_auth.is_some()),
+                ("listen.tls.client_identity", tls.client_identity.is_some()),
+            ] {
+                if set {
+                    error(
+                        key.into(),
+                        "needs listen.tls.client_ca (the CAs that sign client certificates)".into(),
+                    );
+                }
             }
         }
         self.placement.validate(&self.models, &mut errors);

@@ -16,11 +16,22 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/admin/reload", post(reload))
         .route("/admin/config", get(running_config))
         .route("/admin/routes", get(routes))
+        .route("/admin/whoami", get(whoami))
         .route("/admin/models/{model}/load", post(load))
         .route("/admin/models/{model}/unload", post(unload))
         .route("/admin/backends/{backend}/drain", post(drain))
         .route("/admin/backends/{backend}/undrain", post(undrain))
         .with_state(gateway)
+}
+
+/// What the gateway knows about the caller's connection: the subject of its verified client
+/// certificate (mTLS), `null` without one. For checking an mTLS setup from the client side.
+async fn whoami(
+    peer: Option<axum::Extension<crate::tls::PeerIdentity>>,
+) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({
+        "peer": peer.map(|axum::Extension(peer)| peer.subject),
+    }))
 }
 
 #[derive(Serialize)]

@@ -134,6 +134,14 @@ pub fn record(
     }
 }
 
+/// Puts the verified client certificate's subject (mTLS) on the request's span, so every
+/// log line of the request, the access-log line included, names the peer.
+pub fn record_peer(span: &tracing::Span, extensions: &http::Extensions) {
+    if let Some(peer) = extensions.get::<crate::tls::PeerIdentity>() {
+        span.record("peer", peer.subject.as_str());
+    }
+}
+
 /// Probes would drown the access log; they are logged at debug level.
 fn is_probe(path: &str) -> bool {
     path.starts_with("/v2/health/")
@@ -148,7 +156,12 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
     request.extensions_mut().insert(RequestId(id.clone()));
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let span = tracing::info_span!("request", request_id = %id.to_str().unwrap_or_default());
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id.to_str().unwrap_or_default(),
+        peer = tracing::field::Empty
+    );
+    record_peer(&span, request.extensions());
 
     let in_flight = InFlightGauge::start("http");
     let started = Instant::now();

@@ -9,7 +9,6 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri, header};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,25 +16,35 @@ use std::time::{Duration, Instant};
 /// A keep-alive connection pool to one backend.
 #[derive(Clone, Debug)]
 pub struct UpstreamClient {
-    client: Client<HttpConnector, Body>,
+    client: Client<crate::tls::HttpsConnector, Body>,
     request_timeout: Duration,
 }
 
 impl UpstreamClient {
-    /// Builds the pool with the configured timeouts; HTTP/2 only when the URL asks for it.
-    pub fn new(url: &BackendUrl, config: &config::Upstream) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout.0));
-        connector.set_nodelay(true);
+    /// Builds the pool with the configured timeouts; HTTP/2 only when the URL asks for it,
+    /// TLS (verified against `tls_ca`, else the system's roots) for `https://`. A plain
+    /// backend's connections are plain TCP as before: the connector only wraps `https://`.
+    pub fn new(
+        url: &BackendUrl,
+        config: &config::Upstream,
+        tls_ca: Option<&std::path::Path>,
+    ) -> Result<Self, String> {
+        let connector = crate::tls::https_connector(
+            url.tls,
+            tls_ca,
+            "tls_ca",
+            false,
+            config.connect_timeout.0,
+        )?;
         let mut builder = Client::builder(TokioExecutor::new());
         builder
             .pool_idle_timeout(config.pool_idle_timeout.0)
             .pool_max_idle_per_host(config.pool_max_idle)
             .http2_only(url.http2);
-        Self {
+        Ok(Self {
             client: builder.build(connector),
             request_timeout: config.request_timeout.0,
-        }
+        })
     }
 
     /// Sends a small control request (health, index, load) to a path on the backend and

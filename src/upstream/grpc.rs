@@ -23,14 +23,19 @@ pub type InferenceClient = GrpcInferenceServiceClient<Channel>;
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Checks a backend's `grpc` URL: `http://host:port` (TLS to backends is not supported yet).
+/// Checks a backend's `grpc` URL: `http://host:port`, or `https://host:port` for TLS.
 pub fn parse_url(text: &str) -> Result<Uri, String> {
-    let Some(rest) = text.strip_prefix("http://") else {
+    let (scheme, rest) = if let Some(rest) = text.strip_prefix("http://") {
+        ("http", rest)
+    } else if let Some(rest) = text.strip_prefix("https://") {
+        ("https", rest)
+    } else {
         return Err(format!(
-            "unsupported URL {text:?} (expected http://host:port of the backend's gRPC endpoint)"
+            "unsupported URL {text:?} (expected http://host:port or https://host:port of the \
+             backend's gRPC endpoint)"
         ));
     };
-    let uri: Uri = format!("http://{}", rest.trim_end_matches('/'))
+    let uri: Uri = format!("{scheme}://{}", rest.trim_end_matches('/'))
         .parse()
         .map_err(|e| format!("invalid URL {text:?}: {e}"))?;
     if uri.host().is_none_or(str::is_empty) {
@@ -50,13 +55,31 @@ pub fn parse_url(text: &str) -> Result<Uri, String> {
 #[derive(Debug)]
 pub struct GrpcUpstream {
     endpoint: Endpoint,
+    /// For `https://`: rustls with ALPN h2 under tonic (tonic's own TLS features are off).
+    tls: Option<crate::tls::HttpsConnector>,
     channel: OnceLock<Channel>,
 }
 
 impl GrpcUpstream {
     /// Prepares the endpoint from a (validated) URL and the upstream settings; connects lazily.
-    pub fn new(url: &str, upstream: &config::Upstream) -> Result<Self, String> {
+    /// `tls_ca` verifies an `https://` backend (else the system's roots).
+    pub fn new(
+        url: &str,
+        upstream: &config::Upstream,
+        tls_ca: Option<&std::path::Path>,
+    ) -> Result<Self, String> {
         let uri = parse_url(url)?;
+        let tls = if uri.scheme_str() == Some("https") {
+            Some(crate::tls::https_connector(
+                true,
+                tls_ca,
+                "tls_ca",
+                true,
+                upstream.connect_timeout.0,
+            )?)
+        } else {
+            None
+        };
         let endpoint = Endpoint::from(uri)
             .connect_timeout(upstream.connect_timeout.0)
             .tcp_nodelay(true)
@@ -68,6 +91,7 @@ impl GrpcUpstream {
             .http2_adaptive_window(true);
         Ok(Self {
             endpoint,
+            tls,
             channel: OnceLock::new(),
         })
     }
@@ -77,7 +101,10 @@ impl GrpcUpstream {
     pub fn client(&self) -> InferenceClient {
         let channel = self
             .channel
-            .get_or_init(|| self.endpoint.connect_lazy())
+            .get_or_init(|| match &self.tls {
+                Some(connector) => self.endpoint.connect_with_connector_lazy(connector.clone()),
+                None => self.endpoint.connect_lazy(),
+            })
             .clone();
         GrpcInferenceServiceClient::new(channel)
             .max_decoding_message_size(usize::MAX)
@@ -192,7 +219,10 @@ mod tests {
                 .unwrap_err()
                 .contains("unsupported URL")
         );
-        assert!(parse_url("https://x:1").is_err());
+        assert_eq!(
+            parse_url("https://x:1").unwrap().scheme_str(),
+            Some("https")
+        );
         assert!(parse_url("http://").is_err());
         assert!(parse_url("http://x:1/v2").unwrap_err().contains("path"));
     }

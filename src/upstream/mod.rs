@@ -31,35 +31,42 @@ pub fn path_segment(name: &str) -> String {
     out
 }
 
-/// A backend's base URL, and whether it speaks HTTP/2 with prior knowledge (`h2c://`).
+/// A backend's base URL, whether it speaks HTTP/2 with prior knowledge (`h2c://`), and
+/// whether it is reached over TLS (`https://`).
 #[derive(Clone, Debug)]
 pub struct BackendUrl {
-    /// `http://host:port` with any path prefix, no trailing slash.
+    /// `http://host:port` (or `https://`) with any path prefix, no trailing slash.
     pub base: String,
     /// Use HTTP/2 without upgrade (h2c); otherwise HTTP/1.1 keep-alive.
     pub http2: bool,
+    /// TLS (HTTP/1.1), verified against the backend's CA bundle.
+    pub tls: bool,
 }
 
 impl BackendUrl {
     /// Parses a config URL; the error says which schemes work.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let (http2, rest) = if let Some(rest) = text.strip_prefix("h2c://") {
-            (true, rest)
+        let (http2, tls, rest) = if let Some(rest) = text.strip_prefix("h2c://") {
+            (true, false, rest)
         } else if let Some(rest) = text.strip_prefix("http://") {
-            (false, rest)
+            (false, false, rest)
+        } else if let Some(rest) = text.strip_prefix("https://") {
+            (false, true, rest)
         } else {
             return Err(format!(
-                "unsupported URL {text:?} (expected http://host:port or h2c://host:port)"
+                "unsupported URL {text:?} (expected http://host:port, https://host:port or \
+                 h2c://host:port)"
             ));
         };
-        let base = format!("http://{}", rest.trim_end_matches('/'));
+        let scheme = if tls { "https" } else { "http" };
+        let base = format!("{scheme}://{}", rest.trim_end_matches('/'));
         let uri: Uri = base
             .parse()
             .map_err(|e| format!("invalid URL {text:?}: {e}"))?;
         if uri.host().is_none_or(str::is_empty) {
             return Err(format!("URL {text:?} has no host"));
         }
-        Ok(Self { base, http2 })
+        Ok(Self { base, http2, tls })
     }
 
     /// The full URI of a path (with query) on this backend.
@@ -112,13 +119,14 @@ impl Backend {
         load_concurrency: usize,
     ) -> Result<Self, String> {
         let url = BackendUrl::parse(&config.http)?;
+        let ca = config.tls_ca(upstream);
         Ok(Self {
             name: config.name.clone(),
-            client: UpstreamClient::new(&url, upstream),
+            client: UpstreamClient::new(&url, upstream, ca)?,
             grpc: config
                 .grpc
                 .as_deref()
-                .map(|url| grpc::GrpcUpstream::new(url, upstream))
+                .map(|url| grpc::GrpcUpstream::new(url, upstream, ca))
                 .transpose()?,
             url,
             metrics_url: config.metrics.clone(),
@@ -339,6 +347,9 @@ mod tests {
             "http://127.0.0.1:19000/v2/models/a/infer?x=1"
         );
         assert!(BackendUrl::parse("h2c://triton:8000").unwrap().http2);
+        let tls = BackendUrl::parse("https://triton:8443/").unwrap();
+        assert!(tls.tls && !tls.http2);
+        assert_eq!(tls.base, "https://triton:8443");
         assert!(
             BackendUrl::parse("ftp://x")
                 .unwrap_err()

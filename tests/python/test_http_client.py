@@ -8,7 +8,8 @@ batched_double (from tests/models) loaded.
         --load-model=batched_double
     INFERGATE_URL=127.0.0.1:18000 .venv/bin/python -m pytest -q tests/python/test_http_client.py
 
-INFERGATE_URL is host:port without a scheme. Without it every test is skipped.
+INFERGATE_URL is host:port without a scheme. Without it every test is skipped. With
+INFERGATE_CA (a PEM CA bundle) the client speaks https and verifies the server against it.
 """
 import os
 
@@ -18,6 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 URL = os.environ.get("INFERGATE_URL")
+CA = os.environ.get("INFERGATE_CA")
 LOADED = ["add_sub", "string_echo", "batched_double"]
 
 pytestmark = pytest.mark.skipif(not URL, reason="set INFERGATE_URL=host:port of the server under test")
@@ -25,7 +27,8 @@ pytestmark = pytest.mark.skipif(not URL, reason="set INFERGATE_URL=host:port of 
 
 @pytest.fixture(scope="module")
 def client():
-    c = httpclient.InferenceServerClient(URL, connection_timeout=10.0, network_timeout=30.0)
+    tls = {"ssl": True, "ssl_options": {"ca_certs": CA}} if CA else {}
+    c = httpclient.InferenceServerClient(URL, connection_timeout=10.0, network_timeout=30.0, **tls)
     yield c
     c.close()
 

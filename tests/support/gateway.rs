@@ -15,7 +15,11 @@ pub struct TestGateway {
     pub admin: SocketAddr,
     /// The KServe v2 gRPC listener.
     pub grpc: SocketAddr,
+    /// How the helpers below reach the admin API (a client trusting the test CA over TLS).
+    admin_client: reqwest::Client,
+    admin_scheme: &'static str,
     shutdown: CancellationToken,
+    backends: usize,
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
@@ -71,15 +75,27 @@ impl TestGateway {
     /// Starts a gateway from config text and waits until every backend is ready.
     pub async fn start(config_text: &str) -> Self {
         let config = Config::parse(config_text).unwrap_or_else(|e| panic!("test config: {e}"));
-        Self::serve(Gateway::new(config).expect("gateway")).await
+        let this = Self::serve(Gateway::new(config).expect("gateway"), None).await;
+        this.wait_for_ready_backends(this.backends).await;
+        this
+    }
+
+    /// Starts a gateway from config text without waiting for its backends; with
+    /// `admin_client`, the admin API is reached over https with that client (`[listen.tls]`).
+    pub async fn start_unready(config_text: &str, admin_client: Option<reqwest::Client>) -> Self {
+        let config = Config::parse(config_text).unwrap_or_else(|e| panic!("test config: {e}"));
+        Self::serve(Gateway::new(config).expect("gateway"), admin_client).await
     }
 
     /// Starts a gateway from a config file, which then reloads like the binary's.
     pub async fn start_from_file(path: &std::path::Path) -> Self {
-        Self::serve(Gateway::from_file(path).unwrap_or_else(|e| panic!("test config: {e}"))).await
+        let gateway = Gateway::from_file(path).unwrap_or_else(|e| panic!("test config: {e}"));
+        let this = Self::serve(gateway, None).await;
+        this.wait_for_ready_backends(this.backends).await;
+        this
     }
 
-    async fn serve(gateway: Gateway) -> Self {
+    async fn serve(gateway: Gateway, admin_client: Option<reqwest::Client>) -> Self {
         let backends = gateway.config().backends.len();
         let listeners = Listeners::bind(gateway.config()).await.expect("bind");
         let http = listeners.http.local_addr().unwrap();
@@ -88,16 +104,22 @@ impl TestGateway {
         let grpc = listeners.grpc.as_ref().unwrap().local_addr().unwrap();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(infergate::serve(gateway, listeners, shutdown.clone()));
-        let this = Self {
+        let admin_scheme = if admin_client.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        Self {
             http,
             metrics,
             admin,
             grpc,
+            admin_client: admin_client.unwrap_or_default(),
+            admin_scheme,
+            backends,
             shutdown,
             task: Some(task),
-        };
-        this.wait_for_ready_backends(backends).await;
-        this
+        }
     }
 
     /// `http://addr` of the KServe v2 listener.
@@ -129,7 +151,12 @@ impl TestGateway {
 
     /// `GET /admin/backends` as JSON.
     pub async fn admin_backends(&self) -> Vec<serde_json::Value> {
-        reqwest::get(format!("http://{}/admin/backends", self.admin))
+        self.admin_client
+            .get(format!(
+                "{}://{}/admin/backends",
+                self.admin_scheme, self.admin
+            ))
+            .send()
             .await
             .expect("admin reachable")
             .json()
@@ -139,7 +166,12 @@ impl TestGateway {
 
     /// `GET /admin/placement` as JSON.
     pub async fn placement(&self) -> serde_json::Value {
-        reqwest::get(format!("http://{}/admin/placement", self.admin))
+        self.admin_client
+            .get(format!(
+                "{}://{}/admin/placement",
+                self.admin_scheme, self.admin
+            ))
+            .send()
             .await
             .expect("admin reachable")
             .json()

@@ -169,7 +169,12 @@ impl Call {
             .get("x-request-id")
             .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
         let id = request_id(client.as_ref());
-        let span = tracing::info_span!("request", request_id = %id.to_str().unwrap_or_default());
+        let span = tracing::info_span!(
+            "request",
+            request_id = %id.to_str().unwrap_or_default(),
+            peer = tracing::field::Empty
+        );
+        crate::frontend::edge::record_peer(&span, request.extensions());
         Self {
             rpc,
             id,

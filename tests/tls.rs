@@ -1,0 +1,605 @@
+//! TLS against real Triton, with certificates made here (rcgen): a CA, a server certificate
+//! for 127.0.0.1/localhost, client certificates.
+//!
+//! - reqwest (rustls, trusting the test CA), the Python `tritonclient.http` (`ssl=True`) and a
+//!   tonic client over TLS all infer through the gateway;
+//! - mTLS: without a client certificate the handshake fails; with one signed by the CA it
+//!   works and the gateway sees its subject (`/admin/whoami`, the request's `PeerIdentity`);
+//! - rotation: new certificate files are served to new connections while an open connection
+//!   keeps working; a bad replacement keeps the old certificate;
+//! - upstream TLS: a rustls terminator in front of Triton (HTTP and gRPC) is reached over
+//!   https with the CA bundle, and refused without it.
+
+mod support;
+
+use infergate::config::ClientIdentity;
+use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use infergate::protocol::inference::model_infer_request::InferInputTensor;
+use infergate::protocol::inference::{ModelInferRequest, ServerLiveRequest};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::gateway::TestGateway;
+use support::{Triton, TritonOptions};
+use tokio::sync::OnceCell;
+
+const MODELS: [&str; 3] = ["add_sub", "string_echo", "batched_double"];
+
+/// One Triton for the whole binary: each test starts its own gateway in front of it.
+async fn triton() -> &'static Triton {
+    static TRITON: OnceCell<Triton> = OnceCell::const_new();
+    TRITON
+        .get_or_init(|| async {
+            Triton::start(TritonOptions::with_models(&MODELS))
+                .await
+                .expect("triton")
+        })
+        .await
+}
+
+/// A test CA that issues server and client certificates into a temporary directory.
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A certificate and its key, PEM.
+struct Issued {
+    cert: String,
+    key: String,
+}
+
+impl Pki {
+    fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("{name} test CA"));
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let pki = Self {
+            dir: tempfile::tempdir().unwrap(),
+            ca,
+        };
+        pki.write("ca.pem", &pki.ca.pem());
+        pki
+    }
+
+    fn issue(&self, cn: &str, sans: &[&str], usage: ExtendedKeyUsagePurpose) -> Issued {
+        let key = KeyPair::generate().unwrap();
+        let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+        let mut params = CertificateParams::new(sans).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        Issued {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    /// A server certificate for 127.0.0.1 and localhost.
+    fn server(&self, cn: &str) -> Issued {
+        self.issue(
+            cn,
+            &["127.0.0.1", "localhost"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
+    }
+
+    fn client(&self, cn: &str) -> Issued {
+        self.issue(cn, &[], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.path(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Writes `server.crt` and `server.key`.
+    fn install_server(&self, issued: &Issued) {
+        self.write("server.crt", &issued.cert);
+        self.write("server.key", &issued.key);
+    }
+
+    fn ca_pem(&self) -> String {
+        self.ca.pem()
+    }
+}
+
+/// Gateway config over the test Triton with `[listen.tls]` (plus `tls_extra` keys there).
+fn tls_config(name: &str, triton: &Triton, pki: &Pki, tls_extra: &str) -> String {
+    format!(
+        "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
+         [listen.tls]\ncert = \"{}\"\nkey = \"{}\"\n{tls_extra}\n\
+         [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n\
+         [[backends]]\nname = \"{name}-0\"\nhttp = \"{}\"\ngrpc = \"{}\"\ncapacity = \"1GiB\"\n",
+        pki.path("server.crt").display(),
+        pki.path("server.key").display(),
+        triton.http_url(),
+        triton.grpc_url(),
+    )
+}
+
+/// A reqwest client trusting the test CA, optionally with a client certificate; one
+/// connection per client (so a new client is a new handshake), with the TLS info kept.
+fn https_client(pki: &Pki, identity: Option<&Issued>) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(pki.ca_pem().as_bytes()).unwrap())
+        .tls_info(true)
+        .timeout(Duration::from_secs(30));
+    if let Some(issued) = identity {
+        let pem = format!("{}{}", issued.cert, issued.key);
+        builder = builder.identity(reqwest::Identity::from_pem(pem.as_bytes()).unwrap());
+    }
+    builder.build().unwrap()
+}
+
+/// Starts a TLS gateway and waits (over https) until its backend is ready.
+async fn start(config: &str, admin: reqwest::Client) -> TestGateway {
+    let gateway = TestGateway::start_unready(config, Some(admin)).await;
+    gateway.wait_for_ready_backends(1).await;
+    gateway
+}
+
+fn add_sub_body() -> Value {
+    json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1, 1, 1, 1]},
+    ]})
+}
+
+/// One add_sub inference over https; returns OUTPUT0 and the server certificate's CN.
+async fn infer(client: &reqwest::Client, addr: std::net::SocketAddr) -> (Vec<f64>, String) {
+    let response = client
+        .post(format!("https://{addr}/v2/models/add_sub/infer"))
+        .json(&add_sub_body())
+        .send()
+        .await
+        .expect("https inference");
+    assert_eq!(response.status(), 200);
+    let served_by = served_certificate(&response);
+    let body: Value = response.json().await.unwrap();
+    let output = body["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == "OUTPUT0")
+        .unwrap()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    (output, served_by)
+}
+
+/// The CN of the certificate the server presented on this response's connection.
+fn served_certificate(response: &reqwest::Response) -> String {
+    let info = response
+        .extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .expect("TLS info");
+    let der = info.peer_certificate().expect("server certificate");
+    infergate::tls::certificate_identity(der, ClientIdentity::Cn).unwrap()
+}
+
+/// A rustls client config trusting the test CA, with an optional client certificate.
+fn rustls_client(pki: &Pki, identity: Option<&Issued>) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(pki.ca_pem().as_bytes()).unwrap())
+        .unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    match identity {
+        Some(issued) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(issued.cert.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(issued.key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    }
+}
+
+/// A tonic client over TLS (rustls via hyper-rustls, ALPN h2) to `addr`.
+async fn grpc_tls_client(
+    pki: &Pki,
+    identity: Option<&Issued>,
+    addr: std::net::SocketAddr,
+) -> Result<GrpcInferenceServiceClient<tonic::transport::Channel>, tonic::transport::Error> {
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(rustls_client(pki, identity))
+        .https_only()
+        .enable_http2()
+        .build();
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .connect_with_connector(connector)
+        .await?;
+    Ok(GrpcInferenceServiceClient::new(channel))
+}
+
+fn grpc_add_sub() -> ModelInferRequest {
+    let input = |name: &str| InferInputTensor {
+        name: name.into(),
+        datatype: "FP32".into(),
+        shape: vec![4],
+        ..Default::default()
+    };
+    let raw = |values: [f32; 4]| values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![input("INPUT0"), input("INPUT1")],
+        raw_input_contents: vec![raw([1.0, 2.0, 3.0, 4.0]), raw([1.0; 4])],
+        ..Default::default()
+    }
+}
+
+/// OUTPUT0 of a gRPC add_sub answer.
+fn grpc_output0(response: &infergate::protocol::inference::ModelInferResponse) -> Vec<f32> {
+    let index = response
+        .outputs
+        .iter()
+        .position(|o| o.name == "OUTPUT0")
+        .unwrap();
+    response.raw_output_contents[index]
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[tokio::test]
+async fn rustls_python_and_grpc_clients_infer_over_tls() {
+    let triton = triton().await;
+    let pki = Pki::new("plain-tls");
+    pki.install_server(&pki.server("gateway"));
+    let client = https_client(&pki, None);
+    let gateway = start(&tls_config("tlsclients", triton, &pki, ""), client.clone()).await;
+
+    // reqwest over rustls, trusting only the test CA.
+    let (output, served_by) = infer(&client, gateway.http).await;
+    assert_eq!(output, [2.0, 3.0, 4.0, 5.0]);
+    assert_eq!(served_by, "gateway");
+    // Health endpoints answer as before, over TLS.
+    let ready = client
+        .get(format!("https://{}/v2/health/ready", gateway.http))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    // Plain HTTP to a TLS listener gets no answer; metrics stay plain.
+    assert!(
+        reqwest::get(format!("http://{}/v2/health/ready", gateway.http))
+            .await
+            .is_err()
+    );
+    assert!(
+        gateway
+            .metrics_text("/metrics")
+            .await
+            .contains("infergate_")
+    );
+
+    // A tonic client over TLS (h2 by ALPN).
+    let mut grpc = grpc_tls_client(&pki, None, gateway.grpc).await.unwrap();
+    assert!(
+        grpc.server_live(ServerLiveRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
+    let answer = grpc.model_infer(grpc_add_sub()).await.unwrap().into_inner();
+    assert_eq!(grpc_output0(&answer), [2.0, 3.0, 4.0, 5.0]);
+
+    // The official Python tritonclient.http over https, its CA file given.
+    let suite = support::repo_root().join("tests/python/test_http_client.py");
+    let url = format!("localhost:{}", gateway.http.port());
+    let ca = pki.path("ca.pem");
+    let output = support::run_python(
+        Path::new("-m"),
+        &[
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+            suite.to_str().unwrap(),
+        ],
+        &[
+            ("INFERGATE_URL", url.as_str()),
+            ("INFERGATE_CA", ca.to_str().unwrap()),
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "tritonclient.http over https failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains(" passed"), "{stdout}");
+    assert!(!stdout.contains("skipped"), "{stdout}");
+}
+
+#[tokio::test]
+async fn mtls_refuses_clients_without_a_certificate_and_names_those_with_one() {
+    let triton = triton().await;
+    let pki = Pki::new("mtls");
+    pki.install_server(&pki.server("gateway"));
+    let alice = pki.client("alice");
+    let admin = https_client(&pki, Some(&alice));
+    let config = tls_config(
+        "tlsmtls",
+        triton,
+        &pki,
+        &format!("client_ca = \"{}\"", pki.path("ca.pem").display()),
+    );
+    let gateway = start(&config, admin.clone()).await;
+
+    // No certificate: the handshake fails, nothing is answered.
+    let anonymous = https_client(&pki, None);
+    let refused = anonymous
+        .post(format!("https://{}/v2/models/add_sub/infer", gateway.http))
+        .json(&add_sub_body())
+        .send()
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(grpc_refused(&pki, gateway.grpc).await);
+
+    // A certificate from another CA is refused too.
+    let other = Pki::new("other");
+    let mallory = other.client("mallory");
+    let stranger = https_client(&pki, Some(&mallory));
+    assert!(
+        stranger
+            .get(format!("https://{}/v2/health/live", gateway.http))
+            .send()
+            .await
+            .is_err()
+    );
+
+    // With a certificate signed by the CA: inference works and the gateway knows who it is.
+    let (output, _) = infer(&admin, gateway.http).await;
+    assert_eq!(output, [2.0, 3.0, 4.0, 5.0]);
+    let whoami: Value = admin
+        .get(format!("https://{}/admin/whoami", gateway.admin))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(whoami, json!({"peer": "alice"}));
+    let mut grpc = grpc_tls_client(&pki, Some(&alice), gateway.grpc)
+        .await
+        .unwrap();
+    let answer = grpc.model_infer(grpc_add_sub()).await.unwrap().into_inner();
+    assert_eq!(grpc_output0(&answer), [2.0, 3.0, 4.0, 5.0]);
+}
+
+/// Whether a gRPC client without a certificate is refused by an mTLS listener: with TLS 1.3
+/// the client may finish its side of the handshake before the server refuses, so the
+/// refusal shows either at connect or at the first call.
+async fn grpc_refused(pki: &Pki, addr: std::net::SocketAddr) -> bool {
+    match grpc_tls_client(pki, None, addr).await {
+        Err(_) => true,
+        Ok(mut client) => client.server_live(ServerLiveRequest {}).await.is_err(),
+    }
+}
+
+#[tokio::test]
+async fn rotated_certificates_reach_new_connections_and_bad_ones_are_refused() {
+    let triton = triton().await;
+    let pki = Pki::new("rotation");
+    pki.install_server(&pki.server("first"));
+    let client = https_client(&pki, None);
+    let gateway = start(&tls_config("tlsrotate", triton, &pki, ""), client.clone()).await;
+    let reloads = |text: &str, result: &str| -> u64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with("infergate_tls_reloads_total{")
+                    && l.contains(&format!("result=\"{result}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+
+    // An open keep-alive connection, made with the first certificate.
+    let kept = https_client(&pki, None);
+    assert_eq!(infer(&kept, gateway.http).await.1, "first");
+
+    // Rotate: new files; the watcher picks them up within a few seconds.
+    pki.install_server(&pki.server("second"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let fresh = https_client(&pki, None);
+        if infer(&fresh, gateway.http).await.1 == "second" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate was never served"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The connection opened before the rotation still works, on its own session.
+    let (output, served_by) = infer(&kept, gateway.http).await;
+    assert_eq!(output, [2.0, 3.0, 4.0, 5.0]);
+    assert_eq!(served_by, "first");
+
+    // A bad replacement: a key that does not go with the certificate. Refused and counted;
+    // new connections keep getting the second certificate.
+    let failures_before = reloads(&gateway.metrics_text("/metrics").await, "failure");
+    let third = pki.server("third");
+    let unrelated = pki.server("unrelated");
+    pki.write("server.crt", &third.cert);
+    pki.write("server.key", &unrelated.key);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while reloads(&gateway.metrics_text("/metrics").await, "failure") == failures_before {
+        assert!(
+            Instant::now() < deadline,
+            "the bad certificate was never tried"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        infer(&https_client(&pki, None), gateway.http).await.1,
+        "second"
+    );
+    // Garbage instead of PEM: the same.
+    let failures_before = reloads(&gateway.metrics_text("/metrics").await, "failure");
+    pki.write("server.crt", "not a certificate");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while reloads(&gateway.metrics_text("/metrics").await, "failure") == failures_before {
+        assert!(
+            Instant::now() < deadline,
+            "the garbage certificate was never tried"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        infer(&https_client(&pki, None), gateway.http).await.1,
+        "second"
+    );
+    // gRPC listeners share the certificate.
+    let mut grpc = grpc_tls_client(&pki, None, gateway.grpc).await.unwrap();
+    assert!(grpc.server_live(ServerLiveRequest {}).await.is_ok());
+}
+
+/// A TLS terminator in front of a plain TCP service: each connection is handshaken with
+/// `config` and piped to `target`.
+async fn terminator(config: rustls::ServerConfig, target: String) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (acceptor, target) = (acceptor.clone(), target.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    addr
+}
+
+fn terminator_config(pki: &Pki, alpn: &[u8]) -> rustls::ServerConfig {
+    let issued = pki.server("triton-behind-tls");
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from_pem_slice(issued.cert.as_bytes()).unwrap()],
+        PrivateKeyDer::from_pem_slice(issued.key.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    config
+}
+
+#[tokio::test]
+async fn backends_over_https_are_verified_with_the_ca_bundle() {
+    let triton = triton().await;
+    let pki = Pki::new("upstream");
+    let strip = |url: String| url.trim_start_matches("http://").to_string();
+    let http = terminator(
+        terminator_config(&pki, b"http/1.1"),
+        strip(triton.http_url()),
+    )
+    .await;
+    let grpc = terminator(terminator_config(&pki, b"h2"), strip(triton.grpc_url())).await;
+    let config = |name: &str, upstream: &str| {
+        format!(
+            "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
+             [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n{upstream}\n\
+             [[backends]]\nname = \"{name}-0\"\nhttp = \"https://127.0.0.1:{}\"\ngrpc = \"https://localhost:{}\"\ncapacity = \"1GiB\"\n",
+            http.port(),
+            grpc.port(),
+        )
+    };
+
+    // With the CA bundle: the backend is healthy and serves HTTP and gRPC through TLS.
+    let trusted = TestGateway::start(&config(
+        "tlsup",
+        &format!("tls_ca = \"{}\"", pki.path("ca.pem").display()),
+    ))
+    .await;
+    let answer: Value = reqwest::Client::new()
+        .post(format!("{}/v2/models/add_sub/infer", trusted.url()))
+        .json(&add_sub_body())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["model_name"], "add_sub", "{answer}");
+    let mut client = GrpcInferenceServiceClient::connect(trusted.grpc_url())
+        .await
+        .unwrap();
+    let answer = client
+        .model_infer(grpc_add_sub())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grpc_output0(&answer), [2.0, 3.0, 4.0, 5.0]);
+
+    // Without it (the system's roots do not know the test CA): never healthy, and the
+    // reason names the certificate.
+    let untrusted = TestGateway::start_unready(&config("tlsupno", ""), None).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let backend = loop {
+        let backends = untrusted.admin_backends().await;
+        if backends[0]["last_error"].is_string() {
+            break backends[0].clone();
+        }
+        assert!(Instant::now() < deadline, "{backends:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(backend["ready"], false);
+    let reason = backend["last_error"].as_str().unwrap();
+    assert!(
+        reason.contains("certificate") || reason.contains("UnknownIssuer"),
+        "{reason}"
+    );
+    let refused = reqwest::Client::new()
+        .post(format!("{}/v2/models/add_sub/infer", untrusted.url()))
+        .json(&add_sub_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+}
