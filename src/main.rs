@@ -55,7 +55,7 @@ fn main() -> ExitCode {
 }
 
 fn check(path: &std::path::Path) -> ExitCode {
-    match Config::load(path) {
+    match Config::load(path).and_then(check_files) {
         Ok(config) => {
             println!(
                 "{}: ok ({} backends)",
@@ -70,6 +70,31 @@ fn check(path: &std::path::Path) -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// What the file names beyond itself: certificates, keys and CA bundles must load.
+fn check_files(config: Config) -> Result<Config, infergate::config::ConfigErrors> {
+    let mut errors = Vec::new();
+    if let Some(tls) = &config.listen.tls
+        && let Err(error) = infergate::tls::ServerTls::new(tls)
+    {
+        errors.push(error);
+    }
+    for (i, backend) in config.backends.iter().enumerate() {
+        if let Err(message) = infergate::upstream::Pool::build(backend, &config) {
+            let key = if backend.tls_ca.is_some() {
+                format!("backends[{i}].tls_ca")
+            } else {
+                "upstream.tls_ca".into()
+            };
+            errors.push(infergate::config::ConfigError { key, message });
+        }
+    }
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(infergate::config::ConfigErrors(errors))
     }
 }
 

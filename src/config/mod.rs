@@ -586,6 +586,42 @@ mod tests {
     }
 
     #[test]
+    fn tls_keys_parse_and_client_options_need_a_client_ca() {
+        let with_tls = |extra: &str| {
+            MINIMAL.replace(
+                "http = \"127.0.0.1:8000\"",
+                &format!(
+                    "http = \"127.0.0.1:8000\"\n[listen.tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n{extra}\n"
+                ),
+            )
+        };
+        let config = Config::parse(&with_tls("")).unwrap();
+        let tls = config.listen.tls.unwrap();
+        assert_eq!(tls.client_auth(), ClientAuth::Required);
+        assert_eq!(tls.client_identity(), ClientIdentity::Cn);
+
+        let found = errors(&with_tls("client_auth = \"optional\""));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("listen.tls.client_auth: needs listen.tls.client_ca"));
+        let found = errors(&with_tls(
+            "client_ca = \"ca.pem\"\nclient_identity = \"serial\"",
+        ));
+        assert!(
+            found[0].starts_with("listen.tls.client_identity"),
+            "{found:?}"
+        );
+        let found = errors(&with_tls("certificate = \"x\""));
+        assert!(found[0].contains("certificate"), "{found:?}");
+
+        let config = Config::parse(&format!(
+            "{MINIMAL}tls_ca = \"b.pem\"\n[upstream]\ntls_ca = \"u.pem\"\n"
+        ))
+        .unwrap();
+        let ca = config.backends[0].tls_ca(&config.upstream);
+        assert_eq!(ca, Some(Path::new("b.pem")));
+    }
+
+    #[test]
     fn bad_address_is_named() {
         let found = errors(&MINIMAL.replace("127.0.0.1:8000", "localhost-ish"));
         assert!(found[0].starts_with("listen.http:"), "{found:?}");
