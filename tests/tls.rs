@@ -7,6 +7,8 @@
 //!   works and the gateway sees its subject (`/admin/whoami`, the request's `PeerIdentity`);
 //! - rotation: new certificate files are served to new connections while an open connection
 //!   keeps working; a bad replacement keeps the old certificate;
+//! - config reload: new certificate paths in the file are served after `POST /admin/reload`,
+//!   and a path that does not load refuses the reload by key;
 //! - upstream TLS: a rustls terminator in front of Triton (HTTP and gRPC) is reached over
 //!   https with the CA bundle, and refused without it.
 
@@ -485,6 +487,55 @@ async fn rotated_certificates_reach_new_connections_and_bad_ones_are_refused() {
     // gRPC listeners share the certificate.
     let mut grpc = grpc_tls_client(&pki, None, gateway.grpc).await.unwrap();
     assert!(grpc.server_live(ServerLiveRequest {}).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_config_reload_reads_new_certificate_paths_or_refuses_by_key() {
+    let triton = triton().await;
+    let pki = Pki::new("reload");
+    pki.install_server(&pki.server("first"));
+    let config = tls_config("tlsreload", triton, &pki, "");
+    let path = pki.write("gateway.toml", &config);
+    let client = https_client(&pki, None);
+    let gateway = TestGateway::start_from_file_unready(&path, Some(client.clone())).await;
+    gateway.wait_for_ready_backends(1).await;
+    assert_eq!(infer(&client, gateway.http).await.1, "first");
+    let reload = || async {
+        let response = https_client(&pki, None)
+            .post(format!("https://{}/admin/reload", gateway.admin))
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    };
+
+    // Other files, named in the config: served after the reload.
+    let second = pki.server("second");
+    pki.write("second.crt", &second.cert);
+    pki.write("second.key", &second.key);
+    let moved = config
+        .replace("server.crt", "second.crt")
+        .replace("server.key", "second.key");
+    std::fs::write(&path, &moved).unwrap();
+    let (status, body) = reload().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        infer(&https_client(&pki, None), gateway.http).await.1,
+        "second"
+    );
+
+    // A certificate path that does not exist: the reload is refused by key, nothing changes.
+    std::fs::write(&path, moved.replace("second.crt", "missing.crt")).unwrap();
+    let (status, body) = reload().await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("listen.tls.cert") && body.contains("missing.crt"),
+        "{body}"
+    );
+    assert_eq!(
+        infer(&https_client(&pki, None), gateway.http).await.1,
+        "second"
+    );
 }
 
 /// A TLS terminator in front of a plain TCP service: each connection is handshaken with

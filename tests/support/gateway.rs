@@ -95,6 +95,16 @@ impl TestGateway {
         this
     }
 
+    /// Starts a gateway from a config file without waiting for its backends, the admin API
+    /// reached with `admin_client` over https when given.
+    pub async fn start_from_file_unready(
+        path: &std::path::Path,
+        admin_client: Option<reqwest::Client>,
+    ) -> Self {
+        let gateway = Gateway::from_file(path).unwrap_or_else(|e| panic!("test config: {e}"));
+        Self::serve(gateway, admin_client).await
+    }
+
     async fn serve(gateway: Gateway, admin_client: Option<reqwest::Client>) -> Self {
         let backends = gateway.config().backends.len();
         let listeners = Listeners::bind(gateway.config()).await.expect("bind");
