@@ -30,11 +30,10 @@ fn system_roots() -> Arc<RootCertStore> {
 
 /// The connector for one backend. `tls` is false for plain backends: then no trust store is
 /// read and the connector passes `http://` through untouched. `http2` sets ALPN to `h2`
-/// (gRPC), else `http/1.1`. `key` names the config key in errors about `ca`.
+/// (gRPC), else `http/1.1`.
 pub fn https_connector(
     tls: bool,
     ca: Option<&Path>,
-    key: &str,
     http2: bool,
     connect_timeout: Duration,
 ) -> Result<HttpsConnector, String> {
@@ -43,7 +42,7 @@ pub fn https_connector(
         (true, None) => system_roots(),
         (true, Some(path)) => {
             let mut roots = RootCertStore::empty();
-            let certs = load_certificates(key, path).map_err(|e| e.message)?;
+            let certs = load_certificates("tls_ca", path).map_err(|e| e.message)?;
             for cert in certs {
                 roots
                     .add(cert)

@@ -22,20 +22,16 @@ pub struct UpstreamClient {
 
 impl UpstreamClient {
     /// Builds the pool with the configured timeouts; HTTP/2 only when the URL asks for it,
-    /// TLS (verified against `tls_ca`, else the system's roots) for `https://`. A plain
-    /// backend's connections are plain TCP as before: the connector only wraps `https://`.
+    /// TLS (verified against `tls_ca`, else the system's roots) for `https://` URIs when `tls`
+    /// (the backend has one: its base or metrics URL). A plain backend's connections are
+    /// plain TCP as before: the connector only wraps `https://`.
     pub fn new(
         url: &BackendUrl,
         config: &config::Upstream,
+        tls: bool,
         tls_ca: Option<&std::path::Path>,
     ) -> Result<Self, String> {
-        let connector = crate::tls::https_connector(
-            url.tls,
-            tls_ca,
-            "tls_ca",
-            false,
-            config.connect_timeout.0,
-        )?;
+        let connector = crate::tls::https_connector(tls, tls_ca, false, config.connect_timeout.0)?;
         let mut builder = Client::builder(TokioExecutor::new());
         builder
             .pool_idle_timeout(config.pool_idle_timeout.0)

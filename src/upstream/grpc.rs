@@ -73,7 +73,6 @@ impl GrpcUpstream {
             Some(crate::tls::https_connector(
                 true,
                 tls_ca,
-                "tls_ca",
                 true,
                 upstream.connect_timeout.0,
             )?)

@@ -122,7 +122,17 @@ impl Backend {
         let ca = config.tls_ca(upstream);
         Ok(Self {
             name: config.name.clone(),
-            client: UpstreamClient::new(&url, upstream, ca)?,
+            // The metrics URL goes through the same pool, so it may be https:// too.
+            client: UpstreamClient::new(
+                &url,
+                upstream,
+                url.tls
+                    || config
+                        .metrics
+                        .as_deref()
+                        .is_some_and(|m| m.starts_with("https://")),
+                ca,
+            )?,
             grpc: config
                 .grpc
                 .as_deref()
