@@ -344,8 +344,39 @@ async fn rustls_python_and_grpc_clients_infer_over_tls() {
     assert!(!stdout.contains("skipped"), "{stdout}");
 }
 
+/// Every log line of this test binary, as text: the access-log lines carry the peer.
+fn captured_logs() -> Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOGS: std::sync::OnceLock<Arc<std::sync::Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_env_filter("info")
+            .with_writer(move || LogSink(sink.clone()))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("first subscriber");
+        logs
+    })
+    .clone()
+}
+
+struct LogSink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn mtls_refuses_clients_without_a_certificate_and_names_those_with_one() {
+    let logs = captured_logs();
     let triton = triton().await;
     let pki = Pki::new("mtls");
     pki.install_server(&pki.server("gateway"));
@@ -398,6 +429,18 @@ async fn mtls_refuses_clients_without_a_certificate_and_names_those_with_one() {
         .unwrap();
     let answer = grpc.model_infer(grpc_add_sub()).await.unwrap().into_inner();
     assert_eq!(grpc_output0(&answer), [2.0, 3.0, 4.0, 5.0]);
+
+    // Both access-log lines name the peer: the PeerIdentity reached the HTTP handler and the
+    // tonic service alike.
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let line = |needle: &str| {
+        text.lines()
+            .find(|l| l.contains("peer=\"alice\"") && l.contains(needle))
+            .unwrap_or_else(|| panic!("no access-log line with peer=alice and {needle}:\n{text}"))
+            .to_string()
+    };
+    assert!(line("/v2/models/add_sub/infer").contains("status=200"));
+    assert!(line("rpc=\"ModelInfer\"").contains("code=\"Ok\""));
 }
 
 /// Whether a gRPC client without a certificate is refused by an mTLS listener: with TLS 1.3
