@@ -249,7 +249,7 @@ async fn routes_reload_under_load_without_a_failed_request() {
 fn pool(backends: &[(&str, &Triton)]) -> String {
     let mut text = String::from(
         "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
-         [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n",
+         [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"3s\"\n",
     );
     for (name, triton) in backends {
         text.push_str(&format!(

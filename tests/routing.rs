@@ -266,7 +266,13 @@ targets = [
     // The copies arrive at Triton on their own time.
     let stats_url = format!("{}/v2/models/sized_b/stats", triton.http_url());
     let mut copies = 0;
-    for _ in 0..50 {
+    let sent = |copies: u64| {
+        format!(
+            "infergate_mirror_requests_total{{route=\"shadowed\",target=\"sized_b\",outcome=\"sent\"}} {copies}"
+        )
+    };
+    let failed = "infergate_mirror_requests_total{route=\"shadowed\",target=\"error_model\",outcome=\"failed\"} 200";
+    for _ in 0..300 {
         let stats: Value = reqwest::get(&stats_url)
             .await
             .unwrap()
@@ -277,7 +283,7 @@ targets = [
             .as_u64()
             .unwrap_or(0);
         let metrics = gateway.metrics_text("/metrics").await;
-        if metrics.contains("target=\"error_model\",outcome=\"failed\"} 200") {
+        if metrics.contains(failed) && metrics.contains(&sent(copies)) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -287,16 +293,6 @@ targets = [
         "sized_b got {copies} copies of 200 requests at 50%"
     );
     let metrics = gateway.metrics_text("/metrics").await;
-    assert!(
-        metrics.contains(&format!(
-            "infergate_mirror_requests_total{{route=\"shadowed\",target=\"sized_b\",outcome=\"sent\"}} {copies}"
-        )),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains(
-            "infergate_mirror_requests_total{route=\"shadowed\",target=\"error_model\",outcome=\"failed\"} 200"
-        ),
-        "{metrics}"
-    );
+    assert!(metrics.contains(&sent(copies)), "{metrics}");
+    assert!(metrics.contains(failed), "{metrics}");
 }

@@ -126,7 +126,7 @@ fn tls_config(name: &str, triton: &Triton, pki: &Pki, tls_extra: &str) -> String
     format!(
         "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
          [listen.tls]\ncert = \"{}\"\nkey = \"{}\"\n{tls_extra}\n\
-         [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n\
+         [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"3s\"\n\
          [[backends]]\nname = \"{name}-0\"\nhttp = \"{}\"\ngrpc = \"{}\"\ncapacity = \"1GiB\"\n",
         pki.path("server.crt").display(),
         pki.path("server.key").display(),
@@ -638,7 +638,7 @@ async fn backends_over_https_are_verified_with_the_ca_bundle() {
     let config = |name: &str, upstream: &str| {
         format!(
             "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
-             [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n{upstream}\n\
+             [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"3s\"\n{upstream}\n\
              [[backends]]\nname = \"{name}-0\"\nhttp = \"https://127.0.0.1:{}\"\ngrpc = \"https://localhost:{}\"\ncapacity = \"1GiB\"\n",
             http.port(),
             grpc.port(),

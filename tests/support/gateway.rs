@@ -30,7 +30,7 @@ pub struct TestGateway {
 pub fn config_for(name: &str, tritons: &[&Triton], upstream: &str, server: &str) -> String {
     let mut text = format!(
         "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
-         [server]\n{server}\n[upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n{upstream}\n"
+         [server]\n{server}\n[upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"3s\"\n{upstream}\n"
     );
     for (i, triton) in tritons.iter().enumerate() {
         text.push_str(&format!(
@@ -55,7 +55,7 @@ pub fn pool_config(
 ) -> String {
     let mut text = format!(
         "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
-         [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"1s\"\n\
+         [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"3s\"\n\
          [placement]\nmodel_repository = \"{}\"\n{placement}\n",
         super::model_repository().display()
     );
