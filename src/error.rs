@@ -97,6 +97,20 @@ pub enum GatewayError {
     /// The gateway is draining for shutdown.
     #[error("the gateway is shutting down")]
     ShuttingDown,
+    /// No valid credential: missing, malformed, expired, badly signed, unknown. `reason`
+    /// says which, never repeating the credential.
+    #[error("invalid credentials: {reason}")]
+    Unauthenticated { reason: String },
+    /// A verified caller that may not do this (a model outside its tenant's allow list, an
+    /// endpoint that needs the admin role).
+    #[error("{message}")]
+    Forbidden { message: String },
+    /// The caller's tenant is over one of its limits.
+    #[error("{message}; retry in {}s", retry_secs(*.retry_after))]
+    RateLimited {
+        message: String,
+        retry_after: Duration,
+    },
 }
 
 fn retry_secs(after: Duration) -> u64 {
@@ -119,7 +133,10 @@ impl GatewayError {
             | Self::BadRequest(_)
             | Self::InvalidInput { .. }
             | Self::NotFound { .. }
-            | Self::MethodNotAllowed { .. } => ErrorSource::Client,
+            | Self::MethodNotAllowed { .. }
+            | Self::Unauthenticated { .. }
+            | Self::Forbidden { .. }
+            | Self::RateLimited { .. } => ErrorSource::Client,
             Self::ModelNotReady { .. }
             | Self::NoBackendReady
             | Self::RouteUnavailable { .. }
@@ -154,6 +171,9 @@ impl GatewayError {
             Self::LoadFailed { .. } => "load_failed",
             Self::LoadTimeout { .. } => "load_timeout",
             Self::ShuttingDown => "shutting_down",
+            Self::Unauthenticated { .. } => "unauthenticated",
+            Self::Forbidden { .. } => "forbidden",
+            Self::RateLimited { .. } => "rate_limited",
         }
     }
 
@@ -176,7 +196,19 @@ impl GatewayError {
                 StatusCode::BAD_GATEWAY
             }
             Self::UpstreamTimeout { .. } | Self::LoadTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
+            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
+    }
+
+    /// Whether the answer tells the client when to retry (`Retry-After` on HTTP,
+    /// `retry-after` metadata on gRPC): every 503 and 429.
+    pub fn retries_after(&self) -> bool {
+        matches!(
+            self.http_status(),
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        )
     }
 }
 
@@ -202,18 +234,36 @@ impl GatewayError {
             | Self::UpstreamUnreachable { .. }
             | Self::UpstreamFailed { .. } => Code::Unavailable,
             Self::UpstreamTimeout { .. } | Self::LoadTimeout { .. } => Code::DeadlineExceeded,
+            Self::Unauthenticated { .. } => Code::Unauthenticated,
+            Self::Forbidden { .. } => Code::PermissionDenied,
+            Self::RateLimited { .. } => Code::ResourceExhausted,
         }
     }
 
     /// Seconds a client should wait before retrying a 503.
     pub fn retry_after_secs(&self) -> u64 {
         match self {
-            Self::Churn { retry_after } | Self::LoadFailed { retry_after, .. } => {
-                retry_secs(*retry_after)
-            }
+            Self::Churn { retry_after }
+            | Self::LoadFailed { retry_after, .. }
+            | Self::RateLimited { retry_after, .. } => retry_secs(*retry_after),
             _ => 1,
         }
     }
+}
+
+/// RFC 6750's challenge for a refused bearer credential; the description is the reason
+/// (our own words, never the token), with characters a quoted string cannot hold dropped.
+pub fn www_authenticate(reason: &str) -> HeaderValue {
+    let description: String = reason
+        .chars()
+        .filter(|c| (' '..='~').contains(c) && *c != '"' && *c != '\\')
+        .collect();
+    HeaderValue::from_str(&format!(
+        "Bearer realm=\"infergate\", error=\"invalid_token\", error_description=\"{description}\""
+    ))
+    .unwrap_or_else(|_| {
+        HeaderValue::from_static("Bearer realm=\"infergate\", error=\"invalid_token\"")
+    })
 }
 
 /// Triton's error body for a message.
@@ -231,11 +281,14 @@ impl IntoResponse for GatewayError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if self.retries_after() {
             headers.insert(
                 header::RETRY_AFTER,
                 HeaderValue::from(self.retry_after_secs()),
             );
+        }
+        if let Self::Unauthenticated { reason } = &self {
+            headers.insert(header::WWW_AUTHENTICATE, www_authenticate(reason));
         }
         response.extensions_mut().insert(ErrorKind {
             kind: self.kind(),
@@ -251,7 +304,7 @@ impl IntoResponse for GatewayError {
 impl From<GatewayError> for tonic::Status {
     fn from(error: GatewayError) -> Self {
         let mut status = tonic::Status::new(error.grpc_code(), error.to_string());
-        if error.http_status() == StatusCode::SERVICE_UNAVAILABLE {
+        if error.retries_after() {
             status
                 .metadata_mut()
                 .insert("retry-after", error.retry_after_secs().into());
@@ -402,6 +455,31 @@ mod tests {
                 Upstream,
             ),
             (GatewayError::ShuttingDown, 503, Unavailable, Gateway),
+            (
+                GatewayError::Unauthenticated {
+                    reason: "token expired".into(),
+                },
+                401,
+                Unauthenticated,
+                Client,
+            ),
+            (
+                GatewayError::Forbidden {
+                    message: "no".into(),
+                },
+                403,
+                PermissionDenied,
+                Client,
+            ),
+            (
+                GatewayError::RateLimited {
+                    message: "slow down".into(),
+                    retry_after: Duration::from_millis(300),
+                },
+                429,
+                ResourceExhausted,
+                Client,
+            ),
         ];
         for (error, status, code, source) in table {
             assert_eq!(error.http_status().as_u16(), status, "{error:?}");
@@ -413,10 +491,34 @@ mod tests {
             assert_eq!(answered.message(), message);
             assert_eq!(
                 answered.metadata().get("retry-after").is_some(),
-                status == 503,
+                status == 503 || status == 429,
                 "{message}"
             );
         }
+    }
+
+    #[test]
+    fn a_refused_credential_is_challenged_without_echoing_it() {
+        let response = GatewayError::Unauthenticated {
+            reason: "token expired".into(),
+        }
+        .into_response();
+        assert_eq!(response.status(), 401);
+        assert_eq!(
+            response.headers()[header::WWW_AUTHENTICATE],
+            "Bearer realm=\"infergate\", error=\"invalid_token\", error_description=\"token expired\""
+        );
+        let response = GatewayError::RateLimited {
+            message: "tenant 'a' is over its limit".into(),
+            retry_after: Duration::from_millis(1500),
+        }
+        .into_response();
+        assert_eq!(response.status(), 429);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(
+            www_authenticate("a \"quoted\"\nline"),
+            "Bearer realm=\"infergate\", error=\"invalid_token\", error_description=\"a quotedline\""
+        );
     }
 
     #[test]

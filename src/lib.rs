@@ -4,6 +4,7 @@
 //! the caller bound (so tests can bind port 0) until shutdown, then drains.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod body;
 pub mod config;
 pub mod error;
@@ -56,7 +57,9 @@ impl Gateway {
         let pool = Arc::new(Pool::new(&config).map_err(anyhow::Error::msg)?);
         let placement = Arc::new(placement::Placement::new(&config, pool.clone()));
         let text = toml::to_string(&config).unwrap_or_default();
-        let live = arc_swap::ArcSwap::from_pointee(reload::Live::new(config.clone(), &text, None));
+        let live = arc_swap::ArcSwap::from_pointee(
+            reload::Live::new(config.clone(), &text, None).map_err(anyhow::Error::msg)?,
+        );
         let signatures = Arc::new(validate::SignatureCache::new(&config.validation));
         let tls = match &config.listen.tls {
             Some(settings) => Some(Arc::new(
@@ -107,7 +110,7 @@ impl Gateway {
                 inner.config.clone(),
                 &text,
                 None,
-            ));
+            )?);
         }
         Ok(gateway)
     }
@@ -248,6 +251,8 @@ pub async fn serve(
     if let Some(tls) = gateway.tls() {
         tls.spawn_watch(Duration::from_secs(1), &tasks, &shutdown);
     }
+    tasks.spawn(refresh_jwks(gateway.clone(), shutdown.clone()));
+    warn_if_open(&gateway, &listeners);
     let servers = TaskTracker::new();
     let serve_plain = |listener: TcpListener, router: axum::Router| {
         let shutdown = shutdown.clone();
@@ -349,6 +354,46 @@ async fn forget_signatures_on_change(gateway: Gateway, shutdown: CancellationTok
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         }
+    }
+}
+
+/// Reads the JWKS sources of the live config again every `auth.jwks_refresh_interval`
+/// (first at once, so keys from URLs are there before the first token). Follows reloads:
+/// each round refreshes whatever config is live then.
+async fn refresh_jwks(gateway: Gateway, shutdown: CancellationToken) {
+    loop {
+        let auth = gateway.live().auth.clone();
+        auth.refresh_jwks().await;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(auth.refresh_interval()) => {}
+        }
+    }
+}
+
+/// "No public ingress without auth": say so loudly when a listener that reaches models or
+/// the admin API is bound beyond loopback with `auth.mode = "none"`.
+fn warn_if_open(gateway: &Gateway, listeners: &Listeners) {
+    if gateway.live().auth.is_on() {
+        return;
+    }
+    let open: Vec<String> = [
+        Some(&listeners.http),
+        listeners.grpc.as_ref(),
+        listeners.admin.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(|l| l.local_addr().ok())
+    .filter(|addr| !addr.ip().is_loopback())
+    .map(|addr| addr.to_string())
+    .collect();
+    if !open.is_empty() {
+        tracing::warn!(
+            listeners = open.join(", "),
+            "listening beyond loopback with auth.mode = \"none\": anyone who can reach these \
+             addresses may call every model and the repository API"
+        );
     }
 }
 

@@ -1,4 +1,5 @@
-//! The `infergate` command: run the gateway, or check a config file.
+//! The `infergate` command: run the gateway, check a config file, simulate placement, or
+//! hash an API key.
 
 use clap::{Parser, Subcommand};
 use infergate::config::Config;
@@ -37,6 +38,12 @@ enum Command {
     Check,
     /// Replay a request trace against the placement policy, LRU baselines and Belady.
     Simulate(Box<infergate::placement::simulate::Args>),
+    /// Print the SHA-256 of an API key, for `[[auth.api_keys]] sha256`. Reads the key from
+    /// standard input (one line) when not given, so it stays out of shell history.
+    HashKey {
+        /// The key; omit to read it from standard input.
+        key: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -50,12 +57,40 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::HashKey { key } => hash_key(key),
         Command::Run => run(&cli.config, cli.log_format),
     }
 }
 
+fn hash_key(key: Option<String>) -> ExitCode {
+    let key = match key {
+        Some(key) => key,
+        None => {
+            let mut line = String::new();
+            if let Err(error) = std::io::stdin().read_line(&mut line) {
+                eprintln!("hash-key: cannot read the key from standard input: {error}");
+                return ExitCode::FAILURE;
+            }
+            line.trim_end_matches(['\r', '\n']).to_owned()
+        }
+    };
+    if key.is_empty() {
+        eprintln!("hash-key: the key is empty");
+        return ExitCode::FAILURE;
+    }
+    println!("{}", infergate::auth::hash_key(&key));
+    ExitCode::SUCCESS
+}
+
 fn check(path: &std::path::Path) -> ExitCode {
-    match Config::load(path).and_then(check_files) {
+    // Certificate files, key files, secrets and JWKS files are read too: a gateway that
+    // would not start fails the check.
+    let checked = Config::load(path).and_then(check_files).and_then(|config| {
+        infergate::auth::Auth::new(&config.auth)
+            .map(|_| config)
+            .map_err(infergate::config::ConfigErrors)
+    });
+    match checked {
         Ok(config) => {
             println!(
                 "{}: ok ({} backends)",

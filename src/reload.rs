@@ -22,6 +22,8 @@ pub struct Live {
     pub config: Arc<Config>,
     /// Routes built from it.
     pub routes: RouteTable,
+    /// Keys, tenants and limits built from its `[auth]` (limits start afresh on reload).
+    pub auth: Arc<crate::auth::Auth>,
     /// FNV-1a of the file text, to tell which file is running.
     pub hash: String,
     /// When it was loaded.
@@ -30,14 +32,21 @@ pub struct Live {
 
 impl Live {
     /// The live snapshot of a config and the text it came from; routes the config leaves
-    /// as they were in `previous` keep their state (guards).
-    pub fn new(config: Config, text: &str, previous: Option<&Live>) -> Self {
-        Self {
+    /// as they were in `previous` keep their state (guards), and JWKS keys fetched from a
+    /// URL stay until fetched again. Building it reads the auth key files, secrets and JWKS
+    /// files; their errors name their keys.
+    pub fn new(config: Config, text: &str, previous: Option<&Live>) -> Result<Self, ConfigErrors> {
+        let auth = crate::auth::Auth::new(&config.auth).map_err(ConfigErrors)?;
+        if let Some(previous) = previous {
+            auth.inherit(&previous.auth);
+        }
+        Ok(Self {
             routes: RouteTable::new(&config.routes, previous.map(|p| &p.routes)),
+            auth: Arc::new(auth),
             config: Arc::new(config),
             hash: format!("{:016x}", fnv1a(text.as_bytes())),
             loaded_at: SystemTime::now(),
-        }
+        })
     }
 }
 
@@ -55,7 +64,7 @@ pub struct Reloaded {
 }
 
 /// Keys that can change while running; everything else needs a restart.
-const RELOADABLE: [&str; 2] = ["routes", "backends"];
+const RELOADABLE: [&str; 3] = ["routes", "backends", "auth"];
 
 /// Reads, validates and applies the config file. On any error nothing changes, and the
 /// errors name their keys.
@@ -105,7 +114,7 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
         tls.reload(settings).map_err(|e| ConfigErrors(vec![e]))?;
     }
     let before = route_targets(&gateway.live().config);
-    let live = Live::new(config, &text, Some(&gateway.live()));
+    let live = Live::new(config, &text, Some(&gateway.live()))?;
     let hash = live.hash.clone();
     let after = route_targets(&live.config);
     let pinned: BTreeSet<String> = live
@@ -320,8 +329,8 @@ mod tests {
 
     #[test]
     fn the_hash_tells_files_apart() {
-        let a = Live::new(Config::parse(BASE).unwrap(), BASE, None);
-        let b = Live::new(Config::parse(BASE).unwrap(), &format!("{BASE}\n"), None);
+        let a = Live::new(Config::parse(BASE).unwrap(), BASE, None).unwrap();
+        let b = Live::new(Config::parse(BASE).unwrap(), &format!("{BASE}\n"), None).unwrap();
         assert_ne!(a.hash, b.hash);
         assert_eq!(a.hash.len(), 16);
     }

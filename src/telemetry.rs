@@ -54,6 +54,10 @@ pub const ROUTE_ROLLBACKS: &str = "infergate_route_rollbacks_total";
 /// Copies of requests sent to mirror targets, by route, target and outcome (`sent`,
 /// `failed`, `dropped` when too many copies were already in flight).
 pub const MIRRORED: &str = "infergate_mirror_requests_total";
+/// Authentication and authorization decisions, by tenant (empty when no credential was
+/// valid) and outcome (`allowed`, `unauthenticated`, `forbidden`, `rate_limited`,
+/// `concurrency_limited`).
+pub const AUTH_DECISIONS: &str = "infergate_auth_decisions_total";
 
 /// Config reloads by result (`success`, `failure`).
 pub const CONFIG_RELOADS: &str = "infergate_config_reload_total";
@@ -128,6 +132,10 @@ fn describe() {
     describe_counter!(
         TLS_HANDSHAKE_FAILURES,
         "TLS handshakes that failed or timed out, by listener."
+    );
+    describe_counter!(
+        AUTH_DECISIONS,
+        "Authentication and authorization decisions, by tenant and outcome."
     );
     describe_counter!(
         VALIDATION_REJECTIONS,

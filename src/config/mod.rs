@@ -4,10 +4,12 @@
 //! every problem at once, each named by its key, so `infergate check` can list them all and a
 //! reload can refuse a bad file without touching the running one.
 
+mod auth;
 mod placement;
 mod routes;
 mod units;
 
+pub use auth::{ApiKey, Auth, AuthMode, JwtKey, Tenant, algorithm_family};
 pub use placement::{Model, Placement};
 pub use routes::{Guard, Route, RouteTarget, StickyKey};
 pub use units::{ByteSize, HumanDuration};
@@ -46,6 +48,9 @@ pub struct Config {
     /// Model names split across targets by weight (canary rollouts).
     #[serde(default)]
     pub routes: Vec<Route>,
+    /// Authentication, tenants and their limits.
+    #[serde(default)]
+    pub auth: Auth,
 }
 
 /// Inference requests are checked against the model's signature (fetched from a backend
@@ -403,6 +408,7 @@ impl Config {
         }
         self.placement.validate(&self.models, &mut errors);
         routes::validate(&self.routes, &mut errors);
+        self.auth.validate(&mut errors);
         errors
     }
 }

@@ -21,6 +21,10 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/admin/models/{model}/unload", post(unload))
         .route("/admin/backends/{backend}/drain", post(drain))
         .route("/admin/backends/{backend}/undrain", post(undrain))
+        .layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            require_admin,
+        ))
         .with_state(gateway)
 }
 
@@ -32,6 +36,30 @@ async fn whoami(
     axum::Json(serde_json::json!({
         "peer": peer.map(|axum::Extension(peer)| peer.subject),
     }))
+}
+
+/// Every admin endpoint needs the admin role when auth is on (the listener being private
+/// is a second fence, not the only one).
+async fn require_admin(
+    State(gateway): State<Gateway>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let auth = gateway.live().auth.clone();
+    let credentials = super::http::credentials(request.headers());
+    let admitted = match crate::pipeline::auth::authenticate(&auth, credentials).await {
+        Ok(caller) => crate::pipeline::auth::admit(
+            &auth,
+            &caller,
+            crate::auth::Access::Admin("the admin API"),
+        ),
+        Err(error) => Err(error),
+    };
+    match admitted {
+        Ok(_admission) => next.run(request).await,
+        Err(error) => error.into_response(),
+    }
 }
 
 #[derive(Serialize)]

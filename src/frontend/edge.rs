@@ -33,6 +33,11 @@ pub struct Served {
     pub route: Option<String>,
 }
 
+/// The caller's tenant, left on the response by the `auth` stage for the access log (never
+/// the credential itself).
+#[derive(Clone, Debug)]
+pub struct Tenant(pub std::sync::Arc<str>);
+
 /// Client ids are kept when they are short printable ASCII; anything else is replaced so a
 /// hostile id cannot break log lines.
 pub fn request_id(client: Option<&HeaderValue>) -> HeaderValue {
@@ -177,6 +182,8 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
         .cloned()
         .unwrap_or_default();
     let error = response.extensions().get::<ErrorKind>().cloned();
+    let tenant = response.extensions().get::<Tenant>().cloned();
+    let tenant = tenant.as_ref().map_or("", |t| &*t.0);
     record(
         "http",
         &served,
@@ -191,18 +198,18 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
     let version = served.version.as_deref().unwrap_or("");
     match error {
         Some(e) if e.source != ErrorSource::Client => tracing::warn!(
-            %method, path, model = served.model, version, backend = served.backend, route,
+            %method, path, model = served.model, version, backend = served.backend, route, tenant,
             status = status.as_u16(), latency_ms, error = e.kind, source = e.source.as_str(), message = e.message, "request failed"
         ),
         Some(e) => tracing::info!(
-            %method, path, model = served.model, version, backend = served.backend, route,
+            %method, path, model = served.model, version, backend = served.backend, route, tenant,
             status = status.as_u16(), latency_ms, error = e.kind, message = e.message, "request refused"
         ),
         None if is_probe(&path) => {
             tracing::debug!(%method, path, status = status.as_u16(), latency_ms, "probe")
         }
         None => tracing::info!(
-            %method, path, model = served.model, version, backend = served.backend, route,
+            %method, path, model = served.model, version, backend = served.backend, route, tenant,
             status = status.as_u16(), latency_ms, "request"
         ),
     }

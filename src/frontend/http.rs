@@ -3,9 +3,11 @@
 //! binary tensor extension work alike.
 
 use super::Served;
-use super::edge::edge;
+use super::edge::{Tenant, edge};
 use crate::Gateway;
+use crate::auth::{Access, Credentials};
 use crate::error::GatewayError;
+use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index, ask_all, ready_backends};
 use crate::pipeline::{LeasedBody, ModelRef, Outcome, Routed, mirror};
 use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
@@ -44,8 +46,76 @@ pub fn router(gateway: Gateway) -> Router {
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            gateway.clone(),
+            authenticate,
+        ))
         .layer(middleware::from_fn_with_state(gateway.clone(), edge))
         .with_state(gateway)
+}
+
+/// The credential headers, read by the `auth` stage and never forwarded to a backend.
+pub(crate) const CREDENTIAL_HEADERS: [&str; 2] = ["authorization", "x-api-key"];
+
+/// The credentials a request carries.
+pub(crate) fn credentials(headers: &http::HeaderMap) -> Credentials<'_> {
+    Credentials {
+        authorization: headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()),
+        api_key: headers.get("x-api-key").map(|v| v.as_bytes()),
+    }
+}
+
+/// The `auth` stage's first half for every HTTP request but health probes: the credential
+/// becomes a `Caller` extension (or the answer is 401), the credential headers are taken off
+/// so they never reach a backend, and the tenant is left on the response for the access log.
+pub(crate) async fn authenticate(
+    State(gateway): State<Gateway>,
+    mut request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if request.uri().path().starts_with("/v2/health/") {
+        return next.run(request).await;
+    }
+    let auth = gateway.live().auth.clone();
+    let caller =
+        match crate::pipeline::auth::authenticate(&auth, credentials(request.headers())).await {
+            Ok(caller) => caller,
+            Err(error) => return error.into_response(),
+        };
+    if auth.is_on() {
+        for name in CREDENTIAL_HEADERS {
+            request.headers_mut().remove(name);
+        }
+    }
+    let tenant = caller.tenant().cloned();
+    request.extensions_mut().insert(caller);
+    let mut response = next.run(request).await;
+    if let Some(tenant) = tenant {
+        response.extensions_mut().insert(Tenant(tenant));
+    }
+    response
+}
+
+/// The caller the `authenticate` layer found. Its absence (a route outside that layer) is
+/// a refusal when auth is on, never a way around it.
+pub(crate) fn caller(gateway: &Gateway, request: &Request) -> Result<Caller, GatewayError> {
+    match request.extensions().get::<Caller>() {
+        Some(caller) => Ok(caller.clone()),
+        None if gateway.live().auth.is_on() => Err(GatewayError::Unauthenticated {
+            reason: "no credentials".into(),
+        }),
+        None => Ok(Caller::Open),
+    }
+}
+
+/// Admits an endpoint that needs the admin role.
+fn admit_admin(
+    gateway: &Gateway,
+    request: &Request,
+    what: &'static str,
+) -> Result<crate::auth::Admission, GatewayError> {
+    let caller = caller(gateway, request)?;
+    admit(&gateway.live().auth, &caller, Access::Admin(what))
 }
 
 async fn server_metadata() -> Response {
@@ -164,12 +234,25 @@ fn check_action(action: &str, request: &Request) -> Result<(), GatewayError> {
 /// Every request about one model: find or load a copy, forward, stream the answer back
 /// while the lease keeps the copy in use.
 async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> Response {
+    let live = gateway.live();
+    // The name the client called is what its tenant must be allowed (a route name, not its
+    // targets: choosing a target is the admin's `infergate-target`).
+    let admission = match caller(gateway, &request).and_then(|caller| {
+        Ok((
+            admit(&live.auth, &caller, Access::Model(&model.name))?,
+            caller,
+        ))
+    }) {
+        Ok(admitted) => admitted,
+        Err(error) => return error.into_response(),
+    };
+    let (admission, caller) = admission;
     let headers = request.headers();
-    let mut routed = match gateway
-        .live()
-        .routes
-        .resolve(model, |name| headers.get(name).map(|v| v.as_bytes()))
-    {
+    let mut routed = match live.routes.resolve(
+        model,
+        |name| headers.get(name).map(|v| v.as_bytes()),
+        &caller,
+    ) {
         Ok(routed) => routed,
         Err(error) => return error.into_response(),
     };
@@ -215,7 +298,7 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
     let mut response = match forwarded {
         Ok(response) => {
             let (parts, body) = response.into_parts();
-            Response::from_parts(parts, LeasedBody::wrap(body, lease))
+            Response::from_parts(parts, LeasedBody::wrap(body, lease, admission))
         }
         Err(error) => error.into_response(),
     };
@@ -323,6 +406,7 @@ async fn repository_index(
     State(gateway): State<Gateway>,
     request: Request,
 ) -> Result<Response, GatewayError> {
+    let _admission = admit_admin(&gateway, &request, "the repository API")?;
     let body = read_small_body(&gateway, request).await?;
     let body = if body.is_empty() {
         Bytes::from_static(b"{}")
@@ -347,6 +431,7 @@ async fn repository_action(
     request: Request,
 ) -> Result<Response, GatewayError> {
     let (model, action) = path(segments)?;
+    let _admission = admit_admin(&gateway, &request, "the repository API")?;
     if action != "load" && action != "unload" {
         return Err(GatewayError::NotFound {
             path: request.uri().path().to_owned(),
@@ -374,7 +459,12 @@ async fn repository_action(
 }
 
 /// Statistics for every model on every ready backend, concatenated.
-async fn all_model_stats(State(gateway): State<Gateway>) -> Result<Response, GatewayError> {
+async fn all_model_stats(
+    State(gateway): State<Gateway>,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    // Every model's statistics, including models the tenant may not use.
+    let _admission = admit_admin(&gateway, &request, "the statistics of all models")?;
     let backends = ready_backends(&gateway)?;
     let mut stats = Vec::new();
     for (backend, answer) in ask_all(

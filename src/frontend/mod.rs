@@ -8,4 +8,4 @@ pub mod http;
 pub mod metrics;
 
 pub(crate) use edge::{InFlightGauge, X_REQUEST_ID, grpc_status_class, record, request_id};
-pub use edge::{RequestId, Served};
+pub use edge::{RequestId, Served, Tenant};

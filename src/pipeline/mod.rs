@@ -1,13 +1,15 @@
-//! The walk every model request takes, whatever its wire format: resolve the route to a
-//! target model (`route`), find or load a copy of it (`Placement::acquire`), check the input
-//! (`validate`), then forward. Each stage is a plain function over the gateway state and the
+//! The walk every model request takes, whatever its wire format: check the caller (`auth`),
+//! resolve the route to a target model (`route`), find or load a copy of it
+//! (`Placement::acquire`), check the input (`validate`), then forward. Each stage is a plain function over the gateway state and the
 //! request, so HTTP and gRPC share every rule.
 
+pub mod auth;
 pub mod mirror;
 mod place;
 pub mod repository;
 mod route;
 
+pub use auth::Caller;
 pub use place::LeasedBody;
 pub use route::{Outcome, PIN_HEADER, RouteTable, Routed};
 

@@ -1,5 +1,6 @@
 //! Keeping a placement lease for as long as the answer streams back.
 
+use crate::auth::Admission;
 use crate::placement::Lease;
 use axum::body::Body;
 use bytes::Bytes;
@@ -8,18 +9,21 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 /// A response body that holds its lease until the last byte is sent (or the client goes),
-/// so a model is never evicted while its answer is still streaming.
+/// so a model is never evicted while its answer is still streaming; and the caller's
+/// admission, so the tenant's concurrency slot is busy for just as long.
 pub struct LeasedBody {
     inner: Body,
     _lease: Lease,
+    _admission: Admission,
 }
 
 impl LeasedBody {
-    /// Ties `lease` to the lifetime of `inner`.
-    pub fn wrap(inner: Body, lease: Lease) -> Body {
+    /// Ties `lease` and `admission` to the lifetime of `inner`.
+    pub fn wrap(inner: Body, lease: Lease, admission: Admission) -> Body {
         Body::new(Self {
             inner,
             _lease: lease,
+            _admission: admission,
         })
     }
 }

@@ -2,10 +2,11 @@
 //! is split across its targets by weight, sticky by a key when the route says so; any other
 //! name is its own target.
 
-use super::ModelRef;
+use super::{Caller, ModelRef};
 use crate::config::{self, StickyKey};
 use crate::error::GatewayError;
 use crate::routing::{Route, Target};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -99,11 +100,14 @@ impl RouteTable {
     }
 
     /// Resolves a request. `header(name)` reads a request header (or gRPC metadata); the pin
-    /// header, when present, must name one of the route's targets.
+    /// header, when present, must name one of the route's targets, and only a caller who
+    /// may pin (the admin role, or anyone with auth off) may send it. `claim:NAME` sticky
+    /// keys are read from the caller's verified token.
     pub fn resolve<'h>(
         &self,
         requested: ModelRef,
         header: impl Fn(&str) -> Option<&'h [u8]>,
+        caller: &Caller,
     ) -> Result<Routed, GatewayError> {
         let Some(Entry { route, sticky, .. }) = self
             .routes
@@ -113,6 +117,16 @@ impl RouteTable {
             return Ok(Routed::unrouted(requested));
         };
         let chosen = match header(PIN_HEADER) {
+            Some(_) if !caller.may_pin() => {
+                return Err(GatewayError::Forbidden {
+                    message: format!(
+                        "{PIN_HEADER} needs the admin role: tenant '{}' may call route '{}' \
+                         but not choose its target",
+                        caller.tenant().map_or("", |t| t),
+                        route.name
+                    ),
+                });
+            }
             Some(pin) => {
                 let pin = String::from_utf8_lossy(pin);
                 (0..route.targets.len())
@@ -125,13 +139,14 @@ impl RouteTable {
                     })?
             }
             None => {
-                let key = match sticky {
-                    Some(StickyKey::Header(name)) => header(name),
-                    // Claims come with authentication; without a token the choice is random.
-                    Some(StickyKey::Claim(_)) | None => None,
+                let key: Option<Cow<'_, [u8]>> = match sticky {
+                    Some(StickyKey::Header(name)) => header(name).map(Cow::Borrowed),
+                    // Without a verified token (auth off, an API key) the choice is random.
+                    Some(StickyKey::Claim(name)) => caller.claim(name),
+                    None => None,
                 };
                 route
-                    .choose(key)
+                    .choose(key.as_deref())
                     .ok_or_else(|| GatewayError::RouteUnavailable {
                         route: route.name.clone(),
                     })?
@@ -202,13 +217,17 @@ mod tests {
     #[test]
     fn plain_models_route_to_themselves() {
         let routed = table()
-            .resolve(ModelRef::new("add_sub", None), |_| None)
+            .resolve(ModelRef::new("add_sub", None), |_| None, &Caller::Open)
             .unwrap();
         assert_eq!(routed.target, ModelRef::new("add_sub", None));
         assert_eq!(routed.route, None);
         // A version asked of a route name is a model of that name, not the route.
         let routed = table()
-            .resolve(ModelRef::new("ranker", Some("3".into())), |_| None)
+            .resolve(
+                ModelRef::new("ranker", Some("3".into())),
+                |_| None,
+                &Caller::Open,
+            )
             .unwrap();
         assert_eq!(routed.route, None);
     }
@@ -218,7 +237,7 @@ mod tests {
         let table = table();
         let user = |value: &'static [u8]| move |name: &str| (name == "x-user-id").then_some(value);
         let first = table
-            .resolve(ModelRef::new("ranker", None), user(b"u-42"))
+            .resolve(ModelRef::new("ranker", None), user(b"u-42"), &Caller::Open)
             .unwrap();
         for _ in 0..100 {
             let again = table
@@ -231,19 +250,23 @@ mod tests {
         }
         assert_eq!(first.route.as_deref(), Some("ranker"));
         let pinned = table
-            .resolve(ModelRef::new("ranker", None), |name| {
-                (name == PIN_HEADER).then_some(&b"ranker_b/2"[..])
-            })
+            .resolve(
+                ModelRef::new("ranker", None),
+                |name| (name == PIN_HEADER).then_some(&b"ranker_b/2"[..]),
+                &Caller::Open,
+            )
             .unwrap();
         assert_eq!(pinned.target, ModelRef::new("ranker_b", Some("2".into())));
         assert_eq!(pinned.label.as_deref(), Some("ranker_b/2"));
-        let wrong = table.resolve(ModelRef::new("ranker", None), |name| {
-            (name == PIN_HEADER).then_some(&b"other"[..])
-        });
+        let wrong = table.resolve(
+            ModelRef::new("ranker", None),
+            |name| (name == PIN_HEADER).then_some(&b"other"[..]),
+            &Caller::Open,
+        );
         assert!(
             matches!(wrong, Err(GatewayError::BadRequest(m)) if m.contains("not a target of route 'ranker'"))
         );
-        let off = table.resolve(ModelRef::new("off", None), |_| None);
+        let off = table.resolve(ModelRef::new("off", None), |_| None, &Caller::Open);
         assert!(matches!(off, Err(GatewayError::RouteUnavailable { .. })));
     }
 

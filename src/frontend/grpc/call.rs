@@ -157,6 +157,7 @@ pub struct Call {
     span: Span,
     served: Mutex<Served>,
     target: Mutex<Option<String>>,
+    tenant: std::sync::OnceLock<std::sync::Arc<str>>,
     _in_flight: InFlightGauge,
 }
 
@@ -184,6 +185,7 @@ impl Call {
             span,
             served: Mutex::new(Served::default()),
             target: Mutex::new(None),
+            tenant: std::sync::OnceLock::new(),
             _in_flight: InFlightGauge::start("grpc"),
         }
     }
@@ -208,6 +210,11 @@ impl Call {
     /// never become metric labels).
     pub fn served(&self, served: Served) {
         *self.served.lock().expect("served lock") = served;
+    }
+
+    /// Records the caller's tenant for the log line.
+    pub fn tenant(&self, tenant: std::sync::Arc<str>) {
+        let _ = self.tenant.set(tenant);
     }
 
     /// Records the route target (`model[/version]`) that serves the call: returned to the
@@ -298,6 +305,7 @@ impl Call {
         let latency_ms = elapsed.as_secs_f64() * 1e3;
         let _entered = self.span.enter();
         let rpc = self.rpc;
+        let tenant = self.tenant.get().map_or("", |t| &**t);
         let version = served.version.as_deref().unwrap_or("");
         // Stream counters (messages, responses) as one field, so each line has one shape.
         let counts = extra
@@ -311,6 +319,7 @@ impl Call {
                 rpc,
                 model = served.model,
                 version,
+                tenant,
                 backend = served.backend,
                 code = code_name,
                 latency_ms,
@@ -324,6 +333,7 @@ impl Call {
                 rpc,
                 model = served.model,
                 version,
+                tenant,
                 backend = served.backend,
                 code = code_name,
                 latency_ms,
@@ -339,6 +349,7 @@ impl Call {
                 rpc,
                 model = served.model,
                 version,
+                tenant,
                 backend = served.backend,
                 code = code_name,
                 latency_ms,

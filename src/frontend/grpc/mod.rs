@@ -16,8 +16,10 @@ mod stream;
 mod validate;
 
 use crate::Gateway;
+use crate::auth::{Access, Admission, Credentials};
 use crate::error::GatewayError;
 use crate::frontend::Served;
+use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
 use crate::pipeline::{ModelRef, Routed, mirror};
 use crate::placement::Lease;
@@ -130,24 +132,83 @@ fn status_from_http(status: StatusCode, body: &Bytes) -> Status {
     Status::new(code, message)
 }
 
+/// The credentials a call carries in its metadata.
+fn credentials(metadata: &MetadataMap) -> Credentials<'_> {
+    Credentials {
+        authorization: metadata.get("authorization").map(|v| v.as_bytes()),
+        api_key: metadata.get("x-api-key").map(|v| v.as_bytes()),
+    }
+}
+
+/// The `auth` stage's first half for a call: the credential in its metadata becomes a
+/// `Caller` (or the call is UNAUTHENTICATED), and with auth on the credential is taken off
+/// the metadata so it never reaches a backend. The tenant goes on the call's log line.
+pub(super) async fn authenticate(
+    gateway: &Gateway,
+    call: &Call,
+    metadata: &mut MetadataMap,
+) -> Result<Caller, GatewayError> {
+    let auth = gateway.live().auth.clone();
+    let caller = crate::pipeline::auth::authenticate(&auth, credentials(metadata)).await?;
+    if auth.is_on() {
+        metadata.remove("authorization");
+        metadata.remove("x-api-key");
+    }
+    if let Some(tenant) = caller.tenant() {
+        call.tenant(tenant.clone());
+    }
+    Ok(caller)
+}
+
 impl InferenceService {
+    /// Authenticates a call that needs the admin role (the repository, every model's
+    /// statistics).
+    async fn admit_admin(
+        &self,
+        call: &Call,
+        metadata: &mut MetadataMap,
+        what: &'static str,
+    ) -> Result<Admission, GatewayError> {
+        let caller = authenticate(&self.gateway, call, metadata).await?;
+        admit(&self.gateway.live().auth, &caller, Access::Admin(what))
+    }
+
+    /// Authenticates a model call and admits it for the model the client named (a route
+    /// name, not its targets), as HTTP's `to_model` does.
+    async fn admit_model(
+        &self,
+        call: &Call,
+        metadata: &mut MetadataMap,
+        requested: &ModelRef,
+    ) -> Result<(Caller, Admission), GatewayError> {
+        let caller = authenticate(&self.gateway, call, metadata).await?;
+        let admission = admit(
+            &self.gateway.live().auth,
+            &caller,
+            Access::Model(&requested.name),
+        )?;
+        Ok((caller, admission))
+    }
+
     /// Finds or loads a copy of the model (what HTTP's `to_model` does), and records it as
     /// what serves the call.
     ///
     /// A model name that is a route is resolved first (sticky keys read from the call's
-    /// metadata, as HTTP reads them from headers); the copy leased is the target's, which is
-    /// returned so the message can be sent under the target's name.
+    /// metadata, as HTTP reads them from headers, or from the caller's token); the copy
+    /// leased is the target's, which is returned so the message can be sent under the
+    /// target's name.
     async fn place(
         &self,
         call: &Call,
         requested: ModelRef,
         metadata: &MetadataMap,
+        caller: &Caller,
     ) -> Result<(Lease, Routed), GatewayError> {
-        let mut routed = self
-            .gateway
-            .live()
-            .routes
-            .resolve(requested, |name| metadata.get(name).map(|v| v.as_bytes()))?;
+        let mut routed = self.gateway.live().routes.resolve(
+            requested,
+            |name| metadata.get(name).map(|v| v.as_bytes()),
+            caller,
+        )?;
         let lease = match self.gateway.placement().acquire(&routed.target).await {
             Ok(lease) => lease,
             Err(error) => {
@@ -191,18 +252,21 @@ impl InferenceService {
         Ok(upstream_grpc::unary(lease.backend(), timeout, |client| send(client, request)).await?)
     }
 
-    /// Place, then forward: every per-model RPC.
+    /// Admit, place, then forward: every per-model RPC. The admission (the tenant's
+    /// concurrency slot) is held until the backend has answered.
     async fn to_model<Req: NamesModel, Res, Fut>(
         &self,
         call: &Call,
-        metadata: MetadataMap,
+        mut metadata: MetadataMap,
         mut message: Req,
         send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
     ) -> Result<Response<Res>, Failure>
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
-        let (lease, routed) = self.place(call, message.model(), &metadata).await?;
+        let requested = message.model();
+        let (caller, _admission) = self.admit_model(call, &mut metadata, &requested).await?;
+        let (lease, routed) = self.place(call, requested, &metadata, &caller).await?;
         message.retarget(&routed.target);
         self.forward(call, &lease, metadata, message, send).await
     }
@@ -315,10 +379,14 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelReadyRequest>,
     ) -> Result<Response<ModelReadyResponse>, Status> {
         let call = Call::start("ModelReady", &request);
-        let (metadata, _, mut message) = request.into_parts();
+        let (mut metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                match self.place(&call, message.model(), &metadata).await {
+                let requested = message.model();
+                // Who may ask is decided first: a refusal is an error, not `ready: false`.
+                let (caller, _admission) =
+                    self.admit_model(&call, &mut metadata, &requested).await?;
+                match self.place(&call, requested, &metadata, &caller).await {
                     // Triton answers an unknown or unloadable model with `ready: false`.
                     Err(error) => {
                         tracing::debug!(%error, "model is not ready");
@@ -358,10 +426,13 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         let call = Call::start("ModelInfer", &request);
-        let (metadata, _, mut message) = request.into_parts();
+        let (mut metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                let (lease, mut routed) = self.place(&call, message.model(), &metadata).await?;
+                let requested = message.model();
+                let (caller, _admission) =
+                    self.admit_model(&call, &mut metadata, &requested).await?;
+                let (lease, mut routed) = self.place(&call, requested, &metadata, &caller).await?;
                 message.retarget(&routed.target);
                 let answer = async {
                     validate::infer_request(
@@ -398,7 +469,18 @@ impl GrpcInferenceService for InferenceService {
         request: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         let call = Call::start("ModelStreamInfer", &request);
-        Ok(stream::start(self.gateway.clone(), call, request))
+        let (mut metadata, extensions, inbound) = request.into_parts();
+        // The stream's credential is checked once, when it opens; each request on it is
+        // then admitted for its model and counted against the tenant's rate.
+        match authenticate(&self.gateway, &call, &mut metadata).await {
+            Ok(caller) => Ok(stream::start(
+                self.gateway.clone(),
+                call,
+                caller,
+                Request::from_parts(metadata, extensions, inbound),
+            )),
+            Err(error) => Err(call.fail(error.into(), &[])),
+        }
     }
 
     async fn model_config(
@@ -422,9 +504,15 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelStatisticsRequest>,
     ) -> Result<Response<ModelStatisticsResponse>, Status> {
         let call = Call::start("ModelStatistics", &request);
-        let (metadata, _, message) = request.into_parts();
+        let (mut metadata, _, message) = request.into_parts();
         let outcome = if message.name.is_empty() {
-            call.run(self.all_statistics(&call, metadata)).await
+            call.run(async {
+                let _admission = self
+                    .admit_admin(&call, &mut metadata, "the statistics of all models")
+                    .await?;
+                self.all_statistics(&call, metadata).await
+            })
+            .await
         } else {
             call.run(
                 self.to_model(&call, metadata, message, |mut c, r| async move {
@@ -442,8 +530,12 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<RepositoryIndexResponse>, Status> {
         let call = Call::start("RepositoryIndex", &request);
         let ready = request.get_ref().ready;
+        let mut metadata = request.into_parts().0;
         let outcome = call
             .run(async {
+                let _admission = self
+                    .admit_admin(&call, &mut metadata, "the repository API")
+                    .await?;
                 let body = serde_json::json!({ "ready": ready }).to_string();
                 match repository::index(&self.gateway, Bytes::from(body)).await? {
                     Index::Merged(rows) => Ok(Response::new(RepositoryIndexResponse {
@@ -471,9 +563,13 @@ impl GrpcInferenceService for InferenceService {
         request: Request<RepositoryModelLoadRequest>,
     ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
         let call = Call::start("RepositoryModelLoad", &request);
-        let model = request.into_inner().model_name;
+        let (mut metadata, _, message) = request.into_parts();
+        let model = message.model_name;
         let outcome = call
             .run(async {
+                let _admission = self
+                    .admit_admin(&call, &mut metadata, "the repository API")
+                    .await?;
                 // Load parameters (config overrides) are not placed yet, as on HTTP.
                 self.gateway.placement().load(&model).await?;
                 call.served(Served {
@@ -491,9 +587,13 @@ impl GrpcInferenceService for InferenceService {
         request: Request<RepositoryModelUnloadRequest>,
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
         let call = Call::start("RepositoryModelUnload", &request);
-        let model = request.into_inner().model_name;
+        let (mut metadata, _, message) = request.into_parts();
+        let model = message.model_name;
         let outcome = call
             .run(async {
+                let _admission = self
+                    .admit_admin(&call, &mut metadata, "the repository API")
+                    .await?;
                 self.gateway.placement().unload(&model).await;
                 Ok(Response::new(RepositoryModelUnloadResponse {}))
             })

@@ -16,8 +16,10 @@
 use super::call::{Call, Failure, is_too_large};
 use super::{upstream_request, version};
 use crate::Gateway;
+use crate::auth::Access;
 use crate::frontend::Served;
 use crate::pipeline::ModelRef;
+use crate::pipeline::auth::{Caller, admit};
 use crate::placement::Lease;
 use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
 use crate::upstream::Backend;
@@ -61,13 +63,14 @@ struct Counts {
 pub fn start(
     gateway: Gateway,
     call: Call,
+    caller: Caller,
     request: Request<Streaming<ModelInferRequest>>,
 ) -> Response<ResponseStream> {
     let (out, answers) = mpsc::channel(OUT_QUEUE);
     let id = call.id();
     let span = call.span().clone();
     let (metadata, _, inbound) = request.into_parts();
-    tokio::spawn(relay(gateway, call, metadata, inbound, out).instrument(span));
+    tokio::spawn(relay(gateway, call, caller, metadata, inbound, out).instrument(span));
     let mut response: Response<ResponseStream> =
         Response::new(Box::pin(ReceiverStream::new(answers)));
     response.metadata_mut().insert("x-request-id", id);
@@ -77,6 +80,7 @@ pub fn start(
 async fn relay(
     gateway: Gateway,
     call: Call,
+    caller: Caller,
     metadata: MetadataMap,
     mut inbound: Streaming<ModelInferRequest>,
     out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
@@ -91,7 +95,7 @@ async fn relay(
                 next = inbound.message() => match next {
                     Ok(Some(message)) => {
                         counts.requests += 1;
-                        let refused = route(&gateway, &call, &metadata, &mut routes, &mut pumps, &out, message).await;
+                        let refused = route(&gateway, &call, &caller, &metadata, &mut routes, &mut pumps, &out, message).await;
                         counts.refused += u64::from(refused);
                     }
                     // The client is done sending: let the backends finish answering.
@@ -132,9 +136,11 @@ async fn relay(
 
 /// Sends one request down its model's backend stream, opening one if needed. Returns true
 /// when the request was refused (answered on the stream with `error_message`).
+#[allow(clippy::too_many_arguments)]
 async fn route(
     gateway: &Gateway,
     call: &Call,
+    caller: &Caller,
     metadata: &MetadataMap,
     routes: &mut HashMap<ModelRef, Route>,
     pumps: &mut JoinSet<(ModelRef, Result<u64, Failure>)>,
@@ -145,9 +151,18 @@ async fn route(
     // sticky route keeps one target for the whole stream); the request goes on under the
     // target's name, down the target's backend stream.
     let requested = ModelRef::new(message.model_name.clone(), version(&message.model_version));
-    let routed = match gateway.live().routes.resolve(requested.clone(), |name| {
-        metadata.get(name).map(|v| v.as_bytes())
-    }) {
+    let live = gateway.live();
+    // Each request on the stream is admitted for the model it names and counted against the
+    // tenant's rate; its concurrency slot is held while the gateway handles it.
+    let _admission = match admit(&live.auth, caller, Access::Model(&requested.name)) {
+        Ok(admission) => admission,
+        Err(error) => return refuse(out, &requested, message, error).await,
+    };
+    let routed = match live.routes.resolve(
+        requested.clone(),
+        |name| metadata.get(name).map(|v| v.as_bytes()),
+        caller,
+    ) {
         Ok(routed) => routed,
         Err(error) => return refuse(out, &requested, message, error).await,
     };

@@ -1,0 +1,522 @@
+//! Who is calling, and what they may do: JWT bearer tokens and API keys become an `Identity`
+//! (a tenant and roles); a tenant's allow list and limits decide each request.
+//!
+//! `Auth` is built from `[auth]` with the rest of the live config and swapped whole on
+//! reload. The pipeline's `auth` stage (`pipeline::auth`) is the only caller; both front-ends
+//! go through it.
+
+pub mod api_keys;
+pub mod jwt;
+pub mod limits;
+pub mod tenants;
+
+use crate::config::{self, AuthMode};
+use crate::error::GatewayError;
+use api_keys::ApiKeys;
+use jwt::{Claims, JwtKeys};
+use limits::{Concurrency, TokenBucket};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tenants::ModelAccess;
+use tokio::sync::OwnedSemaphorePermit;
+
+pub use api_keys::hash_key;
+
+/// A caller the gateway has verified.
+#[derive(Debug)]
+pub struct Identity {
+    /// The tenant it acts for.
+    pub tenant: Arc<str>,
+    /// Its roles.
+    pub roles: Vec<String>,
+    /// Whether one of the roles is `auth.admin_role`.
+    pub admin: bool,
+    /// Models its token allows (the models claim), used when its tenant has no list in
+    /// config.
+    pub models: Option<ModelAccess>,
+    /// A token's claims (for `sticky = "claim:NAME"`); none for an API key.
+    pub claims: Option<Claims>,
+    /// When the token expires (Unix seconds); none for an API key.
+    pub expires: Option<u64>,
+}
+
+impl Identity {
+    /// A claim's value as sticky-key bytes: strings as they are, other values as JSON.
+    pub fn claim(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        match self.claims.as_ref()?.get(name)? {
+            serde_json::Value::String(s) => Some(Cow::Borrowed(s.as_bytes())),
+            serde_json::Value::Null => None,
+            other => Some(Cow::Owned(other.to_string().into_bytes())),
+        }
+    }
+}
+
+/// The credentials a request carries: the `authorization` header (or gRPC metadata) and
+/// `x-api-key`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Credentials<'a> {
+    /// `Authorization` value.
+    pub authorization: Option<&'a [u8]>,
+    /// `x-api-key` value.
+    pub api_key: Option<&'a [u8]>,
+}
+
+/// What a request wants to do, for `Auth::admit`.
+#[derive(Clone, Copy, Debug)]
+pub enum Access<'a> {
+    /// Call a model (by the name the client called: a route name is checked, not its
+    /// targets).
+    Model(&'a str),
+    /// Use an endpoint that needs the admin role; the text names it in the refusal.
+    Admin(&'static str),
+}
+
+/// One tenant's configured policy.
+#[derive(Debug, Default)]
+struct TenantPolicy {
+    models: Option<ModelAccess>,
+    rate: Option<TokenBucket>,
+    concurrency: Option<Concurrency>,
+}
+
+/// A request let through; holds its tenant's concurrency slot until dropped.
+#[derive(Debug, Default)]
+pub struct Admission {
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+/// How a refused admission is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Let through.
+    Allowed,
+    /// No valid credential.
+    Unauthenticated,
+    /// A valid identity that may not do this.
+    Forbidden,
+    /// Over the tenant's requests per second.
+    RateLimited,
+    /// Over the tenant's concurrent requests.
+    ConcurrencyLimited,
+}
+
+impl Outcome {
+    /// Label value for `infergate_auth_decisions_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Unauthenticated => "unauthenticated",
+            Self::Forbidden => "forbidden",
+            Self::RateLimited => "rate_limited",
+            Self::ConcurrencyLimited => "concurrency_limited",
+        }
+    }
+}
+
+/// Authentication and authorization state for one config.
+pub struct Auth {
+    mode: AuthMode,
+    admin_role: String,
+    tenant_claim: String,
+    roles_claim: String,
+    models_claim: String,
+    default_models: ModelAccess,
+    jwt: JwtKeys,
+    api_keys: ApiKeys,
+    tenants: HashMap<Arc<str>, TenantPolicy>,
+    cache: Option<moka::sync::Cache<String, Arc<Identity>>>,
+    refresh_interval: Duration,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Verified tokens stay in the cache until their `exp`.
+struct UntilExpiry;
+
+impl moka::Expiry<String, Arc<Identity>> for UntilExpiry {
+    fn expire_after_create(
+        &self,
+        _key: &String,
+        identity: &Arc<Identity>,
+        _now: Instant,
+    ) -> Option<Duration> {
+        Some(Duration::from_secs(
+            identity.expires.unwrap_or(0).saturating_sub(unix_now()),
+        ))
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A claim that may be a JSON array of strings or one space-separated string.
+fn string_list(value: Option<&serde_json::Value>) -> Option<Vec<String>> {
+    match value? {
+        serde_json::Value::String(s) => Some(s.split_whitespace().map(str::to_owned).collect()),
+        serde_json::Value::Array(items) => Some(
+            items
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+fn unauthenticated(reason: impl Into<String>) -> GatewayError {
+    GatewayError::Unauthenticated {
+        reason: reason.into(),
+    }
+}
+
+impl Auth {
+    /// Builds the state: reads key files, secrets and JWKS files. Errors name their keys.
+    pub fn new(config: &config::Auth) -> Result<Self, Vec<config::ConfigError>> {
+        let jwt = JwtKeys::new(config)?;
+        let mut keys = ApiKeys::default();
+        for key in &config.api_keys {
+            let roles = key.roles.clone();
+            let identity = Identity {
+                tenant: Arc::from(key.tenant.as_deref().unwrap_or(&key.name)),
+                admin: roles.contains(&config.admin_role),
+                roles,
+                models: None,
+                claims: None,
+                expires: None,
+            };
+            if let Some(digest) = api_keys::parse_hex(&key.sha256) {
+                keys.insert(digest, Arc::new(identity));
+            }
+        }
+        let tenants = config
+            .tenants
+            .iter()
+            .map(|t| {
+                let policy = TenantPolicy {
+                    models: t.models.as_ref().map(ModelAccess::new),
+                    rate: t.requests_per_second.map(|rate| {
+                        TokenBucket::new(rate, t.burst.unwrap_or(rate.ceil().max(1.0) as u32))
+                    }),
+                    concurrency: t.max_concurrent.map(Concurrency::new),
+                };
+                (Arc::from(t.name.as_str()), policy)
+            })
+            .collect();
+        let cache = (config.token_cache_capacity > 0).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(config.token_cache_capacity)
+                .expire_after(UntilExpiry)
+                .build()
+        });
+        Ok(Self {
+            mode: config.mode,
+            admin_role: config.admin_role.clone(),
+            tenant_claim: config.tenant_claim.clone(),
+            roles_claim: config.roles_claim.clone(),
+            models_claim: config.models_claim.clone(),
+            default_models: ModelAccess::new(&config.default_models),
+            jwt,
+            api_keys: keys,
+            tenants,
+            cache,
+            refresh_interval: config.jwks_refresh_interval.0,
+        })
+    }
+
+    /// Whether requests need credentials.
+    pub fn is_on(&self) -> bool {
+        self.mode == AuthMode::Required
+    }
+
+    /// The admin role's name, for messages.
+    pub fn admin_role(&self) -> &str {
+        &self.admin_role
+    }
+
+    /// How often JWKS sources are read again.
+    pub fn refresh_interval(&self) -> Duration {
+        self.refresh_interval
+    }
+
+    /// Keeps what the previous config had fetched (JWKS keys from URLs).
+    pub fn inherit(&self, previous: &Auth) {
+        self.jwt.inherit(&previous.jwt);
+    }
+
+    /// Reads every JWKS source again; a changed set empties the token cache, so a token
+    /// signed by a key that was taken out stops working at once.
+    pub async fn refresh_jwks(&self) {
+        if self.jwt.refresh().await
+            && let Some(cache) = &self.cache
+        {
+            cache.invalidate_all();
+        }
+    }
+
+    /// Verifies the request's credential: an `x-api-key`, or an `Authorization: Bearer`
+    /// value that is either an API key or a JWT. The error says what was wrong.
+    pub async fn authenticate(
+        &self,
+        credentials: Credentials<'_>,
+    ) -> Result<Arc<Identity>, GatewayError> {
+        if let Some(key) = credentials.api_key {
+            return self
+                .api_keys
+                .find(key)
+                .cloned()
+                .ok_or_else(|| unauthenticated("unknown API key"));
+        }
+        let Some(header) = credentials.authorization else {
+            return Err(unauthenticated(
+                "no credentials: send Authorization: Bearer <token> or x-api-key",
+            ));
+        };
+        let token = header
+            .strip_prefix(b"Bearer ")
+            .or_else(|| header.strip_prefix(b"bearer "))
+            .ok_or_else(|| unauthenticated("the Authorization header is not 'Bearer <token>'"))?;
+        let token = std::str::from_utf8(token)
+            .map_err(|_| unauthenticated("malformed token"))?
+            .trim();
+        if let Some(identity) = self.api_keys.find(token.as_bytes()) {
+            return Ok(identity.clone());
+        }
+        if token.bytes().filter(|&b| b == b'.').count() != 2 {
+            return Err(unauthenticated(if self.jwt.is_empty() {
+                "unknown API key"
+            } else {
+                "unknown API key, and not a JWT"
+            }));
+        }
+        if self.jwt.is_empty() {
+            return Err(unauthenticated(
+                "JWTs are not accepted: no jwt_keys configured",
+            ));
+        }
+        if let Some(cache) = &self.cache
+            && let Some(identity) = cache.get(token)
+            && identity.expires.is_some_and(|exp| exp > unix_now())
+        {
+            return Ok(identity);
+        }
+        let claims = self.jwt.verify(token).await.map_err(unauthenticated)?;
+        let identity = Arc::new(self.identity(claims)?);
+        if let Some(cache) = &self.cache {
+            cache.insert(token.to_owned(), identity.clone());
+        }
+        Ok(identity)
+    }
+
+    /// The identity a verified token stands for.
+    fn identity(&self, claims: Claims) -> Result<Identity, GatewayError> {
+        let tenant: Arc<str> = match claims.get(&self.tenant_claim) {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => Arc::from(s.as_str()),
+            Some(serde_json::Value::Number(n)) => Arc::from(n.to_string()),
+            _ => {
+                return Err(unauthenticated(format!(
+                    "token has no '{}' claim naming its tenant",
+                    self.tenant_claim
+                )));
+            }
+        };
+        let roles = string_list(claims.get(&self.roles_claim)).unwrap_or_default();
+        let models = string_list(claims.get(&self.models_claim)).map(ModelAccess::new);
+        let expires = claims.get("exp").and_then(serde_json::Value::as_u64);
+        Ok(Identity {
+            tenant,
+            admin: roles.contains(&self.admin_role),
+            roles,
+            models,
+            claims: Some(claims),
+            expires,
+        })
+    }
+
+    /// Decides one request of a verified identity: the admin role where needed, the
+    /// tenant's model allow list, then its limits (concurrency first, so a request refused
+    /// for concurrency does not spend a rate token).
+    pub fn admit(
+        &self,
+        identity: &Identity,
+        access: Access<'_>,
+    ) -> Result<Admission, (Outcome, GatewayError)> {
+        let policy = self.tenants.get(&identity.tenant);
+        match access {
+            Access::Admin(what) if !identity.admin => {
+                return Err((
+                    Outcome::Forbidden,
+                    GatewayError::Forbidden {
+                        message: format!(
+                            "tenant '{}' may not use {what}: it needs the '{}' role",
+                            identity.tenant, self.admin_role
+                        ),
+                    },
+                ));
+            }
+            Access::Admin(_) => {}
+            Access::Model(model) => {
+                let allowed = policy
+                    .and_then(|p| p.models.as_ref())
+                    .or(identity.models.as_ref())
+                    .unwrap_or(&self.default_models);
+                if !allowed.allows(model) {
+                    return Err((
+                        Outcome::Forbidden,
+                        GatewayError::Forbidden {
+                            message: format!(
+                                "tenant '{}' may not use model '{model}'",
+                                identity.tenant
+                            ),
+                        },
+                    ));
+                }
+            }
+        }
+        let Some(policy) = policy else {
+            return Ok(Admission::default());
+        };
+        let slot = match &policy.concurrency {
+            Some(limit) => match limit.try_enter() {
+                Some(slot) => Some(slot),
+                None => {
+                    return Err((
+                        Outcome::ConcurrencyLimited,
+                        GatewayError::RateLimited {
+                            message: format!(
+                                "tenant '{}' has {} requests in progress, its limit",
+                                identity.tenant,
+                                limit.limit()
+                            ),
+                            retry_after: Duration::from_secs(1),
+                        },
+                    ));
+                }
+            },
+            None => None,
+        };
+        if let Some(bucket) = &policy.rate
+            && let Err(wait) = bucket.take(Instant::now())
+        {
+            return Err((
+                Outcome::RateLimited,
+                GatewayError::RateLimited {
+                    message: format!(
+                        "tenant '{}' is over its limit of {} requests per second",
+                        identity.tenant,
+                        bucket.rate()
+                    ),
+                    retry_after: wait,
+                },
+            ));
+        }
+        Ok(Admission { _slot: slot })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(extra: &str) -> Auth {
+        let config = config::Config::parse(&format!(
+            r#"
+            [listen]
+            http = "127.0.0.1:0"
+            [[backends]]
+            name = "b"
+            http = "http://127.0.0.1:1"
+            [auth]
+            mode = "required"
+            [[auth.api_keys]]
+            name = "ops"
+            sha256 = "{}"
+            roles = ["admin"]
+            [[auth.api_keys]]
+            name = "acme-batch"
+            tenant = "acme"
+            sha256 = "{}"
+            {extra}
+            "#,
+            hash_key("ops-key"),
+            hash_key("acme-key"),
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        Auth::new(&config.auth).unwrap()
+    }
+
+    fn key(value: &str) -> Credentials<'_> {
+        Credentials {
+            authorization: None,
+            api_key: Some(value.as_bytes()),
+        }
+    }
+
+    #[tokio::test]
+    async fn api_keys_name_their_tenant_and_roles() {
+        let auth = auth("");
+        let ops = auth.authenticate(key("ops-key")).await.unwrap();
+        assert_eq!((&*ops.tenant, ops.admin), ("ops", true));
+        let bearer = auth
+            .authenticate(Credentials {
+                authorization: Some(b"Bearer acme-key"),
+                api_key: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!((&*bearer.tenant, bearer.admin), ("acme", false));
+        let wrong = auth.authenticate(key("acme-key2")).await.unwrap_err();
+        assert_eq!(wrong.to_string(), "invalid credentials: unknown API key");
+        let none = auth.authenticate(Credentials::default()).await.unwrap_err();
+        assert!(none.to_string().contains("no credentials"), "{none}");
+    }
+
+    #[tokio::test]
+    async fn tenants_get_their_models_and_limits() {
+        let auth = auth(
+            r#"
+            [[auth.tenants]]
+            name = "acme"
+            models = ["ranker*"]
+            requests_per_second = 1.0
+            burst = 2
+            max_concurrent = 1
+            "#,
+        );
+        let acme = auth.authenticate(key("acme-key")).await.unwrap();
+        let (outcome, error) = auth.admit(&acme, Access::Model("secret")).unwrap_err();
+        assert_eq!(outcome, Outcome::Forbidden);
+        assert_eq!(
+            error.to_string(),
+            "tenant 'acme' may not use model 'secret'"
+        );
+        let (outcome, _) = auth
+            .admit(&acme, Access::Admin("the repository API"))
+            .unwrap_err();
+        assert_eq!(outcome, Outcome::Forbidden);
+        let first = auth.admit(&acme, Access::Model("ranker_a")).unwrap();
+        let (outcome, _) = auth.admit(&acme, Access::Model("ranker_a")).unwrap_err();
+        assert_eq!(outcome, Outcome::ConcurrencyLimited);
+        drop(first);
+        drop(auth.admit(&acme, Access::Model("ranker_a")).unwrap());
+        let (outcome, error) = auth.admit(&acme, Access::Model("ranker_a")).unwrap_err();
+        assert_eq!(outcome, Outcome::RateLimited);
+        assert_eq!(error.http_status(), 429);
+        // A tenant without a policy gets the default models, no limits.
+        let ops = auth.authenticate(key("ops-key")).await.unwrap();
+        for _ in 0..10 {
+            auth.admit(&ops, Access::Model("anything")).unwrap();
+        }
+        auth.admit(&ops, Access::Admin("the admin API")).unwrap();
+    }
+}

@@ -1,0 +1,337 @@
+//! `[auth]`: who may call the gateway, as which tenant, for which models, how often.
+//!
+//! Only the shape and what can be checked without touching the disk live here; reading key
+//! files, secrets from the environment and JWKS documents happens when `auth::Auth` is built
+//! from this, and its errors name these keys too.
+
+use super::{ConfigError, HumanDuration};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// Whether requests must carry a credential.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Open: anyone may call (local use). The gateway warns at start when it listens beyond
+    /// loopback like this.
+    #[default]
+    None,
+    /// Every request except health probes needs a valid JWT or API key.
+    Required,
+}
+
+/// The `[auth]` table.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Auth {
+    /// `none` (default) or `required`.
+    pub mode: AuthMode,
+    /// Accepted `iss` values; empty: any issuer.
+    pub issuers: Vec<String>,
+    /// Accepted `aud` values (a token must name one); empty: `aud` is not checked.
+    pub audiences: Vec<String>,
+    /// Clock skew allowed on `exp` and `nbf`.
+    pub leeway: HumanDuration,
+    /// Claim naming a token's tenant.
+    pub tenant_claim: String,
+    /// Claim listing a token's roles (an array, or a space-separated string).
+    pub roles_claim: String,
+    /// Claim listing the model globs a token may use (used when its tenant has no list in
+    /// config).
+    pub models_claim: String,
+    /// The role that may use the repository extension, the admin API and `infergate-target`.
+    pub admin_role: String,
+    /// Model globs for identities whose tenant has no list in config and whose token has no
+    /// models claim.
+    pub default_models: Vec<String>,
+    /// Verified tokens kept (until they expire) so a repeated token is not verified again;
+    /// 0 turns the cache off.
+    pub token_cache_capacity: u64,
+    /// How often JWKS sources are read again.
+    pub jwks_refresh_interval: HumanDuration,
+    /// A token with an unknown `kid` makes the JWKS sources be read again at once, at most
+    /// this often.
+    pub jwks_min_refresh_interval: HumanDuration,
+    /// Keys that verify JWT signatures.
+    pub jwt_keys: Vec<JwtKey>,
+    /// API keys, by the SHA-256 of the key (`infergate hash-key` prints it).
+    pub api_keys: Vec<ApiKey>,
+    /// Per-tenant model access and limits.
+    pub tenants: Vec<Tenant>,
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Self {
+            mode: AuthMode::None,
+            issuers: Vec::new(),
+            audiences: Vec::new(),
+            leeway: HumanDuration(Duration::from_secs(30)),
+            tenant_claim: "tenant".into(),
+            roles_claim: "roles".into(),
+            models_claim: "models".into(),
+            admin_role: "admin".into(),
+            default_models: vec!["*".into()],
+            token_cache_capacity: 10_000,
+            jwks_refresh_interval: HumanDuration(Duration::from_secs(300)),
+            jwks_min_refresh_interval: HumanDuration(Duration::from_secs(10)),
+            jwt_keys: Vec::new(),
+            api_keys: Vec::new(),
+            tenants: Vec::new(),
+        }
+    }
+}
+
+/// One source of JWT verification keys: exactly one of `pem_file`, `secret_env`,
+/// `jwks_file`, `jwks_url`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtKey {
+    /// The `kid` tokens name this key by (PEM and secret keys); without it, a token with no
+    /// `kid` is tried against this key.
+    pub id: Option<String>,
+    /// Algorithms this key may verify, all of one family (HS*, RS*/PS*, ES*, EdDSA).
+    /// Required for PEM and secret keys; for a JWKS, default: each key's own family (or its
+    /// `alg`).
+    #[serde(default)]
+    pub algorithms: Vec<String>,
+    /// A public key in PEM (RSA, EC or Ed25519, as `algorithms` says).
+    pub pem_file: Option<String>,
+    /// Environment variable holding an HMAC secret.
+    pub secret_env: Option<String>,
+    /// A JWKS document on disk, read again every `jwks_refresh_interval`.
+    pub jwks_file: Option<String>,
+    /// A JWKS document over HTTP(S), fetched again every `jwks_refresh_interval`.
+    pub jwks_url: Option<String>,
+}
+
+/// One API key.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    /// Names the key in logs (never the key itself); the tenant when `tenant` is absent.
+    pub name: String,
+    /// Lower-case hex SHA-256 of the key.
+    pub sha256: String,
+    /// The tenant the key acts for; default: `name`.
+    pub tenant: Option<String>,
+    /// Roles (`admin` for the repository and admin API).
+    #[serde(default)]
+    pub roles: Vec<String>,
+}
+
+/// What one tenant may do.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    /// The tenant, as a token's tenant claim or an API key's tenant names it.
+    pub name: String,
+    /// Model globs (`ranker*`, `add_sub`) this tenant may call; absent: from the token's
+    /// models claim, else `auth.default_models`.
+    pub models: Option<Vec<String>>,
+    /// Sustained requests per second (token bucket); absent: no rate limit.
+    pub requests_per_second: Option<f64>,
+    /// Requests allowed at once above the rate; default: the rate, rounded up (at least 1).
+    pub burst: Option<u32>,
+    /// Requests in progress at once; absent: no limit.
+    pub max_concurrent: Option<u32>,
+}
+
+/// The algorithm names jsonwebtoken verifies, by family.
+pub const ALGORITHM_FAMILIES: [(&str, &[&str]); 4] = [
+    ("hmac", &["HS256", "HS384", "HS512"]),
+    (
+        "rsa",
+        &["RS256", "RS384", "RS512", "PS256", "PS384", "PS512"],
+    ),
+    ("ec", &["ES256", "ES384"]),
+    ("ed", &["EdDSA"]),
+];
+
+/// The family of an algorithm name, if it is one jsonwebtoken verifies.
+pub fn algorithm_family(name: &str) -> Option<&'static str> {
+    ALGORITHM_FAMILIES
+        .iter()
+        .find(|(_, names)| names.contains(&name))
+        .map(|(family, _)| *family)
+}
+
+impl Auth {
+    /// Checks what can be checked without reading files.
+    pub(super) fn validate(&self, errors: &mut Vec<ConfigError>) {
+        let mut error = |key: String, message: String| errors.push(ConfigError { key, message });
+        if self.mode == AuthMode::Required && self.jwt_keys.is_empty() && self.api_keys.is_empty() {
+            error(
+                "auth.mode".into(),
+                "\"required\" needs at least one [[auth.jwt_keys]] or [[auth.api_keys]] entry"
+                    .into(),
+            );
+        }
+        for (key, value) in [
+            ("auth.tenant_claim", &self.tenant_claim),
+            ("auth.roles_claim", &self.roles_claim),
+            ("auth.models_claim", &self.models_claim),
+            ("auth.admin_role", &self.admin_role),
+        ] {
+            if value.trim().is_empty() {
+                error(key.into(), "must not be empty".into());
+            }
+        }
+        if self.jwks_refresh_interval.0.is_zero() {
+            error(
+                "auth.jwks_refresh_interval".into(),
+                "must be greater than 0".into(),
+            );
+        }
+        let mut ids = HashSet::new();
+        for (i, key) in self.jwt_keys.iter().enumerate() {
+            let at = |field: &str| format!("auth.jwt_keys[{i}].{field}");
+            let sources = [
+                key.pem_file.is_some(),
+                key.secret_env.is_some(),
+                key.jwks_file.is_some(),
+                key.jwks_url.is_some(),
+            ]
+            .iter()
+            .filter(|&&s| s)
+            .count();
+            if sources != 1 {
+                error(
+                    format!("auth.jwt_keys[{i}]"),
+                    "needs exactly one of pem_file, secret_env, jwks_file, jwks_url".into(),
+                );
+            }
+            let jwks = key.jwks_file.is_some() || key.jwks_url.is_some();
+            if let Some(id) = &key.id
+                && !ids.insert(id.as_str())
+            {
+                error(at("id"), format!("duplicate key id {id:?}"));
+            }
+            if jwks && key.id.is_some() {
+                error(
+                    at("id"),
+                    "a JWKS names its keys itself (each key's kid)".into(),
+                );
+            }
+            if !jwks && key.algorithms.is_empty() {
+                error(
+                    at("algorithms"),
+                    "required: the algorithms this key may verify, e.g. [\"RS256\"]".into(),
+                );
+            }
+            let mut families = HashSet::new();
+            for alg in &key.algorithms {
+                match algorithm_family(alg) {
+                    Some(family) => {
+                        families.insert(family);
+                    }
+                    None if alg.eq_ignore_ascii_case("none") => error(
+                        at("algorithms"),
+                        "\"none\" is refused: tokens must be signed".into(),
+                    ),
+                    None => error(
+                        at("algorithms"),
+                        format!(
+                            "unknown algorithm {alg:?} (HS256/384/512, RS256/384/512, \
+                             PS256/384/512, ES256/384, EdDSA)"
+                        ),
+                    ),
+                }
+            }
+            if families.len() > 1 {
+                error(
+                    at("algorithms"),
+                    "all algorithms of one key must be of one family (HMAC, RSA, EC or EdDSA)"
+                        .into(),
+                );
+            }
+            let hmac = families.contains("hmac");
+            if key.secret_env.is_some() && !families.is_empty() && !hmac {
+                error(
+                    at("algorithms"),
+                    "an HMAC secret verifies HS256/384/512 only".into(),
+                );
+            }
+            if key.pem_file.is_some() && hmac {
+                error(
+                    at("algorithms"),
+                    "a PEM public key cannot verify HMAC (HS*) tokens; use secret_env".into(),
+                );
+            }
+            if let Some(url) = &key.jwks_url
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                error(at("jwks_url"), "must be an http:// or https:// URL".into());
+            }
+        }
+        let mut names = HashSet::new();
+        let mut hashes = HashSet::new();
+        for (i, key) in self.api_keys.iter().enumerate() {
+            if key.name.trim().is_empty() {
+                error(
+                    format!("auth.api_keys[{i}].name"),
+                    "must not be empty".into(),
+                );
+            } else if !names.insert(key.name.as_str()) {
+                error(
+                    format!("auth.api_keys[{i}].name"),
+                    format!("duplicate API key name {:?}", key.name),
+                );
+            }
+            let hash = &key.sha256;
+            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                error(
+                    format!("auth.api_keys[{i}].sha256"),
+                    "must be 64 hex digits, the SHA-256 of the key (infergate hash-key prints it)"
+                        .into(),
+                );
+            } else if !hashes.insert(hash.to_ascii_lowercase()) {
+                error(
+                    format!("auth.api_keys[{i}].sha256"),
+                    "the same key twice".into(),
+                );
+            }
+        }
+        let mut tenants = HashSet::new();
+        for (i, tenant) in self.tenants.iter().enumerate() {
+            if tenant.name.trim().is_empty() {
+                error(
+                    format!("auth.tenants[{i}].name"),
+                    "must not be empty".into(),
+                );
+            } else if !tenants.insert(tenant.name.as_str()) {
+                error(
+                    format!("auth.tenants[{i}].name"),
+                    format!("duplicate tenant {:?}", tenant.name),
+                );
+            }
+            if let Some(rate) = tenant.requests_per_second
+                && !(rate.is_finite() && rate > 0.0)
+            {
+                error(
+                    format!("auth.tenants[{i}].requests_per_second"),
+                    "must be greater than 0".into(),
+                );
+            }
+            if tenant.burst == Some(0) {
+                error(
+                    format!("auth.tenants[{i}].burst"),
+                    "must be at least 1".into(),
+                );
+            }
+            if tenant.burst.is_some() && tenant.requests_per_second.is_none() {
+                error(
+                    format!("auth.tenants[{i}].burst"),
+                    "needs requests_per_second".into(),
+                );
+            }
+            if tenant.max_concurrent == Some(0) {
+                error(
+                    format!("auth.tenants[{i}].max_concurrent"),
+                    "must be at least 1".into(),
+                );
+            }
+        }
+    }
+}
