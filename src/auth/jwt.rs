@@ -116,6 +116,9 @@ pub struct JwtKeys {
     min_refresh: Duration,
     /// Milliseconds since `epoch()` of the last refresh started because of an unknown key.
     last_refresh: AtomicU64,
+    /// Bumped whenever a JWKS set changes: tokens verified under an older generation are
+    /// verified again (a key taken out of a JWKS stops working at once, cache or not).
+    generation: AtomicU64,
     http: Option<reqwest::Client>,
 }
 
@@ -243,6 +246,7 @@ impl JwtKeys {
             jwks,
             min_refresh: config.jwks_min_refresh_interval.0,
             last_refresh: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
             http,
         })
     }
@@ -250,6 +254,11 @@ impl JwtKeys {
     /// Whether any key is configured.
     pub fn is_empty(&self) -> bool {
         self.fixed.is_empty() && self.jwks.is_empty()
+    }
+
+    /// The current key generation (see the field).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Keeps the keys of JWKS sources that the previous config had too (same location), so
@@ -314,6 +323,7 @@ impl JwtKeys {
                     );
                     source.keys.store(Arc::new(keys));
                     source.fingerprint.store(print, Ordering::Relaxed);
+                    self.generation.fetch_add(1, Ordering::AcqRel);
                     changed = true;
                 }
                 Err(error) => tracing::warn!(

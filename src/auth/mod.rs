@@ -40,6 +40,9 @@ pub struct Identity {
     pub claims: Option<Claims>,
     /// When the token expires (Unix seconds); none for an API key.
     pub expires: Option<u64>,
+    /// The JWT key generation it was verified under (a cached token is verified again
+    /// once the keys change).
+    key_generation: u64,
 }
 
 impl Identity {
@@ -194,6 +197,7 @@ impl Auth {
                 models: None,
                 claims: None,
                 expires: None,
+                key_generation: 0,
             };
             if let Some(digest) = api_keys::parse_hex(&key.sha256) {
                 keys.insert(digest, Arc::new(identity));
@@ -307,11 +311,13 @@ impl Auth {
         if let Some(cache) = &self.cache
             && let Some(identity) = cache.get(token)
             && identity.expires.is_some_and(|exp| exp > unix_now())
+            && identity.key_generation == self.jwt.generation()
         {
             return Ok(identity);
         }
+        let generation = self.jwt.generation();
         let claims = self.jwt.verify(token).await.map_err(unauthenticated)?;
-        let identity = Arc::new(self.identity(claims)?);
+        let identity = Arc::new(self.identity(claims, generation)?);
         if let Some(cache) = &self.cache {
             cache.insert(token.to_owned(), identity.clone());
         }
@@ -319,7 +325,7 @@ impl Auth {
     }
 
     /// The identity a verified token stands for.
-    fn identity(&self, claims: Claims) -> Result<Identity, GatewayError> {
+    fn identity(&self, claims: Claims, key_generation: u64) -> Result<Identity, GatewayError> {
         let tenant: Arc<str> = match claims.get(&self.tenant_claim) {
             Some(serde_json::Value::String(s)) if !s.is_empty() => Arc::from(s.as_str()),
             Some(serde_json::Value::Number(n)) => Arc::from(n.to_string()),
@@ -340,6 +346,7 @@ impl Auth {
             models,
             claims: Some(claims),
             expires,
+            key_generation,
         })
     }
 

@@ -21,6 +21,8 @@ pub struct TestGateway {
     shutdown: CancellationToken,
     backends: usize,
     task: Option<JoinHandle<anyhow::Result<()>>>,
+    /// An admin API key sent with the helpers' admin calls, for gateways with auth on.
+    admin_key: Option<String>,
 }
 
 /// Config text for a gateway over these Tritons, with fast health checks, backends named
@@ -87,6 +89,36 @@ impl TestGateway {
         Self::serve(Gateway::new(config).expect("gateway"), admin_client).await
     }
 
+    /// Starts a gateway with auth on; `admin_key` (an API key with the admin role) is sent
+    /// with the helpers' admin API calls.
+    pub async fn start_with_admin_key(config_text: &str, admin_key: &str) -> Self {
+        let config = Config::parse(config_text).unwrap_or_else(|e| panic!("test config: {e}"));
+        let mut this = Self::serve(Gateway::new(config).expect("gateway"), None).await;
+        this.admin_key = Some(admin_key.into());
+        this.wait_for_ready_backends(this.backends).await;
+        this
+    }
+
+    /// Like `start_from_file`, with an admin API key for the helpers.
+    pub async fn start_from_file_with_admin_key(path: &std::path::Path, admin_key: &str) -> Self {
+        let gateway = Gateway::from_file(path).unwrap_or_else(|e| panic!("test config: {e}"));
+        let mut this = Self::serve(gateway, None).await;
+        this.admin_key = Some(admin_key.into());
+        this.wait_for_ready_backends(this.backends).await;
+        this
+    }
+
+    /// A GET on the admin listener, with the admin key when there is one.
+    async fn admin_get(&self, path: &str) -> reqwest::Result<reqwest::Response> {
+        let mut request = self
+            .admin_client
+            .get(format!("{}://{}{path}", self.admin_scheme, self.admin));
+        if let Some(key) = &self.admin_key {
+            request = request.header("x-api-key", key);
+        }
+        request.send().await
+    }
+
     /// Starts a gateway from a config file, which then reloads like the binary's.
     pub async fn start_from_file(path: &std::path::Path) -> Self {
         let gateway = Gateway::from_file(path).unwrap_or_else(|e| panic!("test config: {e}"));
@@ -129,6 +161,7 @@ impl TestGateway {
             backends,
             shutdown,
             task: Some(task),
+            admin_key: None,
         }
     }
 
@@ -161,12 +194,7 @@ impl TestGateway {
 
     /// `GET /admin/backends` as JSON.
     pub async fn admin_backends(&self) -> Vec<serde_json::Value> {
-        self.admin_client
-            .get(format!(
-                "{}://{}/admin/backends",
-                self.admin_scheme, self.admin
-            ))
-            .send()
+        self.admin_get("/admin/backends")
             .await
             .expect("admin reachable")
             .json()
@@ -176,12 +204,7 @@ impl TestGateway {
 
     /// `GET /admin/placement` as JSON.
     pub async fn placement(&self) -> serde_json::Value {
-        self.admin_client
-            .get(format!(
-                "{}://{}/admin/placement",
-                self.admin_scheme, self.admin
-            ))
-            .send()
+        self.admin_get("/admin/placement")
             .await
             .expect("admin reachable")
             .json()
