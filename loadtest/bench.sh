@@ -4,7 +4,7 @@
 # One run, one machine, in turns, the same backend and the same load for each stage:
 #   1. direct      straight to the backend
 #   2. nginx       nginx (Debian package) proxy_pass with a keep-alive upstream
-#   3. ig-off      infergate, validation off (auth is off: not built yet)
+#   3. ig-off      infergate, validation and auth off
 #   4. ig-on       infergate "with everything on" (see stage4_config: what it includes is
 #                  decided by what this build accepts, and reported)
 # Pass 1 uses fake-triton (add_sub) so the proxies are what is measured: throughput at
@@ -100,8 +100,20 @@ for b in infergate infergate-load fake-triton; do [[ -x "$BIN/$b" ]] || die "mis
 
 LOAD_ARGS=(-i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --threads "$LOAD_THREADS"
     --warmup "$WARMUP" --duration "$WINDOW" --windows "$WINDOWS" --json -q)
-# Extra arguments for stage 4 (a bearer token once JWT auth is on).
+# Extra arguments for stage 4: its bearer token, when the jwt-auth block is kept.
 STAGE4_LOAD_ARGS=()
+
+# Stage 4's JWT: an RS256 key and a token minted with openssl, and an admin API key for the
+# admin calls this script makes (placement checks).
+command -v openssl >/dev/null || die "openssl is required (it mints stage 4's JWT)"
+b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$TMP/jwt.pem" 2>/dev/null
+openssl pkey -in "$TMP/jwt.pem" -pubout -out "$TMP/jwt.pub.pem"
+ADMIN_KEY="$(openssl rand -hex 16)"
+ADMIN_HASH="$(printf '%s' "$ADMIN_KEY" | sha256sum | cut -d' ' -f1)"
+JWT_HEADER="$(printf '{"alg":"RS256","typ":"JWT","kid":"bench"}' | b64url)"
+JWT_PAYLOAD="$(printf '{"iss":"bench","aud":"infergate","sub":"bench","tenant":"bench","exp":%d}' $(($(date +%s) + 86400)) | b64url)"
+TOKEN="$JWT_HEADER.$JWT_PAYLOAD.$(printf '%s.%s' "$JWT_HEADER" "$JWT_PAYLOAD" | openssl dgst -sha256 -sign "$TMP/jwt.pem" -binary | b64url)"
 
 # ---------------------------------------------------------------- machine
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
@@ -124,7 +136,7 @@ wait_http() { # url [seconds] — until it answers 200
 INFER_BODY='{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"data":[1,2,3,4]},{"name":"INPUT1","datatype":"FP32","shape":[4],"data":[4,3,2,1]}]}'
 check_infer() { # base url
     local code
-    code="$(curl -s -o "$TMP/infer.out" -w '%{http_code}' -H 'content-type: application/json' \
+    code="$(curl -s -o "$TMP/infer.out" -w '%{http_code}' -H 'content-type: application/json' -H "authorization: Bearer $TOKEN" \
         -d "$INFER_BODY" "$1/v2/models/add_sub/infer")"
     [[ "$code" == 200 ]] || { cat "$TMP/infer.out" >&2; die "infer through $1 answered $code"; }
 }
@@ -160,7 +172,7 @@ start_infergate() { # name config
 # admin API must show it ready before anything is measured.
 wait_placement() { # name admin_port
     local deadline=$((SECONDS + 20))
-    until curl -s "127.0.0.1:$2/admin/placement" |
+    until curl -s -H "x-api-key: $ADMIN_KEY" "127.0.0.1:$2/admin/placement" |
         jq -e '[.backends[].models[] | select(.name == "add_sub" and .state == "ready")] | length > 0' >/dev/null 2>&1; do
         ((SECONDS < deadline)) || { tail -20 "$TMP/$1.log" >&2; die "$1: add_sub never showed ready in /admin/placement"; }
         sleep 0.2
@@ -226,9 +238,8 @@ enabled = false
 EOF
 }
 
-# Stage 4: infergate with everything on. This one heredoc grows with the gateway: when JWT
-# auth lands, add its block (and put the token in STAGE4_LOAD_ARGS=(--bearer "\$TOKEN"));
-# when canary routes land, add a route for add_sub that splits across two targets (both the
+# Stage 4: infergate with everything on. This one heredoc grows with the gateway (its JWT
+# auth block's token goes in STAGE4_LOAD_ARGS, set in run_pass); when canary routes land, add a route for add_sub that splits across two targets (both the
 # same model here, so the benchmark still hits add_sub) and point the load at the route.
 stage4_config() { # http_port backend_port
     cat <<EOF
@@ -245,6 +256,23 @@ capacity = "16GiB"
 #>> validation: every request checked against add_sub's signature before it is forwarded
 [validation]
 enabled = true
+#<<
+
+#>> jwt-auth: a JWT (RS256) on every request, verified-token cache on (the default), tenant admitted
+[auth]
+mode = "required"
+issuers = ["bench"]
+audiences = ["infergate"]
+
+[[auth.jwt_keys]]
+id = "bench"
+algorithms = ["RS256"]
+pem_file = "$TMP/jwt.pub.pem"
+
+[[auth.api_keys]]
+name = "bench-admin"
+sha256 = "$ADMIN_HASH"
+roles = ["admin"]
 #<<
 EOF
 }
@@ -295,6 +323,8 @@ run_pass() {
     render_config "$TMP/$pass-stage4.tpl" "$TMP/$pass-ig-on.toml"
     STAGE4_FEATURES=("${KEPT_FEATURES[@]}")
     STAGE4_MISSING=("${MISSING_FEATURES[@]}")
+    STAGE4_LOAD_ARGS=()
+    [[ " ${STAGE4_FEATURES[*]} " == *" jwt-auth ("* ]] && STAGE4_LOAD_ARGS=(--bearer "$TOKEN")
     start_infergate "$pass-ig-off" "$TMP/$pass-ig-off.toml"
     start_infergate "$pass-ig-on" "$TMP/$pass-ig-on.toml"
     declare -A url=([direct]="http://127.0.0.1:$bport" [nginx]="http://127.0.0.1:$off"
@@ -306,7 +336,7 @@ run_pass() {
     wait_placement "$pass-ig-on" $((off + 23))
     local stage c
     for stage in "${STAGES[@]}"; do check_infer "${url[$stage]}"; done
-    PLACEMENT[$pass]="$(curl -s "127.0.0.1:$((off + 23))/admin/placement" |
+    PLACEMENT[$pass]="$(curl -s -H "x-api-key: $ADMIN_KEY" "127.0.0.1:$((off + 23))/admin/placement" |
         jq -c '[.backends[] | {name, models: [.models[] | {name, state, size_source}]}]')"
     local -A pids=([direct]="" [nginx]="$(nginx_pids "${PID[$pass-nginx]}")"
         [ig-off]="${PID[$pass-ig-off]}" [ig-on]="${PID[$pass-ig-on]}")
@@ -424,10 +454,10 @@ report() {
     echo "- infergate: commit $SHA$( ((DIRTY)) && echo " plus $DIRTY uncommitted changed paths under src/, Cargo.toml, Cargo.lock at run time (others were editing)"), release profile. nginx: $("$NGINX" -v 2>&1 | cut -d/ -f2) (Debian package), config \`loadtest/nginx/proxy.conf.template\`.$( ((REAL)) && echo " Triton: $TRITON_VERSION (nvidia-pytriton wheel, CPU, python backend).")"
     echo "- Load: \`infergate-load\` closed loop, \`add_sub\` JSON bodies (INPUT0, INPUT1: FP32 [4]), \`--check\` on every response, warm-up $WARMUP then $WINDOWS × $WINDOW windows per step, $LOAD_THREADS load-generator thread(s); the stages take turns at each concurrency level."
     echo "- Proxies: $WORKERS_LABEL worker(s) each (nginx \`worker_processes\`, infergate \`TOKIO_WORKER_THREADS\`). fake-triton: $BACKEND_THREADS thread(s). Access logs: $ACCESS_LOG for both (a line per request to a file)."
-    echo "- Stage 3 (infergate, validation off): auth not built yet$( ((${#STAGE3_FEATURES[@]})) && echo "; $(join_list "${STAGE3_FEATURES[@]}")")."
+    echo "- Stage 3 (infergate, validation and auth off)$( ((${#STAGE3_FEATURES[@]})) && echo "; $(join_list "${STAGE3_FEATURES[@]}")")."
     echo "- Stage 4 (infergate, everything on) includes: $STAGE4_LABEL."
     ((${#STAGE4_MISSING[@]})) && echo "- Not available in this build (refused by \`infergate check\`, so left out of stage 4): $(join_list "${STAGE4_MISSING[@]}")."
-    echo "- JWT auth and canary routes are not built yet and are in no stage."
+    echo "- Canary routes are in no stage yet. JWT auth alone, RS256 and HS256 with and without the token cache: \`loadtest/auth_bench.sh\`."
     echo "- Placement (stage 4, /admin/placement after warm-up): pass 1 \`${PLACEMENT[fake]}\`$( ((REAL)) && echo ", pass 2 \`${PLACEMENT[real]}\`")."
     echo
     echo "## Pass 1: proxy overhead (fake-triton backend)"

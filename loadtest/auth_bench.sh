@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# loadtest/auth_bench.sh — what JWT authentication costs, in one run on one machine.
+#
+# Five infergate processes over one fake-triton (add_sub), validation off in all of them so
+# the auth stage is the only difference, measured in turns at each concurrency level:
+#   off            auth.mode = "none"
+#   rs256          JWT RS256, verified-token cache on (the default: a reused token is a lookup)
+#   rs256-nocache  JWT RS256, token_cache_capacity = 0 (every request verifies the signature)
+#   hs256          JWT HS256, cache on
+#   hs256-nocache  JWT HS256, cache off
+# The token is minted here with the openssl command. Writes
+# loadtest/results/<date>-<sha>-auth.md and prints it. Stays on loopback; stops what it started.
+#
+# Knobs: AUTH_BENCH_BASE_PORT=29400 BENCH_WARMUP=1s BENCH_WINDOW=3s BENCH_WINDOWS=3
+#        BENCH_CONCURRENCY="1 16 64" BENCH_PROXY_WORKERS=1 BENCH_BUILD=1
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+BASE="${AUTH_BENCH_BASE_PORT:-29400}"
+WARMUP="${BENCH_WARMUP:-1s}"
+WINDOW="${BENCH_WINDOW:-3s}"
+WINDOWS="${BENCH_WINDOWS:-3}"
+read -r -a LEVELS <<<"${BENCH_CONCURRENCY:-1 16 64}"
+WORKERS="${BENCH_PROXY_WORKERS:-1}"
+BUILD="${BENCH_BUILD:-1}"
+SHA="$(git rev-parse --short HEAD)"
+DATE="$(date +%F)"
+OUT="${BENCH_OUT:-loadtest/results/$DATE-$SHA-auth.md}"
+BIN="$ROOT/target/release"
+STAGES=(off rs256 rs256-nocache hs256 hs256-nocache)
+
+die() { echo "auth_bench.sh: $*" >&2; exit 1; }
+say() { echo "auth_bench.sh: $*" >&2; }
+
+TMP="$(mktemp -d /tmp/infergate-auth-bench.XXXXXX)"
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+for tool in curl jq openssl; do command -v "$tool" >/dev/null || die "$tool is required"; done
+if ((BUILD)); then
+    say "building (cargo build --release -p infergate -p infergate-load)"
+    cargo build --release -p infergate -p infergate-load 2>"$TMP/build.log" ||
+        { tail -30 "$TMP/build.log" >&2; die "build failed"; }
+fi
+for b in infergate infergate-load fake-triton; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b"; done
+
+# ---------------------------------------------------------------- keys and tokens
+b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$TMP/rsa.pem" 2>/dev/null
+openssl pkey -in "$TMP/rsa.pem" -pubout -out "$TMP/rsa.pub.pem"
+SECRET="$(openssl rand -hex 32)"
+ADMIN_KEY="$(openssl rand -hex 16)"
+ADMIN_HASH="$(printf '%s' "$ADMIN_KEY" | sha256sum | cut -d' ' -f1)"
+mint() { # alg kid
+    local header payload signature
+    header="$(printf '{"alg":"%s","typ":"JWT","kid":"%s"}' "$1" "$2" | b64url)"
+    payload="$(printf '{"iss":"bench","aud":"infergate","sub":"bench","tenant":"bench","exp":%d}' \
+        $(($(date +%s) + 86400)) | b64url)"
+    case "$1" in
+        RS256) signature="$(printf '%s.%s' "$header" "$payload" | openssl dgst -sha256 -sign "$TMP/rsa.pem" -binary | b64url)" ;;
+        HS256) signature="$(printf '%s.%s' "$header" "$payload" | openssl dgst -sha256 -mac HMAC -macopt "key:$SECRET" -binary | b64url)" ;;
+    esac
+    printf '%s.%s.%s' "$header" "$payload" "$signature"
+}
+declare -A TOKEN=([off]="" [rs256]="$(mint RS256 rsa)" [hs256]="$(mint HS256 hmac)")
+TOKEN[rs256-nocache]="${TOKEN[rs256]}"
+TOKEN[hs256-nocache]="${TOKEN[hs256]}"
+
+config() { # stage http_port
+    local cache=10000
+    [[ "$1" == *-nocache ]] && cache=0
+    cat <<EOF
+[listen]
+http = "127.0.0.1:$2"
+admin = "127.0.0.1:$(($2 + 3))"
+
+[[backends]]
+name = "backend"
+http = "http://127.0.0.1:$BASE"
+capacity = "16GiB"
+
+[validation]
+enabled = false
+EOF
+    [[ "$1" == off ]] && return
+    cat <<EOF
+
+[auth]
+mode = "required"
+issuers = ["bench"]
+audiences = ["infergate"]
+token_cache_capacity = $cache
+
+[[auth.jwt_keys]]
+id = "rsa"
+algorithms = ["RS256"]
+pem_file = "$TMP/rsa.pub.pem"
+
+[[auth.jwt_keys]]
+id = "hmac"
+algorithms = ["HS256"]
+secret_env = "AUTH_BENCH_SECRET"
+
+[[auth.api_keys]]
+name = "bench-admin"
+sha256 = "$ADMIN_HASH"
+roles = ["admin"]
+EOF
+}
+
+wait_http() { # url [header]
+    local deadline=$((SECONDS + 20))
+    until [[ "$(curl -s -o /dev/null -w '%{http_code}' ${2:+-H "$2"} "$1")" == 200 ]]; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.1
+    done
+}
+
+"$BIN/fake-triton" --listen "127.0.0.1:$BASE" --threads 1 >"$TMP/fake.log" 2>&1 &
+PIDS+=("$!")
+wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start"
+
+declare -A PORT
+i=1
+for stage in "${STAGES[@]}"; do
+    PORT[$stage]=$((BASE + 10 * i))
+    i=$((i + 1))
+    config "$stage" "${PORT[$stage]}" >"$TMP/$stage.toml"
+    AUTH_BENCH_SECRET="$SECRET" "$BIN/infergate" check --config "$TMP/$stage.toml" >/dev/null ||
+        die "config for $stage is invalid"
+    if [[ "$WORKERS" == auto ]]; then
+        AUTH_BENCH_SECRET="$SECRET" RUST_LOG=warn "$BIN/infergate" --config "$TMP/$stage.toml" >"$TMP/$stage.log" 2>&1 &
+    else
+        AUTH_BENCH_SECRET="$SECRET" TOKIO_WORKER_THREADS="$WORKERS" RUST_LOG=warn "$BIN/infergate" --config "$TMP/$stage.toml" >"$TMP/$stage.log" 2>&1 &
+    fi
+    PIDS+=("$!")
+done
+for stage in "${STAGES[@]}"; do
+    admin="127.0.0.1:$((PORT[$stage] + 3))"
+    deadline=$((SECONDS + 20))
+    until curl -s -H "x-api-key: $ADMIN_KEY" "$admin/admin/placement" |
+        jq -e '[.backends[].models[] | select(.name == "add_sub" and .state == "ready")] | length > 0' >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || { tail -20 "$TMP/$stage.log" >&2; die "$stage: add_sub never ready"; }
+        sleep 0.2
+    done
+done
+
+LOAD_ARGS=(-i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --threads 1
+    --warmup "$WARMUP" --duration "$WINDOW" --windows "$WINDOWS" --json -q)
+for c in "${LEVELS[@]}"; do
+    for stage in "${STAGES[@]}"; do
+        extra=()
+        [[ -n "${TOKEN[$stage]}" ]] && extra=(--bearer "${TOKEN[$stage]}")
+        "$BIN/infergate-load" --url "http://127.0.0.1:${PORT[$stage]}" "${LOAD_ARGS[@]}" "${extra[@]}" -c "$c" \
+            >"$TMP/$stage-c$c.json" 2>"$TMP/$stage-c$c.err" ||
+            { cat "$TMP/$stage-c$c.err" >&2; die "infergate-load failed for $stage c=$c"; }
+        say "$stage c=$c: $(jq -r '.steps[0] | "\(.throughput_rps | floor) infer/s, p50 \(.latency_us.p50) us, p99 \(.latency_us.p99) us, errors \(.errors)"' "$TMP/$stage-c$c.json")"
+    done
+done
+
+f() { jq -r ".steps[0]$2" "$TMP/$1.json"; }
+{
+    echo "# infergate JWT auth cost: $DATE, commit $SHA"
+    echo
+    echo "Produced by \`loadtest/auth_bench.sh\`. One fake-triton (add_sub), five infergate"
+    echo "processes with validation off ($WORKERS tokio worker(s) each, access log off), measured in"
+    echo "turns at each concurrency level: warm-up $WARMUP, then $WINDOWS × $WINDOW windows."
+    echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load before: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo "The load generator sends one token for the whole run: with the cache on (the default),"
+    echo "only its first request is verified; \`-nocache\` verifies the signature on every request."
+    echo
+    echo "| stage | c | infer/s | × off | p50 µs | p99 µs | errors |"
+    echo "|---|---|---|---|---|---|---|"
+    for c in "${LEVELS[@]}"; do
+        off="$(f "off-c$c" .throughput_rps)"
+        for stage in "${STAGES[@]}"; do
+            rps="$(f "$stage-c$c" .throughput_rps)"
+            printf '| %s | %s | %.0f | %.3f | %s | %s | %s |\n' "$stage" "$c" "$rps" \
+                "$(awk -v a="$rps" -v b="$off" 'BEGIN { print a / b }')" \
+                "$(f "$stage-c$c" .latency_us.p50)" "$(f "$stage-c$c" .latency_us.p99)" "$(f "$stage-c$c" .errors)"
+        done
+    done
+} >"$OUT"
+cat "$OUT"
