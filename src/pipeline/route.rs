@@ -241,7 +241,7 @@ mod tests {
             .unwrap();
         for _ in 0..100 {
             let again = table
-                .resolve(ModelRef::new("ranker", None), user(b"u-42"))
+                .resolve(ModelRef::new("ranker", None), user(b"u-42"), &Caller::Open)
                 .unwrap();
             assert_eq!(
                 (again.target, again.label),
@@ -292,9 +292,11 @@ mod tests {
         let table = RouteTable::new(&guarded(0.5), None);
         let canary = || {
             table
-                .resolve(ModelRef::new("g", None), |name| {
-                    (name == PIN_HEADER).then_some(&b"canary"[..])
-                })
+                .resolve(
+                    ModelRef::new("g", None),
+                    |name| (name == PIN_HEADER).then_some(&b"canary"[..]),
+                    &Caller::Open,
+                )
                 .unwrap()
         };
         canary().outcome.unwrap().finish(true);
