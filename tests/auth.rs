@@ -12,6 +12,7 @@ use infergate::protocol::inference::infer_parameter::ParameterChoice;
 use infergate::protocol::inference::model_infer_request::InferInputTensor;
 use infergate::protocol::inference::{
     InferParameter, ModelInferRequest, RepositoryIndexRequest, ServerLiveRequest,
+    ServerMetadataRequest,
 };
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -695,6 +696,11 @@ async fn api_keys_tenants_roles_pins_and_sticky_claims() {
     );
     let live = grpc.server_live(ServerLiveRequest {}).await.unwrap();
     assert!(live.into_inner().live, "gRPC liveness is open");
+    let metadata = grpc
+        .server_metadata(ServerMetadataRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(metadata.code(), Code::Unauthenticated);
 
     // The repository extension, every model's statistics and the admin API need the admin role.
     let post = |path: &str, key: Option<&str>| {

@@ -367,11 +367,17 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ServerMetadataRequest>,
     ) -> Result<Response<ServerMetadataResponse>, Status> {
         let call = Call::start("ServerMetadata", &request);
-        call.finish(Ok(Response::new(ServerMetadataResponse {
-            name: SERVER_NAME.into(),
-            version: SERVER_VERSION.into(),
-            extensions: EXTENSIONS.iter().map(|e| (*e).to_owned()).collect(),
-        })))
+        let mut metadata = request.into_parts().0;
+        // As HTTP's `GET /v2`: any verified caller, no admission (no model, no limit).
+        let outcome = match authenticate(&self.gateway, &call, &mut metadata).await {
+            Ok(_) => Ok(Response::new(ServerMetadataResponse {
+                name: SERVER_NAME.into(),
+                version: SERVER_VERSION.into(),
+                extensions: EXTENSIONS.iter().map(|e| (*e).to_owned()).collect(),
+            })),
+            Err(error) => Err(error.into()),
+        };
+        call.finish(outcome)
     }
 
     async fn model_ready(
