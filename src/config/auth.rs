@@ -335,3 +335,79 @@ impl Auth {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    const BASE: &str = r#"
+        [listen]
+        http = "127.0.0.1:0"
+        [[backends]]
+        name = "b"
+        http = "http://127.0.0.1:1"
+    "#;
+
+    fn errors(auth: &str) -> Vec<String> {
+        match Config::parse(&format!("{BASE}{auth}")) {
+            Ok(_) => Vec::new(),
+            Err(errors) => errors.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn auth_is_off_by_default_and_every_mistake_names_its_key() {
+        let config = Config::parse(BASE).unwrap();
+        assert_eq!(config.auth.mode, super::AuthMode::None);
+        assert!(
+            errors("[auth]\ncolour = 1")
+                .iter()
+                .any(|e| e.contains("colour"))
+        );
+        let found = errors(
+            r#"
+            [auth]
+            mode = "required"
+            [[auth.jwt_keys]]
+            algorithms = ["none"]
+            pem_file = "k.pem"
+            [[auth.jwt_keys]]
+            algorithms = ["RS256", "ES256"]
+            pem_file = "k.pem"
+            [[auth.jwt_keys]]
+            algorithms = ["HS256"]
+            pem_file = "k.pem"
+            [[auth.jwt_keys]]
+            secret_env = "X"
+            [[auth.jwt_keys]]
+            algorithms = ["RS256"]
+            [[auth.api_keys]]
+            name = "k"
+            sha256 = "abc"
+            [[auth.tenants]]
+            name = "t"
+            burst = 0
+            "#,
+        );
+        for expected in [
+            "auth.jwt_keys[0].algorithms: \"none\" is refused",
+            "auth.jwt_keys[1].algorithms: all algorithms of one key must be of one family",
+            "auth.jwt_keys[2].algorithms: a PEM public key cannot verify HMAC",
+            "auth.jwt_keys[3].algorithms: required",
+            "auth.jwt_keys[4]: needs exactly one of",
+            "auth.api_keys[0].sha256: must be 64 hex digits",
+            "auth.tenants[0].burst: must be at least 1",
+            "auth.tenants[0].burst: needs requests_per_second",
+        ] {
+            assert!(
+                found.iter().any(|e| e.starts_with(expected)),
+                "{expected}: {found:#?}"
+            );
+        }
+        let found = errors("[auth]\nmode = \"required\"");
+        assert!(
+            found[0].starts_with("auth.mode: \"required\" needs"),
+            "{found:?}"
+        );
+    }
+}
