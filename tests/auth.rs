@@ -1098,3 +1098,45 @@ print("ok")
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[tokio::test]
+async fn a_jwks_url_is_fetched_and_refetched_for_an_unknown_kid() {
+    let keys = Keys::generate();
+    let jwks_file = keys.dir.path().join("jwks.json");
+    std::fs::write(&jwks_file, keys.jwks(&["j1"])).unwrap();
+    // A JWKS server whose document the test rewrites.
+    let served = std::sync::Arc::new(std::sync::Mutex::new(keys.jwks(&["j1"])));
+    let document = served.clone();
+    let app = axum::Router::new().route(
+        "/jwks.json",
+        axum::routing::get(move || {
+            let document = document.clone();
+            async move { document.lock().unwrap().clone() }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
+        .await
+        .unwrap();
+    let extra = format!("[[auth.jwt_keys]]\njwks_url = \"{url}\"\nalgorithms = [\"ES256\"]\n");
+    let gateway = start(&keys, &jwks_file, &triton, "authjwksurl", &extra).await;
+    let good = claims(json!({}));
+    // j2 is only ever served by the URL.
+    let j2 = sign(Algorithm::ES256, Some("j2"), &keys.encoding("j2"), &good);
+    let (status, error, _) =
+        infer_http(&gateway, "add_sub", &[("authorization", &bearer(&j2))]).await;
+    assert_eq!(
+        (status, error.as_str()),
+        (401, "invalid credentials: unknown key id 'j2'")
+    );
+    *served.lock().unwrap() = keys.jwks(&["j2"]);
+    let (status, error, _) =
+        infer_http(&gateway, "add_sub", &[("authorization", &bearer(&j2))]).await;
+    assert_eq!(
+        (status, error.as_str()),
+        (200, ""),
+        "fetched again for the unknown kid"
+    );
+}
