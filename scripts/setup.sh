@@ -19,6 +19,12 @@ die() { echo "setup.sh: $*" >&2; exit 1; }
 exec 9<"${BASH_SOURCE[0]}"
 flock 9
 
+# 0. Debian tools the tests call: openssl makes the auth tests' keys.
+if ! command -v openssl >/dev/null; then
+    command -v apt-get >/dev/null || die "openssl not found (install it)"
+    apt-get install -y -q openssl >/dev/null || die "apt-get install openssl failed"
+fi
+
 # 1. virtualenv
 if [[ ! -x "$VENV/bin/python" ]]; then
     command -v "$PYTHON" >/dev/null || die "$PYTHON not found (need Python 3.8-3.13)"
