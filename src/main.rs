@@ -58,7 +58,11 @@ fn main() -> ExitCode {
             }
         },
         Command::HashKey { key } => hash_key(key),
-        Command::Run => run(&cli.config, cli.log_format),
+        Command::Run => {
+            let code = run(&cli.config, cli.log_format);
+            telemetry::flush_logs();
+            code
+        }
     }
 }
 

@@ -2,8 +2,10 @@
 //! alerts are built on them), so every one is declared and described here and nowhere else.
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::sync::OnceLock;
+use std::io::{BufWriter, Write};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
+use tracing_subscriber::fmt::MakeWriter;
 
 /// Requests answered, by protocol, model, version, backend and status class.
 pub const REQUESTS: &str = "infergate_requests_total";
@@ -209,7 +211,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// Sets up `tracing` for the process: `RUST_LOG` filters (default `info`).
+/// Sets up `tracing` for the process: `RUST_LOG` filters (default `info`). Lines go to
+/// stdout through `LogSink`'s buffer.
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -217,7 +220,8 @@ pub fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
-        .with_ansi(ansi);
+        .with_ansi(ansi)
+        .with_writer(LogSink::global().clone());
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder
@@ -226,4 +230,100 @@ pub fn init_logging(format: LogFormat) {
             .with_current_span(true)
             .try_init(),
     };
+}
+
+/// Writes out every buffered log line; call before the process exits.
+pub fn flush_logs() {
+    LogSink::global().flush();
+}
+
+/// How long an info line may wait in the buffer before it is written.
+const LOG_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Log lines to stdout through one 64 KiB buffer: the access log is a line per request, and
+/// a `write` per line (what stdout's line buffering does) cost more than the rest of the
+/// logging. The buffer is written when full, every `LOG_FLUSH_INTERVAL` by a thread of its
+/// own, at once after any warning or error, and by `flush_logs` at exit. (A killed process
+/// loses at most the last interval's info lines.)
+#[derive(Clone)]
+pub struct LogSink(Arc<Mutex<BufWriter<std::io::Stdout>>>);
+
+impl LogSink {
+    /// The process's one sink, with its flushing thread started on first use.
+    fn global() -> &'static LogSink {
+        static SINK: OnceLock<LogSink> = OnceLock::new();
+        SINK.get_or_init(|| {
+            let sink = LogSink(Arc::new(Mutex::new(BufWriter::with_capacity(
+                64 * 1024,
+                std::io::stdout(),
+            ))));
+            let flusher = sink.clone();
+            let _ = std::thread::Builder::new()
+                .name("log-flush".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(LOG_FLUSH_INTERVAL);
+                        flusher.flush();
+                    }
+                });
+            sink
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BufWriter<std::io::Stdout>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn flush(&self) {
+        let mut out = self.lock();
+        if !out.buffer().is_empty() {
+            let _ = out.flush();
+        }
+    }
+}
+
+/// One log line being written; warnings and errors are written out when it drops.
+pub struct LogLine<'a> {
+    out: MutexGuard<'a, BufWriter<std::io::Stdout>>,
+    urgent: bool,
+}
+
+impl Write for LogLine<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.out.write(bytes)
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.out.write_all(bytes)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+impl Drop for LogLine<'_> {
+    fn drop(&mut self) {
+        if self.urgent {
+            let _ = self.out.flush();
+        }
+    }
+}
+
+impl<'a> MakeWriter<'a> for LogSink {
+    type Writer = LogLine<'a>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        LogLine {
+            out: self.lock(),
+            urgent: true,
+        }
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        LogLine {
+            out: self.lock(),
+            urgent: *meta.level() <= tracing::Level::WARN,
+        }
+    }
 }
