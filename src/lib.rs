@@ -54,6 +54,8 @@ impl Gateway {
     /// Builds the state from a validated config. Backends start not ready until their first
     /// health check passes.
     pub fn new(config: Config) -> anyhow::Result<Self> {
+        // First: backends register their metric series as they are built.
+        let metrics = telemetry::metrics_handle();
         let pool = Arc::new(Pool::new(&config).map_err(anyhow::Error::msg)?);
         let placement = Arc::new(placement::Placement::new(&config, pool.clone()));
         let text = toml::to_string(&config).unwrap_or_default();
@@ -76,7 +78,7 @@ impl Gateway {
                 config_path: None,
                 health: std::sync::OnceLock::new(),
                 signatures,
-                metrics: telemetry::metrics_handle(),
+                metrics,
                 draining: AtomicBool::new(false),
                 tls,
             }),
@@ -241,6 +243,10 @@ pub async fn serve(
     let _ = gateway.inner.health.set(health);
     spawn_warm_up(&gateway, &tasks, &shutdown);
     tasks.spawn(gateway.placement().clone().rebalance_loop(shutdown.clone()));
+    tasks.spawn(telemetry::upkeep(
+        gateway.metrics().clone(),
+        shutdown.clone(),
+    ));
     if let Some(path) = gateway.config_path() {
         reload::spawn_triggers(&gateway, path, Duration::from_secs(1), &tasks, &shutdown);
     }
@@ -257,7 +263,7 @@ pub async fn serve(
     let serve_plain = |listener: TcpListener, router: axum::Router| {
         let shutdown = shutdown.clone();
         servers.spawn(async move {
-            axum::serve(listener, router)
+            axum::serve(no_delay(listener), router)
                 .with_graceful_shutdown(shutdown.cancelled_owned())
                 .await
         });
@@ -299,24 +305,7 @@ pub async fn serve(
     if let Some(listener) = listeners.grpc {
         tracing::info!(addr = %listener.local_addr()?, scheme, "serving KServe v2 gRPC");
         let router = frontend::grpc::router(gateway.clone(), &tasks, &shutdown);
-        if gateway.tls().is_some() {
-            // The TLS accept loop sets TCP_NODELAY itself.
-            serve_one("grpc", listener, router)?;
-        } else {
-            // gRPC writes a response as several small HTTP/2 frames (headers, data,
-            // trailers): with Nagle on, the last one waits for the client's delayed ACK.
-            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                if let Err(error) = tcp.set_nodelay(true) {
-                    tracing::debug!(%error, "could not set TCP_NODELAY");
-                }
-            });
-            let shutdown = shutdown.clone();
-            servers.spawn(async move {
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(shutdown.cancelled_owned())
-                    .await
-            });
-        }
+        serve_one("grpc", listener, router)?;
     }
     servers.close();
     tasks.close();
@@ -334,6 +323,20 @@ pub async fn serve(
     tasks.wait().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Connections accepted on a plain listener get TCP_NODELAY (the TLS accept loop sets it
+/// too): an answer goes out as a few small writes (HTTP/1 headers and a streamed body, HTTP/2
+/// frames, gRPC trailers), and with Nagle on the last one waits for the client's delayed ACK.
+/// (nginx sets `tcp_nodelay` for the same reason.)
+fn no_delay(
+    listener: TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "could not set TCP_NODELAY");
+        }
+    })
 }
 
 /// Drops a model's cached signature whenever placement loads or unloads it, so the next

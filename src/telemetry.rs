@@ -96,6 +96,23 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// How often recorded histogram samples are folded into their buckets.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Folds recorded histogram samples into buckets every `UPKEEP_INTERVAL` until shutdown.
+/// The exporter keeps every sample of a histogram until a scrape or an upkeep folds it in:
+/// without this, a gateway nobody scrapes grows by two samples per request.
+pub async fn upkeep(handle: PrometheusHandle, shutdown: tokio_util::sync::CancellationToken) {
+    let mut ticker = tokio::time::interval(UPKEEP_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => handle.run_upkeep(),
+        }
+    }
+}
+
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
