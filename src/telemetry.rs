@@ -212,10 +212,10 @@ pub fn backend_up(backend: &str, up: bool) {
     metrics::gauge!(BACKEND_UP, "backend" => backend.to_string()).set(if up { 1.0 } else { 0.0 });
 }
 
-/// Records time spent waiting on a backend.
-pub fn upstream_latency(backend: &str, elapsed: Duration) {
+/// A backend's series of `UPSTREAM_DURATION`: the backend keeps it, so a request records
+/// its latency without building labels.
+pub fn upstream_duration(backend: &str) -> metrics::Histogram {
     metrics::histogram!(UPSTREAM_DURATION, "backend" => backend.to_string())
-        .record(elapsed.as_secs_f64());
 }
 
 /// Log line format.

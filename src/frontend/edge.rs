@@ -3,6 +3,7 @@
 //! one access-log line. The gRPC front-end uses the same pieces (`request_id`, `InFlightGauge`,
 //! `record`), so both protocols count into the same series with their own `protocol` label.
 
+use super::series::{Protocol, RequestSeries};
 use crate::Gateway;
 use crate::error::{ErrorKind, ErrorSource};
 use crate::telemetry;
@@ -21,7 +22,7 @@ pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub struct RequestId(pub HeaderValue);
 
 /// What served a request, left on the response by the handler for the log and metrics.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Served {
     /// Model name.
     pub model: String,
@@ -58,12 +59,12 @@ pub fn request_id(client: Option<&HeaderValue>) -> HeaderValue {
 }
 
 /// Counts a request in `infergate_requests_in_flight` until dropped.
-pub struct InFlightGauge(metrics::Gauge);
+pub struct InFlightGauge(&'static metrics::Gauge);
 
 impl InFlightGauge {
     /// Starts counting one request of `protocol`.
-    pub fn start(protocol: &'static str) -> Self {
-        let gauge = metrics::gauge!(telemetry::IN_FLIGHT, "protocol" => protocol);
+    pub fn start(protocol: Protocol) -> Self {
+        let gauge = protocol.in_flight();
         gauge.increment(1.0);
         Self(gauge)
     }
@@ -114,25 +115,15 @@ pub fn grpc_status_class(code: tonic::Code) -> &'static str {
 /// Records one answered request in the shared series: the request counter, the latency
 /// histogram and, for errors the gateway answered itself, the error counter.
 pub fn record(
-    protocol: &'static str,
+    protocol: Protocol,
     served: &Served,
     status_class: &'static str,
     elapsed: std::time::Duration,
     error: Option<&ErrorKind>,
 ) {
-    metrics::counter!(telemetry::REQUESTS,
-        "protocol" => protocol,
-        "model" => served.model.clone(),
-        "version" => served.version.clone().unwrap_or_default(),
-        "backend" => served.backend.clone(),
-        "route" => served.route.clone().unwrap_or_default(),
-        "status" => status_class)
-    .increment(1);
-    metrics::histogram!(telemetry::REQUEST_DURATION,
-        "protocol" => protocol,
-        "model" => served.model.clone(),
-        "route" => served.route.clone().unwrap_or_default())
-    .record(elapsed.as_secs_f64());
+    let series = RequestSeries::of(protocol, served);
+    series.requests(status_class).increment(1);
+    series.duration().record(elapsed.as_secs_f64());
     if let Some(error) = error {
         metrics::counter!(telemetry::ERRORS, "kind" => error.kind, "source" => error.source.as_str())
             .increment(1);
@@ -160,7 +151,8 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
         .insert(X_REQUEST_ID.clone(), id.clone());
     request.extensions_mut().insert(RequestId(id.clone()));
     let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    let uri = request.uri().clone(); // shares the bytes, unlike copying the path
+    let path = uri.path();
     let span = tracing::info_span!(
         "request",
         request_id = %id.to_str().unwrap_or_default(),
@@ -168,7 +160,7 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
     );
     record_peer(&span, request.extensions());
 
-    let in_flight = InFlightGauge::start("http");
+    let in_flight = InFlightGauge::start(Protocol::Http);
     let started = Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
     let elapsed = started.elapsed();
@@ -176,16 +168,16 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
 
     response.headers_mut().insert(X_REQUEST_ID.clone(), id);
     let status = response.status();
+    // Nothing after this middleware reads them: taken, not copied.
     let served = response
-        .extensions()
-        .get::<Served>()
-        .cloned()
+        .extensions_mut()
+        .remove::<Served>()
         .unwrap_or_default();
-    let error = response.extensions().get::<ErrorKind>().cloned();
-    let tenant = response.extensions().get::<Tenant>().cloned();
+    let error = response.extensions_mut().remove::<ErrorKind>();
+    let tenant = response.extensions_mut().remove::<Tenant>();
     let tenant = tenant.as_ref().map_or("", |t| &*t.0);
     record(
-        "http",
+        Protocol::Http,
         &served,
         http_status_class(status.as_u16()),
         elapsed,
@@ -205,7 +197,7 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
             %method, path, model = served.model, version, backend = served.backend, route, tenant,
             status = status.as_u16(), latency_ms, error = e.kind, message = e.message, "request refused"
         ),
-        None if is_probe(&path) => {
+        None if is_probe(path) => {
             tracing::debug!(%method, path, status = status.as_u16(), latency_ms, "probe")
         }
         None => tracing::info!(

@@ -6,6 +6,8 @@ mod edge;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+mod series;
 
 pub(crate) use edge::{InFlightGauge, X_REQUEST_ID, grpc_status_class, record, request_id};
 pub use edge::{RequestId, Served, Tenant};
+pub use series::Protocol;

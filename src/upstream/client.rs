@@ -160,7 +160,7 @@ pub async fn forward(
         }
     };
     backend.record_success();
-    crate::telemetry::upstream_latency(&backend.name, started.elapsed());
+    backend.record_latency(started.elapsed());
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)))

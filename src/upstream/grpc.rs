@@ -153,7 +153,7 @@ where
     match tokio::time::timeout(timeout, call(client)).await {
         Ok(Ok(response)) => {
             backend.record_success();
-            crate::telemetry::upstream_latency(&backend.name, started.elapsed());
+            backend.record_latency(started.elapsed());
             Ok(response)
         }
         Ok(Err(status)) => Err(classify(backend, status, Some(timeout))),

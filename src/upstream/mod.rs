@@ -93,6 +93,8 @@ pub struct Backend {
     pub client: UpstreamClient,
     /// Its gRPC endpoint, where the gRPC front-end forwards, if configured.
     pub grpc: Option<grpc::GrpcUpstream>,
+    /// Its series of `infergate_upstream_duration_seconds`, registered once.
+    upstream_duration: metrics::Histogram,
     ready: AtomicBool,
     failures: AtomicU32,
     eject_after: u32,
@@ -138,6 +140,7 @@ impl Backend {
                 .as_deref()
                 .map(|url| grpc::GrpcUpstream::new(url, upstream, ca))
                 .transpose()?,
+            upstream_duration: crate::telemetry::upstream_duration(&config.name),
             url,
             metrics_url: config.metrics.clone(),
             capacity: config.capacity.map(config::ByteSize::bytes),
@@ -216,6 +219,11 @@ impl Backend {
             tracing::warn!(backend = %self.name, failures, reason, "backend ejected after connection failures");
             crate::telemetry::backend_up(&self.name, false);
         }
+    }
+
+    /// Records how long the backend took until its response headers.
+    pub fn record_latency(&self, elapsed: std::time::Duration) {
+        self.upstream_duration.record(elapsed.as_secs_f64());
     }
 
     /// Records a request that reached the backend, which resets the failure streak.

@@ -9,7 +9,9 @@
 
 use crate::Gateway;
 use crate::error::{ErrorKind, ErrorSource, GatewayError};
-use crate::frontend::{InFlightGauge, Served, X_REQUEST_ID, grpc_status_class, record, request_id};
+use crate::frontend::{
+    InFlightGauge, Protocol, Served, X_REQUEST_ID, grpc_status_class, record, request_id,
+};
 use crate::upstream::grpc::CallError;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -186,7 +188,7 @@ impl Call {
             served: Mutex::new(Served::default()),
             target: Mutex::new(None),
             tenant: std::sync::OnceLock::new(),
-            _in_flight: InFlightGauge::start("grpc"),
+            _in_flight: InFlightGauge::start(Protocol::Grpc),
         }
     }
 
@@ -301,11 +303,19 @@ impl Call {
     ) {
         let elapsed = self.started.elapsed();
         let served = self.served.lock().expect("served lock").clone();
-        record("grpc", &served, grpc_status_class(code), elapsed, error);
+        record(
+            Protocol::Grpc,
+            &served,
+            grpc_status_class(code),
+            elapsed,
+            error,
+        );
         let latency_ms = elapsed.as_secs_f64() * 1e3;
         let _entered = self.span.enter();
         let rpc = self.rpc;
         let tenant = self.tenant.get().map_or("", |t| &**t);
+        // A string, so the text log quotes it as before (`code="Ok"`).
+        let code_name = format!("{code:?}");
         let version = served.version.as_deref().unwrap_or("");
         // Stream counters (messages, responses) as one field, so each line has one shape.
         let counts = extra
@@ -313,7 +323,6 @@ impl Call {
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(" ");
-        let code_name = format!("{code:?}");
         match error {
             Some(e) if e.source != ErrorSource::Client => tracing::warn!(
                 rpc,
@@ -415,7 +424,8 @@ pub async fn grpc_layer(
             .extensions_mut()
             .insert(Deadline(Instant::now() + timeout));
     }
-    let rpc = request.uri().path().to_owned();
+    let uri = request.uri().clone(); // shares the bytes: a copy only if it is logged
+
     let client_id = request.headers().get(&X_REQUEST_ID).cloned();
     let started = Instant::now();
     let mut response = next.run(request).await;
@@ -444,7 +454,7 @@ pub async fn grpc_layer(
         };
         let elapsed = started.elapsed();
         record(
-            "grpc",
+            Protocol::Grpc,
             &Served::default(),
             grpc_status_class(Code::ResourceExhausted),
             elapsed,
@@ -453,7 +463,7 @@ pub async fn grpc_layer(
         let span = tracing::info_span!("request", request_id = %id.to_str().unwrap_or_default());
         let _entered = span.enter();
         tracing::info!(
-            rpc,
+            rpc = uri.path(),
             code = "ResourceExhausted",
             latency_ms = elapsed.as_secs_f64() * 1e3,
             error = error.kind,
