@@ -369,6 +369,11 @@ fn limit_body(gateway: &Gateway, request: Request) -> Result<Request, GatewayErr
     if declared.is_some_and(|length| length > limit) {
         return Err(GatewayError::BodyTooLarge { limit });
     }
+    // HTTP/1 delivers exactly the declared length (hyper refuses a body that differs), so
+    // only a chunked body (or HTTP/2's) needs counting as it streams.
+    if declared.is_some() && request.version() <= http::Version::HTTP_11 {
+        return Ok(request);
+    }
     Ok(request.map(|body| crate::body::limited(body, limit)))
 }
 

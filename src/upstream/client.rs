@@ -93,7 +93,7 @@ impl UpstreamClient {
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) are about one connection and are never forwarded.
-const HOP_BY_HOP: [HeaderName; 7] = [
+static HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     header::PROXY_AUTHENTICATE,
@@ -104,7 +104,7 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    for name in &HOP_BY_HOP {
+    for name in HOP_BY_HOP.iter() {
         headers.remove(name);
     }
     // Transfer-Encoding is re-decided by hyper for each side; leaving it would double-chunk.
@@ -119,17 +119,19 @@ pub async fn forward(
     request: Request<Body>,
 ) -> Result<Response<Body>, GatewayError> {
     let (mut parts, body) = request.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
     parts.uri = backend
         .url
-        .join(&path)
+        .forward_uri(&parts.uri)
         .map_err(|e| GatewayError::BadRequest(format!("invalid request path: {e}")))?;
     strip_hop_by_hop(&mut parts.headers);
-    parts.headers.remove(header::HOST);
+    if backend.url.http2 {
+        parts.headers.remove(header::HOST); // HTTP/2 names the backend in :authority
+    } else {
+        // The backend's own name, as hyper would write it, but made once per backend.
+        parts
+            .headers
+            .insert(header::HOST, backend.url.host().clone());
+    }
     parts.version = http::Version::HTTP_11;
 
     let started = Instant::now();

@@ -13,7 +13,8 @@ pub use index::{ModelEntry, ModelIndex};
 
 use crate::config;
 use arc_swap::ArcSwap;
-use http::Uri;
+use http::uri::Authority;
+use http::{HeaderValue, Uri};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -41,6 +42,11 @@ pub struct BackendUrl {
     pub http2: bool,
     /// TLS (HTTP/1.1), verified against the backend's CA bundle.
     pub tls: bool,
+    /// `host:port`, when the base has no path prefix: then a forwarded request's URI is
+    /// put together from parts, without formatting or parsing it again.
+    authority: Option<Authority>,
+    /// The `Host` header sent to the backend (what hyper would write for the URI).
+    host: HeaderValue,
 }
 
 impl BackendUrl {
@@ -63,10 +69,27 @@ impl BackendUrl {
         let uri: Uri = base
             .parse()
             .map_err(|e| format!("invalid URL {text:?}: {e}"))?;
-        if uri.host().is_none_or(str::is_empty) {
+        let Some(host) = uri.host().filter(|h| !h.is_empty()) else {
             return Err(format!("URL {text:?} has no host"));
-        }
-        Ok(Self { base, http2, tls })
+        };
+        let default_port = if tls { 443 } else { 80 };
+        let host = match uri.port_u16() {
+            Some(port) if port != default_port => format!("{host}:{port}"),
+            _ => host.to_owned(),
+        };
+        let host =
+            HeaderValue::from_str(&host).map_err(|e| format!("invalid URL {text:?}: {e}"))?;
+        let authority = match uri.path() {
+            "" | "/" => uri.authority().cloned(),
+            _ => None,
+        };
+        Ok(Self {
+            base,
+            http2,
+            tls,
+            authority,
+            host,
+        })
     }
 
     /// The full URI of a path (with query) on this backend.
@@ -75,6 +98,30 @@ impl BackendUrl {
         uri.push_str(&self.base);
         uri.push_str(path_and_query);
         uri.parse()
+    }
+
+    /// The URI of a client's request on this backend: its path and query, under the base.
+    pub fn forward_uri(&self, client: &Uri) -> Result<Uri, http::Error> {
+        let path = client.path_and_query().map_or("/", |p| p.as_str());
+        match (&self.authority, client.path_and_query()) {
+            (Some(authority), Some(path_and_query)) => {
+                let mut parts = http::uri::Parts::default();
+                parts.scheme = Some(if self.tls {
+                    http::uri::Scheme::HTTPS
+                } else {
+                    http::uri::Scheme::HTTP
+                });
+                parts.authority = Some(authority.clone());
+                parts.path_and_query = Some(path_and_query.clone());
+                Ok(Uri::from_parts(parts)?)
+            }
+            _ => Ok(self.join(path)?),
+        }
+    }
+
+    /// The `Host` header for this backend.
+    pub fn host(&self) -> &HeaderValue {
+        &self.host
     }
 }
 
@@ -364,10 +411,28 @@ mod tests {
             url.join("/v2/models/a/infer?x=1").unwrap().to_string(),
             "http://127.0.0.1:19000/v2/models/a/infer?x=1"
         );
+        let client: Uri = "/v2/models/a/infer?x=1".parse().unwrap();
+        assert_eq!(
+            url.forward_uri(&client).unwrap().to_string(),
+            "http://127.0.0.1:19000/v2/models/a/infer?x=1"
+        );
+        assert_eq!(url.host(), "127.0.0.1:19000");
+        let prefixed = BackendUrl::parse("http://triton:80/prefix").unwrap();
+        assert_eq!(
+            prefixed.forward_uri(&client).unwrap().to_string(),
+            "http://triton:80/prefix/v2/models/a/infer?x=1"
+        );
+        assert_eq!(prefixed.host(), "triton");
         assert!(BackendUrl::parse("h2c://triton:8000").unwrap().http2);
         let tls = BackendUrl::parse("https://triton:8443/").unwrap();
         assert!(tls.tls && !tls.http2);
         assert_eq!(tls.base, "https://triton:8443");
+        assert_eq!(
+            tls.forward_uri(&client).unwrap().to_string(),
+            "https://triton:8443/v2/models/a/infer?x=1"
+        );
+        assert_eq!(tls.host(), "triton:8443");
+        assert_eq!(BackendUrl::parse("https://t:443").unwrap().host(), "t");
         assert!(
             BackendUrl::parse("ftp://x")
                 .unwrap_err()
