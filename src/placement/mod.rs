@@ -187,15 +187,21 @@ impl Placement {
         model: &ModelRef,
         allow_evict: bool,
     ) -> Result<Lease, GatewayError> {
-        let estimate = self.estimator.estimate(&model.name);
-        let pinned = self.pinned.contains(&model.name);
         let mut attempts = 0;
         let mut cold_since: Option<Instant> = None;
         loop {
             let view = self.view(model);
-            let decision =
-                self.books()
-                    .decide(model, estimate, &view, pinned, allow_evict, Instant::now());
+            // The warm path: one lock, no estimate (the lock is not held while estimating).
+            let hit = self.books().hit(model, &view);
+            let decision = match hit {
+                Some(decision) => decision,
+                None => {
+                    let estimate = self.estimator.estimate(&model.name);
+                    let pinned = self.pinned.contains(&model.name);
+                    self.books()
+                        .decide(model, estimate, &view, pinned, allow_evict, Instant::now())
+                }
+            };
             let mut waiting = match decision {
                 Decision::Serve(backend) => {
                     if let Some(since) = cold_since {

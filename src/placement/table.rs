@@ -308,7 +308,11 @@ impl Table {
         }
     }
 
-    fn hit(&mut self, model: &ModelRef, view: &[BackendView]) -> Option<Decision> {
+    /// The decision when a copy of `model` is on the books: `Serve` the ready copy with the
+    /// fewest requests in flight (counting this one), else `Wait` for a loading one; `None`
+    /// when there is neither. `decide` starts with this; asking it alone first lets a warm
+    /// request skip what only a load needs (the size estimate).
+    pub fn hit(&mut self, model: &ModelRef, view: &[BackendView]) -> Option<Decision> {
         let mut best: Option<(usize, usize)> = None;
         let mut loading = None;
         for (b, books) in self.backends.iter().enumerate() {
