@@ -11,7 +11,7 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use infergate::config::Config;
-use infergate::pipeline::{ModelRef, PIN_HEADER, RouteTable};
+use infergate::pipeline::{Caller, ModelRef, PIN_HEADER, RouteTable};
 use std::hint::black_box;
 
 const ROUTES: usize = 1_000;
@@ -52,9 +52,11 @@ fn resolve(c: &mut Criterion) {
             b.iter(|| {
                 let requested = ModelRef::new(black_box(model), None);
                 let routed = table
-                    .resolve(requested, |h| {
-                        header.filter(|(n, _)| *n == h).map(|(_, v)| v)
-                    })
+                    .resolve(
+                        requested,
+                        |h| header.filter(|(n, _)| *n == h).map(|(_, v)| v),
+                        &Caller::Open,
+                    )
                     .expect("routed");
                 black_box(routed)
             })
