@@ -115,6 +115,7 @@ fn bench(c: &mut Criterion) {
             let credentials = Credentials {
                 authorization: Some(header.as_bytes()),
                 api_key: None,
+                peer: None,
             };
             runtime.block_on(auth.authenticate(credentials)).unwrap();
             group.bench_function(format!("jwt_{name}_{mode}"), |b| {
@@ -129,6 +130,7 @@ fn bench(c: &mut Criterion) {
     let credentials = Credentials {
         authorization: None,
         api_key: Some(API_KEY.as_bytes()),
+        peer: None,
     };
     group.bench_function("api_key", |b| {
         b.iter(|| {

@@ -697,3 +697,71 @@ async fn backends_over_https_are_verified_with_the_ca_bundle() {
         .unwrap();
     assert_eq!(refused.status(), 503);
 }
+
+#[tokio::test]
+async fn a_client_certificate_names_the_tenant_when_auth_is_on() {
+    let triton = triton().await;
+    let pki = Pki::new("mtls-tenant");
+    pki.install_server(&pki.server("gateway"));
+    let alice = pki.client("alice");
+    // The admin API needs the admin role: the test's own client adds an admin API key.
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("x-api-key", "ops-key".parse().unwrap());
+    let admin = {
+        let pem = format!("{}{}", alice.cert, alice.key);
+        reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(pki.ca_pem().as_bytes()).unwrap())
+            .identity(reqwest::Identity::from_pem(pem.as_bytes()).unwrap())
+            .default_headers(headers)
+            .build()
+            .unwrap()
+    };
+    let config = format!(
+        "{}\n[auth]\nmode = \"required\"\nclient_certificates = true\n\
+         [[auth.api_keys]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"admin\"]\n\
+         [[auth.tenants]]\nname = \"alice\"\nmodels = [\"add_sub\"]\n",
+        tls_config(
+            "tlstenant",
+            triton,
+            &pki,
+            &format!("client_ca = \"{}\"", pki.path("ca.pem").display()),
+        ),
+        infergate::auth::hash_key("ops-key"),
+    );
+    let gateway = start(&config, admin).await;
+
+    // Alice's certificate is her credential: her tenant may call add_sub, nothing else.
+    let client = https_client(&pki, Some(&alice));
+    let (output, _) = infer(&client, gateway.http).await;
+    assert_eq!(output, [2.0, 3.0, 4.0, 5.0]);
+    let forbidden = client
+        .post(format!("https://{}/v2/models/sized_a/infer", gateway.http))
+        .json(&add_sub_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forbidden.status(), 403);
+    let body: Value = forbidden.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("sized_a"),
+        "{body}"
+    );
+    // No admin role comes with a certificate.
+    let admin_api = client
+        .get(format!("https://{}/admin/backends", gateway.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(admin_api.status(), 403);
+    // gRPC alike.
+    let mut grpc = grpc_tls_client(&pki, Some(&alice), gateway.grpc)
+        .await
+        .unwrap();
+    assert!(grpc.model_infer(grpc_add_sub()).await.is_ok());
+    let mut other = grpc_add_sub();
+    other.model_name = "sized_a".into();
+    let refused = grpc.model_infer(other).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+}

@@ -64,6 +64,8 @@ pub struct Credentials<'a> {
     pub authorization: Option<&'a [u8]>,
     /// `x-api-key` value.
     pub api_key: Option<&'a [u8]>,
+    /// The subject of the client's verified certificate (mTLS), if any.
+    pub peer: Option<&'a str>,
 }
 
 /// What a request wants to do, for `Auth::admit`.
@@ -131,6 +133,7 @@ pub struct Auth {
     tenants: HashMap<Arc<str>, TenantPolicy>,
     cache: Option<moka::sync::Cache<String, Arc<Identity>>>,
     refresh_interval: Duration,
+    client_certificates: bool,
 }
 
 impl std::fmt::Debug for Auth {
@@ -233,6 +236,7 @@ impl Auth {
             jwt,
             api_keys: keys,
             tenants,
+            client_certificates: config.client_certificates,
             cache,
             refresh_interval: config.jwks_refresh_interval.0,
         })
@@ -282,6 +286,19 @@ impl Auth {
                 .ok_or_else(|| unauthenticated("unknown API key"));
         }
         let Some(header) = credentials.authorization else {
+            if self.client_certificates
+                && let Some(subject) = credentials.peer
+            {
+                return Ok(Arc::new(Identity {
+                    tenant: Arc::from(subject),
+                    roles: Vec::new(),
+                    admin: false,
+                    models: None,
+                    claims: None,
+                    expires: None,
+                    key_generation: 0,
+                }));
+            }
             return Err(unauthenticated(
                 "no credentials: send Authorization: Bearer <token> or x-api-key",
             ));
@@ -466,6 +483,7 @@ mod tests {
         Credentials {
             authorization: None,
             api_key: Some(value.as_bytes()),
+            peer: None,
         }
     }
 
@@ -478,6 +496,7 @@ mod tests {
             .authenticate(Credentials {
                 authorization: Some(b"Bearer acme-key"),
                 api_key: None,
+                peer: None,
             })
             .await
             .unwrap();

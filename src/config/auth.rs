@@ -59,6 +59,10 @@ pub struct Auth {
     pub api_keys: Vec<ApiKey>,
     /// Per-tenant model access and limits.
     pub tenants: Vec<Tenant>,
+    /// A verified client certificate (mTLS, `listen.tls.client_ca`) is a credential of its
+    /// own for a request that carries no other: its subject (`listen.tls.client_identity`)
+    /// names the tenant, with no roles.
+    pub client_certificates: bool,
 }
 
 impl Default for Auth {
@@ -78,6 +82,7 @@ impl Default for Auth {
             jwks_min_refresh_interval: HumanDuration(Duration::from_secs(10)),
             jwt_keys: Vec::new(),
             api_keys: Vec::new(),
+            client_certificates: false,
             tenants: Vec::new(),
         }
     }
@@ -161,10 +166,14 @@ impl Auth {
     /// Checks what can be checked without reading files.
     pub(super) fn validate(&self, errors: &mut Vec<ConfigError>) {
         let mut error = |key: String, message: String| errors.push(ConfigError { key, message });
-        if self.mode == AuthMode::Required && self.jwt_keys.is_empty() && self.api_keys.is_empty() {
+        if self.mode == AuthMode::Required
+            && self.jwt_keys.is_empty()
+            && self.api_keys.is_empty()
+            && !self.client_certificates
+        {
             error(
                 "auth.mode".into(),
-                "\"required\" needs at least one [[auth.jwt_keys]] or [[auth.api_keys]] entry"
+                "\"required\" needs at least one [[auth.jwt_keys]] or [[auth.api_keys]] entry, or client_certificates = true"
                     .into(),
             );
         }

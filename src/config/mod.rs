@@ -406,6 +406,18 @@ impl Config {
                 }
             }
         }
+        if self.auth.client_certificates
+            && self
+                .listen
+                .tls
+                .as_ref()
+                .is_none_or(|t| t.client_ca.is_none())
+        {
+            error(
+                "auth.client_certificates".into(),
+                "needs listen.tls.client_ca (clients must present verified certificates)".into(),
+            );
+        }
         self.placement.validate(&self.models, &mut errors);
         routes::validate(&self.routes, &mut errors);
         self.auth.validate(&mut errors);

@@ -47,7 +47,7 @@ async fn require_admin(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let auth = gateway.live().auth.clone();
-    let credentials = super::http::credentials(request.headers());
+    let credentials = super::http::credentials(&request);
     let admitted = match crate::pipeline::auth::authenticate(&auth, credentials).await {
         Ok(caller) => crate::pipeline::auth::admit(
             &auth,

@@ -58,10 +58,15 @@ pub fn router(gateway: Gateway) -> Router {
 pub(crate) const CREDENTIAL_HEADERS: [&str; 2] = ["authorization", "x-api-key"];
 
 /// The credentials a request carries.
-pub(crate) fn credentials(headers: &http::HeaderMap) -> Credentials<'_> {
+pub(crate) fn credentials(request: &Request) -> Credentials<'_> {
+    let headers = request.headers();
     Credentials {
         authorization: headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()),
         api_key: headers.get("x-api-key").map(|v| v.as_bytes()),
+        peer: request
+            .extensions()
+            .get::<crate::tls::PeerIdentity>()
+            .map(|p| p.subject.as_str()),
     }
 }
 
@@ -77,11 +82,10 @@ pub(crate) async fn authenticate(
         return next.run(request).await;
     }
     let auth = gateway.live().auth.clone();
-    let caller =
-        match crate::pipeline::auth::authenticate(&auth, credentials(request.headers())).await {
-            Ok(caller) => caller,
-            Err(error) => return error.into_response(),
-        };
+    let caller = match crate::pipeline::auth::authenticate(&auth, credentials(&request)).await {
+        Ok(caller) => caller,
+        Err(error) => return error.into_response(),
+    };
     if auth.is_on() {
         for name in CREDENTIAL_HEADERS {
             request.headers_mut().remove(name);

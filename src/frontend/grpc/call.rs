@@ -159,6 +159,8 @@ pub struct Call {
     span: Span,
     served: Mutex<Served>,
     target: Mutex<Option<String>>,
+    /// The subject of the client's verified certificate (mTLS), a credential for auth.
+    peer: Option<String>,
     tenant: std::sync::OnceLock<std::sync::Arc<str>>,
     _in_flight: InFlightGauge,
 }
@@ -182,6 +184,10 @@ impl Call {
             rpc,
             id,
             deadline: request.extensions().get::<Deadline>().map(|d| d.0),
+            peer: request
+                .extensions()
+                .get::<crate::tls::PeerIdentity>()
+                .map(|p| p.subject.clone()),
             started: Instant::now(),
             probe: false,
             span,
@@ -233,6 +239,11 @@ impl Call {
         {
             metadata.insert(crate::protocol::TARGET_HEADER, value);
         }
+    }
+
+    /// The subject of the client's verified certificate, if any.
+    pub fn peer(&self) -> Option<&str> {
+        self.peer.as_deref()
     }
 
     /// The client's deadline, if it set one.

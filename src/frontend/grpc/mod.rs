@@ -133,10 +133,11 @@ fn status_from_http(status: StatusCode, body: &Bytes) -> Status {
 }
 
 /// The credentials a call carries in its metadata.
-fn credentials(metadata: &MetadataMap) -> Credentials<'_> {
+fn credentials<'a>(metadata: &'a MetadataMap, peer: Option<&'a str>) -> Credentials<'a> {
     Credentials {
         authorization: metadata.get("authorization").map(|v| v.as_bytes()),
         api_key: metadata.get("x-api-key").map(|v| v.as_bytes()),
+        peer,
     }
 }
 
@@ -149,7 +150,8 @@ pub(super) async fn authenticate(
     metadata: &mut MetadataMap,
 ) -> Result<Caller, GatewayError> {
     let auth = gateway.live().auth.clone();
-    let caller = crate::pipeline::auth::authenticate(&auth, credentials(metadata)).await?;
+    let caller =
+        crate::pipeline::auth::authenticate(&auth, credentials(metadata, call.peer())).await?;
     if auth.is_on() {
         metadata.remove("authorization");
         metadata.remove("x-api-key");
