@@ -8,6 +8,11 @@
 //! infer in JSON or binary form) and answers from precomputed bodies without
 //! parsing tensors. `--delay` and `--fail-rate` add a known latency or error
 //! rate to check the gateway's behaviour under them.
+//!
+//! Two model signatures: add_sub's (two FP32 [4] inputs and outputs), for
+//! per-request overhead, and a dynamic one (`--dynamic-model`: one FP32 input
+//! of any length), so body-size benchmarks (`infergate-load --body-size`) pass
+//! the gateway's validation whatever size they send.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -16,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -36,6 +41,10 @@ use crate::transport::http::INFERENCE_HEADER_CONTENT_LENGTH;
 pub struct FakeConfig {
     /// Model names served (each with version "1" and add_sub's signature).
     pub models: Vec<String>,
+    /// Model names served with the dynamic signature: INPUT0 FP32 [-1] ->
+    /// OUTPUT0 FP32 [-1], `max_batch_size` 0. Their infer answer is fixed
+    /// (OUTPUT0 shaped [1]) whatever the request's size.
+    pub dynamic_models: Vec<String>,
     /// Fixed extra latency added to every infer response.
     pub delay: Duration,
     /// Fraction (0.0..=1.0) of infer requests answered with HTTP 500.
@@ -46,8 +55,50 @@ impl Default for FakeConfig {
     fn default() -> Self {
         FakeConfig {
             models: vec!["add_sub".to_string()],
+            dynamic_models: Vec::new(),
             delay: Duration::ZERO,
             fail_rate: 0.0,
+        }
+    }
+}
+
+/// The shape of a served model's signature.
+#[derive(Debug, Clone, Copy)]
+enum ModelKind {
+    /// add_sub: INPUT0, INPUT1 -> OUTPUT0, OUTPUT1, all FP32 [4].
+    AddSub,
+    /// INPUT0 FP32 [-1] -> OUTPUT0 FP32 [-1]: any length passes validation.
+    Dynamic,
+}
+
+impl ModelKind {
+    fn inputs(self) -> &'static [&'static str] {
+        match self {
+            ModelKind::AddSub => &["INPUT0", "INPUT1"],
+            ModelKind::Dynamic => &["INPUT0"],
+        }
+    }
+
+    fn outputs(self) -> &'static [&'static str] {
+        match self {
+            ModelKind::AddSub => &["OUTPUT0", "OUTPUT1"],
+            ModelKind::Dynamic => &["OUTPUT0"],
+        }
+    }
+
+    /// The one dimension of every tensor in metadata and config.
+    fn dim(self) -> i64 {
+        match self {
+            ModelKind::AddSub => 4,
+            ModelKind::Dynamic => -1,
+        }
+    }
+
+    /// Elements of each output in the (fixed) infer answer.
+    fn answer_elements(self) -> usize {
+        match self {
+            ModelKind::AddSub => 4,
+            ModelKind::Dynamic => 1,
         }
     }
 }
@@ -72,6 +123,7 @@ pub struct FakeTriton {
     delay: Duration,
     fail_rate: f64,
     infer_count: AtomicU64,
+    body_bytes: AtomicU64,
 }
 
 const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
@@ -85,7 +137,7 @@ const PROMETHEUS_TEXT: HeaderValue = HeaderValue::from_static("text/plain; versi
 struct TensorMeta<'a> {
     name: &'a str,
     datatype: &'static str,
-    shape: [u32; 1],
+    shape: [i64; 1],
 }
 
 #[derive(Serialize)]
@@ -93,15 +145,15 @@ struct ModelMetadata<'a> {
     name: &'a str,
     versions: [&'static str; 1],
     platform: &'static str,
-    inputs: [TensorMeta<'a>; 2],
-    outputs: [TensorMeta<'a>; 2],
+    inputs: Vec<TensorMeta<'a>>,
+    outputs: Vec<TensorMeta<'a>>,
 }
 
 #[derive(Serialize)]
 struct TensorConfig<'a> {
     name: &'a str,
     data_type: &'static str,
-    dims: [u32; 1],
+    dims: [i64; 1],
 }
 
 #[derive(Serialize)]
@@ -109,8 +161,8 @@ struct ModelConfig<'a> {
     name: &'a str,
     max_batch_size: u32,
     backend: &'static str,
-    input: [TensorConfig<'a>; 2],
-    output: [TensorConfig<'a>; 2],
+    input: Vec<TensorConfig<'a>>,
+    output: Vec<TensorConfig<'a>>,
 }
 
 #[derive(Serialize)]
@@ -122,18 +174,18 @@ struct BinaryParams {
 struct OutputTensor<'a> {
     name: &'a str,
     datatype: &'static str,
-    shape: [u32; 1],
+    shape: [usize; 1],
     #[serde(skip_serializing_if = "Option::is_none")]
     parameters: Option<BinaryParams>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    data: Option<[f32; 4]>,
+    data: Option<Vec<f32>>,
 }
 
 #[derive(Serialize)]
 struct InferResponse<'a> {
     model_name: &'a str,
     model_version: &'static str,
-    outputs: [OutputTensor<'a>; 2],
+    outputs: Vec<OutputTensor<'a>>,
 }
 
 #[derive(Serialize)]
@@ -155,57 +207,63 @@ struct ErrorBody<'a> {
     error: &'a str,
 }
 
-fn tensor_meta(name: &str) -> TensorMeta<'_> {
-    TensorMeta {
-        name,
-        datatype: "FP32",
-        shape: [4],
-    }
-}
-
-fn tensor_config(name: &str) -> TensorConfig<'_> {
-    TensorConfig {
-        name,
-        data_type: "TYPE_FP32",
-        dims: [4],
-    }
-}
-
-fn output(name: &str, binary: bool) -> OutputTensor<'_> {
-    OutputTensor {
-        name,
-        datatype: "FP32",
-        shape: [4],
-        parameters: binary.then_some(BinaryParams {
-            binary_data_size: 16,
-        }),
-        data: (!binary).then_some([0.0; 4]),
-    }
-}
-
-fn model_bodies(name: &str) -> ModelBodies {
+fn model_bodies(name: &str, kind: ModelKind) -> ModelBodies {
+    let dim = kind.dim();
+    let meta = |names: &'static [&'static str]| {
+        names
+            .iter()
+            .map(|&name| TensorMeta {
+                name,
+                datatype: "FP32",
+                shape: [dim],
+            })
+            .collect()
+    };
+    let config = |names: &'static [&'static str]| {
+        names
+            .iter()
+            .map(|&name| TensorConfig {
+                name,
+                data_type: "TYPE_FP32",
+                dims: [dim],
+            })
+            .collect()
+    };
     let metadata = ModelMetadata {
         name,
         versions: ["1"],
         platform: "python",
-        inputs: [tensor_meta("INPUT0"), tensor_meta("INPUT1")],
-        outputs: [tensor_meta("OUTPUT0"), tensor_meta("OUTPUT1")],
+        inputs: meta(kind.inputs()),
+        outputs: meta(kind.outputs()),
     };
     let config = ModelConfig {
         name,
         max_batch_size: 0,
         backend: "python",
-        input: [tensor_config("INPUT0"), tensor_config("INPUT1")],
-        output: [tensor_config("OUTPUT0"), tensor_config("OUTPUT1")],
+        input: config(kind.inputs()),
+        output: config(kind.outputs()),
     };
-    let infer = |binary| InferResponse {
+    let elements = kind.answer_elements();
+    let infer = |binary: bool| InferResponse {
         model_name: name,
         model_version: "1",
-        outputs: [output("OUTPUT0", binary), output("OUTPUT1", binary)],
+        outputs: kind
+            .outputs()
+            .iter()
+            .map(|&name| OutputTensor {
+                name,
+                datatype: "FP32",
+                shape: [elements],
+                parameters: binary.then_some(BinaryParams {
+                    binary_data_size: elements * 4,
+                }),
+                data: (!binary).then(|| vec![0.0; elements]),
+            })
+            .collect(),
     };
     let mut binary = serde_json::to_vec(&infer(true)).expect("static JSON serializes");
     let header_len = binary.len();
-    binary.extend_from_slice(&[0u8; 32]);
+    binary.resize(header_len + kind.outputs().len() * elements * 4, 0);
     ModelBodies {
         metadata: to_bytes(&metadata),
         config: to_bytes(&config),
@@ -280,15 +338,15 @@ fn method_not_allowed() -> Response<Full<Bytes>> {
 impl FakeTriton {
     /// Builds the server state and all its response bodies.
     pub fn new(cfg: &FakeConfig) -> Self {
-        let models: HashMap<String, ModelBodies> = cfg
-            .models
-            .iter()
-            .map(|m| (m.clone(), model_bodies(m)))
+        let served = || {
+            let add_sub = cfg.models.iter().map(|m| (m, ModelKind::AddSub));
+            add_sub.chain(cfg.dynamic_models.iter().map(|m| (m, ModelKind::Dynamic)))
+        };
+        let models: HashMap<String, ModelBodies> = served()
+            .map(|(m, kind)| (m.clone(), model_bodies(m, kind)))
             .collect();
-        let index: Vec<IndexEntry<'_>> = cfg
-            .models
-            .iter()
-            .map(|m| IndexEntry {
+        let index: Vec<IndexEntry<'_>> = served()
+            .map(|(m, _)| IndexEntry {
                 name: m,
                 version: "1",
                 state: "READY",
@@ -298,7 +356,7 @@ impl FakeTriton {
             "# HELP nv_inference_request_success Number of successful inference requests, all batch sizes\n\
              # TYPE nv_inference_request_success counter\n",
         );
-        for m in &cfg.models {
+        for (m, _) in served() {
             metrics.push_str(&format!(
                 "nv_inference_request_success{{model=\"{m}\",version=\"1\"}} 0\n"
             ));
@@ -330,6 +388,7 @@ impl FakeTriton {
             delay: cfg.delay,
             fail_rate: cfg.fail_rate,
             infer_count: AtomicU64::new(0),
+            body_bytes: AtomicU64::new(0),
         }
     }
 
@@ -339,22 +398,39 @@ impl FakeTriton {
         self.infer_count.load(Ordering::Relaxed)
     }
 
+    /// Request body bytes read so far (all requests), so tests can see that
+    /// bodies are read to the end.
+    pub fn body_bytes(&self) -> u64 {
+        self.body_bytes.load(Ordering::Relaxed)
+    }
+
     /// Answers one request. The body is always drained first, as a real
-    /// server must before it can reuse the connection.
+    /// server must before it can reuse the connection (and as Triton does
+    /// before it answers): each frame is dropped as it arrives, so a large
+    /// body costs the fake no memory.
     pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>>
     where
         B: Body + Unpin,
     {
         let (parts, mut body) = req.into_parts();
+        let mut read = 0u64;
         while let Some(frame) = body.frame().await {
-            if frame.is_err() {
-                return respond(
-                    StatusCode::BAD_REQUEST,
-                    Some(APPLICATION_JSON),
-                    error_body("failed to read request body"),
-                );
+            match frame {
+                Ok(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        read += data.remaining() as u64;
+                    }
+                }
+                Err(_) => {
+                    return respond(
+                        StatusCode::BAD_REQUEST,
+                        Some(APPLICATION_JSON),
+                        error_body("failed to read request body"),
+                    );
+                }
             }
         }
+        self.body_bytes.fetch_add(read, Ordering::Relaxed);
         let path = parts.uri.path();
         let get = parts.method == Method::GET;
         let post = parts.method == Method::POST;
@@ -643,6 +719,103 @@ mod tests {
             Ok(())
         );
         assert_eq!(s.infer_count(), 3);
+    }
+
+    fn dynamic_server() -> FakeTriton {
+        FakeTriton::new(&FakeConfig {
+            models: Vec::new(),
+            dynamic_models: vec!["dyn".into()],
+            ..Default::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn dynamic_model_signature_takes_any_length() {
+        let s = dynamic_server();
+        let (st, _, b) = call(&s, Method::POST, "/v2/repository/index", false).await;
+        assert_eq!(st, 200);
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(
+            v,
+            json!([{"name": "dyn", "version": "1", "state": "READY"}])
+        );
+        for path in ["/v2/models/dyn", "/v2/models/dyn/versions/1"] {
+            let (st, _, b) = call(&s, Method::GET, path, false).await;
+            assert_eq!(st, 200);
+            assert_eq!(
+                std::str::from_utf8(&b).unwrap(),
+                r#"{"name":"dyn","versions":["1"],"platform":"python","inputs":[{"name":"INPUT0","datatype":"FP32","shape":[-1]}],"outputs":[{"name":"OUTPUT0","datatype":"FP32","shape":[-1]}]}"#
+            );
+        }
+        let (st, _, b) = call(&s, Method::GET, "/v2/models/dyn/config", false).await;
+        assert_eq!(st, 200);
+        assert_eq!(
+            std::str::from_utf8(&b).unwrap(),
+            r#"{"name":"dyn","max_batch_size":0,"backend":"python","input":[{"name":"INPUT0","data_type":"TYPE_FP32","dims":[-1]}],"output":[{"name":"OUTPUT0","data_type":"TYPE_FP32","dims":[-1]}]}"#
+        );
+        let (st, _, b) = call(&s, Method::GET, "/metrics", false).await;
+        assert_eq!(st, 200);
+        assert!(
+            std::str::from_utf8(&b)
+                .unwrap()
+                .contains("nv_inference_request_success{model=\"dyn\",version=\"1\"} 0\n")
+        );
+    }
+
+    /// A body arriving in several frames, as a large request does.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+            std::task::Poll::Ready(self.0.pop_front().map(|c| Ok(hyper::body::Frame::data(c))))
+        }
+    }
+
+    #[tokio::test]
+    async fn dynamic_infer_reads_the_whole_body_and_answers_small() {
+        let s = dynamic_server();
+        // 4 MiB in 64 KiB frames: all of it is read, none of it is kept.
+        let frames: std::collections::VecDeque<Bytes> =
+            (0..64).map(|_| Bytes::from(vec![0u8; 64 * 1024])).collect();
+        let req = Request::post("/v2/models/dyn/infer")
+            .body(Chunks(frames))
+            .unwrap();
+        let resp = s.handle(req).await;
+        assert_eq!(resp.status(), 200);
+        let b = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            std::str::from_utf8(&b).unwrap(),
+            r#"{"model_name":"dyn","model_version":"1","outputs":[{"name":"OUTPUT0","datatype":"FP32","shape":[1],"data":[0.0]}]}"#
+        );
+        assert_eq!(crate::outcome::check_infer_response(&b, None), Ok(()));
+        assert_eq!(s.body_bytes(), 4 * 1024 * 1024);
+
+        let (st, resp, b) = call(&s, Method::POST, "/v2/models/dyn/infer", true).await;
+        assert_eq!(st, 200);
+        assert_eq!(resp.headers()[CONTENT_TYPE], "application/octet-stream");
+        let hlen: usize = resp.headers()[INFERENCE_HEADER_CONTENT_LENGTH]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(b.len(), hlen + 4);
+        let header: Value = serde_json::from_slice(&b[..hlen]).unwrap();
+        assert_eq!(
+            header["outputs"],
+            json!([{"name": "OUTPUT0", "datatype": "FP32", "shape": [1],
+                    "parameters": {"binary_data_size": 4}}])
+        );
+        assert_eq!(s.infer_count(), 2);
+        assert_eq!(s.body_bytes(), 4 * 1024 * 1024 + 2);
+        // Only the models asked for are served.
+        let (st, _, _) = call(&s, Method::GET, "/v2/models/add_sub", false).await;
+        assert_eq!(st, 404);
     }
 
     #[tokio::test]

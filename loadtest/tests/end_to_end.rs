@@ -106,6 +106,38 @@ async fn binary_closed_loop_with_check_and_h2c() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_size_runs_against_a_dynamic_model() {
+    // What loadtest/validation.sh does, small: any length is this model's shape, and its
+    // fixed answer passes --check.
+    let (url, fake) = start_fake(FakeConfig {
+        models: Vec::new(),
+        dynamic_models: vec!["dyn".into()],
+        ..Default::default()
+    })
+    .await;
+    for extra in [&[][..], &["--binary"][..]] {
+        let mut a = vec!["-m", "dyn", "--body-size", "64KB", "--check", "-c", "2"];
+        a.extend_from_slice(extra);
+        let p = plan(&url, &a);
+        let before = fake.body_bytes();
+        let steps = run(&p).await;
+        let ok = steps[0].ok;
+        assert!(ok > 5, "{extra:?}: ok {ok}");
+        assert_eq!(
+            steps[0].errors, 0,
+            "{extra:?}: {:?}",
+            steps[0].errors_by_kind
+        );
+        let v = serde_json::to_value(Report::new(&p, steps)).unwrap();
+        let body = v["config"]["body_bytes"].as_u64().unwrap();
+        assert!((63_000..=64_000).contains(&body), "{extra:?}: {body}");
+        // Every answered body was read to the end (requests cut off when the run ends
+        // add a part of one).
+        assert!(fake.body_bytes() - before >= ok * body, "{extra:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_sends_at_the_rate() {
     let (url, _fake) = start_fake(FakeConfig::default()).await;
     let mut a = ADD_SUB.to_vec();

@@ -20,9 +20,16 @@ struct Args {
     listen: String,
 
     /// Model name to serve (repeatable); each has version 1 and add_sub's
-    /// signature (INPUT0/INPUT1 -> OUTPUT0/OUTPUT1, FP32 [4]).
+    /// signature (INPUT0/INPUT1 -> OUTPUT0/OUTPUT1, FP32 [4]). Default:
+    /// add_sub, unless --dynamic-model is given.
     #[arg(long = "model", value_name = "NAME")]
     models: Vec<String>,
+
+    /// Model name to serve with a signature that takes any length (repeatable):
+    /// INPUT0 FP32 [-1] -> OUTPUT0 FP32 [-1], max_batch_size 0, for body-size
+    /// benchmarks through a validating gateway. Its answer is fixed (OUTPUT0 [1]).
+    #[arg(long = "dynamic-model", value_name = "NAME")]
+    dynamic_models: Vec<String>,
 
     /// Fixed latency added to every infer request (e.g. 0ms, 5ms).
     #[arg(long, default_value = "0ms", value_name = "DURATION")]
@@ -54,12 +61,16 @@ fn run(args: Args) -> Result<()> {
     if args.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
+    if let Some(m) = args.models.iter().find(|m| args.dynamic_models.contains(m)) {
+        bail!("model '{m}' is given both as --model and --dynamic-model");
+    }
     let cfg = FakeConfig {
-        models: if args.models.is_empty() {
+        models: if args.models.is_empty() && args.dynamic_models.is_empty() {
             vec!["add_sub".to_string()]
         } else {
             args.models
         },
+        dynamic_models: args.dynamic_models,
         delay: parse_duration(&args.delay).context("--delay")?,
         fail_rate: args.fail_rate,
     };
@@ -76,7 +87,12 @@ fn run(args: Args) -> Result<()> {
         let addr = listener.local_addr()?;
         eprintln!(
             "fake-triton listening on http://{addr} (models: {}; delay {}; fail-rate {})",
-            cfg.models.join(","),
+            cfg.models
+                .iter()
+                .cloned()
+                .chain(cfg.dynamic_models.iter().map(|m| format!("{m} (dynamic)")))
+                .collect::<Vec<_>>()
+                .join(","),
             fmt_duration(cfg.delay),
             cfg.fail_rate
         );
