@@ -260,23 +260,16 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
         Ok(routed) => routed,
         Err(error) => return error.into_response(),
     };
-    // Only inference counts in a guard and is mirrored: metadata calls would blur both.
-    if !is_infer(&request) {
-        routed.outcome = None;
-        routed.mirrors.clear();
-    }
+    routed.for_inference(is_infer(&request));
     let copy = mirror_copy(&mut routed, &request);
     if routed.route.is_some() {
         *request.uri_mut() = target_uri(request.uri(), &routed.target);
     }
-    let model = routed.target;
-    let lease = match gateway.placement().acquire(&model).await {
+    let lease = match routed.place(gateway.placement()).await {
         Ok(lease) => lease,
-        Err(error) => {
-            finish(routed.outcome, error.http_status());
-            return error.into_response();
-        }
+        Err(error) => return error.into_response(),
     };
+    let model = routed.target;
     let forwarded = async {
         let request = limit_body(gateway, request)?;
         let mut request =

@@ -31,6 +31,30 @@ pub struct Routed {
 }
 
 impl Routed {
+    /// Only an inference is counted by a route's guard and copied to its mirrors: metadata,
+    /// config and readiness calls would blur both. Call it once the kind of request is known.
+    pub fn for_inference(&mut self, inference: bool) {
+        if !inference {
+            self.outcome = None;
+            self.mirrors.clear();
+        }
+    }
+
+    /// Finds or loads a copy of the target (`Placement::acquire`). A target that cannot be
+    /// placed has failed the request: a guard counts that against it.
+    pub async fn place(
+        &mut self,
+        placement: &Arc<crate::placement::Placement>,
+    ) -> Result<crate::placement::Lease, GatewayError> {
+        let placed = placement.acquire(&self.target).await;
+        if let Err(error) = &placed
+            && let Some(outcome) = self.outcome.take()
+        {
+            outcome.finish(error.http_status().is_server_error());
+        }
+        placed
+    }
+
     fn unrouted(target: ModelRef) -> Self {
         Self {
             route: None,

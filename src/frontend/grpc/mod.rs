@@ -198,28 +198,22 @@ impl InferenceService {
     /// A model name that is a route is resolved first (sticky keys read from the call's
     /// metadata, as HTTP reads them from headers, or from the caller's token); the copy
     /// leased is the target's, which is returned so the message can be sent under the
-    /// target's name.
+    /// target's name. `inference` says whether the route's guard and mirrors apply.
     async fn place(
         &self,
         call: &Call,
         requested: ModelRef,
         metadata: &MetadataMap,
         caller: &Caller,
+        inference: bool,
     ) -> Result<(Lease, Routed), GatewayError> {
         let mut routed = self.gateway.live().routes.resolve(
             requested,
             |name| metadata.get(name).map(|v| v.as_bytes()),
             caller,
         )?;
-        let lease = match self.gateway.placement().acquire(&routed.target).await {
-            Ok(lease) => lease,
-            Err(error) => {
-                if let Some(outcome) = routed.outcome.take() {
-                    outcome.finish(error.http_status().is_server_error());
-                }
-                return Err(error);
-            }
-        };
+        routed.for_inference(inference);
+        let lease = routed.place(self.gateway.placement()).await?;
         call.served(Served {
             model: routed.target.name.clone(),
             version: routed.target.version.clone(),
@@ -268,7 +262,9 @@ impl InferenceService {
     {
         let requested = message.model();
         let (caller, _admission) = self.admit_model(call, &mut metadata, &requested).await?;
-        let (lease, routed) = self.place(call, requested, &metadata, &caller).await?;
+        let (lease, routed) = self
+            .place(call, requested, &metadata, &caller, false)
+            .await?;
         message.retarget(&routed.target);
         self.forward(call, &lease, metadata, message, send).await
     }
@@ -394,7 +390,10 @@ impl GrpcInferenceService for InferenceService {
                 // Who may ask is decided first: a refusal is an error, not `ready: false`.
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
-                match self.place(&call, requested, &metadata, &caller).await {
+                match self
+                    .place(&call, requested, &metadata, &caller, false)
+                    .await
+                {
                     // Triton answers an unknown or unloadable model with `ready: false`.
                     Err(error) => {
                         tracing::debug!(%error, "model is not ready");
@@ -440,7 +439,9 @@ impl GrpcInferenceService for InferenceService {
                 let requested = message.model();
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
-                let (lease, mut routed) = self.place(&call, requested, &metadata, &caller).await?;
+                let (lease, mut routed) = self
+                    .place(&call, requested, &metadata, &caller, true)
+                    .await?;
                 message.retarget(&routed.target);
                 let answer = async {
                     validate::infer_request(
