@@ -8,11 +8,8 @@
 mod support;
 
 use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use infergate::protocol::inference::infer_parameter::ParameterChoice;
-use infergate::protocol::inference::model_infer_request::InferInputTensor;
 use infergate::protocol::inference::{
-    InferParameter, ModelInferRequest, RepositoryIndexRequest, ServerLiveRequest,
-    ServerMetadataRequest,
+    ModelInferRequest, RepositoryIndexRequest, ServerLiveRequest, ServerMetadataRequest,
 };
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -294,21 +291,10 @@ fn add_sub_grpc(
     model: &str,
     metadata: &[(&'static str, &str)],
 ) -> tonic::Request<ModelInferRequest> {
-    let raw = |v: [f32; 4]| {
-        bytes::Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
-    };
-    let input = |name: &str| InferInputTensor {
-        name: name.into(),
-        datatype: "FP32".into(),
-        shape: vec![4],
-        ..Default::default()
-    };
-    let mut request = tonic::Request::new(ModelInferRequest {
-        model_name: model.into(),
-        inputs: vec![input("INPUT0"), input("INPUT1")],
-        raw_input_contents: vec![raw([1.0, 2.0, 3.0, 4.0]), raw([1.0; 4])],
-        ..Default::default()
-    });
+    let mut request = tonic::Request::new(support::grpc::fp32_infer(
+        model,
+        &[("INPUT0", [1.0, 2.0, 3.0, 4.0]), ("INPUT1", [1.0; 4])],
+    ));
     for (name, value) in metadata {
         request.metadata_mut().insert(*name, value.parse().unwrap());
     }
@@ -902,23 +888,7 @@ async fn tenant_limits_answer_429_then_recover() {
             "tenant 'slowpoke' has 1 requests in progress, its limit; retry in 1s"
         )
     );
-    let mut slow_grpc = ModelInferRequest {
-        model_name: "slow_model".into(),
-        inputs: vec![InferInputTensor {
-            name: "INPUT0".into(),
-            datatype: "FP32".into(),
-            shape: vec![4],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![bytes::Bytes::from(vec![0u8; 16])],
-        ..Default::default()
-    };
-    slow_grpc.parameters.insert(
-        "delay_ms".into(),
-        InferParameter {
-            parameter_choice: Some(ParameterChoice::Int64Param(10)),
-        },
-    );
+    let slow_grpc = support::grpc::slow(10);
     let mut request = tonic::Request::new(slow_grpc);
     request
         .metadata_mut()

@@ -5,10 +5,8 @@
 mod support;
 
 use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use infergate::protocol::inference::model_infer_request::InferInputTensor;
 use infergate::protocol::inference::{
-    InferParameter, ModelInferRequest, ModelInferResponse, ModelReadyRequest, ServerLiveRequest,
-    infer_parameter::ParameterChoice,
+    ModelInferRequest, ModelInferResponse, ModelReadyRequest, ServerLiveRequest,
 };
 use std::time::{Duration, Instant};
 use support::gateway::{TestGateway, config_for};
@@ -101,21 +99,7 @@ async fn client(gateway: &TestGateway) -> GrpcInferenceServiceClient<Channel> {
 }
 
 fn add_sub_request(a: [f32; 4], b: [f32; 4]) -> ModelInferRequest {
-    let raw = |v: [f32; 4]| {
-        bytes::Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
-    };
-    let input = |name: &str| InferInputTensor {
-        name: name.into(),
-        datatype: "FP32".into(),
-        shape: vec![4],
-        ..Default::default()
-    };
-    ModelInferRequest {
-        model_name: "add_sub".into(),
-        inputs: vec![input("INPUT0"), input("INPUT1")],
-        raw_input_contents: vec![raw(a), raw(b)],
-        ..Default::default()
-    }
+    support::grpc::fp32_infer("add_sub", &[("INPUT0", a), ("INPUT1", b)])
 }
 
 fn floats(raw: &[u8]) -> Vec<f32> {
@@ -230,24 +214,8 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
 
 /// A slow_model request that takes `delay_ms` on the backend.
 fn slow_request(delay_ms: i64) -> tonic::Request<ModelInferRequest> {
-    let mut slow = ModelInferRequest {
-        model_name: "slow_model".into(),
-        id: "slow".into(),
-        inputs: vec![InferInputTensor {
-            name: "INPUT0".into(),
-            datatype: "FP32".into(),
-            shape: vec![4],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![bytes::Bytes::from(vec![0u8; 16])],
-        ..Default::default()
-    };
-    slow.parameters.insert(
-        "delay_ms".into(),
-        InferParameter {
-            parameter_choice: Some(ParameterChoice::Int64Param(delay_ms)),
-        },
-    );
+    let mut slow = support::grpc::slow(delay_ms);
+    slow.id = "slow".into();
     tonic::Request::new(slow)
 }
 
@@ -329,17 +297,8 @@ targets = [{ model = "sized_a", weight = 50 }, { model = "sized_b", weight = 50 
     .await;
     let mut client = client(&gateway).await;
     let ranker = |user: &str| {
-        let mut request = tonic::Request::new(ModelInferRequest {
-            model_name: "ranker".into(),
-            inputs: vec![InferInputTensor {
-                name: "INPUT0".into(),
-                datatype: "FP32".into(),
-                shape: vec![4],
-                ..Default::default()
-            }],
-            raw_input_contents: vec![bytes::Bytes::from(vec![0u8; 16])],
-            ..Default::default()
-        });
+        let mut request =
+            tonic::Request::new(support::grpc::fp32_infer("ranker", &[("INPUT0", [0.0; 4])]));
         request
             .metadata_mut()
             .insert("x-user-id", user.parse().unwrap());

@@ -16,7 +16,6 @@ mod support;
 
 use infergate::config::ClientIdentity;
 use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use infergate::protocol::inference::model_infer_request::InferInputTensor;
 use infergate::protocol::inference::{ModelInferRequest, ServerLiveRequest};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -242,19 +241,10 @@ async fn grpc_tls_client(
 }
 
 fn grpc_add_sub() -> ModelInferRequest {
-    let input = |name: &str| InferInputTensor {
-        name: name.into(),
-        datatype: "FP32".into(),
-        shape: vec![4],
-        ..Default::default()
-    };
-    let raw = |values: [f32; 4]| values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    ModelInferRequest {
-        model_name: "add_sub".into(),
-        inputs: vec![input("INPUT0"), input("INPUT1")],
-        raw_input_contents: vec![raw([1.0, 2.0, 3.0, 4.0]), raw([1.0; 4])],
-        ..Default::default()
-    }
+    support::grpc::fp32_infer(
+        "add_sub",
+        &[("INPUT0", [1.0, 2.0, 3.0, 4.0]), ("INPUT1", [1.0; 4])],
+    )
 }
 
 /// OUTPUT0 of a gRPC add_sub answer.

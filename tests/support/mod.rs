@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 pub mod gateway;
+pub mod grpc;
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
