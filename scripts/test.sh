@@ -9,7 +9,7 @@ scripts/setup.sh
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace -- --test-threads=2 2>&1 | tee "$log" || status=$?
+cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
      END { printf "total: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"
