@@ -31,47 +31,23 @@ OUT="${BENCH_OUT:-loadtest/results/$DATE-$SHA-auth.md}"
 BIN="$ROOT/target/release"
 STAGES=(off rs256 rs256-nocache hs256 hs256-nocache)
 
-die() { echo "auth_bench.sh: $*" >&2; exit 1; }
-say() { echo "auth_bench.sh: $*" >&2; }
+STARTED=$SECONDS
+ACCESS_LOG=off # the gateways log at warn level: no per-request line
+# shellcheck source=loadtest/lib.sh
+source loadtest/lib.sh
 
-TMP="$(mktemp -d /tmp/infergate-auth-bench.XXXXXX)"
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-for tool in curl jq openssl; do command -v "$tool" >/dev/null || die "$tool is required"; done
-if ((BUILD)); then
-    say "building (cargo build --release -p infergate -p infergate-load)"
-    cargo build --release -p infergate -p infergate-load 2>"$TMP/build.log" ||
-        { tail -30 "$TMP/build.log" >&2; die "build failed"; }
-fi
-for b in infergate infergate-load fake-triton; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b"; done
+require curl jq openssl
+check_ports "$BASE" $(for i in 1 2 3 4 5; do echo $((BASE + 10 * i)) $((BASE + 10 * i + 3)); done)
+build_release infergate infergate-load fake-triton
 
 # ---------------------------------------------------------------- keys and tokens
-b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
 openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$TMP/rsa.pem" 2>/dev/null
 openssl pkey -in "$TMP/rsa.pem" -pubout -out "$TMP/rsa.pub.pem"
 SECRET="$(openssl rand -hex 32)"
+export AUTH_BENCH_SECRET="$SECRET" # the HS256 key's secret_env, read by every gateway
 ADMIN_KEY="$(openssl rand -hex 16)"
 ADMIN_HASH="$(printf '%s' "$ADMIN_KEY" | sha256sum | cut -d' ' -f1)"
-mint() { # alg kid
-    local header payload signature
-    header="$(printf '{"alg":"%s","typ":"JWT","kid":"%s"}' "$1" "$2" | b64url)"
-    payload="$(printf '{"iss":"bench","aud":"infergate","sub":"bench","tenant":"bench","exp":%d}' \
-        $(($(date +%s) + 86400)) | b64url)"
-    case "$1" in
-        RS256) signature="$(printf '%s.%s' "$header" "$payload" | openssl dgst -sha256 -sign "$TMP/rsa.pem" -binary | b64url)" ;;
-        HS256) signature="$(printf '%s.%s' "$header" "$payload" | openssl dgst -sha256 -mac HMAC -macopt "key:$SECRET" -binary | b64url)" ;;
-    esac
-    printf '%s.%s.%s' "$header" "$payload" "$signature"
-}
-declare -A TOKEN=([off]="" [rs256]="$(mint RS256 rsa)" [hs256]="$(mint HS256 hmac)")
+declare -A TOKEN=([off]="" [rs256]="$(mint_jwt RS256 rsa "$TMP/rsa.pem")" [hs256]="$(mint_jwt HS256 hmac "$SECRET")")
 TOKEN[rs256-nocache]="${TOKEN[rs256]}"
 TOKEN[hs256-nocache]="${TOKEN[hs256]}"
 
@@ -117,14 +93,6 @@ roles = ["admin"]
 EOF
 }
 
-wait_http() { # url [header]
-    local deadline=$((SECONDS + 20))
-    until [[ "$(curl -s -o /dev/null -w '%{http_code}' ${2:+-H "$2"} "$1")" == 200 ]]; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.1
-    done
-}
-
 "$BIN/fake-triton" --listen "127.0.0.1:$BASE" --threads 1 >"$TMP/fake.log" 2>&1 &
 PIDS+=("$!")
 wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start"
@@ -135,24 +103,9 @@ for stage in "${STAGES[@]}"; do
     PORT[$stage]=$((BASE + 10 * i))
     i=$((i + 1))
     config "$stage" "${PORT[$stage]}" >"$TMP/$stage.toml"
-    AUTH_BENCH_SECRET="$SECRET" "$BIN/infergate" check --config "$TMP/$stage.toml" >/dev/null ||
-        die "config for $stage is invalid"
-    if [[ "$WORKERS" == auto ]]; then
-        AUTH_BENCH_SECRET="$SECRET" RUST_LOG=warn "$BIN/infergate" --config "$TMP/$stage.toml" >"$TMP/$stage.log" 2>&1 &
-    else
-        AUTH_BENCH_SECRET="$SECRET" TOKIO_WORKER_THREADS="$WORKERS" RUST_LOG=warn "$BIN/infergate" --config "$TMP/$stage.toml" >"$TMP/$stage.log" 2>&1 &
-    fi
-    PIDS+=("$!")
+    start_infergate "$stage" "$TMP/$stage.toml"
 done
-for stage in "${STAGES[@]}"; do
-    admin="127.0.0.1:$((PORT[$stage] + 3))"
-    deadline=$((SECONDS + 20))
-    until curl -s -H "x-api-key: $ADMIN_KEY" "$admin/admin/placement" |
-        jq -e '[.backends[].models[] | select(.name == "add_sub" and .state == "ready")] | length > 0' >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || { tail -20 "$TMP/$stage.log" >&2; die "$stage: add_sub never ready"; }
-        sleep 0.2
-    done
-done
+for stage in "${STAGES[@]}"; do wait_placement "$stage" $((PORT[$stage] + 3)) add_sub; done
 
 LOAD_ARGS=(-i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --threads 1
     --warmup "$WARMUP" --duration "$WINDOW" --windows "$WINDOWS" --json -q)

@@ -59,15 +59,11 @@ STARTED=$SECONDS
 STAGES=(direct nginx ig-off ig-on)
 [[ "${BENCH_VALIDATION_OFF:-1}" == 1 ]] || STAGES=(direct nginx ig-on)
 
-die() { echo "bench-grpc.sh: $*" >&2; exit 1; }
-say() { echo "bench-grpc.sh: $*" >&2; }
-
-# ---------------------------------------------------------------- processes we own
-TMP="$(mktemp -d /tmp/infergate-bench-grpc.XXXXXX)"
-PIDS=()           # nginx masters and infergates: plain children, killed by pid
-TRITON_PID=""     # tritonserver runs in its own process group (setsid) with its python stubs
-declare -A PID    # name -> pid of what we started
-stop_triton() {
+# shellcheck source=loadtest/lib.sh
+source loadtest/lib.sh
+# tritonserver runs in its own process group (setsid) with its python stubs.
+TRITON_PID=""
+on_exit() {
     local i
     [[ -n "$TRITON_PID" ]] && kill -0 "$TRITON_PID" 2>/dev/null || return 0
     # TERM to the group lets Triton unload add_sub and end its stub; KILL after 10 s.
@@ -77,27 +73,9 @@ stop_triton() {
     wait "$TRITON_PID" 2>/dev/null || true
     TRITON_PID=""
 }
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    stop_triton
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
-# ---------------------------------------------------------------- prerequisites
-command -v curl >/dev/null || die "curl is required"
-command -v jq >/dev/null || die "jq is required (apt-get install -y jq)"
-if ! command -v nginx >/dev/null; then
-    [[ $(id -u) == 0 ]] || die "nginx is missing; run as root or: sudo apt-get install -y nginx"
-    say "installing nginx (Debian package)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >"$TMP/apt.log" 2>&1 ||
-        { apt-get update >>"$TMP/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >>"$TMP/apt.log" 2>&1; } ||
-        { tail -20 "$TMP/apt.log" >&2; die "apt-get install nginx failed"; }
-fi
-NGINX="$(command -v nginx)"
+require curl jq
+ensure_nginx
 
 # The venv (tritonserver, and numpy for the python stub); scripts/setup.sh makes it.
 # shellcheck disable=SC1091
@@ -106,88 +84,14 @@ source scripts/env.sh >/dev/null 2>&1 || true
 [[ -x "$TRITON_BACKENDS/python/triton_python_backend_stub" ]] ||
     die "the python backend stub is not in place: run scripts/setup.sh once"
 
-port_busy() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
-for p in "$BASE" $((BASE + 1)) $((BASE + 2)) $((BASE + 10)) $((BASE + 20)) $((BASE + 21)) $((BASE + 22)) \
-    $((BASE + 23)) $((BASE + 30)) $((BASE + 31)) $((BASE + 32)) $((BASE + 33)); do
-    port_busy "$p" && die "port $p is in use (set BENCH_BASE_PORT)"
-done
-
-if ((BUILD)); then
-    say "building (cargo build --release -p infergate -p infergate-load)"
-    cargo build --release -p infergate -p infergate-load 2>"$TMP/build.log" ||
-        { tail -30 "$TMP/build.log" >&2; die "build failed (others may be mid-edit: retry in a minute)"; }
-fi
-BUILD_S=$((SECONDS - STARTED))
-for b in infergate infergate-load; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b"; done
+check_ports "$BASE" $((BASE + 1)) $((BASE + 2)) $((BASE + 10)) $((BASE + 20)) $((BASE + 21)) $((BASE + 22)) \
+    $((BASE + 23)) $((BASE + 30)) $((BASE + 31)) $((BASE + 32)) $((BASE + 33))
+build_release infergate infergate-load
 
 LOAD_ARGS=(--protocol grpc -i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --threads "$LOAD_THREADS"
     --warmup "$WARMUP" --duration "$WINDOW" --windows "$WINDOWS" --json -q)
 
-# ---------------------------------------------------------------- machine
-loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
-LOAD_BEFORE="$(loadavg)"
-CPU_MODEL="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-MEM="$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
-KERNEL="$(uname -sr)"
-NPROC="$(nproc)"
-DIRTY="$(git status --porcelain -- src Cargo.toml Cargo.lock proto | wc -l)"
-
-# ---------------------------------------------------------------- helpers
-wait_http() { # url [seconds] — until it answers 200
-    local url="$1" deadline=$((SECONDS + ${2:-20}))
-    until [[ "$(curl -s -o /dev/null -w '%{http_code}' "$url" 2>/dev/null)" == 200 ]]; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.1
-    done
-}
-
-wait_port() { # port [seconds] — until something listens on it
-    local deadline=$((SECONDS + ${2:-20}))
-    until port_busy "$1"; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.1
-    done
-}
-
-# nginx: render the gRPC template into its own prefix dir and run it in the foreground.
-start_nginx() { # name listen_port upstream_port
-    local dir="$TMP/nginx-$1" log=off
-    mkdir -p "$dir"
-    [[ "$ACCESS_LOG" == on ]] && log="$dir/access.log"
-    sed -e "s#@PREFIX@#$dir#g" -e "s#@WORKERS@#$WORKERS#" -e "s#@LISTEN@#127.0.0.1:$2#" \
-        -e "s#@UPSTREAM@#127.0.0.1:$3#" -e "s#@ACCESS_LOG@#$log#" \
-        loadtest/nginx/grpc.conf.template >"$dir/nginx.conf"
-    "$NGINX" -t -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/test.log" 2>&1 ||
-        { cat "$dir/test.log" >&2; die "nginx rejected loadtest/nginx/grpc.conf.template"; }
-    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout.log" 2>&1 &
-    PIDS+=("$!")
-    PID[$1]=$!
-}
-
-# infergate's logs go to a file, like nginx's access log; RUST_LOG=warn drops the per-RPC
-# line when BENCH_ACCESS_LOG=off.
-start_infergate() { # name config
-    local level=info
-    [[ "$ACCESS_LOG" == on ]] || level=warn
-    if [[ "$WORKERS" == auto ]]; then
-        RUST_LOG="$level" "$BIN/infergate" --config "$2" >"$TMP/$1.log" 2>&1 &
-    else
-        TOKIO_WORKER_THREADS="$WORKERS" RUST_LOG="$level" "$BIN/infergate" --config "$2" >"$TMP/$1.log" 2>&1 &
-    fi
-    PIDS+=("$!")
-    PID[$1]=$!
-}
-
-# Placement adopts add_sub from Triton's repository index (it answers READY); the admin API
-# must show it ready before anything is measured.
-wait_placement() { # name admin_port
-    local deadline=$((SECONDS + 20))
-    until curl -s "127.0.0.1:$2/admin/placement" |
-        jq -e '[.backends[].models[] | select(.name == "add_sub" and .state == "ready")] | length > 0' >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || { tail -20 "$TMP/$1.log" >&2; die "$1: add_sub never showed ready in /admin/placement"; }
-        sleep 0.2
-    done
-}
+describe_machine src Cargo.toml Cargo.lock proto
 
 # infergate with a gRPC listener in front of the one Triton; validation on or off.
 infergate_config() { # http_port triton_http_port validation(true|false)
@@ -218,12 +122,6 @@ check_grpc() { # stage url
     jq -e '.steps[0].ok > 0 and .steps[0].errors == 0' "$out" >/dev/null ||
         die "gRPC infer through $1 ($2): $(jq -c '.steps[0] | {ok, errors_by_kind}' "$out")"
 }
-
-# CPU ticks (user+system) of processes, for CPU per request.
-ticks() { local t=0 p f; for p in "$@"; do read -r -a f <"/proc/$p/stat" || continue; t=$((t + f[13] + f[14])); done; echo "$t"; }
-HZ="$(getconf CLK_TCK)"
-children() { pgrep -P "$1" | tr '\n' ' '; }
-hwm_kib() { local t=0 p v; for p in "$@"; do v="$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)"; t=$((t + ${v:-0})); done; echo "$t"; }
 
 # measure STAGE URL C ROUND PROXY_PIDS... — one infergate-load step; JSON plus CPU figures.
 measure() {
@@ -263,23 +161,19 @@ TRITON_VERSION="$(curl -s "127.0.0.1:$TPORT/v2" | jq -r .version)"
 read -r -a BACKEND_PIDS <<<"$TRITON_PID $(children "$TRITON_PID")"
 
 # ---------------------------------------------------------------- proxies
-start_nginx nginx $((BASE + 10)) $((TPORT + 1))
+start_nginx nginx $((BASE + 10)) $((TPORT + 1)) grpc.conf.template
 infergate_config $((BASE + 20)) "$TPORT" false >"$TMP/ig-off.toml"
 infergate_config $((BASE + 30)) "$TPORT" true >"$TMP/ig-on.toml"
 IG_STAGES=()
 for s in "${STAGES[@]}"; do [[ "$s" == ig-* ]] && IG_STAGES+=("$s"); done
-for s in "${IG_STAGES[@]}"; do
-    "$BIN/infergate" check --config "$TMP/$s.toml" >"$TMP/check.out" 2>&1 ||
-        { cat "$TMP/check.out" >&2; die "infergate check refused the $s config"; }
-    start_infergate "$s" "$TMP/$s.toml"
-done
+for s in "${IG_STAGES[@]}"; do start_infergate "$s" "$TMP/$s.toml"; done
 declare -A URL=([direct]="http://127.0.0.1:$((TPORT + 1))" [nginx]="http://127.0.0.1:$((BASE + 10))"
     [ig-off]="http://127.0.0.1:$((BASE + 21))" [ig-on]="http://127.0.0.1:$((BASE + 31))")
 declare -A ADMIN=([ig-off]=$((BASE + 23)) [ig-on]=$((BASE + 33)))
 wait_port $((BASE + 10)) || die "nginx did not start: $(cat "$TMP/nginx-nginx/error.log")"
 for s in "${IG_STAGES[@]}"; do
     wait_port "${URL[$s]##*:}" || die "infergate $s did not start: $(tail "$TMP/$s.log")"
-    wait_placement "$s" "${ADMIN[$s]}"
+    wait_placement "$s" "${ADMIN[$s]}" add_sub
 done
 for s in "${STAGES[@]}"; do check_grpc "$s" "${URL[$s]}"; done
 PLACEMENT="$(curl -s "127.0.0.1:${ADMIN[ig-on]}/admin/placement" |
@@ -312,9 +206,6 @@ STUBS_AFTER="$(pgrep -c -P "$TRITON_PID" || true)"
 ELAPSED=$((SECONDS - STARTED))
 
 # ---------------------------------------------------------------- report
-calc() { awk "BEGIN { printf \"$1\", $2 }"; }
-# Median of numbers on stdin, one a line ("-" when there are none).
-median() { sort -g | awk '{ v[NR] = $1 } END { if (!NR) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 f() { # f stage-cC field — the field's median over the rounds
     local r
     for ((r = 1; r <= ROUNDS; r++)); do jq -r ".steps[0]$2" "$TMP/$1-r$r.json"; done | median
@@ -333,9 +224,6 @@ spread() { # lowest–highest throughput over the rounds
 }
 errors_of() { local r t=0; for ((r = 1; r <= ROUNDS; r++)); do t=$((t + $(jq '.steps[0].errors' "$TMP/$1-r$r.json"))); done; echo "$t"; }
 load_of() { local r; calc %.2f "$(for ((r = 1; r <= ROUNDS; r++)); do cat "$TMP/$1-r$r.json.load"; done | median)"; }
-ratio() { # a b -> a/b with 2 decimals, n/a when b <= 0
-    awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'
-}
 label() {
     case "$1" in
         direct) echo "direct to Triton" ;;

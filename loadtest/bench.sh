@@ -51,87 +51,34 @@ OUT="${BENCH_OUT:-loadtest/results/$DATE-$SHA.md}"
 BIN="$ROOT/target/release"
 STARTED=$SECONDS
 
-die() { echo "bench.sh: $*" >&2; exit 1; }
-say() { echo "bench.sh: $*" >&2; }
-
-# ---------------------------------------------------------------- processes we own
-TMP="$(mktemp -d /tmp/infergate-bench.XXXXXX)"
-PIDS=()
-declare -A PID # name -> pid of what we started
+# shellcheck source=loadtest/lib.sh
+source loadtest/lib.sh
+on_exit() { if ((TRITON_STARTED)); then scripts/triton.sh stop 1 $((BASE + 100)) >/dev/null 2>&1 || true; fi; }
 TRITON_STARTED=0
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    if ((TRITON_STARTED)); then scripts/triton.sh stop 1 $((BASE + 100)) >/dev/null 2>&1 || true; fi
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
-# ---------------------------------------------------------------- prerequisites
-command -v curl >/dev/null || die "curl is required"
-command -v jq >/dev/null || die "jq is required (apt-get install -y jq)"
-if ! command -v nginx >/dev/null; then
-    [[ $(id -u) == 0 ]] || die "nginx is missing; run as root or: sudo apt-get install -y nginx"
-    say "installing nginx (Debian package)"
-    # Debian starts the packaged service on install unless policy-rc.d forbids it; we never
-    # use that service, only a foreground nginx on our own config.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >"$TMP/apt.log" 2>&1 ||
-        { apt-get update >>"$TMP/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >>"$TMP/apt.log" 2>&1; } ||
-        { tail -20 "$TMP/apt.log" >&2; die "apt-get install nginx failed"; }
-fi
-NGINX="$(command -v nginx)"
-
-port_busy() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+require curl jq openssl
+ensure_nginx
 PORTS=("$BASE" $((BASE + 10)) $((BASE + 20)) $((BASE + 22)) $((BASE + 23)) $((BASE + 30)) $((BASE + 32)) $((BASE + 33)))
 if ((REAL)); then
     PORTS+=($((BASE + 100)) $((BASE + 101)) $((BASE + 102)) $((BASE + 110)) $((BASE + 120)) $((BASE + 122)) $((BASE + 123)) $((BASE + 130)) $((BASE + 132)) $((BASE + 133)))
 fi
-for p in "${PORTS[@]}"; do port_busy "$p" && die "port $p is in use (set BENCH_BASE_PORT)"; done
-
-if ((BUILD)); then
-    say "building (cargo build --release -p infergate -p infergate-load)"
-    cargo build --release -p infergate -p infergate-load 2>"$TMP/build.log" ||
-        { tail -30 "$TMP/build.log" >&2; die "build failed (others may be mid-edit: retry in a minute)"; }
-fi
-BUILD_S=$((SECONDS - STARTED))
-for b in infergate infergate-load fake-triton; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b"; done
+check_ports "${PORTS[@]}"
+build_release infergate infergate-load fake-triton
 
 LOAD_ARGS=(-i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --threads "$LOAD_THREADS"
     --warmup "$WARMUP" --duration "$WINDOW" --windows "$WINDOWS" --json -q)
-# Extra arguments for stage 4: its bearer token, when the jwt-auth block is kept.
+# Extra arguments for stage 4, for the blocks it keeps: the bearer token, the route name.
 STAGE4_LOAD_ARGS=()
 
 # Stage 4's JWT: an RS256 key and a token minted with openssl, and an admin API key for the
 # admin calls this script makes (placement checks).
-command -v openssl >/dev/null || die "openssl is required (it mints stage 4's JWT)"
-b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
 openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$TMP/jwt.pem" 2>/dev/null
 openssl pkey -in "$TMP/jwt.pem" -pubout -out "$TMP/jwt.pub.pem"
 ADMIN_KEY="$(openssl rand -hex 16)"
 ADMIN_HASH="$(printf '%s' "$ADMIN_KEY" | sha256sum | cut -d' ' -f1)"
-JWT_HEADER="$(printf '{"alg":"RS256","typ":"JWT","kid":"bench"}' | b64url)"
-JWT_PAYLOAD="$(printf '{"iss":"bench","aud":"infergate","sub":"bench","tenant":"bench","exp":%d}' $(($(date +%s) + 86400)) | b64url)"
-TOKEN="$JWT_HEADER.$JWT_PAYLOAD.$(printf '%s.%s' "$JWT_HEADER" "$JWT_PAYLOAD" | openssl dgst -sha256 -sign "$TMP/jwt.pem" -binary | b64url)"
+TOKEN="$(mint_jwt RS256 bench "$TMP/jwt.pem")"
 
-# ---------------------------------------------------------------- machine
-loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
-LOAD_BEFORE="$(loadavg)"
-CPU_MODEL="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-MEM="$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
-KERNEL="$(uname -sr)"
-NPROC="$(nproc)"
-DIRTY="$(git status --porcelain -- src Cargo.toml Cargo.lock | wc -l)"
-
-# ---------------------------------------------------------------- helpers
-wait_http() { # url [seconds] — until it answers 200
-    local url="$1" deadline=$((SECONDS + ${2:-20}))
-    until [[ "$(curl -s -o /dev/null -w '%{http_code}' "$url" 2>/dev/null)" == 200 ]]; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.1
-    done
-}
+describe_machine src Cargo.toml Cargo.lock
 
 INFER_BODY='{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"data":[1,2,3,4]},{"name":"INPUT1","datatype":"FP32","shape":[4],"data":[4,3,2,1]}]}'
 check_infer() { # base url
@@ -139,44 +86,6 @@ check_infer() { # base url
     code="$(curl -s -o "$TMP/infer.out" -w '%{http_code}' -H 'content-type: application/json' -H "authorization: Bearer $TOKEN" \
         -d "$INFER_BODY" "$1/v2/models/add_sub/infer")"
     [[ "$code" == 200 ]] || { cat "$TMP/infer.out" >&2; die "infer through $1 answered $code"; }
-}
-
-# nginx: render the template into its own prefix dir and run it in the foreground.
-start_nginx() { # name listen_port upstream_port
-    local dir="$TMP/nginx-$1" log=off
-    mkdir -p "$dir"
-    [[ "$ACCESS_LOG" == on ]] && log="$dir/access.log"
-    sed -e "s#@PREFIX@#$dir#g" -e "s#@WORKERS@#$WORKERS#" -e "s#@LISTEN@#127.0.0.1:$2#" \
-        -e "s#@UPSTREAM@#127.0.0.1:$3#" -e "s#@ACCESS_LOG@#$log#" \
-        loadtest/nginx/proxy.conf.template >"$dir/nginx.conf"
-    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout.log" 2>&1 &
-    PIDS+=("$!")
-    PID[$1]=$!
-}
-
-# infergate's logs go to a file, like nginx's access log; RUST_LOG=warn drops the per-request
-# line when BENCH_ACCESS_LOG=off.
-start_infergate() { # name config
-    local level=info
-    [[ "$ACCESS_LOG" == on ]] || level=warn
-    if [[ "$WORKERS" == auto ]]; then
-        RUST_LOG="$level" "$BIN/infergate" --config "$2" >"$TMP/$1.log" 2>&1 &
-    else
-        TOKIO_WORKER_THREADS="$WORKERS" RUST_LOG="$level" "$BIN/infergate" --config "$2" >"$TMP/$1.log" 2>&1 &
-    fi
-    PIDS+=("$!")
-    PID[$1]=$!
-}
-
-# Placement adopts add_sub from the backend's repository index (it answers READY); the
-# admin API must show it ready before anything is measured.
-wait_placement() { # name admin_port
-    local deadline=$((SECONDS + 20))
-    until curl -s -H "x-api-key: $ADMIN_KEY" "127.0.0.1:$2/admin/placement" |
-        jq -e '[.backends[].models[] | select(.name == "add_sub" and .state == "ready")] | length > 0' >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || { tail -20 "$TMP/$1.log" >&2; die "$1: add_sub never showed ready in /admin/placement"; }
-        sleep 0.2
-    done
 }
 
 # ---------------------------------------------------------------- infergate configs
@@ -238,9 +147,10 @@ enabled = false
 EOF
 }
 
-# Stage 4: infergate with everything on. This one heredoc grows with the gateway (its JWT
-# auth block's token goes in STAGE4_LOAD_ARGS, set in run_pass); when canary routes land, add a route for add_sub that splits across two targets (both the
-# same model here, so the benchmark still hits add_sub) and point the load at the route.
+# Stage 4: infergate with everything on. This one heredoc grows with the gateway; the
+# arguments its blocks need from the load (the JWT, the route name) are set in run_pass.
+# The canary route splits between two targets that are both add_sub (latest, and version 1)
+# so the fake backend answers both and the load is the same as the other stages'.
 stage4_config() { # http_port backend_port
     cat <<EOF
 [listen]
@@ -274,15 +184,17 @@ name = "bench-admin"
 sha256 = "$ADMIN_HASH"
 roles = ["admin"]
 #<<
+
+#>> canary-route: the load calls route "bench", split 90/10 between add_sub and add_sub version 1, with an error-rate guard
+[[routes]]
+model = "bench"
+targets = [{ model = "add_sub", weight = 90 }, { model = "add_sub", version = "1", weight = 10 }]
+guard = { max_error_rate = 0.5, window = "30s", min_requests = 100 }
+#<<
 EOF
 }
 
 # ---------------------------------------------------------------- measuring
-# CPU ticks (user+system) of processes, for CPU per request.
-ticks() { local t=0 p f; for p in "$@"; do read -r -a f <"/proc/$p/stat"; t=$((t + f[13] + f[14])); done; echo "$t"; }
-HZ="$(getconf CLK_TCK)"
-nginx_pids() { echo "$1" "$(pgrep -P "$1" | tr '\n' ' ')"; } # master, then workers
-
 # measure PASS STAGE URL C PROXY_PIDS... — one infergate-load step; JSON plus CPU figures.
 measure() {
     local pass="$1" stage="$2" url="$3" c="$4"; shift 4
@@ -303,10 +215,6 @@ measure() {
     say "$pass $stage c=$c: $(jq -r '.steps[0] | "\(.throughput_rps | floor) infer/s, p50 \(.latency_us.p50) us, p99 \(.latency_us.p99) us, errors \(.errors)"' "$out")"
 }
 
-hwm_kib() { local t=0 p v; for p in "$@"; do v="$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)"; t=$((t + ${v:-0})); done; echo "$t"; }
-
-stop_pids() { local p; for p in "$@"; do kill "$p" 2>/dev/null || true; done; for p in "$@"; do wait "$p" 2>/dev/null || true; done; }
-
 STAGES=(direct nginx ig-off ig-on)
 declare -A HWM # pass-stage -> peak RSS in KiB (nginx: master + workers)
 
@@ -315,7 +223,7 @@ declare -A HWM # pass-stage -> peak RSS in KiB (nginx: master + workers)
 run_pass() {
     local pass="$1" bport="$2" off; shift 2
     off=$((bport + 10))
-    start_nginx "$pass-nginx" "$off" "$bport"
+    start_nginx "$pass-nginx" "$off" "$bport" proxy.conf.template
     stage3_config $((off + 10)) "$bport" >"$TMP/$pass-stage3.tpl"
     render_config "$TMP/$pass-stage3.tpl" "$TMP/$pass-ig-off.toml"
     STAGE3_FEATURES=("${KEPT_FEATURES[@]}")
@@ -324,7 +232,8 @@ run_pass() {
     STAGE4_FEATURES=("${KEPT_FEATURES[@]}")
     STAGE4_MISSING=("${MISSING_FEATURES[@]}")
     STAGE4_LOAD_ARGS=()
-    [[ " ${STAGE4_FEATURES[*]} " == *" jwt-auth ("* ]] && STAGE4_LOAD_ARGS=(--bearer "$TOKEN")
+    [[ " ${STAGE4_FEATURES[*]} " == *" jwt-auth ("* ]] && STAGE4_LOAD_ARGS+=(--bearer "$TOKEN")
+    [[ " ${STAGE4_FEATURES[*]} " == *" canary-route ("* ]] && STAGE4_LOAD_ARGS+=(--route bench)
     start_infergate "$pass-ig-off" "$TMP/$pass-ig-off.toml"
     start_infergate "$pass-ig-on" "$TMP/$pass-ig-on.toml"
     declare -A url=([direct]="http://127.0.0.1:$bport" [nginx]="http://127.0.0.1:$off"
@@ -332,13 +241,13 @@ run_pass() {
     wait_http "${url[nginx]}/v2/health/ready" || die "nginx did not start: $(cat "$TMP/nginx-$pass-nginx/error.log")"
     wait_http "${url[ig-off]}/v2/health/ready" || die "infergate did not start: $(tail "$TMP/$pass-ig-off.log")"
     wait_http "${url[ig-on]}/v2/health/ready" || die "infergate did not start: $(tail "$TMP/$pass-ig-on.log")"
-    wait_placement "$pass-ig-off" $((off + 13))
-    wait_placement "$pass-ig-on" $((off + 23))
+    wait_placement "$pass-ig-off" $((off + 13)) add_sub
+    wait_placement "$pass-ig-on" $((off + 23)) add_sub
     local stage c
     for stage in "${STAGES[@]}"; do check_infer "${url[$stage]}"; done
     PLACEMENT[$pass]="$(curl -s -H "x-api-key: $ADMIN_KEY" "127.0.0.1:$((off + 23))/admin/placement" |
         jq -c '[.backends[] | {name, models: [.models[] | {name, state, size_source}]}]')"
-    local -A pids=([direct]="" [nginx]="$(nginx_pids "${PID[$pass-nginx]}")"
+    local -A pids=([direct]="" [nginx]="${PID[$pass-nginx]} $(children "${PID[$pass-nginx]}")"
         [ig-off]="${PID[$pass-ig-off]}" [ig-on]="${PID[$pass-ig-on]}")
     for c in "$@"; do
         for stage in "${STAGES[@]}"; do
@@ -382,12 +291,8 @@ LOAD_AFTER="$(loadavg)"
 ELAPSED=$((SECONDS - STARTED))
 
 # ---------------------------------------------------------------- report
-calc() { awk "BEGIN { printf \"$1\", $2 }"; }
 f() { jq -r ".steps[0]$2" "$TMP/$1.json"; } # f pass-stage-cC field
 cpu_of() { cut -d' ' -f"$2" "$TMP/$1.json.cpu"; }
-ratio() { # a b -> a/b with 2 decimals, n/a when b <= 0
-    awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'
-}
 label() {
     case "$1" in
         direct) echo "direct" ;;
@@ -433,7 +338,6 @@ ratio_table() { # pass levels...
     done
 }
 
-join_list() { local out="" x; for x in "$@"; do out+="${out:+; }$x"; done; echo "${out:-none}"; }
 if ((${#STAGE4_FEATURES[@]})); then
     STAGE4_LABEL="$(join_list "${STAGE4_FEATURES[@]}")"
 else
@@ -457,7 +361,7 @@ report() {
     echo "- Stage 3 (infergate, validation and auth off)$( ((${#STAGE3_FEATURES[@]})) && echo "; $(join_list "${STAGE3_FEATURES[@]}")")."
     echo "- Stage 4 (infergate, everything on) includes: $STAGE4_LABEL."
     ((${#STAGE4_MISSING[@]})) && echo "- Not available in this build (refused by \`infergate check\`, so left out of stage 4): $(join_list "${STAGE4_MISSING[@]}")."
-    echo "- Canary routes are in no stage yet. JWT auth alone, RS256 and HS256 with and without the token cache: \`loadtest/auth_bench.sh\`."
+    echo "- JWT auth alone, RS256 and HS256 with and without the token cache: \`loadtest/auth_bench.sh\`."
     echo "- Placement (stage 4, /admin/placement after warm-up): pass 1 \`${PLACEMENT[fake]}\`$( ((REAL)) && echo ", pass 2 \`${PLACEMENT[real]}\`")."
     echo
     echo "## Pass 1: proxy overhead (fake-triton backend)"

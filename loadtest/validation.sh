@@ -52,57 +52,18 @@ MODEL=dynamic
 ENCODINGS=(json binary)
 STARTED=$SECONDS
 
-die() { echo "validation.sh: $*" >&2; exit 1; }
-say() { echo "validation.sh: $*" >&2; }
+ACCESS_LOG=off # the gateways log at warn level: no per-request line
+# shellcheck source=loadtest/lib.sh
+source loadtest/lib.sh
 
 ((${#SIZES[@]} == ${#CONC[@]})) || die "VBENCH_SIZES and VBENCH_CONCURRENCY need one entry each per size"
 
-# ---------------------------------------------------------------- processes we own
-TMP="$(mktemp -d /tmp/infergate-vbench.XXXXXX)"
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# ---------------------------------------------------------------- prerequisites
-command -v curl >/dev/null || die "curl is required"
-command -v jq >/dev/null || die "jq is required (apt-get install -y jq)"
-port_busy() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
-for p in "$BASE" $((BASE + 10)) $((BASE + 12)) $((BASE + 13)) $((BASE + 20)) $((BASE + 22)) $((BASE + 23)); do
-    port_busy "$p" && die "port $p is in use (set VBENCH_BASE_PORT)"
-done
-
-if ((BUILD)); then
-    say "building (cargo build --release -p infergate -p infergate-load)"
-    cargo build --release -p infergate -p infergate-load 2>"$TMP/build.log" ||
-        { tail -30 "$TMP/build.log" >&2; die "build failed"; }
-fi
-BUILD_S=$((SECONDS - STARTED))
-for b in infergate infergate-load fake-triton; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b"; done
-
-# ---------------------------------------------------------------- machine
-loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
-LOAD_BEFORE="$(loadavg)"
-CPU_MODEL="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-MEM="$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
-KERNEL="$(uname -sr)"
-NPROC="$(nproc)"
-DIRTY="$(git status --porcelain -- src Cargo.toml Cargo.lock | wc -l)"
+require curl jq
+check_ports "$BASE" $((BASE + 10)) $((BASE + 12)) $((BASE + 13)) $((BASE + 20)) $((BASE + 22)) $((BASE + 23))
+build_release infergate infergate-load fake-triton
+describe_machine src Cargo.toml Cargo.lock
 
 # ---------------------------------------------------------------- start
-wait_http() { # url [seconds] — until it answers 200
-    local url="$1" deadline=$((SECONDS + ${2:-20}))
-    until [[ "$(curl -s -o /dev/null -w '%{http_code}' "$url" 2>/dev/null)" == 200 ]]; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.1
-    done
-}
-
 gateway_config() { # http_port enabled
     cat <<EOF
 [listen]
@@ -126,18 +87,10 @@ enabled = $2
 EOF
 }
 
-declare -A PID URL ADMIN
+declare -A URL ADMIN
 start_gateway() { # name http_port enabled
     gateway_config "$2" "$3" >"$TMP/$1.toml"
-    "$BIN/infergate" check --config "$TMP/$1.toml" >"$TMP/check.out" 2>&1 ||
-        { cat "$TMP/check.out" >&2; die "config for $1 is invalid"; }
-    if [[ "$WORKERS" == auto ]]; then
-        RUST_LOG=warn "$BIN/infergate" --config "$TMP/$1.toml" >"$TMP/$1.log" 2>&1 &
-    else
-        TOKIO_WORKER_THREADS="$WORKERS" RUST_LOG=warn "$BIN/infergate" --config "$TMP/$1.toml" >"$TMP/$1.log" 2>&1 &
-    fi
-    PIDS+=("$!")
-    PID[$1]=$!
+    start_infergate "$1" "$TMP/$1.toml"
     URL[$1]="http://127.0.0.1:$2"
     ADMIN[$1]=$(($2 + 3))
 }
@@ -153,13 +106,7 @@ GATEWAYS=(on off)
 
 for g in "${GATEWAYS[@]}"; do
     wait_http "${URL[$g]}/v2/health/ready" || die "infergate ($g) did not start: $(tail "$TMP/$g.log")"
-    # Placement adopts the model from the backend's repository index (it answers READY).
-    deadline=$((SECONDS + 20))
-    until curl -s "127.0.0.1:${ADMIN[$g]}/admin/placement" |
-        jq -e --arg m "$MODEL" '[.backends[].models[] | select(.name == $m and .state == "ready")] | length > 0' >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || { tail -20 "$TMP/$g.log" >&2; die "$g: $MODEL never showed ready in /admin/placement"; }
-        sleep 0.2
-    done
+    wait_placement "$g" "${ADMIN[$g]}" "$MODEL"
 done
 
 # Validation must really run on one gateway and not on the other, or the ratio means nothing
@@ -174,8 +121,6 @@ REFUSAL="$(jq -r .error "$TMP/post.out")"
 [[ "$(post "${URL[off]}" "$BAD")" == 200 ]] || die "'off' did not forward a wrong datatype: $(cat "$TMP/post.out")"
 
 # ---------------------------------------------------------------- measuring
-ticks() { local f; read -r -a f <"/proc/$1/stat"; echo $((f[13] + f[14])); }
-HZ="$(getconf CLK_TCK)"
 rss_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
 # Writing 5 to clear_refs resets VmHWM to the current RSS (Linux 4.0+), so each run's peak
 # is its own. Without it the peak is since start, and the report says so.
@@ -259,9 +204,6 @@ max_over_rounds() { # case g column -> max over rounds
     for ((r = 1; r <= ROUNDS; r++)); do v="$(x "$k-$g-r$r" "$3")"; ((v > m)) && m=$v; done
     echo "$m"
 }
-calc() { awk "BEGIN { printf \"$1\", $2 }"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'; }
-met() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { ok = (op == ">=" ? v >= t : v < t); print (ok ? "met" : "**not met**") }'; }
 mib() { calc %.1f "$1 / 1024"; }
 
 declare -A RATIO
@@ -288,7 +230,6 @@ results_table() {
     done
 }
 
-join_list() { local out="" x; for x in "$@"; do out+="${out:+; }$x"; done; echo "${out:-none}"; }
 WORKERS_LABEL="$WORKERS"
 [[ "$WORKERS" == auto ]] && WORKERS_LABEL="one per core ($NPROC)"
 LAST=$((${#SIZES[@]} - 1))

@@ -1,0 +1,174 @@
+# loadtest/lib.sh — the plumbing every benchmark script here shares, so each script holds
+# only what it measures and how it reports it: messages, a temp dir and the processes
+# started in it (stopped on exit, however the script ends), prerequisites, the release
+# build, the machine's description, waiting for servers, starting nginx and infergate, CPU
+# and peak memory from /proc, and the arithmetic of the reports.
+#
+# Source it from the repository root after setting the knobs it reads:
+#   BIN (release binaries), BUILD (1: build first), WORKERS (proxy workers, or "auto"),
+#   ACCESS_LOG (on: infergate logs every request at info level), STARTED (=$SECONDS).
+# A script with more to stop than its PIDS (a Triton) defines `on_exit`.
+# shellcheck shell=bash
+
+LIB_NAME="$(basename "$0")"
+die() { echo "$LIB_NAME: $*" >&2; exit 1; }
+say() { echo "$LIB_NAME: $*" >&2; }
+
+# ---------------------------------------------------------------- processes we own
+TMP="$(mktemp -d "/tmp/infergate-${LIB_NAME%.sh}.XXXXXX")"
+PIDS=()         # plain children, killed by pid on exit
+declare -A PID  # name -> pid of what we started
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if declare -F on_exit >/dev/null; then on_exit; fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+stop_pids() { local p; for p in "$@"; do kill "$p" 2>/dev/null || true; done; for p in "$@"; do wait "$p" 2>/dev/null || true; done; }
+
+# ---------------------------------------------------------------- prerequisites
+require() { local tool; for tool in "$@"; do command -v "$tool" >/dev/null || die "$tool is required (apt-get install -y $tool)"; done; }
+
+# nginx from Debian's package, installed when missing (root only); sets NGINX.
+ensure_nginx() {
+    if ! command -v nginx >/dev/null; then
+        [[ $(id -u) == 0 ]] || die "nginx is missing; run as root or: sudo apt-get install -y nginx"
+        say "installing nginx (Debian package)"
+        # Debian starts the packaged service on install unless policy-rc.d forbids it; we
+        # never use that service, only a foreground nginx on our own config.
+        DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >"$TMP/apt.log" 2>&1 ||
+            { apt-get update >>"$TMP/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >>"$TMP/apt.log" 2>&1; } ||
+            { tail -20 "$TMP/apt.log" >&2; die "apt-get install nginx failed"; }
+    fi
+    NGINX="$(command -v nginx)"
+}
+
+port_busy() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+check_ports() { local p; for p in "$@"; do if port_busy "$p"; then die "port $p is in use (set the base port knob)"; fi; done; }
+
+# build_release BINARIES... — builds infergate and infergate-load (when BUILD=1), then
+# checks the binaries are there; sets BUILD_S.
+build_release() {
+    if ((BUILD)); then
+        say "building (cargo build --release -p infergate -p infergate-load)"
+        cargo build --release -p infergate -p infergate-load 2>"$TMP/build.log" ||
+            { tail -30 "$TMP/build.log" >&2; die "build failed (others may be mid-edit: retry in a minute)"; }
+    fi
+    BUILD_S=$((SECONDS - STARTED))
+    local b
+    for b in "$@"; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b"; done
+}
+
+# ---------------------------------------------------------------- machine
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+# describe_machine PATHS... — sets LOAD_BEFORE, CPU_MODEL, MEM, KERNEL, NPROC, and DIRTY
+# (uncommitted changed files under PATHS: what the measured build has beyond its commit).
+describe_machine() {
+    LOAD_BEFORE="$(loadavg)"
+    CPU_MODEL="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+    MEM="$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+    KERNEL="$(uname -sr)"
+    NPROC="$(nproc)"
+    DIRTY="$(git status --porcelain -- "$@" | wc -l)"
+}
+
+# ---------------------------------------------------------------- servers
+wait_http() { # url [seconds] [header] — until it answers 200
+    local url="$1" deadline=$((SECONDS + ${2:-20})) header=()
+    [[ -n "${3:-}" ]] && header=(-H "$3")
+    until [[ "$(curl -s -o /dev/null -w '%{http_code}' "${header[@]}" "$url" 2>/dev/null)" == 200 ]]; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.1
+    done
+}
+
+wait_port() { # port [seconds] — until something listens on it
+    local deadline=$((SECONDS + ${2:-20}))
+    until port_busy "$1"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.1
+    done
+}
+
+# nginx: render a template from loadtest/nginx into its own prefix dir, check it, and run it
+# in the foreground.
+start_nginx() { # name listen_port upstream_port template
+    local dir="$TMP/nginx-$1" log=off
+    mkdir -p "$dir"
+    [[ "$ACCESS_LOG" == on ]] && log="$dir/access.log"
+    sed -e "s#@PREFIX@#$dir#g" -e "s#@WORKERS@#$WORKERS#" -e "s#@LISTEN@#127.0.0.1:$2#" \
+        -e "s#@UPSTREAM@#127.0.0.1:$3#" -e "s#@ACCESS_LOG@#$log#" \
+        "loadtest/nginx/$4" >"$dir/nginx.conf"
+    "$NGINX" -t -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/test.log" 2>&1 ||
+        { cat "$dir/test.log" >&2; die "nginx rejected loadtest/nginx/$4"; }
+    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout.log" 2>&1 &
+    PIDS+=("$!")
+    PID[$1]=$!
+}
+
+# infergate's log goes to $TMP/NAME.log, like nginx's access log; at warn level (ACCESS_LOG
+# not on) it has no per-request line. The config is checked first.
+start_infergate() { # name config
+    local level=info
+    [[ "$ACCESS_LOG" == on ]] || level=warn
+    "$BIN/infergate" check --config "$2" >"$TMP/check.out" 2>&1 ||
+        { cat "$TMP/check.out" >&2; die "infergate check refused the $1 config"; }
+    if [[ "$WORKERS" == auto ]]; then
+        RUST_LOG="$level" "$BIN/infergate" --config "$2" >"$TMP/$1.log" 2>&1 &
+    else
+        TOKIO_WORKER_THREADS="$WORKERS" RUST_LOG="$level" "$BIN/infergate" --config "$2" >"$TMP/$1.log" 2>&1 &
+    fi
+    PIDS+=("$!")
+    PID[$1]=$!
+}
+
+# Placement adopts MODEL from the backend's repository index (it answers READY); the admin
+# API must show it ready before anything is measured. ADMIN_KEY, when set, is sent.
+wait_placement() { # name admin_port model
+    local deadline=$((SECONDS + 20)) auth=()
+    [[ -n "${ADMIN_KEY:-}" ]] && auth=(-H "x-api-key: $ADMIN_KEY")
+    until curl -s "${auth[@]}" "127.0.0.1:$2/admin/placement" |
+        jq -e --arg m "$3" '[.backends[].models[] | select(.name == $m and .state == "ready")] | length > 0' >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || { tail -20 "$TMP/$1.log" >&2; die "$1: $3 never showed ready in /admin/placement"; }
+        sleep 0.2
+    done
+}
+
+# ---------------------------------------------------------------- credentials
+b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+# A JWT for the benchmark's tenant (iss "bench", aud "infergate", a day to live), signed
+# with openssl: RS256 with a private key PEM file, or HS256 with a secret.
+mint_jwt() { # alg kid key
+    local header payload signature
+    header="$(printf '{"alg":"%s","typ":"JWT","kid":"%s"}' "$1" "$2" | b64url)"
+    payload="$(printf '{"iss":"bench","aud":"infergate","sub":"bench","tenant":"bench","exp":%d}' \
+        $(($(date +%s) + 86400)) | b64url)"
+    case "$1" in
+        RS256) signature="$(printf '%s.%s' "$header" "$payload" | openssl dgst -sha256 -sign "$3" -binary | b64url)" ;;
+        HS256) signature="$(printf '%s.%s' "$header" "$payload" | openssl dgst -sha256 -mac HMAC -macopt "key:$3" -binary | b64url)" ;;
+        *) die "mint_jwt: no $1" ;;
+    esac
+    printf '%s.%s.%s' "$header" "$payload" "$signature"
+}
+
+# ---------------------------------------------------------------- /proc
+HZ="$(getconf CLK_TCK)"
+# CPU ticks (user + system) of processes, for CPU per request.
+ticks() { local t=0 p f; for p in "$@"; do read -r -a f <"/proc/$p/stat" || continue; t=$((t + f[13] + f[14])); done; echo "$t"; }
+# Peak RSS (VmHWM) in KiB, summed over processes.
+hwm_kib() { local t=0 p v; for p in "$@"; do v="$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)"; t=$((t + ${v:-0})); done; echo "$t"; }
+children() { pgrep -P "$1" | tr '\n' ' '; }
+
+# ---------------------------------------------------------------- report arithmetic
+calc() { awk "BEGIN { printf \"$1\", $2 }"; }
+ratio() { # a b -> a/b with 2 decimals, n/a when b <= 0
+    awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'
+}
+# Median of numbers on stdin, one a line ("-" when there are none).
+median() { sort -g | awk '{ v[NR] = $1 } END { if (!NR) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+met() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { ok = (op == ">=" ? v >= t : v < t); print (ok ? "met" : "**not met**") }'; }
+join_list() { local out="" x; for x in "$@"; do out+="${out:+; }$x"; done; echo "${out:-none}"; }
