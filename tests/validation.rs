@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use support::gateway::{TestGateway, config_for};
-use support::{Triton, TritonOptions, model_repository};
+use support::{Triton, TritonOptions, copy_dir, model_repository};
 
 const MODELS: [&str; 9] = [
     "add_sub",
@@ -485,21 +485,6 @@ fn test_repository() -> tempfile::TempDir {
     )
     .unwrap();
     dir
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            if entry.file_name() != "__pycache__" {
-                copy_dir(&entry.path(), &target);
-            }
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 /// The sum of `infergate_validation_rejections_total` for `model` (every reason).

@@ -43,6 +43,23 @@ pub fn model_repository() -> PathBuf {
     repo_root().join("tests").join("models")
 }
 
+/// Copies a model directory (without `__pycache__`), for tests that change a repository of
+/// their own.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            if entry.file_name() != "__pycache__" {
+                copy_dir(&entry.path(), &target);
+            }
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
 /// The virtualenv created by `scripts/setup.sh`.
 pub fn venv_dir() -> PathBuf {
     repo_root().join(".venv")
@@ -371,6 +388,33 @@ impl Triton {
             .filter(|m| m["state"] == "READY")
             .filter_map(|m| m["name"].as_str().map(str::to_owned))
             .collect())
+    }
+
+    /// (model, version) of every row in state READY, from `POST /v2/repository/index`.
+    pub async fn ready_versions(&self) -> anyhow::Result<Vec<(String, u64)>> {
+        let url = format!("{}/v2/repository/index", self.http_url());
+        let body: serde_json::Value = self
+            .client
+            .post(&url)
+            .json(&serde_json::json!({}))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let mut rows: Vec<(String, u64)> = body
+            .as_array()
+            .ok_or_else(|| anyhow!("POST {url}: expected a JSON array, got {body}"))?
+            .iter()
+            .filter(|m| m["state"] == "READY")
+            .filter_map(|m| {
+                Some((
+                    m["name"].as_str()?.to_owned(),
+                    m["version"].as_str()?.parse().ok()?,
+                ))
+            })
+            .collect();
+        rows.sort();
+        Ok(rows)
     }
 
     /// `POST /v2/repository/models/{model}/load`; Err carries Triton's error message.
