@@ -35,7 +35,6 @@ fn view() -> Vec<BackendView> {
         BackendView {
             ready: true,
             knows: true,
-            has_version: true,
             in_flight: 0,
         };
         BACKENDS
@@ -58,7 +57,7 @@ fn full_pool(models: usize, start: Instant) -> (Table, Vec<ModelRef>) {
         .map(|i| ModelRef::new(format!("model-{i}"), None))
         .collect();
     for model in &names {
-        match table.decide(model, estimate(), &view, false, true, start) {
+        match table.decide(model, &estimate().into(), &view, false, true, start) {
             Decision::Load(plan) => {
                 assert!(plan.evict.is_empty(), "the pool filled up early");
                 table.finish_load(plan.backend, &model.name, &Ok(()), start);
@@ -84,7 +83,14 @@ fn hit(c: &mut Criterion) {
             b.iter(|| {
                 i = (i + 7919) % names.len();
                 let model = &names[i];
-                match table.decide(black_box(model), estimate(), &view, false, true, now) {
+                match table.decide(
+                    black_box(model),
+                    &estimate().into(),
+                    &view,
+                    false,
+                    true,
+                    now,
+                ) {
                     Decision::Serve(backend) => table.release(backend, &model.name, now),
                     other => panic!("expected a hit: {other:?}"),
                 }
@@ -112,7 +118,7 @@ fn miss_evict(c: &mut Criterion) {
                 n += 1;
                 now += Duration::from_secs(1);
                 let model = ModelRef::new(format!("cold-{n}"), None);
-                match table.decide(&model, estimate(), &view, false, true, now) {
+                match table.decide(&model, &estimate().into(), &view, false, true, now) {
                     Decision::Load(plan) => {
                         debug_assert_eq!(plan.evict.len(), 1);
                         table.finish_load(plan.backend, &model.name, &Ok(()), now);

@@ -26,7 +26,7 @@ pub const VALIDATION_REJECTIONS: &str = "infergate_validation_rejections_total";
 pub const PLACEMENT_COLD_MISSES: &str = "infergate_placement_cold_misses_total";
 /// How long cold requests waited for their model to load.
 pub const PLACEMENT_COLD_WAIT: &str = "infergate_placement_cold_wait_seconds";
-/// Loads by backend and result.
+/// Loads by backend, reason (`new`, `version`, `reload`) and result.
 pub const PLACEMENT_LOADS: &str = "infergate_placement_loads_total";
 /// Unloads by backend, reason (evict, request, abandon) and result.
 pub const PLACEMENT_UNLOADS: &str = "infergate_placement_unloads_total";
@@ -169,7 +169,10 @@ fn describe() {
         Unit::Seconds,
         "Time cold requests waited for their model to load."
     );
-    describe_counter!(PLACEMENT_LOADS, "Model loads by backend and result.");
+    describe_counter!(
+        PLACEMENT_LOADS,
+        "Model loads by backend, reason (new, version, reload) and result."
+    );
     describe_counter!(
         PLACEMENT_UNLOADS,
         "Model unloads by backend, reason and result."

@@ -1,7 +1,8 @@
 //! Placement against real Triton: models load on first request, on one backend, evicted in
 //! LRU order within capacity; Triton's index and its python stub processes always match the
 //! gateway's books; one load per cold burst; failing loads back off; pinned models stay; a
-//! dead backend's models move.
+//! dead backend's models move; versions asked for are loaded, and a newer version on disk
+//! replaces "latest" without a failed request.
 //!
 //! Sizes come from tests/models (scripts/setup.sh pads sized_a/b/c to 1, 2 and 4 MiB): with
 //! `size_multiplier = 1.0` their estimates are a little over 1, 2 and 4 MiB.
@@ -10,8 +11,8 @@ mod support;
 
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use support::gateway::{TestGateway, pool_config};
-use support::{Triton, TritonOptions};
+use support::gateway::{TestGateway, pool_config, pool_config_in};
+use support::{Triton, TritonOptions, copy_dir, model_repository};
 
 async fn empty_triton(verbose: bool) -> Triton {
     Triton::start(TritonOptions {
@@ -29,6 +30,11 @@ fn identity_request() -> Value {
 }
 
 async fn infer(gateway: &TestGateway, model: &str) -> (u16, Value) {
+    infer_path(gateway, model).await
+}
+
+/// Infers on `model`, or on one version of it (`model/versions/v`).
+async fn infer_path(gateway: &TestGateway, model: &str) -> (u16, Value) {
     let response = reqwest::Client::new()
         .post(format!("{}/v2/models/{model}/infer", gateway.url()))
         .json(&identity_request())
@@ -552,4 +558,290 @@ async fn draining_a_backend_moves_its_pinned_models_and_places_nothing_new_there
         .await
         .unwrap();
     assert_eq!(response.status(), 404);
+}
+
+/// Each backend's books agree with its Triton version by version: the books' (model, versions)
+/// are the READY rows of Triton's index, one python stub runs per READY version, and no
+/// backend is over its capacity.
+async fn assert_versions_match(gateway: &TestGateway, tritons: &[&Triton]) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let placed = gateway.placed_versions().await;
+        let mut indexed = Vec::new();
+        let mut stubs_match = true;
+        for triton in tritons {
+            let rows = triton.ready_versions().await.unwrap();
+            stubs_match &= triton.stub_count() == rows.len();
+            let mut copies: Vec<(String, Vec<u64>)> = Vec::new();
+            for (name, version) in rows {
+                match copies.last_mut() {
+                    Some((last, versions)) if *last == name => versions.push(version),
+                    _ => copies.push((name, vec![version])),
+                }
+            }
+            indexed.push(copies);
+        }
+        if placed == indexed && stubs_match {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "books {placed:?} vs Triton {indexed:?} (stubs match: {stubs_match})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for backend in gateway.placement().await["backends"].as_array().unwrap() {
+        let sizes: u64 = backend["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["size"].as_u64().unwrap())
+            .sum();
+        assert_eq!(sizes, backend["used"].as_u64().unwrap(), "{backend}");
+        assert!(
+            backend["used"].as_u64() <= backend["capacity"].as_u64(),
+            "{backend}"
+        );
+    }
+}
+
+/// The version that answered and its first output (INPUT0[0] = 1, plus 100 × version).
+fn answered_by(body: &Value) -> (String, f64) {
+    (
+        body["model_version"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        body["outputs"][0]["data"][0].as_f64().unwrap_or_default(),
+    )
+}
+
+/// The sum of `infergate_placement_loads_total` for a reason and result.
+async fn loads(gateway: &TestGateway, reason: &str, result: &str, backend_prefix: &str) -> f64 {
+    let metrics = gateway.metrics_text("/metrics").await;
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("infergate_placement_loads_total{"))
+        .filter(|l| l.contains(&format!("backend=\"{backend_prefix}")))
+        .filter(|l| l.contains(&format!("reason=\"{reason}\"")))
+        .filter(|l| l.contains(&format!("result=\"{result}\"")))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn each_version_asked_for_is_loaded_where_the_model_is_not() {
+    let (t0, t1) = tokio::join!(empty_triton(false), empty_triton(false));
+    let gateway = TestGateway::start(&pool_config(
+        "versions2",
+        &[&t0, &t1],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        "",
+    ))
+    .await;
+    let (status, body) = infer_path(&gateway, "versioned/versions/1").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(answered_by(&body), ("1".into(), 101.0));
+    let (status, body) = infer_path(&gateway, "versioned/versions/2").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(answered_by(&body), ("2".into(), 201.0));
+    // One copy per backend, each loaded for its version alone.
+    let mut placed = gateway.placed_versions().await.concat();
+    placed.sort();
+    assert_eq!(
+        placed,
+        [("versioned".into(), vec![1]), ("versioned".into(), vec![2])]
+    );
+    assert_versions_match(&gateway, &[&t0, &t1]).await;
+    // Each keeps answering for its version.
+    for version in ["1", "2"] {
+        let (status, body) = infer_path(&gateway, &format!("versioned/versions/{version}")).await;
+        assert_eq!((status, answered_by(&body).0), (200, version.to_string()));
+    }
+    // A version the repository does not have is refused without a load.
+    let (status, body) = infer_path(&gateway, "versioned/versions/9").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(loads(&gateway, "new", "success", "versions2-").await, 2.0);
+    assert_eq!(loads(&gateway, "new", "failure", "versions2-").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_second_version_on_the_only_backend_is_loaded_beside_the_first() {
+    let t0 = empty_triton(false).await;
+    let gateway = TestGateway::start(&pool_config(
+        "versions1",
+        &[&t0],
+        "1GiB",
+        "size_multiplier = 1.0",
+        "",
+    ))
+    .await;
+    let (status, body) = infer_path(&gateway, "versioned/versions/1").await;
+    assert_eq!(
+        (status, answered_by(&body)),
+        (200, ("1".into(), 101.0)),
+        "{body}"
+    );
+    let one_version = gateway.placement().await["backends"][0]["models"][0]["size"]
+        .as_u64()
+        .unwrap();
+    // Version 1 is asked for without pause while version 2 is loaded beside it.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let url = gateway.url();
+    let looping = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let client = reqwest::Client::new();
+            let mut answers = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let response = client
+                    .post(format!("{url}/v2/models/versioned/versions/1/infer"))
+                    .json(&identity_request())
+                    .send()
+                    .await
+                    .unwrap();
+                let status = response.status().as_u16();
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                answers.push((status, answered_by(&body).0));
+            }
+            answers
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, body) = infer_path(&gateway, "versioned/versions/2").await;
+    assert_eq!(
+        (status, answered_by(&body)),
+        (200, ("2".into(), 201.0)),
+        "{body}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answers = looping.await.unwrap();
+    assert!(answers.len() > 5, "{answers:?}");
+    assert!(
+        answers.iter().all(|a| *a == (200, "1".to_string())),
+        "version 1 kept answering while 2 loaded: {answers:?}"
+    );
+    assert_eq!(
+        gateway.placed_versions().await,
+        [[("versioned".into(), vec![1, 2])]]
+    );
+    assert_versions_match(&gateway, &[&t0]).await;
+    let copy = &gateway.placement().await["backends"][0]["models"][0];
+    assert!(
+        copy["size"].as_u64().unwrap() > one_version,
+        "counts both versions: {copy}"
+    );
+    assert_eq!(copy["latest"], false);
+    assert_eq!(
+        loads(&gateway, "version", "success", "versions1-").await,
+        1.0
+    );
+    // Without a version, Triton's newest loaded version answers: 2 is also the newest on disk.
+    let (status, body) = infer_path(&gateway, "versioned").await;
+    assert_eq!(
+        (status, answered_by(&body).0),
+        (200, "2".to_string()),
+        "{body}"
+    );
+    assert_versions_match(&gateway, &[&t0]).await;
+}
+
+#[tokio::test]
+async fn a_newer_version_on_disk_replaces_latest_without_a_failed_request() {
+    let repository = tempfile::Builder::new()
+        .prefix("infergate-versions-")
+        .tempdir()
+        .unwrap();
+    let model_dir = repository.path().join("versioned");
+    copy_dir(&model_repository().join("versioned"), &model_dir);
+    let t0 = Triton::start(TritonOptions {
+        repository: Some(repository.path().to_path_buf()),
+        ..Default::default()
+    })
+    .await
+    .expect("triton starts");
+    let gateway = TestGateway::start(&pool_config_in(
+        repository.path(),
+        "newer",
+        &[&t0],
+        "1GiB",
+        "",
+        "",
+    ))
+    .await;
+    let (status, body) = infer(&gateway, "versioned").await;
+    assert_eq!(
+        (status, answered_by(&body)),
+        (200, ("2".into(), 201.0)),
+        "{body}"
+    );
+    assert_eq!(
+        gateway.placed_versions().await,
+        [[("versioned".into(), vec![2])]]
+    );
+
+    // Requests without a version run without pause while version 3 appears on disk.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let url = gateway.url();
+    let looping = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let client = reqwest::Client::new();
+            let mut answers = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let response = client
+                    .post(format!("{url}/v2/models/versioned/infer"))
+                    .json(&identity_request())
+                    .send()
+                    .await
+                    .unwrap();
+                let status = response.status().as_u16();
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                answers.push((status, answered_by(&body).0, body));
+            }
+            answers
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    copy_dir(&model_dir.join("2"), &model_dir.join("3"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = infer(&gateway, "versioned").await;
+        if (status, answered_by(&body)) == (200, ("3".into(), 301.0)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never served version 3: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answers = looping.await.unwrap();
+    let failed: Vec<_> = answers.iter().filter(|a| a.0 != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "failed while the version changed: {failed:?}"
+    );
+    let served: std::collections::BTreeSet<&str> = answers.iter().map(|a| a.1.as_str()).collect();
+    assert_eq!(served, ["2", "3"].into(), "the loop saw the change");
+    // Version 2 is gone from Triton, and the books say what Triton says.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while t0.ready_versions().await.unwrap() != [("versioned".to_string(), 3)] {
+        assert!(Instant::now() < deadline, "{:?}", t0.ready_versions().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        gateway.placed_versions().await,
+        [[("versioned".into(), vec![3])]]
+    );
+    assert_versions_match(&gateway, &[&t0]).await;
+    assert_eq!(loads(&gateway, "reload", "success", "newer-").await, 1.0);
+    assert_eq!(
+        gateway.placement().await["backends"][0]["models"][0]["latest"],
+        true
+    );
 }

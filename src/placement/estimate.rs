@@ -1,15 +1,18 @@
 //! How much memory a model will take once loaded.
 //!
 //! In order: an explicit `size` from `[[models]]`; else the size learned from the backend's
-//! memory metric when it was last loaded; else its size on disk (config plus the newest
-//! version directory) times `size_multiplier`, as KServe ModelMesh does; else
-//! `default_model_size`. Disk sizes are read once per model and kept.
+//! memory metric when it was last loaded; else its size on disk (config plus the version
+//! directories loaded: the newest one for "latest") times `size_multiplier`, as KServe
+//! ModelMesh does; else `default_model_size`. The first three are per version: a copy
+//! serving two versions counts twice. Disk sizes are read once per version directory and
+//! kept; reconciliation rescans a loaded model's directory for new versions.
 
+use super::versions::Versions;
 use crate::config;
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Where an estimate came from, shown in the admin API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -34,6 +37,90 @@ pub struct Estimate {
     pub source: SizeSource,
 }
 
+/// What a model costs per version set. Made outside the placement lock (it may read the
+/// disk), then asked under it for any set without touching the disk: a request for one more
+/// version of a loaded model is sized as the union the copy is reloaded with.
+#[derive(Clone, Debug)]
+pub struct Sizing {
+    /// Why these numbers.
+    pub source: SizeSource,
+    /// Bytes per version, for every source but the disk.
+    per_version: u64,
+    /// The model on disk, when the repository has it: what "latest" means, and disk sizes.
+    disk: Option<Arc<OnDisk>>,
+    multiplier: f64,
+}
+
+impl Sizing {
+    /// The estimate for a copy serving `versions`: for disk sizes, config.pbtxt plus those
+    /// version directories times the multiplier; else the per-version size times their count.
+    pub fn estimate(&self, versions: &Versions) -> Estimate {
+        let resolved = versions.resolve(self.newest());
+        let bytes = match (&self.disk, self.source) {
+            (Some(disk), SizeSource::Disk) => {
+                let raw = disk.config
+                    + resolved
+                        .iter()
+                        .map(|v| disk.versions.get(v).copied().unwrap_or(0))
+                        .sum::<u64>();
+                (raw as f64 * self.multiplier).ceil() as u64
+            }
+            _ => self.per_version * resolved.len().max(1) as u64,
+        };
+        Estimate {
+            bytes,
+            source: self.source,
+        }
+    }
+
+    /// The newest version directory in the repository: what "latest" loads.
+    pub fn newest(&self) -> Option<u64> {
+        self.disk.as_ref()?.versions.keys().next_back().copied()
+    }
+
+    /// False only when the repository is known and has no directory for `version`.
+    pub fn has_version(&self, version: u64) -> bool {
+        self.disk
+            .as_ref()
+            .is_none_or(|d| d.versions.contains_key(&version))
+    }
+}
+
+#[cfg(test)]
+impl Sizing {
+    /// A model on disk with these version directories (bytes each), multiplier 1.
+    pub(crate) fn on_disk(config: u64, versions: &[(u64, u64)]) -> Self {
+        Self {
+            source: SizeSource::Disk,
+            per_version: 0,
+            disk: Some(Arc::new(OnDisk {
+                config,
+                versions: versions.iter().copied().collect(),
+            })),
+            multiplier: 1.0,
+        }
+    }
+}
+
+/// One size for every version set: the simulator and unit tests, which know no repository.
+impl From<Estimate> for Sizing {
+    fn from(estimate: Estimate) -> Self {
+        Self {
+            source: estimate.source,
+            per_version: estimate.bytes,
+            disk: None,
+            multiplier: 1.0,
+        }
+    }
+}
+
+/// A model directory: bytes of config.pbtxt and of each numbered version directory.
+#[derive(Debug)]
+struct OnDisk {
+    config: u64,
+    versions: BTreeMap<u64, u64>,
+}
+
 /// Sizes models; cheap to call repeatedly.
 #[derive(Debug)]
 pub struct Estimator {
@@ -41,7 +128,7 @@ pub struct Estimator {
     repository: Option<PathBuf>,
     multiplier: f64,
     default: u64,
-    disk: Mutex<HashMap<String, Option<u64>>>,
+    disk: Mutex<HashMap<String, Option<Arc<OnDisk>>>>,
     learned: Mutex<HashMap<String, u64>>,
 }
 
@@ -61,8 +148,9 @@ impl Estimator {
         }
     }
 
-    /// Keeps a measured size: from now on it is the model's estimate (unless config names
-    /// one), so a small file that fills a GPU is counted as what it fills.
+    /// Keeps a measured size of one version: from now on it is the model's estimate per
+    /// version (unless config names one), so a small file that fills a GPU is counted as what
+    /// it fills.
     pub fn learn(&self, model: &str, bytes: u64) {
         self.learned
             .lock()
@@ -70,69 +158,99 @@ impl Estimator {
             .insert(model.to_string(), bytes);
     }
 
-    /// The estimate for a model. Reads the disk the first time a model is asked about (a
-    /// few `stat` calls), outside any placement lock.
+    /// The estimate for the model's default version (one copy as a plain load makes it).
     pub fn estimate(&self, model: &str) -> Estimate {
-        if let Some(&bytes) = self.explicit.get(model) {
-            return Estimate {
-                bytes,
-                source: SizeSource::Config,
-            };
-        }
-        if let Some(&bytes) = self.learned.lock().expect("estimator lock").get(model) {
-            return Estimate {
-                bytes,
-                source: SizeSource::Learned,
-            };
-        }
+        self.sizing(model).estimate(&Versions::latest())
+    }
+
+    /// How the model is sized, for any version set. Reads the disk the first time a model is
+    /// asked about (a few `stat` calls), outside any placement lock.
+    pub fn sizing(&self, model: &str) -> Sizing {
         let cached = self
             .disk
             .lock()
             .expect("estimator lock")
             .get(model)
-            .copied();
-        let on_disk = match cached {
-            Some(size) => size,
-            None => {
-                let size = self
-                    .repository
-                    .as_deref()
-                    .and_then(|repo| disk_size(repo, model));
-                self.disk
-                    .lock()
-                    .expect("estimator lock")
-                    .insert(model.to_string(), size);
-                size
-            }
+            .cloned();
+        let disk = match cached {
+            Some(disk) => disk,
+            None => self.read_disk(model),
         };
-        match on_disk {
-            Some(bytes) => Estimate {
-                bytes: (bytes as f64 * self.multiplier).ceil() as u64,
-                source: SizeSource::Disk,
-            },
-            None => Estimate {
-                bytes: self.default,
-                source: SizeSource::Default,
-            },
+        let explicit = self.explicit.get(model).copied();
+        let learned = self
+            .learned
+            .lock()
+            .expect("estimator lock")
+            .get(model)
+            .copied();
+        let (source, per_version) = match (explicit, learned, &disk) {
+            (Some(bytes), _, _) => (SizeSource::Config, bytes),
+            (None, Some(bytes), _) => (SizeSource::Learned, bytes),
+            (None, None, Some(_)) => (SizeSource::Disk, 0),
+            (None, None, None) => (SizeSource::Default, self.default),
+        };
+        Sizing {
+            source,
+            per_version,
+            disk,
+            multiplier: self.multiplier,
         }
+    }
+
+    /// Reads the model's directory again and returns its newest version: reconciliation
+    /// looks for new versions this way.
+    pub fn rescan(&self, model: &str) -> Option<u64> {
+        let disk = self.read_disk(model)?;
+        disk.versions.keys().next_back().copied()
+    }
+
+    /// Reads the model's directory into the cache; version directories already sized are not
+    /// walked again.
+    fn read_disk(&self, model: &str) -> Option<Arc<OnDisk>> {
+        let known = self
+            .disk
+            .lock()
+            .expect("estimator lock")
+            .get(model)
+            .cloned()
+            .flatten();
+        let scanned = self
+            .repository
+            .as_deref()
+            .and_then(|repo| scan(repo, model, known.as_deref()))
+            .map(Arc::new);
+        self.disk
+            .lock()
+            .expect("estimator lock")
+            .insert(model.to_string(), scanned.clone());
+        scanned
     }
 }
 
-/// Bytes of `config.pbtxt` plus every file under the newest numbered version directory.
-/// `None` when the model is not in the repository or has no version directory.
-fn disk_size(repository: &Path, model: &str) -> Option<u64> {
+/// The model's directory: config.pbtxt's size and each numbered version directory's (those
+/// in `known` taken from it). `None` when the repository has no such model or no version.
+fn scan(repository: &Path, model: &str, known: Option<&OnDisk>) -> Option<OnDisk> {
     if model.contains(['/', '\\']) || model == ".." || model == "." {
         return None;
     }
     let dir = repository.join(model);
-    let newest = std::fs::read_dir(&dir)
+    let versions: BTreeMap<u64, u64> = std::fs::read_dir(&dir)
         .ok()?
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
-        .max()?;
+        .map(|v| {
+            let size = known
+                .and_then(|k| k.versions.get(&v).copied())
+                .unwrap_or_else(|| tree_size(&dir.join(v.to_string())));
+            (v, size)
+        })
+        .collect();
+    if versions.is_empty() {
+        return None;
+    }
     let config = std::fs::metadata(dir.join("config.pbtxt")).map_or(0, |m| m.len());
-    Some(config + tree_size(&dir.join(newest.to_string())))
+    Some(OnDisk { config, versions })
 }
 
 fn tree_size(path: &Path) -> u64 {
@@ -192,6 +310,18 @@ mod tests {
                 source: SizeSource::Disk
             }
         );
+        // Versions asked for by number count their own directories; 3 is not on disk.
+        let sizing = estimator.sizing("padded");
+        let both = Versions::requested(Some(1)).union(&Versions::latest());
+        assert_eq!(sizing.estimate(&both).bytes, (100 + 5000 + 900) * 2);
+        assert_eq!(sizing.newest(), Some(2));
+        assert!(sizing.has_version(1) && !sizing.has_version(3));
+        // A version directory added later is found by a rescan.
+        std::fs::create_dir_all(model.join("3")).unwrap();
+        std::fs::write(model.join("3/model.py"), vec![0; 50]).unwrap();
+        assert_eq!(estimator.sizing("padded").newest(), Some(2), "cached");
+        assert_eq!(estimator.rescan("padded"), Some(3));
+        assert_eq!(estimator.estimate("padded").bytes, 150 * 2);
         assert_eq!(estimator.estimate("absent").source, SizeSource::Default);
         // A learned size wins over the disk, not over config.
         estimator.learn("padded", 5 << 30);
@@ -201,6 +331,11 @@ mod tests {
                 bytes: 5 << 30,
                 source: SizeSource::Learned
             }
+        );
+        // Per version: two versions count twice.
+        assert_eq!(
+            estimator.sizing("padded").estimate(&both).bytes,
+            2 * (5 << 30)
         );
         estimator.learn("sized", 1);
         assert_eq!(estimator.estimate("sized").source, SizeSource::Config);

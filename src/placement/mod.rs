@@ -7,12 +7,15 @@
 
 mod estimate;
 mod load_queue;
+mod model_config;
 pub mod simulate;
 mod table;
+mod versions;
 
-pub use estimate::{Estimate, Estimator, SizeSource};
+pub use estimate::{Estimate, Estimator, SizeSource, Sizing};
 pub use load_queue::{LoadQueue, Priority};
-pub use table::{BackendView, Decision, LoadOutcome, LoadPlan, Policy, Table};
+pub use table::{BackendView, Decision, Indexed, LoadOutcome, LoadPlan, Policy, Table};
+pub use versions::Versions;
 
 use crate::config;
 use crate::error::GatewayError;
@@ -21,7 +24,7 @@ use crate::telemetry;
 use crate::upstream::{Backend, InFlight, Pool, metrics_scrape, path_segment};
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -52,6 +55,8 @@ pub struct Placement {
     load_timeout: Duration,
     max_attempts: usize,
     events: broadcast::Sender<ModelEvent>,
+    /// `placement.model_repository`: config.pbtxt for loads of chosen versions.
+    repository: Option<std::path::PathBuf>,
 }
 
 /// When models get more copies, and lose them.
@@ -146,6 +151,7 @@ impl Placement {
             load_timeout: policy.load_timeout.0,
             max_attempts: policy.max_load_attempts,
             events: broadcast::channel(256).0,
+            repository: policy.model_repository.clone(),
         }
     }
 
@@ -158,21 +164,14 @@ impl Placement {
         self.table.lock().expect("placement lock")
     }
 
-    fn view(&self, model: &ModelRef) -> Vec<BackendView> {
+    fn view(&self, model: &str) -> Vec<BackendView> {
         self.pool
             .backends()
             .iter()
-            .map(|backend| {
-                let index = backend.index();
-                BackendView {
-                    ready: backend.is_ready(),
-                    knows: index.knows(&model.name),
-                    has_version: model
-                        .version
-                        .as_deref()
-                        .is_none_or(|v| index.is_ready(&model.name, Some(v))),
-                    in_flight: backend.in_flight(),
-                }
+            .map(|backend| BackendView {
+                ready: backend.is_ready(),
+                knows: backend.index().knows(model),
+                in_flight: backend.in_flight(),
             })
             .collect()
     }
@@ -190,16 +189,16 @@ impl Placement {
         let mut attempts = 0;
         let mut cold_since: Option<Instant> = None;
         loop {
-            let view = self.view(model);
+            let view = self.view(&model.name);
             // The warm path: one lock, no estimate (the lock is not held while estimating).
             let hit = self.books().hit(model, &view);
             let decision = match hit {
                 Some(decision) => decision,
                 None => {
-                    let estimate = self.estimator.estimate(&model.name);
+                    let sizing = self.estimator.sizing(&model.name);
                     let pinned = self.pinned.contains(&model.name);
                     self.books()
-                        .decide(model, estimate, &view, pinned, allow_evict, Instant::now())
+                        .decide(model, &sizing, &view, pinned, allow_evict, Instant::now())
                 }
             };
             let mut waiting = match decision {
@@ -271,59 +270,71 @@ impl Placement {
             self.unload_on(&backend, &victim.model, "evict").await;
         }
         let started = Instant::now();
-        let outcome = self
-            .measured_load(plan.backend, &backend, &plan.model)
-            .await;
-        if outcome.is_ok() {
-            // Versions served are read from the index: refresh it before anyone is told.
-            if let Err(reason) =
-                crate::upstream::refresh_index(&backend, Duration::from_secs(2)).await
-            {
-                tracing::warn!(backend = %backend.name, %reason, "index refresh after a load failed");
-            }
-        }
+        let outcome = self.measured_load(&plan, &backend).await;
+        let serving = if outcome.is_ok() {
+            self.serving_after_load(&backend, &plan.model).await
+        } else {
+            None
+        };
         let result = if outcome.is_ok() {
             "success"
         } else {
             "failure"
         };
-        metrics::counter!(telemetry::PLACEMENT_LOADS, "backend" => backend.name.clone(), "result" => result)
-            .increment(1);
+        metrics::counter!(telemetry::PLACEMENT_LOADS, "backend" => backend.name.clone(),
+            "reason" => plan.reason, "result" => result)
+        .increment(1);
         metrics::histogram!(telemetry::PLACEMENT_LOAD_DURATION)
             .record(started.elapsed().as_secs_f64());
         match &outcome {
             Ok(()) => {
-                tracing::info!(model = plan.model, backend = %backend.name, evicted = plan.evict.len(),
+                tracing::info!(model = plan.model, backend = %backend.name, versions = %plan.versions,
+                    reason = plan.reason, evicted = plan.evict.len(),
                     load_ms = started.elapsed().as_millis() as u64, "model loaded");
                 let _ = self.events.send(ModelEvent::Loaded(plan.model.clone()));
             }
             Err(reason) => {
-                tracing::warn!(model = plan.model, backend = %backend.name, %reason, "model failed to load")
+                tracing::warn!(model = plan.model, backend = %backend.name, versions = %plan.versions,
+                    %reason, "model failed to load")
             }
         }
-        self.books()
-            .finish_load(plan.backend, &plan.model, &outcome, Instant::now());
+        {
+            let mut books = self.books();
+            books.finish_load(plan.backend, &plan.model, &outcome, Instant::now());
+            if let Some(serving) = serving {
+                books.set_serving(plan.backend, &plan.model, serving);
+            }
+        }
         self.publish_usage(plan.backend);
         let _ = plan.done.send(Some(outcome));
     }
 
+    /// The versions the backend's index shows READY for the model, read again after a load
+    /// so that no request is told of the load before the index knows it.
+    async fn serving_after_load(&self, backend: &Backend, model: &str) -> Option<BTreeSet<u64>> {
+        match crate::upstream::refresh_index(backend, Duration::from_secs(2)).await {
+            Ok(()) => Some(backend.index().ready_versions(model)),
+            Err(reason) => {
+                tracing::warn!(backend = %backend.name, %reason, "index refresh after a load failed");
+                None
+            }
+        }
+    }
+
     /// Loads, and where the backend reports memory and no other load ran beside this one,
-    /// learns the model's size from the rise of the memory metric.
-    async fn measured_load(
-        &self,
-        index: usize,
-        backend: &Backend,
-        model: &str,
-    ) -> Result<(), Arc<str>> {
+    /// learns the model's size per version from the rise of the memory metric (new copies
+    /// only: a reload's rise is a part of the model, and its old versions go meanwhile).
+    async fn measured_load(&self, plan: &LoadPlan, backend: &Backend) -> Result<(), Arc<str>> {
+        let model = plan.model.as_str();
         let running = &backend.loads_running;
         let alone_at_start = running.fetch_add(1, Ordering::AcqRel) == 0;
         let timeout = Duration::from_secs(2);
-        let before = if alone_at_start {
+        let before = if alone_at_start && plan.reason == "new" {
             metrics_scrape::read_sum(backend, &self.memory_metric, timeout).await
         } else {
             None
         };
-        let outcome = self.load_on(backend, model).await;
+        let outcome = self.load_on(backend, plan).await;
         let alone_at_end = running.load(Ordering::Acquire) == 1;
         if outcome.is_ok()
             && alone_at_end
@@ -333,38 +344,51 @@ impl Placement {
             && after > before
         {
             let bytes = (after - before) as u64;
-            self.estimator.learn(model, bytes);
-            let estimate = self.estimator.estimate(model);
-            self.books().resize(index, model, estimate);
+            let per_version = bytes / plan.serving.len().max(1) as u64;
+            self.estimator.learn(model, per_version);
+            let estimate = self.estimator.sizing(model).estimate(&plan.versions);
+            self.books().resize(plan.backend, model, estimate);
             tracing::info!(model, backend = %backend.name, bytes, "learned model size from memory metric");
         }
         running.fetch_sub(1, Ordering::AcqRel);
         outcome
     }
 
-    /// `POST .../load`, within `load_timeout`; a load that times out is undone.
-    async fn load_on(&self, backend: &Backend, model: &str) -> Result<(), Arc<str>> {
+    /// `POST .../load` for the plan's versions, within `load_timeout`. A new copy whose load
+    /// times out is undone; a reloaded one is left serving what it served.
+    async fn load_on(&self, backend: &Backend, plan: &LoadPlan) -> Result<(), Arc<str>> {
+        let model = plan.model.as_str();
         let path = format!("/v2/repository/models/{}/load", path_segment(model));
+        let body = self.load_body(plan)?;
         let answer = backend
             .client
-            .call(
-                backend,
-                Method::POST,
-                &path,
-                Bytes::from_static(b"{}"),
-                self.load_timeout,
-            )
+            .call(backend, Method::POST, &path, body, self.load_timeout)
             .await;
         match answer {
             Ok((StatusCode::OK, _)) => Ok(()),
             Ok((status, body)) => Err(triton_message(status, &body).into()),
             Err(error) => {
-                if matches!(error, GatewayError::UpstreamTimeout { .. }) {
+                if matches!(error, GatewayError::UpstreamTimeout { .. }) && plan.reason == "new" {
                     self.unload_on(backend, model, "abandon").await;
                 }
                 Err(error.to_string().into())
             }
         }
+    }
+
+    /// A plain load for the default policy (Triton reads config.pbtxt, and a newer version
+    /// directory replaces the old version); else the whole config with the versions named.
+    fn load_body(&self, plan: &LoadPlan) -> Result<Bytes, Arc<str>> {
+        if plan.versions.is_default() {
+            return Ok(Bytes::from_static(b"{}"));
+        }
+        let repository = self.repository.as_deref().ok_or_else(|| {
+            Arc::<str>::from("loading chosen versions needs placement.model_repository (the model's config.pbtxt)")
+        })?;
+        let versions: Vec<u64> = plan.serving.iter().copied().collect();
+        model_config::load_body(repository, &plan.model, &versions)
+            .map(Bytes::from)
+            .map_err(Arc::from)
     }
 
     /// `POST .../unload`; failures are logged, the books already say it is gone.
@@ -442,11 +466,11 @@ impl Placement {
 
     /// Loads one more copy of a model on a backend that lacks it, and waits for it.
     async fn add_copy(self: &Arc<Self>, model: &str, allow_evict: bool) -> bool {
-        let estimate = self.estimator.estimate(model);
-        let view = self.view(&ModelRef::new(model, None));
-        let plan =
-            self.books()
-                .plan_extra_copy(model, estimate, &view, allow_evict, Instant::now());
+        let sizing = self.estimator.sizing(model);
+        let view = self.view(model);
+        let plan = self
+            .books()
+            .plan_extra_copy(model, &sizing, &view, allow_evict, Instant::now());
         let Some(plan) = plan else { return false };
         let mut done = plan.done.subscribe();
         self.clone().run_load(plan, Priority::Background).await;
@@ -506,15 +530,24 @@ impl Placement {
         }
     }
 
-    /// Brings the books for one backend in line with its last health check and index.
-    pub fn reconcile(&self, backend_index: usize) {
+    /// Brings the books for one backend in line with its last health check and index, and
+    /// reloads copies serving "latest" whose model has a newer version on disk.
+    pub fn reconcile(self: &Arc<Self>, backend_index: usize) {
         let backend = &self.pool.backends()[backend_index];
         let index = backend.index();
-        let ready_models: Vec<(String, Estimate)> = index
+        let names: BTreeSet<&str> = index
             .entries()
             .iter()
             .filter(|e| e.is_ready())
-            .map(|e| (e.name.clone(), self.estimator.estimate(&e.name)))
+            .map(|e| e.name.as_str())
+            .collect();
+        let ready_models: Vec<Indexed> = names
+            .into_iter()
+            .map(|name| Indexed {
+                name: name.to_string(),
+                estimate: self.estimator.estimate(name),
+                serving: index.ready_versions(name),
+            })
             .collect();
         let pinned = |name: &str| self.pinned.contains(name);
         let changed = self.books().reconcile(
@@ -532,7 +565,45 @@ impl Placement {
             tracing::info!(model, backend = %backend.name, "model is gone from the backend");
             let _ = self.events.send(ModelEvent::Unloaded(model.clone()));
         }
+        if backend.is_ready() {
+            self.reload_newer_versions(backend_index);
+        }
         self.publish_usage(backend_index);
+    }
+
+    /// Loads again (a plain load, or the union for a copy that also serves numbered
+    /// versions) each copy serving "latest" whose model gained a newer version directory:
+    /// Triton loads the new version, then unloads the old one once its requests are done.
+    fn reload_newer_versions(self: &Arc<Self>, backend_index: usize) {
+        let latest = self.books().latest_copies(backend_index);
+        for (model, serving) in latest {
+            let Some(newest) = self.estimator.rescan(&model) else {
+                continue;
+            };
+            if serving.is_none_or(|v| v >= newest) {
+                continue;
+            }
+            let sizing = self.estimator.sizing(&model);
+            let view = self.view(&model);
+            let plan = self.books().reload_on(
+                &[backend_index],
+                &model,
+                (&Versions::latest(), &sizing),
+                &view,
+                true,
+                Instant::now(),
+            );
+            match plan {
+                Ok(plan) => {
+                    tracing::info!(model, backend = %self.pool.backends()[backend_index].name,
+                        from = serving, to = newest, "newer version on disk: reloading");
+                    tokio::spawn(self.clone().run_load(plan, Priority::Background));
+                }
+                Err(error) => {
+                    tracing::info!(model, %error, "newer version on disk, not reloaded yet")
+                }
+            }
+        }
     }
 
     /// Opens books for a backend a reload added to the pool (at index `backend`).
@@ -628,7 +699,13 @@ impl Placement {
                             "name": name,
                             "size": c.size,
                             "size_source": c.source,
-                            "state": match c.state { table::CopyState::Ready => "ready", table::CopyState::Loading(_) => "loading" },
+                            "state": match c.state {
+                                table::CopyState::Ready => "ready",
+                                table::CopyState::Loading(_) => "loading",
+                                table::CopyState::Reloading(_) => "reloading",
+                            },
+                            "versions": c.serving,
+                            "latest": c.versions.latest,
                             "idle_seconds": now.saturating_duration_since(c.last_used).as_secs_f64(),
                             "in_flight": c.in_flight,
                             "pinned": c.pinned,

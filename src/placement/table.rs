@@ -2,7 +2,8 @@
 //! used, and how many requests hold it. Every decision is a short synchronous function over
 //! these books, taken under one lock that is never held across an await.
 
-use super::estimate::{Estimate, SizeSource};
+use super::estimate::{Estimate, SizeSource, Sizing};
+use super::versions::Versions;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
 use std::collections::{BTreeSet, HashMap};
@@ -32,8 +33,6 @@ pub struct BackendView {
     pub ready: bool,
     /// Its repository has the model.
     pub knows: bool,
-    /// Its index shows the requested version READY (true when no version was asked for).
-    pub has_version: bool,
     /// Requests in flight on the backend, for tie-breaking.
     pub in_flight: usize,
 }
@@ -57,15 +56,47 @@ pub struct Copy {
     pub pinned: bool,
     /// Requests served since it was placed (for scaling by demand).
     pub served: u64,
+    /// What it was loaded to serve.
+    pub versions: Versions,
+    /// The version numbers it serves: planned at the load, then as the backend's index says.
+    pub serving: BTreeSet<u64>,
 }
 
-/// Loading copies carry the channel their waiters listen on.
+impl Copy {
+    /// Whether a request for `version` (`None`: the default policy) can use this copy now.
+    fn serves(&self, version: Option<u64>) -> bool {
+        let serving = matches!(self.state, CopyState::Ready | CopyState::Reloading(_));
+        serving
+            && match version {
+                None => self.versions.latest,
+                Some(v) => self.serving.contains(&v),
+            }
+    }
+}
+
+/// Loading and reloading copies carry the channel their waiters listen on.
 #[derive(Debug)]
 pub enum CopyState {
     /// A load is running; its outcome arrives on the channel.
     Loading(watch::Receiver<LoadOutcome>),
+    /// Serving what it served while it is loaded again for other versions (Triton keeps the
+    /// old versions serving until the new ones are ready).
+    Reloading(Reload),
     /// Serving.
     Ready,
+}
+
+/// A ready copy being loaded again: for one more version, or for a newer "latest".
+#[derive(Debug)]
+pub struct Reload {
+    /// Where the outcome arrives.
+    pub waiting: watch::Receiver<LoadOutcome>,
+    /// What it will serve once loaded.
+    pub to: Versions,
+    /// The version numbers that will be.
+    pub to_serving: BTreeSet<u64>,
+    /// Its size and where that came from before, restored if the reload fails.
+    pub from: Estimate,
 }
 
 /// One backend's books.
@@ -146,8 +177,11 @@ impl Books {
     fn loading_bytes(&self) -> u64 {
         self.copies
             .values()
-            .filter(|c| matches!(c.state, CopyState::Loading(_)))
-            .map(|c| c.size)
+            .map(|c| match &c.state {
+                CopyState::Loading(_) => c.size,
+                CopyState::Reloading(reload) => c.size.saturating_sub(reload.from.bytes),
+                CopyState::Ready => 0,
+            })
             .sum()
     }
 }
@@ -169,6 +203,14 @@ pub struct LoadPlan {
     pub backend: usize,
     /// Model to load.
     pub model: String,
+    /// The versions to load it for: a plain load for the default policy alone, else a config
+    /// override naming `serving`.
+    pub versions: Versions,
+    /// The version numbers that means ("latest" taken as the newest on disk).
+    pub serving: BTreeSet<u64>,
+    /// Why, for the loads metric: `new` (a copy where there was none), `version` (a copy
+    /// loaded again with one more version), `reload` (a newer version for "latest").
+    pub reason: &'static str,
     /// Models to unload first (already off the books).
     pub evict: Vec<Evicted>,
     /// Where the outcome is announced.
@@ -248,15 +290,23 @@ impl Table {
 
     /// Decides what a request for `model` does next. `allow_evict` is false for preloads,
     /// which only ever use free space.
+    ///
+    /// A miss loads the versions asked for on a backend without the model; only where no
+    /// such backend exists is a copy that lacks the version loaded again with the union of
+    /// what it serves and the version (`reload_on`), so its other versions keep serving.
     pub fn decide(
         &mut self,
         model: &ModelRef,
-        estimate: Estimate,
+        sizing: &Sizing,
         view: &[BackendView],
         pinned: bool,
         allow_evict: bool,
         now: Instant,
     ) -> Decision {
+        let version = match requested_version(model, sizing) {
+            Ok(version) => version,
+            Err(error) => return Decision::Refuse(error),
+        };
         if let Some(decision) = self.hit(model, view) {
             return decision;
         }
@@ -268,51 +318,150 @@ impl Table {
                 model: model.name.clone(),
             });
         }
-        if self
-            .backends
-            .iter()
-            .any(|b| b.copies.contains_key(&model.name))
-            && model.version.is_some()
-        {
-            // Loaded, but not the version asked for: loading specific versions is not placed.
-            return Decision::Refuse(GatewayError::ModelNotReady {
-                model: model.name.clone(),
-                version: model.version.clone(),
-            });
-        }
+        let wanted = Versions::requested(version);
+        let placeable =
+            |table: &Self, b: usize| view[b].ready && view[b].knows && !table.backends[b].draining;
         let candidates: Vec<usize> = (0..self.backends.len())
-            .filter(|&b| {
-                view[b].ready
-                    && view[b].knows
-                    && !self.backends[b].draining
-                    && !self.backends[b].copies.contains_key(&model.name)
-            })
+            .filter(|&b| placeable(self, b) && !self.backends[b].copies.contains_key(&model.name))
             .collect();
-        let allowed: Vec<usize> = candidates
-            .iter()
-            .copied()
-            .filter(|&b| {
-                self.failures
-                    .get(&(model.name.clone(), b))
-                    .is_none_or(|f| f.retry_at <= now)
-            })
-            .collect();
-        if allowed.is_empty() {
-            return Decision::Refuse(self.refusal_after_failures(model, &candidates, now));
+        if candidates.is_empty() {
+            let holders: Vec<usize> = (0..self.backends.len())
+                .filter(|&b| placeable(self, b) && self.is_ready_copy(b, &model.name))
+                .collect();
+            return match self.reload_on(
+                &holders,
+                &model.name,
+                (&wanted, sizing),
+                view,
+                allow_evict,
+                now,
+            ) {
+                Ok(plan) => Decision::Load(plan),
+                Err(error) => Decision::Refuse(error),
+            };
         }
-        match self.choose(&allowed, estimate.bytes, view, allow_evict, now) {
-            Ok((backend, evict)) => {
-                Decision::Load(self.commit(backend, model, estimate, evict, pinned, now))
-            }
+        let allowed = self.not_backing_off(&model.name, &candidates, now);
+        if allowed.is_empty() {
+            return Decision::Refuse(self.refusal_after_failures(&model.name, &candidates, now));
+        }
+        let estimate = sizing.estimate(&wanted);
+        match self.choose(
+            &allowed,
+            &model.name,
+            &|_| estimate.bytes,
+            view,
+            allow_evict,
+            now,
+        ) {
+            Ok((backend, evict)) => Decision::Load(self.commit(
+                backend,
+                &model.name,
+                (wanted, sizing),
+                evict,
+                pinned,
+                now,
+            )),
             Err(error) => Decision::Refuse(error),
         }
     }
 
-    /// The decision when a copy of `model` is on the books: `Serve` the ready copy with the
-    /// fewest requests in flight (counting this one), else `Wait` for a loading one; `None`
-    /// when there is neither. `decide` starts with this; asking it alone first lets a warm
-    /// request skip what only a load needs (the size estimate).
+    /// Plans loading a ready copy again, on one of `holders`, so it serves `wanted` as well
+    /// as what it serves: for a request's version, or (`wanted` = latest) for a newer version
+    /// on disk. Room for the growth is found as for any load (eviction on that backend,
+    /// churn guard); a backend whose last load of the model failed waits out its backoff.
+    pub fn reload_on(
+        &mut self,
+        holders: &[usize],
+        model: &str,
+        (wanted, sizing): (&Versions, &Sizing),
+        view: &[BackendView],
+        allow_evict: bool,
+        now: Instant,
+    ) -> Result<LoadPlan, GatewayError> {
+        let allowed = self.not_backing_off(model, holders, now);
+        if allowed.is_empty() {
+            return Err(self.refusal_after_failures(model, holders, now));
+        }
+        let target = |b: usize| self.backends[b].copies[model].versions.union(wanted);
+        let growth = |b: usize| {
+            let copy = &self.backends[b].copies[model];
+            sizing.estimate(&target(b)).bytes.saturating_sub(copy.size)
+        };
+        let (backend, evict) = self.choose(&allowed, model, &growth, view, allow_evict, now)?;
+        let reason = if self.backends[backend].copies[model].versions.covers(wanted) {
+            "reload"
+        } else {
+            "version"
+        };
+        let target = target(backend);
+        let estimate = sizing.estimate(&target);
+        let serving = target.resolve(sizing.newest());
+        let books = &mut self.backends[backend];
+        let evict = take_victims(books, evict, now);
+        let (done, waiting) = watch::channel(None);
+        let from = books
+            .modify(model, |copy| {
+                let from = Estimate {
+                    bytes: copy.size,
+                    source: copy.source,
+                };
+                copy.state = CopyState::Reloading(Reload {
+                    waiting,
+                    to: target.clone(),
+                    to_serving: serving.clone(),
+                    from,
+                });
+                copy.size = estimate.bytes;
+                copy.source = estimate.source;
+                from
+            })
+            .expect("a holder has the copy");
+        books.committed = books.committed - from.bytes + estimate.bytes;
+        books.changed = now;
+        Ok(LoadPlan {
+            backend,
+            model: model.to_string(),
+            versions: target,
+            serving,
+            reason,
+            evict,
+            done,
+        })
+    }
+
+    fn is_ready_copy(&self, backend: usize, model: &str) -> bool {
+        self.backends[backend]
+            .copies
+            .get(model)
+            .is_some_and(|c| matches!(c.state, CopyState::Ready))
+    }
+
+    /// The backends among `backends` not waiting out a failed load of the model.
+    fn not_backing_off(&self, model: &str, backends: &[usize], now: Instant) -> Vec<usize> {
+        backends
+            .iter()
+            .copied()
+            .filter(|&b| {
+                self.failures
+                    .get(&(model.to_string(), b))
+                    .is_none_or(|f| f.retry_at <= now)
+            })
+            .collect()
+    }
+
+    /// The decision when a copy of `model` is on the books: `Serve` the copy serving the
+    /// version asked for with the fewest requests in flight (counting this one), else `Wait`
+    /// for a load of the model that is running; `None` when there is neither. `decide` starts
+    /// with this; asking it alone first lets a warm request skip what only a load needs (the
+    /// size estimate).
     pub fn hit(&mut self, model: &ModelRef, view: &[BackendView]) -> Option<Decision> {
+        // A version that is no number is refused by `decide`.
+        let version = model
+            .version
+            .as_deref()
+            .map(str::parse::<u64>)
+            .transpose()
+            .ok()?;
         let mut best: Option<(usize, usize)> = None;
         let mut loading = None;
         for (b, books) in self.backends.iter().enumerate() {
@@ -322,14 +471,13 @@ impl Table {
             if !view[b].ready {
                 continue;
             }
+            if copy.serves(version) && best.is_none_or(|(_, n)| copy.in_flight < n) {
+                best = Some((b, copy.in_flight));
+            }
             match &copy.state {
-                CopyState::Ready if view[b].has_version => {
-                    if best.is_none_or(|(_, n)| copy.in_flight < n) {
-                        best = Some((b, copy.in_flight));
-                    }
-                }
-                CopyState::Ready => {}
                 CopyState::Loading(rx) => loading = Some(rx.clone()),
+                CopyState::Reloading(reload) => loading = Some(reload.waiting.clone()),
+                CopyState::Ready => {}
             }
         }
         if let Some((b, _)) = best {
@@ -343,11 +491,13 @@ impl Table {
     }
 
     /// Picks the backend: room without eviction first (most free, then fewest in flight);
-    /// else the one whose victims are least recently used.
+    /// else the one whose victims are least recently used. `size(b)` is what the load needs
+    /// on backend `b`; copies of `model` itself are never victims.
     fn choose(
         &self,
         allowed: &[usize],
-        size: u64,
+        model: &str,
+        size: &dyn Fn(usize) -> u64,
         view: &[BackendView],
         allow_evict: bool,
         now: Instant,
@@ -355,7 +505,7 @@ impl Table {
         let roomy = allowed
             .iter()
             .copied()
-            .filter(|&b| self.backends[b].free() >= size)
+            .filter(|&b| self.backends[b].free() >= size(b))
             .max_by_key(|&b| {
                 (
                     self.backends[b].free(),
@@ -367,7 +517,8 @@ impl Table {
         }
         let model_too_big = || GatewayError::NoRoom {
             reason: format!(
-                "needs {size} bytes and no backend can free that much (models in use, loading or pinned stay)"
+                "'{model}' needs {} bytes and no backend can free that much (models in use, loading or pinned stay)",
+                allowed.iter().map(|&b| size(b)).min().unwrap_or(0)
             ),
         };
         if !allow_evict {
@@ -377,7 +528,7 @@ impl Table {
         let mut best: Option<(usize, Vec<String>, Instant)> = None;
         for &b in allowed {
             let books = &self.backends[b];
-            let Some((victims, youngest)) = victims(books, size) else {
+            let Some((victims, youngest)) = victims(books, size(b), model) else {
                 continue;
             };
             let better = match &best {
@@ -409,27 +560,19 @@ impl Table {
     fn commit(
         &mut self,
         backend: usize,
-        model: &ModelRef,
-        estimate: Estimate,
+        model: &str,
+        (versions, sizing): (Versions, &Sizing),
         victims: Vec<String>,
         pinned: bool,
         now: Instant,
     ) -> LoadPlan {
         let books = &mut self.backends[backend];
-        let evict = victims
-            .into_iter()
-            .filter_map(|name| {
-                let copy = books.take(&name)?;
-                books.committed -= copy.size;
-                Some(Evicted {
-                    model: name,
-                    idle: now.saturating_duration_since(copy.last_used),
-                })
-            })
-            .collect();
+        let evict = take_victims(books, victims, now);
+        let estimate = sizing.estimate(&versions);
+        let serving = versions.resolve(sizing.newest());
         let (done, waiting) = watch::channel(None);
         books.put(Copy {
-            name: model.name.as_str().into(),
+            name: model.into(),
             size: estimate.bytes,
             source: estimate.source,
             state: CopyState::Loading(waiting),
@@ -437,12 +580,17 @@ impl Table {
             in_flight: 0,
             pinned,
             served: 0,
+            versions: versions.clone(),
+            serving: serving.clone(),
         });
         books.committed += estimate.bytes;
         books.changed = now;
         LoadPlan {
             backend,
-            model: model.name.clone(),
+            model: model.to_string(),
+            versions,
+            serving,
+            reason: "new",
             evict,
             done,
         }
@@ -450,28 +598,29 @@ impl Table {
 
     fn refusal_after_failures(
         &self,
-        model: &ModelRef,
+        model: &str,
         candidates: &[usize],
         now: Instant,
     ) -> GatewayError {
         let last = candidates
             .iter()
-            .filter_map(|&b| self.failures.get(&(model.name.clone(), b)))
+            .filter_map(|&b| self.failures.get(&(model.to_string(), b)))
             .min_by_key(|f| f.retry_at);
         match last {
             Some(failure) => GatewayError::LoadFailed {
-                model: model.name.clone(),
+                model: model.to_string(),
                 reason: failure.reason.to_string(),
                 retry_after: failure.retry_at.saturating_duration_since(now),
             },
             None => GatewayError::NoRoom {
-                reason: format!("no ready backend can take model '{}'", model.name),
+                reason: format!("no ready backend can take model '{model}'"),
             },
         }
     }
 
-    /// Records how a load ended: the copy turns ready, or leaves the books and the failure
-    /// backs off exponentially for that (model, backend).
+    /// Records how a load ended: the copy turns ready (serving its new versions, after a
+    /// reload); a new copy that failed leaves the books, a reloaded one goes back to what it
+    /// served. A failure backs off exponentially for that (model, backend).
     pub fn finish_load(
         &mut self,
         backend: usize,
@@ -481,68 +630,80 @@ impl Table {
     ) {
         let books = &mut self.backends[backend];
         books.changed = now;
+        let reloading = books
+            .copies
+            .get(model)
+            .is_some_and(|c| matches!(c.state, CopyState::Reloading(_)));
+        if outcome.is_err() && !reloading {
+            if let Some(copy) = books.take(model) {
+                books.committed -= copy.size;
+            }
+        } else if let Some((before, after)) =
+            books.modify(model, |copy| settle(copy, outcome.is_ok(), now))
+        {
+            books.committed = books.committed - before + after;
+        }
         match outcome {
             Ok(()) => {
-                books.modify(model, |copy| {
-                    copy.state = CopyState::Ready;
-                    copy.last_used = now;
-                });
                 self.failures.remove(&(model.to_string(), backend));
             }
-            Err(reason) => {
-                if let Some(copy) = books.take(model) {
-                    books.committed -= copy.size;
-                }
-                let entry = self
-                    .failures
-                    .entry((model.to_string(), backend))
-                    .or_insert(Failure {
-                        failures: 0,
-                        retry_at: now,
-                        reason: reason.clone(),
-                    });
-                entry.failures += 1;
-                let factor = 1u32 << (entry.failures - 1).min(16);
-                let pause = self
-                    .policy
-                    .backoff
-                    .saturating_mul(factor)
-                    .min(self.policy.backoff_max);
-                entry.retry_at = now + pause;
-                entry.reason = reason.clone();
-            }
+            Err(reason) => self.back_off(backend, model, reason, now),
         }
     }
 
-    /// Plans one more copy of a loaded model on a backend that lacks it, for demand or for
-    /// `min_copies`. Scale-ups use free space only; pinned copies may evict.
+    fn back_off(&mut self, backend: usize, model: &str, reason: &Arc<str>, now: Instant) {
+        let entry = self
+            .failures
+            .entry((model.to_string(), backend))
+            .or_insert(Failure {
+                failures: 0,
+                retry_at: now,
+                reason: reason.clone(),
+            });
+        entry.failures += 1;
+        let factor = 1u32 << (entry.failures - 1).min(16);
+        let pause = self
+            .policy
+            .backoff
+            .saturating_mul(factor)
+            .min(self.policy.backoff_max);
+        entry.retry_at = now + pause;
+        entry.reason = reason.clone();
+    }
+
+    /// Records the version numbers a backend reports READY for a copy (after its load).
+    pub fn set_serving(&mut self, backend: usize, model: &str, serving: BTreeSet<u64>) {
+        self.backends[backend].modify(model, |copy| copy.serving = serving);
+    }
+
+    /// Plans one more copy of a loaded model (its default versions) on a backend that lacks
+    /// it, for demand or for `min_copies`. Scale-ups use free space only; pinned copies may
+    /// evict.
     pub fn plan_extra_copy(
         &mut self,
         model: &str,
-        estimate: Estimate,
+        sizing: &Sizing,
         view: &[BackendView],
         pinned: bool,
         now: Instant,
     ) -> Option<LoadPlan> {
-        let allowed: Vec<usize> = (0..self.backends.len())
+        let lacking: Vec<usize> = (0..self.backends.len())
             .filter(|&b| {
                 view[b].ready
                     && view[b].knows
                     && !self.backends[b].draining
                     && !self.backends[b].copies.contains_key(model)
-                    && self
-                        .failures
-                        .get(&(model.to_string(), b))
-                        .is_none_or(|f| f.retry_at <= now)
             })
             .collect();
+        let allowed = self.not_backing_off(model, &lacking, now);
+        let bytes = sizing.estimate(&Versions::latest()).bytes;
         let (backend, victims) = self
-            .choose(&allowed, estimate.bytes, view, pinned, now)
+            .choose(&allowed, model, &|_| bytes, view, pinned, now)
             .ok()?;
         Some(self.commit(
             backend,
-            &ModelRef::new(model, None),
-            estimate,
+            model,
+            (Versions::latest(), sizing),
             victims,
             pinned,
             now,
@@ -679,41 +840,30 @@ impl Table {
 
     /// Brings one backend's books in line with what it reports. A backend that is not ready
     /// holds nothing; otherwise READY models it has that the books lack are adopted (counted,
-    /// evictable) and ready copies it no longer has are dropped. An index read before the
-    /// books last changed is stale and ignored.
+    /// evictable, serving the default policy), ready copies it no longer has are dropped, and
+    /// ready copies take the versions it reports. An index read before the books last
+    /// changed is stale and ignored.
     pub fn reconcile(
         &mut self,
         backend: usize,
         ready: bool,
-        index_ready: &[(String, Estimate)],
+        index_ready: &[Indexed],
         index_read_at: Option<Instant>,
         pinned: &dyn Fn(&str) -> bool,
         now: Instant,
     ) -> Reconciled {
         let books = &mut self.backends[backend];
         let mut result = Reconciled::default();
-        if !ready {
-            let gone: Vec<String> = books
-                .copies
-                .iter()
-                .filter(|(_, c)| matches!(c.state, CopyState::Ready))
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in gone {
-                let copy = books.take(&name).expect("present");
-                books.committed -= copy.size;
-                result.dropped.push(name);
-            }
-            return result;
-        }
-        if index_read_at.is_none_or(|t| t <= books.changed) {
+        let fresh = index_read_at.is_some_and(|t| t > books.changed);
+        if ready && !fresh {
             return result;
         }
         let gone: Vec<String> = books
             .copies
             .iter()
             .filter(|(name, c)| {
-                matches!(c.state, CopyState::Ready) && !index_ready.iter().any(|(n, _)| n == *name)
+                matches!(c.state, CopyState::Ready)
+                    && !(ready && index_ready.iter().any(|i| &i.name == *name))
             })
             .map(|(name, _)| name.clone())
             .collect();
@@ -722,24 +872,33 @@ impl Table {
             books.committed -= copy.size;
             result.dropped.push(name);
         }
-        for (name, estimate) in index_ready {
-            if books.copies.contains_key(name) {
-                continue;
-            }
-            books.put(Copy {
-                name: name.as_str().into(),
-                size: estimate.bytes,
-                source: estimate.source,
-                state: CopyState::Ready,
-                last_used: now,
-                in_flight: 0,
-                pinned: pinned(name),
-                served: 0,
+        if !ready {
+            return result;
+        }
+        for found in index_ready {
+            let adopted = books.modify(&found.name, |copy| {
+                if matches!(copy.state, CopyState::Ready) {
+                    copy.serving = found.serving.clone();
+                }
             });
-            books.committed += estimate.bytes;
-            result.adopted.push(name.clone());
+            if adopted.is_none() {
+                books.put(adopt(found, pinned(&found.name), now));
+                books.committed += found.estimate.bytes;
+                result.adopted.push(found.name.clone());
+            }
         }
         result
+    }
+
+    /// Ready copies serving the default policy on a backend, with the newest version each
+    /// serves: reconciliation compares them with the repository to find newer versions.
+    pub fn latest_copies(&self, backend: usize) -> Vec<(String, Option<u64>)> {
+        self.backends[backend]
+            .copies
+            .iter()
+            .filter(|(_, c)| c.versions.latest && matches!(c.state, CopyState::Ready))
+            .map(|(name, c)| (name.clone(), c.serving.last().copied()))
+            .collect()
     }
 
     /// Bytes committed and loading on a backend, and copies held.
@@ -760,6 +919,34 @@ impl Table {
     }
 }
 
+/// A model a backend's index shows READY, as reconciliation reads it.
+#[derive(Clone, Debug)]
+pub struct Indexed {
+    /// Model name.
+    pub name: String,
+    /// Its estimate, should the books adopt it.
+    pub estimate: Estimate,
+    /// The versions READY.
+    pub serving: BTreeSet<u64>,
+}
+
+/// A copy for a model a backend already had: taken to serve the default policy, as a load
+/// made outside infergate most likely does.
+fn adopt(found: &Indexed, pinned: bool, now: Instant) -> Copy {
+    Copy {
+        name: found.name.as_str().into(),
+        size: found.estimate.bytes,
+        source: found.estimate.source,
+        state: CopyState::Ready,
+        last_used: now,
+        in_flight: 0,
+        pinned,
+        served: 0,
+        versions: Versions::latest(),
+        serving: found.serving.clone(),
+    }
+}
+
 /// What reconciliation changed on one backend.
 #[derive(Debug, Default)]
 pub struct Reconciled {
@@ -769,13 +956,13 @@ pub struct Reconciled {
     pub dropped: Vec<String>,
 }
 
-/// Least recently used evictable copies whose removal frees `size`, and the last use of the
-/// youngest of them; `None` if even all of them would not do.
-fn victims(books: &Books, size: u64) -> Option<(Vec<String>, Instant)> {
+/// Least recently used evictable copies (never one of `model`) whose removal frees `size`,
+/// and the last use of the youngest of them; `None` if even all of them would not do.
+fn victims(books: &Books, size: u64, model: &str) -> Option<(Vec<String>, Instant)> {
     let mut free = books.free();
     let mut chosen = Vec::new();
     let mut youngest = None;
-    for (last_used, name) in &books.idle {
+    for (last_used, name) in books.idle.iter().filter(|(_, name)| &**name != model) {
         if free >= size {
             break;
         }
@@ -784,6 +971,53 @@ fn victims(books: &Books, size: u64) -> Option<(Vec<String>, Instant)> {
         youngest = Some(*last_used);
     }
     (free >= size).then(|| (chosen, youngest.expect("at least one victim")))
+}
+
+/// Takes the chosen victims off a backend's books, for the unloads.
+fn take_victims(books: &mut Books, victims: Vec<String>, now: Instant) -> Vec<Evicted> {
+    victims
+        .into_iter()
+        .filter_map(|name| {
+            let copy = books.take(&name)?;
+            books.committed -= copy.size;
+            Some(Evicted {
+                model: name,
+                idle: now.saturating_duration_since(copy.last_used),
+            })
+        })
+        .collect()
+}
+
+/// Puts a copy whose load ended back to serving: a reload's new versions when it succeeded,
+/// its old size when it failed. Returns its size before and after.
+fn settle(copy: &mut Copy, ok: bool, now: Instant) -> (u64, u64) {
+    let before = copy.size;
+    if let CopyState::Reloading(reload) = std::mem::replace(&mut copy.state, CopyState::Ready) {
+        if ok {
+            copy.versions = reload.to;
+            copy.serving = reload.to_serving;
+        } else {
+            copy.size = reload.from.bytes;
+            copy.source = reload.from.source;
+        }
+    }
+    copy.last_used = now;
+    (before, copy.size)
+}
+
+/// The version a request asks for, as a number; refused when it is not one, or when the
+/// repository is known and has no such version directory.
+fn requested_version(model: &ModelRef, sizing: &Sizing) -> Result<Option<u64>, GatewayError> {
+    let Some(text) = model.version.as_deref() else {
+        return Ok(None);
+    };
+    match text.parse::<u64>() {
+        Ok(v) if sizing.has_version(v) => Ok(Some(v)),
+        _ => Err(GatewayError::ModelNotReady {
+            model: model.name.clone(),
+            version: model.version.clone(),
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -805,18 +1039,18 @@ mod tests {
             BackendView {
                 ready: true,
                 knows: true,
-                has_version: true,
                 in_flight: 0
             };
             n
         ]
     }
 
-    fn est(mib: u64) -> Estimate {
+    fn est(mib: u64) -> Sizing {
         Estimate {
             bytes: mib * MIB,
             source: SizeSource::Disk,
         }
+        .into()
     }
 
     fn model(name: &str) -> ModelRef {
@@ -827,7 +1061,7 @@ mod tests {
     fn load(table: &mut Table, name: &str, mib: u64, now: Instant) -> usize {
         match table.decide(
             &model(name),
-            est(mib),
+            &est(mib),
             &view(table.backends.len()),
             false,
             true,
@@ -860,18 +1094,18 @@ mod tests {
     async fn cold_miss_loads_once_then_hits() {
         let now = Instant::now();
         let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), now);
-        let plan = match table.decide(&model("a"), est(10), &view(2), false, true, now) {
+        let plan = match table.decide(&model("a"), &est(10), &view(2), false, true, now) {
             Decision::Load(plan) => plan,
             other => panic!("{other:?}"),
         };
         // While loading, others wait on the same load.
         assert!(matches!(
-            table.decide(&model("a"), est(10), &view(2), false, true, now),
+            table.decide(&model("a"), &est(10), &view(2), false, true, now),
             Decision::Wait(_)
         ));
         table.finish_load(plan.backend, "a", &Ok(()), now);
         assert!(
-            matches!(table.decide(&model("a"), est(10), &view(2), false, true, now), Decision::Serve(b) if b == plan.backend)
+            matches!(table.decide(&model("a"), &est(10), &view(2), false, true, now), Decision::Serve(b) if b == plan.backend)
         );
         assert_within_capacity(&table);
     }
@@ -886,7 +1120,7 @@ mod tests {
         assert_ne!(a, b);
         // c fits nowhere: the backend with the least recently used model gives it up.
         let later = start + Duration::from_secs(600);
-        match table.decide(&model("c"), est(60), &view(2), false, true, later) {
+        match table.decide(&model("c"), &est(60), &view(2), false, true, later) {
             Decision::Load(plan) => {
                 assert_eq!(plan.backend, a);
                 assert_eq!(plan.evict.len(), 1);
@@ -904,15 +1138,15 @@ mod tests {
         let mut table = Table::new(&[100 * MIB], policy(), start);
         load(&mut table, "busy", 50, start);
         assert!(matches!(
-            table.decide(&model("busy"), est(50), &view(1), false, true, start),
+            table.decide(&model("busy"), &est(50), &view(1), false, true, start),
             Decision::Serve(0)
         ));
-        match table.decide(&model("pinned"), est(50), &view(1), true, true, start) {
+        match table.decide(&model("pinned"), &est(50), &view(1), true, true, start) {
             Decision::Load(plan) => table.finish_load(0, &plan.model, &Ok(()), start),
             other => panic!("{other:?}"),
         }
         let later = start + Duration::from_secs(3600);
-        let refused = table.decide(&model("new"), est(10), &view(1), false, true, later);
+        let refused = table.decide(&model("new"), &est(10), &view(1), false, true, later);
         assert!(
             matches!(refused, Decision::Refuse(GatewayError::NoRoom { .. })),
             "{refused:?}"
@@ -920,7 +1154,7 @@ mod tests {
         // Once the busy request is done, busy is the victim.
         table.release(0, "busy", later);
         let much_later = later + Duration::from_secs(3600);
-        match table.decide(&model("new"), est(10), &view(1), false, true, much_later) {
+        match table.decide(&model("new"), &est(10), &view(1), false, true, much_later) {
             Decision::Load(plan) => assert_eq!(plan.evict[0].model, "busy"),
             other => panic!("{other:?}"),
         }
@@ -933,7 +1167,7 @@ mod tests {
         let mut table = Table::new(&[100 * MIB], policy(), start);
         load(&mut table, "a", 80, start);
         let soon = start + Duration::from_secs(20);
-        match table.decide(&model("b"), est(80), &view(1), false, true, soon) {
+        match table.decide(&model("b"), &est(80), &view(1), false, true, soon) {
             Decision::Refuse(GatewayError::Churn { retry_after }) => {
                 assert_eq!(retry_after, Duration::from_secs(40))
             }
@@ -945,18 +1179,18 @@ mod tests {
     async fn failed_loads_back_off_per_backend_and_then_refuse() {
         let start = Instant::now();
         let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), start);
-        let first = match table.decide(&model("bad"), est(1), &view(2), false, true, start) {
+        let first = match table.decide(&model("bad"), &est(1), &view(2), false, true, start) {
             Decision::Load(plan) => plan.backend,
             other => panic!("{other:?}"),
         };
         table.finish_load(first, "bad", &Err("boom".into()), start);
-        let second = match table.decide(&model("bad"), est(1), &view(2), false, true, start) {
+        let second = match table.decide(&model("bad"), &est(1), &view(2), false, true, start) {
             Decision::Load(plan) => plan.backend,
             other => panic!("{other:?}"),
         };
         assert_ne!(first, second, "retried elsewhere");
         table.finish_load(second, "bad", &Err("boom".into()), start);
-        match table.decide(&model("bad"), est(1), &view(2), false, true, start) {
+        match table.decide(&model("bad"), &est(1), &view(2), false, true, start) {
             Decision::Refuse(GatewayError::LoadFailed {
                 reason,
                 retry_after,
@@ -969,7 +1203,7 @@ mod tests {
         }
         // After the pause it is tried again; a second failure doubles the pause.
         let later = start + Duration::from_secs(5);
-        let third = match table.decide(&model("bad"), est(1), &view(2), false, true, later) {
+        let third = match table.decide(&model("bad"), &est(1), &view(2), false, true, later) {
             Decision::Load(plan) => plan.backend,
             other => panic!("{other:?}"),
         };
@@ -988,7 +1222,14 @@ mod tests {
         let start = Instant::now();
         let mut table = Table::new(&[100 * MIB], policy(), start);
         let later = start + Duration::from_secs(1);
-        let index = vec![("adopted".to_string(), est(10))];
+        let index = vec![Indexed {
+            name: "adopted".into(),
+            estimate: Estimate {
+                bytes: 10 * MIB,
+                source: SizeSource::Disk,
+            },
+            serving: BTreeSet::from([1]),
+        }];
         let result = table.reconcile(0, true, &index, Some(later), &|_| false, later);
         assert_eq!(result.adopted, ["adopted"]);
         // A load changes the books; an index read before that is ignored.
@@ -1013,14 +1254,14 @@ mod tests {
         let first = load(&mut table, "hot", 10, start);
         for _ in 0..5 {
             assert!(matches!(
-                table.decide(&model("hot"), est(10), &view(3), false, true, start),
+                table.decide(&model("hot"), &est(10), &view(3), false, true, start),
                 Decision::Serve(_)
             ));
             table.release(first, "hot", start);
         }
         assert_eq!(table.demand()["hot"], (1, 5));
         let plan = table
-            .plan_extra_copy("hot", est(10), &view(3), false, start)
+            .plan_extra_copy("hot", &est(10), &view(3), false, start)
             .unwrap();
         assert_ne!(plan.backend, first);
         table.finish_load(plan.backend, "hot", &Ok(()), start);
@@ -1051,11 +1292,128 @@ mod tests {
         let mut table = Table::new(&[100 * MIB], policy(), start);
         load(&mut table, "a", 80, start);
         let later = start + Duration::from_secs(3600);
-        let refused = table.decide(&model("pre"), est(50), &view(1), false, false, later);
+        let refused = table.decide(&model("pre"), &est(50), &view(1), false, false, later);
         assert!(
             matches!(refused, Decision::Refuse(GatewayError::NoRoom { .. })),
             "{refused:?}"
         );
+    }
+
+    fn versioned(name: &str, version: &str) -> ModelRef {
+        ModelRef::new(name, Some(version.into()))
+    }
+
+    fn plan_of(decision: Decision) -> LoadPlan {
+        match decision {
+            Decision::Load(plan) => plan,
+            other => panic!("expected a load, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn versions_load_where_the_model_is_not_then_as_a_union_where_it_is() {
+        let now = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), now);
+        // Versions 1 (10 MiB) and 2 (20 MiB) on disk; "latest" is 2.
+        let sizing = Sizing::on_disk(0, &[(1, 10 * MIB), (2, 20 * MIB)]);
+        let decide = |table: &mut Table, model: &ModelRef| {
+            table.decide(model, &sizing, &view(2), false, true, now)
+        };
+        // Version 1 goes to a backend without the model, loaded for 1 alone.
+        let one = plan_of(decide(&mut table, &versioned("m", "1")));
+        assert_eq!(
+            (one.reason, one.serving.clone()),
+            ("new", BTreeSet::from([1]))
+        );
+        assert!(!one.versions.latest);
+        table.finish_load(one.backend, "m", &Ok(()), now);
+        assert!(
+            matches!(decide(&mut table, &versioned("m", "1")), Decision::Serve(b) if b == one.backend)
+        );
+        // Version 2 too: the other backend has room and no copy.
+        let two = plan_of(decide(&mut table, &versioned("m", "2")));
+        assert_ne!(two.backend, one.backend);
+        table.finish_load(two.backend, "m", &Ok(()), now);
+        assert_eq!(table.usage(one.backend).0, 10 * MIB);
+        assert_eq!(table.usage(two.backend).0, 20 * MIB);
+        // No copy serves "latest" and every backend has the model: one is loaded again with
+        // the union, and keeps serving its version meanwhile.
+        let union = plan_of(decide(&mut table, &model("m")));
+        assert_eq!(union.reason, "version");
+        assert!(union.versions.latest);
+        let kept = if union.backend == one.backend {
+            "1"
+        } else {
+            "2"
+        };
+        assert_eq!(union.serving, BTreeSet::from([kept.parse().unwrap(), 2]));
+        assert!(
+            matches!(decide(&mut table, &versioned("m", kept)), Decision::Serve(b) if b == union.backend)
+        );
+        table.release(union.backend, "m", now);
+        assert!(matches!(decide(&mut table, &model("m")), Decision::Wait(_)));
+        assert_within_capacity(&table);
+        table.finish_load(union.backend, "m", &Ok(()), now);
+        assert!(
+            matches!(decide(&mut table, &model("m")), Decision::Serve(b) if b == union.backend)
+        );
+        assert_eq!(
+            table.usage(union.backend).0,
+            if kept == "1" { 30 } else { 20 } * MIB
+        );
+        assert_within_capacity(&table);
+        // Versions that are no number, or not on disk, are refused without a load.
+        for bad in ["7", "x"] {
+            assert!(matches!(
+                decide(&mut table, &versioned("m", bad)),
+                Decision::Refuse(GatewayError::ModelNotReady { .. })
+            ));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_reload_keeps_the_copy_serving_what_it_served() {
+        let now = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), now);
+        let sizing = Sizing::on_disk(0, &[(1, 10 * MIB), (2, 20 * MIB)]);
+        let first = plan_of(table.decide(&model("m"), &sizing, &view(1), false, true, now));
+        table.finish_load(0, "m", &Ok(()), now);
+        assert_eq!(first.serving, BTreeSet::from([2]));
+        let union =
+            plan_of(table.decide(&versioned("m", "1"), &sizing, &view(1), false, true, now));
+        assert_eq!(table.usage(0).0, 30 * MIB);
+        table.finish_load(0, "m", &Err("boom".into()), now);
+        assert_eq!(union.serving, BTreeSet::from([1, 2]));
+        assert_eq!(table.usage(0).0, 20 * MIB);
+        assert!(matches!(
+            table.decide(&model("m"), &sizing, &view(1), false, true, now),
+            Decision::Serve(0)
+        ));
+        table.release(0, "m", now);
+        // Backing off on that backend: the version is refused for now.
+        assert!(matches!(
+            table.decide(&versioned("m", "1"), &sizing, &view(1), false, true, now),
+            Decision::Refuse(GatewayError::LoadFailed { .. })
+        ));
+        // A newer version on disk reloads the "latest" copy as it is (a plain load).
+        let newer = Sizing::on_disk(0, &[(1, 10 * MIB), (2, 20 * MIB), (3, 30 * MIB)]);
+        let later = now + Duration::from_secs(5);
+        let reload = table
+            .reload_on(
+                &[0],
+                "m",
+                (&Versions::latest(), &newer),
+                &view(1),
+                true,
+                later,
+            )
+            .unwrap();
+        assert_eq!(reload.reason, "reload");
+        assert!(reload.versions.is_default());
+        assert_eq!(reload.serving, BTreeSet::from([3]));
+        table.finish_load(0, "m", &Ok(()), later);
+        assert_eq!(table.usage(0).0, 30 * MIB);
+        assert_within_capacity(&table);
     }
 
     #[test]
@@ -1077,7 +1435,7 @@ mod tests {
             } else {
                 match table.decide(
                     &model(&name),
-                    est(40 + (seed >> 50) % 60),
+                    &est(40 + (seed >> 50) % 60),
                     &view(2),
                     false,
                     true,

@@ -73,6 +73,14 @@ impl ModelIndex {
             .any(|e| e.is_ready() && version.is_none_or(|v| e.version.as_deref() == Some(v)))
     }
 
+    /// The versions of the model READY here.
+    pub fn ready_versions(&self, model: &str) -> std::collections::BTreeSet<u64> {
+        self.rows(model)
+            .filter(|e| e.is_ready())
+            .filter_map(|e| e.version.as_deref()?.parse().ok())
+            .collect()
+    }
+
     /// Whether the model is in this backend's repository at all.
     pub fn knows(&self, model: &str) -> bool {
         self.by_name.contains_key(model)
@@ -105,6 +113,8 @@ mod tests {
         assert!(index.is_ready("add_sub", None));
         assert!(index.is_ready("add_sub", Some("1")));
         assert!(!index.is_ready("add_sub", Some("2")));
+        assert_eq!(index.ready_versions("add_sub"), [1].into());
+        assert!(index.ready_versions("old").is_empty());
         assert!(!index.is_ready("old", None));
         assert!(index.knows("never"));
         assert!(!index.knows("other"));

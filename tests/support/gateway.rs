@@ -55,11 +55,30 @@ pub fn pool_config(
     placement: &str,
     tables: &str,
 ) -> String {
+    pool_config_in(
+        &super::model_repository(),
+        name,
+        tritons,
+        capacity,
+        placement,
+        tables,
+    )
+}
+
+/// `pool_config` over a model repository of the test's own (the Tritons must use it too).
+pub fn pool_config_in(
+    repository: &std::path::Path,
+    name: &str,
+    tritons: &[&Triton],
+    capacity: &str,
+    placement: &str,
+    tables: &str,
+) -> String {
     let mut text = format!(
         "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
          [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"3s\"\n\
          [placement]\nmodel_repository = \"{}\"\n{placement}\n",
-        super::model_repository().display()
+        repository.display()
     );
     for (i, triton) in tritons.iter().enumerate() {
         text.push_str(&format!(
@@ -228,6 +247,30 @@ impl TestGateway {
                     .collect();
                 names.sort();
                 names
+            })
+            .collect()
+    }
+
+    /// (model, versions served) on each backend's books, sorted, in pool order.
+    pub async fn placed_versions(&self) -> Vec<Vec<(String, Vec<u64>)>> {
+        let placement = self.placement().await;
+        placement["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                let mut copies: Vec<(String, Vec<u64>)> = b["models"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| {
+                        let versions = m["versions"].as_array().unwrap();
+                        let versions = versions.iter().map(|v| v.as_u64().unwrap()).collect();
+                        (m["name"].as_str().unwrap().to_string(), versions)
+                    })
+                    .collect();
+                copies.sort();
+                copies
             })
             .collect()
     }

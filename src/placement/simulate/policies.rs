@@ -42,7 +42,6 @@ impl Real {
                 BackendView {
                     ready: true,
                     knows: true,
-                    has_version: true,
                     in_flight: 0,
                 };
                 setup.usable.len()
@@ -65,7 +64,7 @@ impl Placer for Real {
         let now = self.at(now);
         let decision = self.table.decide(
             &self.models[model as usize],
-            estimate,
+            &estimate.into(),
             &self.view,
             false,
             true,
