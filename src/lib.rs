@@ -243,6 +243,7 @@ pub async fn serve(
     let _ = gateway.inner.health.set(health);
     spawn_warm_up(&gateway, &tasks, &shutdown);
     tasks.spawn(gateway.placement().clone().rebalance_loop(shutdown.clone()));
+    tasks.spawn(gateway.placement().clone().reconcile_loop(shutdown.clone()));
     tasks.spawn(telemetry::upkeep(
         gateway.metrics().clone(),
         shutdown.clone(),

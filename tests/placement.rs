@@ -767,7 +767,7 @@ async fn a_newer_version_on_disk_replaces_latest_without_a_failed_request() {
         "newer",
         &[&t0],
         "1GiB",
-        "",
+        "reconcile_interval = \"500ms\"",
         "",
     ))
     .await;

@@ -640,6 +640,33 @@ mod tests {
     }
 
     #[test]
+    fn reconcile_interval_is_a_duration_above_zero() {
+        let config = Config::parse(MINIMAL).unwrap();
+        assert_eq!(
+            config.placement.reconcile_interval.0,
+            Duration::from_secs(10)
+        );
+        let with =
+            |value: &str| format!("{MINIMAL}[placement]\nreconcile_interval = \"{value}\"\n");
+        let config = Config::parse(&with("2.5s")).unwrap();
+        assert_eq!(
+            config.placement.reconcile_interval.0,
+            Duration::from_millis(2500)
+        );
+        let found = errors(&with("0s"));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("placement.reconcile_interval: must be greater than 0"),
+            "{found:?}"
+        );
+        let found = errors(&with("soon"));
+        assert!(
+            found[0].starts_with("placement.reconcile_interval"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
     fn bad_address_is_named() {
         let found = errors(&MINIMAL.replace("127.0.0.1:8000", "localhost-ish"));
         assert!(found[0].starts_with("listen.http:"), "{found:?}");

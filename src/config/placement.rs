@@ -43,6 +43,10 @@ pub struct Placement {
     pub scale_down_idle: HumanDuration,
     /// How often copies are scaled up and down.
     pub rebalance_interval: HumanDuration,
+    /// How often each backend's repository index is read and the books brought in line with
+    /// it (models loaded or unloaded behind infergate's back, newer versions on disk); also
+    /// on start, and at once for a backend that fails or passes a health check anew.
+    pub reconcile_interval: HumanDuration,
     /// Backend metric whose rise during a load is the model's learned size (summed over its
     /// series, e.g. one per GPU). Read from each backend's `metrics` URL.
     pub memory_metric: String,
@@ -67,6 +71,7 @@ impl Default for Placement {
             max_copies: 2,
             scale_down_idle: HumanDuration(Duration::from_secs(300)),
             rebalance_interval: HumanDuration(Duration::from_secs(1)),
+            reconcile_interval: HumanDuration(Duration::from_secs(10)),
         }
     }
 }
@@ -136,11 +141,13 @@ impl Placement {
         if self.max_copies == 0 {
             error("placement.max_copies".into(), "must be at least 1".into());
         }
-        if self.rebalance_interval.0.is_zero() {
-            error(
-                "placement.rebalance_interval".into(),
-                "must be greater than 0".into(),
-            );
+        for (key, interval) in [
+            ("placement.rebalance_interval", self.rebalance_interval),
+            ("placement.reconcile_interval", self.reconcile_interval),
+        ] {
+            if interval.0.is_zero() {
+                error(key.into(), "must be greater than 0".into());
+            }
         }
         let mut names = HashSet::new();
         for (i, model) in models.iter().enumerate() {

@@ -57,6 +57,8 @@ pub struct Placement {
     events: broadcast::Sender<ModelEvent>,
     /// `placement.model_repository`: config.pbtxt for loads of chosen versions.
     repository: Option<std::path::PathBuf>,
+    /// `placement.reconcile_interval`.
+    reconcile_interval: Duration,
 }
 
 /// When models get more copies, and lose them.
@@ -152,6 +154,7 @@ impl Placement {
             max_attempts: policy.max_load_attempts,
             events: broadcast::channel(256).0,
             repository: policy.model_repository.clone(),
+            reconcile_interval: policy.reconcile_interval.0,
         }
     }
 
@@ -527,6 +530,34 @@ impl Placement {
             self.unload_on(&self.pool.backends()[b], &model, "idle")
                 .await;
             self.publish_usage(b);
+        }
+    }
+
+    /// Runs reconciliation on start and every `reconcile_interval` until `shutdown`: each
+    /// ready backend's index is read afresh, then `reconcile`. (Health checks reconcile a
+    /// backend at once when it fails or comes up.)
+    pub async fn reconcile_loop(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        let mut ticker = tokio::time::interval(self.reconcile_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => self.reconcile_all().await,
+            }
+        }
+    }
+
+    async fn reconcile_all(self: &Arc<Self>) {
+        for (i, backend) in self.pool.backends().iter().enumerate() {
+            if backend.is_retired() || !backend.is_ready() {
+                continue;
+            }
+            match crate::upstream::refresh_index(backend, Duration::from_secs(2)).await {
+                Ok(()) => self.reconcile(i),
+                Err(reason) => {
+                    tracing::warn!(backend = %backend.name, %reason, "index read for reconciliation failed")
+                }
+            }
         }
     }
 

@@ -11,8 +11,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// What runs every backend's checks: one task per backend, stopped by `shutdown` (or when
-/// a reload retires the backend). `after_check(i)` runs after every check of backend `i`
-/// (placement reconciles there).
+/// a reload retires the backend). `after_check(i)` runs after a check of backend `i` that
+/// found it not ready or brought it back: placement reconciles it there at once (an ejected
+/// backend holds nothing; one that comes up may hold models), and otherwise every
+/// `placement.reconcile_interval`.
 #[derive(Clone)]
 pub struct HealthChecks {
     /// Time between checks.
@@ -23,7 +25,7 @@ pub struct HealthChecks {
     pub tasks: TaskTracker,
     /// Stops every check.
     pub shutdown: CancellationToken,
-    /// Runs after each check of a backend, with its index.
+    /// Runs after a check that found a backend not ready or brought it back, with its index.
     pub after_check: Arc<dyn Fn(usize) + Send + Sync>,
 }
 
@@ -48,8 +50,11 @@ impl HealthChecks {
                         if backend.is_retired() {
                             return;
                         }
+                        let was_ready = backend.is_ready();
                         check(&backend, this.timeout).await;
-                        (this.after_check)(i);
+                        if !backend.is_ready() || !was_ready {
+                            (this.after_check)(i);
+                        }
                     }
                 }
             }
