@@ -67,12 +67,6 @@ impl ModelIndex {
         self.read_at
     }
 
-    /// Whether the model (a given version, or any) is READY here.
-    pub fn is_ready(&self, model: &str, version: Option<&str>) -> bool {
-        self.rows(model)
-            .any(|e| e.is_ready() && version.is_none_or(|v| e.version.as_deref() == Some(v)))
-    }
-
     /// The versions of the model READY here.
     pub fn ready_versions(&self, model: &str) -> std::collections::BTreeSet<u64> {
         self.rows(model)
@@ -110,12 +104,9 @@ mod tests {
                         {"name":"old","version":"1","state":"UNAVAILABLE","reason":"unloaded"},
                         {"name":"never"}]"#;
         let index = ModelIndex::from_json(body).unwrap();
-        assert!(index.is_ready("add_sub", None));
-        assert!(index.is_ready("add_sub", Some("1")));
-        assert!(!index.is_ready("add_sub", Some("2")));
         assert_eq!(index.ready_versions("add_sub"), [1].into());
         assert!(index.ready_versions("old").is_empty());
-        assert!(!index.is_ready("old", None));
+
         assert!(index.knows("never"));
         assert!(!index.knows("other"));
         assert_eq!(index.entries().len(), 3);

@@ -483,6 +483,6 @@ mod tests {
         let fresh = backend.index_ticket();
         backend.set_index(fresh, ready("after_load"));
         backend.set_index(slow, ready("before_load"));
-        assert!(backend.index().is_ready("after_load", None));
+        assert_eq!(backend.index().ready_versions("after_load"), [1].into());
     }
 }
