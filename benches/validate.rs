@@ -14,7 +14,7 @@
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use infergate::validate::http::{Parsed, parse};
+use infergate::validate::http::{BodyView, Parsed, parse};
 use infergate::validate::{DataType, InputSpec, Signature, check};
 use std::hint::black_box;
 
@@ -67,7 +67,12 @@ fn binary_body(size: usize, datatype: &str, shape: usize, tensor: Vec<u8>) -> (B
 }
 
 fn validate(body: &Bytes, header_length: Option<&str>, signature: &Signature) {
-    match parse(body, header_length.map(str::as_bytes), None, "bench") {
+    match parse(
+        BodyView::whole(body),
+        header_length.map(str::as_bytes),
+        None,
+        "bench",
+    ) {
         Ok(Parsed::Request(request)) => {
             check(&request, signature).expect("a valid request");
             black_box(request);

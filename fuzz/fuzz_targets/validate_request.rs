@@ -3,12 +3,14 @@
 //! panic, and the JSON reader must accept every document serde_json can write (RapidJSON,
 //! whose acceptance it copies, accepts strictly more than strict JSON).
 //!
-//! Input layout: byte 0 picks the header-length mode (low 2 bits) and the model (the rest);
+//! Input layout: byte 0 picks the header-length mode (low 2 bits) and the model (the rest),
+//! and with its high bit only the first half of the body has arrived (as when a binary
+//! request is checked from its header while its tensors stream on);
 //! bytes 1-2 are a little-endian length for the modes that use one; the rest is the body.
 #![no_main]
 
 use bytes::Bytes;
-use infergate::validate::http::{Parsed, parse};
+use infergate::validate::http::{BodyView, Parsed, parse};
 use infergate::validate::{DataType, InputSpec, Signature, check, check::check_raw, json};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
@@ -87,8 +89,16 @@ fuzz_target!(|input: &[u8]| {
     };
     let signature = &signatures()[usize::from(selector >> 2) % signatures().len()];
     let body = Bytes::copy_from_slice(body);
+    let arrived = if selector & 0x80 != 0 {
+        body.slice(..body.len() / 2)
+    } else {
+        body.clone()
+    };
     match parse(
-        &body,
+        BodyView {
+            arrived: &arrived,
+            length: body.len(),
+        },
         length_text.as_deref().map(str::as_bytes),
         None,
         &signature.name,
@@ -99,7 +109,7 @@ fuzz_target!(|input: &[u8]| {
         Ok(Parsed::Raw) => {
             let _ = check_raw(body.len() as u64, signature);
         }
-        Ok(Parsed::Unvalidated(_)) | Err(_) => {}
+        Ok(Parsed::Unvalidated(_) | Parsed::Incomplete) | Err(_) => {}
     }
     if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&body) {
         let text = serde_json::to_vec(&value).expect("serializable");

@@ -378,6 +378,10 @@ fn check_strings(
     };
     match &input.data {
         TensorData::SharedMemory { .. } => Ok(()),
+        TensorData::Arriving { .. } => {
+            debug_assert!(false, "http::parse asks for the whole body for BYTES");
+            Ok(())
+        }
         TensorData::Elements { count, .. } => {
             let count = i64::try_from(*count).unwrap_or(i64::MAX);
             if count > elements {

@@ -23,13 +23,37 @@ pub enum Parsed {
     /// A kind of request the gateway leaves to Triton (compressed body, raw binary input,
     /// an absurd header): forwarded unvalidated. The text says why, for debug logs.
     Unvalidated(&'static str),
+    /// Only part of the body has arrived and a BYTES tensor in the rest must be walked:
+    /// read again with the whole body.
+    Incomplete,
+}
+
+/// What the reader has of a body: the bytes that have arrived, and the length of the whole
+/// (`Content-Length`). For a binary request the arrived bytes may stop anywhere after the
+/// JSON header; the tensors behind it are then checked by their sizes as they stream on.
+#[derive(Clone, Copy)]
+pub struct BodyView<'a> {
+    /// The body's first bytes (all of them when `arrived.len() == length`).
+    pub arrived: &'a Bytes,
+    /// The whole body's length.
+    pub length: usize,
+}
+
+impl<'a> BodyView<'a> {
+    /// A body that has arrived whole.
+    pub fn whole(body: &'a Bytes) -> Self {
+        Self {
+            arrived: body,
+            length: body.len(),
+        }
+    }
 }
 
 /// Reads an HTTP inference request body. `header_length` is the
 /// `Inference-Header-Content-Length` header, `content_encoding` the `Content-Encoding`
 /// header, `model` the model named in the URL (Triton's reader names it in a few messages).
 pub fn parse(
-    body: &Bytes,
+    body: BodyView<'_>,
     header_length: Option<&[u8]>,
     content_encoding: Option<&[u8]>,
     model: &str,
@@ -37,7 +61,7 @@ pub fn parse(
     if content_encoding.is_some_and(|e| !e.is_empty() && e != b"identity") {
         return Ok(Parsed::Unvalidated("compressed request body"));
     }
-    let Ok(content_length) = i32::try_from(body.len()) else {
+    let Ok(content_length) = i32::try_from(body.length) else {
         return Ok(Parsed::Unvalidated("body larger than Triton's 2 GiB limit"));
     };
     let header_length = match header_length {
@@ -64,7 +88,10 @@ pub fn parse(
         // Triton reads the whole body as one tensor for the model's only input.
         return Ok(Parsed::Raw);
     }
-    let document = json::parse_request(&body[..header_length])
+    if body.arrived.len() < header_length {
+        return Ok(Parsed::Incomplete);
+    }
+    let document = json::parse_request(&body.arrived[..header_length])
         .map_err(|e| Rejection::new(Reason::MalformedJson, json::syntax_message(&e)))?;
 
     let mut request = InferRequest::default();
@@ -106,7 +133,7 @@ pub fn parse(
                     "Unable to parse 'binary_data_size': attempt to access JSON non-unsigned-integer as unsigned-integer",
                 )
             })?;
-            let available = (body.len() - next) as u64;
+            let available = (body.length - next) as u64;
             if size > available {
                 return Err(Rejection::new(
                     Reason::BinarySize,
@@ -118,7 +145,15 @@ pub fn parse(
             }
             let size = size as usize;
             next += size;
-            TensorData::Raw(body.slice(next - size..next))
+            if next <= body.arrived.len() {
+                TensorData::Raw(body.arrived.slice(next - size..next))
+            } else if datatype == "BYTES" {
+                return Ok(Parsed::Incomplete);
+            } else {
+                TensorData::Arriving {
+                    byte_size: size as u64,
+                }
+            }
         } else if parameters.is_some_and(|p| p.find("shared_memory_region").is_some()) {
             TensorData::SharedMemory {
                 byte_size: shared_memory(parameters)?,
@@ -133,7 +168,7 @@ pub fn parse(
             data,
         });
     }
-    if next != body.len() {
+    if next != body.length {
         return Err(Rejection::new(
             Reason::BinarySize,
             format!("unexpected additional input data for model '{model}'"),
@@ -507,7 +542,7 @@ mod tests {
 
     fn read(body: &str) -> Result<Parsed, Rejection> {
         parse(
-            &Bytes::copy_from_slice(body.as_bytes()),
+            BodyView::whole(&Bytes::copy_from_slice(body.as_bytes())),
             None,
             None,
             "add_sub",
@@ -531,7 +566,12 @@ mod tests {
         body.extend_from_slice(tensors);
         let declared = header.len().to_string();
         let length = length.unwrap_or(&declared);
-        parse(&Bytes::from(body), Some(length.as_bytes()), None, "add_sub")
+        parse(
+            BodyView::whole(&Bytes::from(body)),
+            Some(length.as_bytes()),
+            None,
+            "add_sub",
+        )
     }
 
     const OK: &str = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"data":[1,2,3,4]},{"name":"INPUT1","datatype":"FP32","shape":[2,2],"data":[[1,2],[3,4]]}]}"#;
@@ -713,6 +753,54 @@ mod tests {
     }
 
     #[test]
+    fn reads_a_binary_request_from_its_header_while_the_tensors_stream() {
+        let header = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"parameters":{"binary_data_size":16}}]}"#;
+        let length = header.len().to_string();
+        let partial = |arrived: &[u8], total: usize| {
+            parse(
+                BodyView {
+                    arrived: &Bytes::copy_from_slice(arrived),
+                    length: total,
+                },
+                Some(length.as_bytes()),
+                None,
+                "add_sub",
+            )
+        };
+        let mut head = header.as_bytes().to_vec();
+        head.extend_from_slice(&[7; 5]); // part of the tensor came with the header
+        let Ok(Parsed::Request(r)) = partial(&head, header.len() + 16) else {
+            panic!()
+        };
+        assert_eq!(r.inputs[0].data, TensorData::Arriving { byte_size: 16 });
+        // The sizes are checked against the declared length before any tensor byte is read.
+        assert_eq!(
+            partial(&head, header.len() + 20).unwrap_err(),
+            Rejection::new(
+                Reason::BinarySize,
+                "unexpected additional input data for model 'add_sub'"
+            )
+        );
+        assert_eq!(
+            partial(&header.as_bytes()[..10], header.len() + 16),
+            Ok(Parsed::Incomplete),
+            "the header itself has not arrived"
+        );
+        let strings = header.replace("FP32", "BYTES");
+        let length = strings.len().to_string();
+        let outcome = parse(
+            BodyView {
+                arrived: &Bytes::from(strings.clone()),
+                length: strings.len() + 16,
+            },
+            Some(length.as_bytes()),
+            None,
+            "m",
+        );
+        assert_eq!(outcome, Ok(Parsed::Incomplete), "BYTES must be walked");
+    }
+
+    #[test]
     fn reads_binary_tensors_as_slices_of_the_body() {
         let header = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"parameters":{"binary_data_size":16}},{"name":"INPUT1","datatype":"FP32","shape":[4],"parameters":{"binary_data_size":0}}]}"#;
         let Ok(Parsed::Request(r)) = binary(header, &[7; 16], None) else {
@@ -751,14 +839,23 @@ mod tests {
         );
         // Without the header the whole body is JSON, and binary inputs find no bytes.
         assert_eq!(
-            parse(&Bytes::from(header), None, None, "add_sub")
+            parse(BodyView::whole(&Bytes::from(header)), None, None, "add_sub")
                 .unwrap_err()
                 .message,
             "unexpected size for input 'INPUT0', expecting 16 additional bytes for model 'add_sub'"
         );
-        assert_eq!(parse(&Bytes::new(), None, None, "m").unwrap(), Parsed::Raw);
         assert_eq!(
-            parse(&Bytes::from(header), None, Some(b"gzip"), "m").unwrap(),
+            parse(BodyView::whole(&Bytes::new()), None, None, "m").unwrap(),
+            Parsed::Raw
+        );
+        assert_eq!(
+            parse(
+                BodyView::whole(&Bytes::from(header)),
+                None,
+                Some(b"gzip"),
+                "m"
+            )
+            .unwrap(),
             Parsed::Unvalidated("compressed request body")
         );
     }

@@ -42,9 +42,11 @@ use std::sync::Arc;
 const HEADER_LENGTH: &str = "inference-header-content-length";
 
 /// Checks an HTTP request to `model` before it is forwarded to `backend`, and returns the
-/// request to forward. Only inference requests with `validation.enabled` are read (their
-/// body is collected once and forwarded as those same bytes); anything else, and any
-/// inference request whose signature is unavailable, passes through untouched and streaming.
+/// request to forward. Only inference requests with `validation.enabled` are read; anything
+/// else, and any inference request whose signature is unavailable, passes through untouched
+/// and streaming. A binary request with a `Content-Length` is checked from its JSON header
+/// alone (fixed-size tensors by their sizes) and forwarded as its bytes arrive; any other
+/// body is collected once and forwarded as those same bytes.
 pub async fn http_request(
     gateway: &Gateway,
     backend: &Arc<Backend>,
@@ -60,44 +62,147 @@ pub async fn http_request(
         return Ok(request);
     };
     let (parts, body) = request.into_parts();
-    let declared = parts
+    let limit = gateway.config().server.max_body_size.bytes();
+    let declared: Option<u64> = parts
         .headers
         .get(::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse().ok());
-    let body = collect(
-        body,
-        gateway.config().server.max_body_size.bytes(),
-        declared,
-    )
-    .await?;
     let header = |name| parts.headers.get(name).map(::http::HeaderValue::as_bytes);
-    let outcome = match http::parse(
-        &body,
-        header(HEADER_LENGTH),
-        header(::http::header::CONTENT_ENCODING.as_str()),
-        &model.name,
-    ) {
-        Ok(http::Parsed::Request(parsed)) => check(&parsed, &signature),
-        Ok(http::Parsed::Raw) => check::check_raw(body.len() as u64, &signature),
+    let read = |body: http::BodyView<'_>| {
+        http::parse(
+            body,
+            header(HEADER_LENGTH),
+            header(::http::header::CONTENT_ENCODING.as_str()),
+            &model.name,
+        )
+    };
+    let whole = match streamable(declared, limit, header(HEADER_LENGTH)) {
+        Some((length, header_length)) => {
+            let (head, rest) = read_head(body, header_length, limit).await?;
+            let view = http::BodyView {
+                arrived: &head,
+                length,
+            };
+            match read(view) {
+                Ok(http::Parsed::Incomplete) => join(head, rest, limit, declared).await?,
+                outcome => {
+                    judge(outcome, view, &signature, model)?;
+                    return Ok(Request::from_parts(parts, stream_on(head, rest)));
+                }
+            }
+        }
+        None => collect(body, limit, declared).await?,
+    };
+    let view = http::BodyView::whole(&whole);
+    judge(read(view), view, &signature, model)?;
+    Ok(Request::from_parts(parts, Body::from(whole)))
+}
+
+/// The body's length and JSON header's length when the request can be checked before its
+/// tensors arrive: a binary request (`Inference-Header-Content-Length` between 1 and the
+/// body's `Content-Length`) within the body limit.
+fn streamable(
+    declared: Option<u64>,
+    limit: u64,
+    header_length: Option<&[u8]>,
+) -> Option<(usize, usize)> {
+    let length = declared.filter(|&n| n <= limit)?;
+    let header_length: u64 = std::str::from_utf8(header_length?)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (header_length > 0 && header_length < length)
+        .then_some((length as usize, header_length as usize))
+}
+
+/// Reads frames until at least `wanted` bytes have arrived: those bytes (one frame kept as
+/// it is, several joined), and the body with the rest.
+async fn read_head(
+    mut body: Body,
+    wanted: usize,
+    limit: u64,
+) -> Result<(Bytes, Body), GatewayError> {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut arrived = 0;
+    while arrived < wanted {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        if let Ok(data) = frame
+            .map_err(|error| read_error(&error, limit))?
+            .into_data()
+        {
+            arrived += data.len();
+            chunks.push(data);
+        }
+    }
+    let head = match chunks.len() {
+        1 => chunks.pop().expect("one chunk"),
+        _ => {
+            let mut head = BytesMut::with_capacity(arrived);
+            chunks
+                .iter()
+                .for_each(|chunk| head.extend_from_slice(chunk));
+            head.freeze()
+        }
+    };
+    Ok((head, body))
+}
+
+/// The whole body, when the head read first is not enough to check the request.
+async fn join(
+    head: Bytes,
+    rest: Body,
+    limit: u64,
+    declared: Option<u64>,
+) -> Result<Bytes, GatewayError> {
+    let rest = collect(rest, limit, None).await?;
+    if rest.is_empty() {
+        return Ok(head);
+    }
+    let mut whole =
+        BytesMut::with_capacity(declared.map_or(head.len() + rest.len(), |n| n as usize));
+    whole.extend_from_slice(&head);
+    whole.extend_from_slice(&rest);
+    Ok(whole.freeze())
+}
+
+/// The body to forward: the head already read, then the rest as it arrives.
+fn stream_on(head: Bytes, rest: Body) -> Body {
+    use futures_util::StreamExt as _;
+    let head = futures_util::stream::once(async move { Ok::<_, axum::Error>(head) });
+    let rest = rest.into_data_stream();
+    Body::from_stream(head.chain(rest))
+}
+
+/// Turns the reader's and checker's verdict into the gateway's answer, counting a refusal.
+fn judge(
+    outcome: Result<http::Parsed, Rejection>,
+    body: http::BodyView<'_>,
+    signature: &Signature,
+    model: &ModelRef,
+) -> Result<(), GatewayError> {
+    let verdict = match outcome {
+        Ok(http::Parsed::Request(parsed)) => check(&parsed, signature),
+        Ok(http::Parsed::Raw) => check::check_raw(body.length as u64, signature),
         Ok(http::Parsed::Unvalidated(why)) => {
             tracing::debug!(model = %model.name, why, "inference request forwarded unvalidated");
             Ok(())
         }
+        Ok(http::Parsed::Incomplete) => unreachable!("read again with the whole body"),
         Err(rejection) => Err(rejection),
     };
-    match outcome {
-        Ok(()) => Ok(Request::from_parts(parts, Body::from(body))),
-        Err(rejection) => {
-            metrics::counter!(crate::telemetry::VALIDATION_REJECTIONS,
-                "model" => model.name.clone(),
-                "reason" => rejection.reason.as_str())
-            .increment(1);
-            Err(GatewayError::InvalidInput {
-                reason: rejection.reason.as_str(),
-                message: rejection.message,
-            })
+    verdict.map_err(|rejection| {
+        metrics::counter!(crate::telemetry::VALIDATION_REJECTIONS,
+            "model" => model.name.clone(),
+            "reason" => rejection.reason.as_str())
+        .increment(1);
+        GatewayError::InvalidInput {
+            reason: rejection.reason.as_str(),
+            message: rejection.message,
         }
-    }
+    })
 }
 
 /// The whole body, read within the body limit (a body that is already limited answers with
@@ -155,6 +260,39 @@ mod tests {
             .map(|c| Ok(Bytes::from_static(c.as_bytes())))
             .collect();
         Body::from_stream(futures_util::stream::iter(chunks))
+    }
+
+    #[tokio::test]
+    async fn reads_a_head_and_streams_the_rest_unchanged() {
+        let (head, rest) = read_head(chunked(&["ab", "cd", "ef", "gh"]), 3, 100)
+            .await
+            .unwrap();
+        assert_eq!(head, "abcd", "whole frames until the wanted bytes are in");
+        let forwarded = stream_on(head, rest).collect().await.unwrap().to_bytes();
+        assert_eq!(forwarded, "abcdefgh");
+        let (head, rest) = read_head(chunked(&["abcdef", "gh"]), 3, 100).await.unwrap();
+        assert_eq!(head, "abcdef");
+        assert_eq!(join(head, rest, 100, Some(8)).await.unwrap(), "abcdefgh");
+        let (head, _) = read_head(chunked(&["ab"]), 3, 100).await.unwrap();
+        assert_eq!(head, "ab", "a body shorter than wanted is all there is");
+    }
+
+    #[test]
+    fn streams_only_binary_requests_with_a_length_within_the_limit() {
+        assert_eq!(streamable(Some(100), 1000, Some(b"40")), Some((100, 40)));
+        assert_eq!(streamable(None, 1000, Some(b"40")), None, "chunked");
+        assert_eq!(streamable(Some(100), 1000, None), None, "JSON");
+        assert_eq!(
+            streamable(Some(100), 50, Some(b"40")),
+            None,
+            "over the limit"
+        );
+        assert_eq!(streamable(Some(100), 1000, Some(b"0")), None, "raw binary");
+        assert_eq!(
+            streamable(Some(40), 1000, Some(b"40")),
+            None,
+            "no tensor bytes"
+        );
     }
 
     #[tokio::test]

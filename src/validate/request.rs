@@ -54,13 +54,19 @@ pub enum TensorData {
     Raw(Bytes),
     /// In a shared-memory region the gateway cannot see: only its declared size.
     SharedMemory { byte_size: u64 },
+    /// Binary tensor bytes still on their way behind the JSON header (the request is checked
+    /// from its header and streamed on): only their size. Never a BYTES tensor, whose
+    /// strings must be walked.
+    Arriving { byte_size: u64 },
 }
 
 impl TensorData {
     /// The data's size in bytes.
     pub fn byte_size(&self) -> u64 {
         match self {
-            Self::Elements { byte_size, .. } | Self::SharedMemory { byte_size } => *byte_size,
+            Self::Elements { byte_size, .. }
+            | Self::SharedMemory { byte_size }
+            | Self::Arriving { byte_size } => *byte_size,
             Self::Raw(bytes) => bytes.len() as u64,
         }
     }
