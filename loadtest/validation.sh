@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # loadtest/validation.sh — what request validation costs, by body size (issue 4, "Speed").
 #
-# One run, one machine, one backend: fake-triton serving a model whose signature takes any
-# length (--dynamic-model: INPUT0 FP32 [-1]), and two infergate processes in front of it that
+# One run, one machine, one backend serving a model whose signature takes any length
+# (INPUT0 FP32 [-1]): fake-triton --dynamic-model, which reads each body and answers a fixed
+# response, so validation is measured against a backend that costs nearly nothing; or with
+# VBENCH_BACKEND=triton, real Triton with loadtest/models/dynamic (python, parses the body
+# too), the end-to-end figure a user sees. Two infergate processes in front of it that
 # differ only in `[validation] enabled`. infergate-load sends `--body-size` bodies of 1 KiB,
 # 1 MiB and 16 MiB, JSON and binary, at a fixed concurrency per size. For each size and
 # encoding the two gateways take turns (on, off, then off, on, ...), so a change in machine
@@ -18,7 +21,9 @@
 # (needs curl and jq, like bench.sh). Stays on loopback; stops only what it started.
 #
 # Knobs (environment):
-#   VBENCH_BASE_PORT=29600   ports used: base (fake-triton), base+10..13 (on), base+20..23 (off)
+#   VBENCH_BACKEND=fake      fake | triton (then about 1 MiB bodies at most are sensible:
+#                            VBENCH_SIZES="1KiB 1MiB" VBENCH_CONCURRENCY="4 4")
+#   VBENCH_BASE_PORT=29600   ports used: base..base+2 (backend), base+10..13 (on), base+20..23 (off)
 #   VBENCH_WARMUP=1s VBENCH_WINDOW=2s VBENCH_WINDOWS=2   per measurement (infergate-load flags)
 #   VBENCH_ROUNDS=2          turns per case; each round measures on and off once
 #   VBENCH_SIZES="1KiB 1MiB 16MiB"   body sizes (infergate-load --body-size)
@@ -44,9 +49,12 @@ WORKERS="${VBENCH_PROXY_WORKERS:-1}"
 LOAD_THREADS="${VBENCH_LOAD_THREADS:-1}"
 BACKEND_THREADS="${VBENCH_BACKEND_THREADS:-1}"
 BUILD="${VBENCH_BUILD:-1}"
+BACKEND="${VBENCH_BACKEND:-fake}"
+SUFFIX=""
+[[ "$BACKEND" == triton ]] && SUFFIX=-triton
 SHA="$(git rev-parse --short HEAD)"
 DATE="$(date +%F)"
-OUT="${VBENCH_OUT:-loadtest/results/$DATE-$SHA-validation.md}"
+OUT="${VBENCH_OUT:-loadtest/results/$DATE-$SHA-validation$SUFFIX.md}"
 BIN="$ROOT/target/release"
 MODEL=dynamic
 ENCODINGS=(json binary)
@@ -55,11 +63,14 @@ STARTED=$SECONDS
 ACCESS_LOG=off # the gateways log at warn level: no per-request line
 # shellcheck source=loadtest/lib.sh
 source loadtest/lib.sh
+TRITON_STARTED=0
+on_exit() { if ((TRITON_STARTED)); then scripts/triton.sh stop 1 "$BASE" >/dev/null 2>&1 || true; fi; }
 
+[[ "$BACKEND" == fake || "$BACKEND" == triton ]] || die "VBENCH_BACKEND is fake or triton"
 ((${#SIZES[@]} == ${#CONC[@]})) || die "VBENCH_SIZES and VBENCH_CONCURRENCY need one entry each per size"
 
 require curl jq
-check_ports "$BASE" $((BASE + 10)) $((BASE + 12)) $((BASE + 13)) $((BASE + 20)) $((BASE + 22)) $((BASE + 23))
+check_ports "$BASE" $((BASE + 1)) $((BASE + 2)) $((BASE + 10)) $((BASE + 12)) $((BASE + 13)) $((BASE + 20)) $((BASE + 22)) $((BASE + 23))
 build_release infergate infergate-load fake-triton
 describe_machine src Cargo.toml Cargo.lock
 
@@ -95,11 +106,22 @@ start_gateway() { # name http_port enabled
     ADMIN[$1]=$(($2 + 3))
 }
 
-say "starting fake-triton --dynamic-model $MODEL and two gateways (temp dir $TMP)"
-"$BIN/fake-triton" --listen "127.0.0.1:$BASE" --dynamic-model "$MODEL" --threads "$BACKEND_THREADS" >"$TMP/fake.log" 2>&1 &
-PIDS+=("$!")
-BACKEND_PID=$!
-wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start: $(cat "$TMP/fake.log")"
+if [[ "$BACKEND" == fake ]]; then
+    say "starting fake-triton --dynamic-model $MODEL and two gateways (temp dir $TMP)"
+    "$BIN/fake-triton" --listen "127.0.0.1:$BASE" --dynamic-model "$MODEL" --threads "$BACKEND_THREADS" >"$TMP/fake.log" 2>&1 &
+    PIDS+=("$!")
+    BACKEND_PID=$!
+    wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start: $(cat "$TMP/fake.log")"
+    BACKEND_LABEL="\`fake-triton --dynamic-model $MODEL\` ($BACKEND_THREADS thread(s)): INPUT0 FP32 [-1] → OUTPUT0 FP32 [-1], \`max_batch_size\` 0; it reads every body to the end and answers a fixed small response"
+else
+    say "starting Triton with loadtest/models/$MODEL and two gateways (temp dir $TMP)"
+    TRITON_STARTED=1
+    TRITON_MODEL_REPOSITORY="$ROOT/loadtest/models" scripts/triton.sh start 1 "$BASE" --load-model="$MODEL" >"$TMP/triton-start.log" 2>&1 ||
+        { cat "$TMP/triton-start.log" >&2; die "Triton did not start"; }
+    BACKEND_PID="$(cat "target/triton-logs/triton-$BASE.pid")"
+    wait_http "http://127.0.0.1:$BASE/v2/models/$MODEL/ready" 60 || die "Triton never made $MODEL ready"
+    BACKEND_LABEL="Triton $(curl -s "127.0.0.1:$BASE/v2" | jq -r .version) (CPU), python model \`loadtest/models/$MODEL\`: INPUT0 FP32 [-1] → OUTPUT0 FP32 [1] (the sum); Triton parses every body itself. Backend CPU counts tritonserver only, not its python stub"
+fi
 start_gateway on $((BASE + 10)) true
 start_gateway off $((BASE + 20)) false
 GATEWAYS=(on off)
@@ -111,14 +133,18 @@ done
 
 # Validation must really run on one gateway and not on the other, or the ratio means nothing
 # (a signature that cannot be fetched makes the gateway forward unvalidated): a request of the
-# wrong datatype is refused by "on" and reaches the fake (which answers anything) through "off".
+# wrong datatype is refused by "on" itself and forwarded by "off", as each one's
+# infergate_validation_rejections_total tells (the fake answers it 200, Triton 400).
 BAD='{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[2],"data":[1,2]}]}'
 GOOD='{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2],"data":[1,2]}]}'
 post() { curl -s -o "$TMP/post.out" -w '%{http_code}' -H 'content-type: application/json' -d "$2" "$1/v2/models/$MODEL/infer"; }
 [[ "$(post "${URL[on]}" "$GOOD")" == 200 ]] || die "a valid request through 'on' failed: $(cat "$TMP/post.out")"
 [[ "$(post "${URL[on]}" "$BAD")" == 400 ]] || die "'on' did not refuse a wrong datatype: $(cat "$TMP/post.out")"
 REFUSAL="$(jq -r .error "$TMP/post.out")"
-[[ "$(post "${URL[off]}" "$BAD")" == 200 ]] || die "'off' did not forward a wrong datatype: $(cat "$TMP/post.out")"
+post "${URL[off]}" "$BAD" >/dev/null
+rejections() { curl -s "127.0.0.1:$((ADMIN[$1] - 1))/metrics" | awk '/^infergate_validation_rejections_total/ { n += $NF } END { print n + 0 }'; }
+[[ "$(rejections on)" == 1 ]] || die "'on' did not count its refusal in infergate_validation_rejections_total"
+[[ "$(rejections off)" == 0 ]] || die "'off' refused a request itself: validation is not off"
 
 # ---------------------------------------------------------------- measuring
 rss_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
@@ -245,7 +271,7 @@ report() {
     echo "- Machine: $NPROC × $CPU_MODEL, $MEM memory, $KERNEL."
     echo "- Load average (1, 5, 15 min): $LOAD_BEFORE before, $LOAD_AFTER after (the machine is shared with other work; the 1-minute figure at each \"on\" run is in the table). Throughput is compared only within this run, on and off taking turns."
     echo "- infergate: commit $SHA$( ((DIRTY)) && echo " plus $DIRTY uncommitted changed paths under src/, Cargo.toml, Cargo.lock"), release profile, $WORKERS_LABEL tokio worker thread(s), \`RUST_LOG=warn\`; two processes differing only in \`[validation] enabled\` (true: \"on\", false: \"off\")."
-    echo "- Backend: \`fake-triton --dynamic-model $MODEL\` ($BACKEND_THREADS thread(s)): INPUT0 FP32 [-1] → OUTPUT0 FP32 [-1], \`max_batch_size\` 0; it reads every body to the end and answers a fixed small response."
+    echo "- Backend: $BACKEND_LABEL."
     echo "- Check before measuring: a request with the wrong datatype is refused by \"on\" (\`$REFUSAL\`) and forwarded by \"off\", so \"on\" really validates."
     echo "- Load: \`infergate-load --body-size SIZE [--binary]\` (one FP32 input \`[N]\`, the body just under SIZE; random values, so a JSON number takes ~11 bytes), closed loop, $LOAD_THREADS load-generator thread(s), warm-up $WARMUP then $WINDOWS × $WINDOW windows per run, $ROUNDS round(s) per case in the order on, off, off, on, ... Throughput is the mean over rounds; CPU per request comes from /proc/PID/stat (user + system, warm-up included, requests estimated from the measured rate)."
     echo "- Gateways use \`upstream.health_timeout = \"5s\"\` (default 1 s): on a loaded machine a health check waits behind the benchmark's requests, and a backend taken out answers 503s that would pass for lost throughput. Runs with errors were repeated once: $(join_list "${REPEATED[@]}")."
