@@ -28,6 +28,9 @@
 #   VBENCH_ROUNDS=2          turns per case; each round measures on and off once
 #   VBENCH_SIZES="1KiB 1MiB 16MiB"   body sizes (infergate-load --body-size)
 #   VBENCH_CONCURRENCY="4 4 16"      concurrency for each size, in the same order
+#   VBENCH_ENCODINGS="json binary"   a gateway's RSS stays up after large JSON bodies (the
+#                            allocator keeps the pages), so the memory figure for binary bodies
+#                            is its own only with VBENCH_ENCODINGS=binary
 #   VBENCH_PROXY_WORKERS=1   infergate's tokio worker threads (TOKIO_WORKER_THREADS); "auto"
 #                            = one per core
 #   VBENCH_LOAD_THREADS=1 VBENCH_BACKEND_THREADS=1   load generator / fake-triton threads
@@ -57,7 +60,7 @@ DATE="$(date +%F)"
 OUT="${VBENCH_OUT:-loadtest/results/$DATE-$SHA-validation$SUFFIX.md}"
 BIN="$ROOT/target/release"
 MODEL=dynamic
-ENCODINGS=(json binary)
+read -r -a ENCODINGS <<<"${VBENCH_ENCODINGS:-json binary}"
 STARTED=$SECONDS
 
 ACCESS_LOG=off # the gateways log at warn level: no per-request line
