@@ -606,6 +606,46 @@ async fn assert_versions_match(gateway: &TestGateway, tritons: &[&Triton]) {
 }
 
 /// The version that answered and its first output (INPUT0[0] = 1, plus 100 × version).
+/// Inference requests to one model path, one after another until stopped: what a client
+/// sees while placement changes the model under it.
+struct InferLoop {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<(u16, String, Value)>>,
+}
+
+impl InferLoop {
+    fn start(gateway: &TestGateway, path: &str) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let url = format!("{}/v2/models/{path}/infer", gateway.url());
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let client = reqwest::Client::new();
+                let mut answers = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let response = client
+                        .post(&url)
+                        .json(&identity_request())
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = response.status().as_u16();
+                    let body: Value = response.json().await.unwrap_or(Value::Null);
+                    answers.push((status, answered_by(&body).0, body));
+                }
+                answers
+            }
+        });
+        Self { stop, task }
+    }
+
+    /// Each answer: status, the version that answered, the body.
+    async fn stop(self) -> Vec<(u16, String, Value)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
 fn answered_by(body: &Value) -> (String, f64) {
     (
         body["model_version"]
@@ -687,27 +727,7 @@ async fn a_second_version_on_the_only_backend_is_loaded_beside_the_first() {
         .as_u64()
         .unwrap();
     // Version 1 is asked for without pause while version 2 is loaded beside it.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let url = gateway.url();
-    let looping = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            let client = reqwest::Client::new();
-            let mut answers = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let response = client
-                    .post(format!("{url}/v2/models/versioned/versions/1/infer"))
-                    .json(&identity_request())
-                    .send()
-                    .await
-                    .unwrap();
-                let status = response.status().as_u16();
-                let body: Value = response.json().await.unwrap_or(Value::Null);
-                answers.push((status, answered_by(&body).0));
-            }
-            answers
-        }
-    });
+    let looping = InferLoop::start(&gateway, "versioned/versions/1");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (status, body) = infer_path(&gateway, "versioned/versions/2").await;
     assert_eq!(
@@ -716,11 +736,10 @@ async fn a_second_version_on_the_only_backend_is_loaded_beside_the_first() {
         "{body}"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let answers = looping.await.unwrap();
+    let answers = looping.stop().await;
     assert!(answers.len() > 5, "{answers:?}");
     assert!(
-        answers.iter().all(|a| *a == (200, "1".to_string())),
+        answers.iter().all(|a| (a.0, a.1.as_str()) == (200, "1")),
         "version 1 kept answering while 2 loaded: {answers:?}"
     );
     assert_eq!(
@@ -783,27 +802,7 @@ async fn a_newer_version_on_disk_replaces_latest_without_a_failed_request() {
     );
 
     // Requests without a version run without pause while version 3 appears on disk.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let url = gateway.url();
-    let looping = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            let client = reqwest::Client::new();
-            let mut answers = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let response = client
-                    .post(format!("{url}/v2/models/versioned/infer"))
-                    .json(&identity_request())
-                    .send()
-                    .await
-                    .unwrap();
-                let status = response.status().as_u16();
-                let body: Value = response.json().await.unwrap_or(Value::Null);
-                answers.push((status, answered_by(&body).0, body));
-            }
-            answers
-        }
-    });
+    let looping = InferLoop::start(&gateway, "versioned");
     tokio::time::sleep(Duration::from_millis(300)).await;
     copy_dir(&model_dir.join("2"), &model_dir.join("3"));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -819,8 +818,7 @@ async fn a_newer_version_on_disk_replaces_latest_without_a_failed_request() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let answers = looping.await.unwrap();
+    let answers = looping.stop().await;
     let failed: Vec<_> = answers.iter().filter(|a| a.0 != 200).collect();
     assert!(
         failed.is_empty(),

@@ -193,16 +193,20 @@ fn judge(
         Ok(http::Parsed::Incomplete) => unreachable!("read again with the whole body"),
         Err(rejection) => Err(rejection),
     };
-    verdict.map_err(|rejection| {
-        metrics::counter!(crate::telemetry::VALIDATION_REJECTIONS,
-            "model" => model.name.clone(),
-            "reason" => rejection.reason.as_str())
-        .increment(1);
-        GatewayError::InvalidInput {
-            reason: rejection.reason.as_str(),
-            message: rejection.message,
-        }
-    })
+    verdict.map_err(|rejection| refuse(rejection, model))
+}
+
+/// The answer to a request the checks refused, counted in
+/// `infergate_validation_rejections_total`: one place for both front-ends.
+pub(crate) fn refuse(rejection: Rejection, model: &ModelRef) -> GatewayError {
+    metrics::counter!(crate::telemetry::VALIDATION_REJECTIONS,
+        "model" => model.name.clone(),
+        "reason" => rejection.reason.as_str())
+    .increment(1);
+    GatewayError::InvalidInput {
+        reason: rejection.reason.as_str(),
+        message: rejection.message,
+    }
 }
 
 /// The whole body, read within the body limit (a body that is already limited answers with

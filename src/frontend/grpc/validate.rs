@@ -36,16 +36,7 @@ pub async fn infer_request(
     let Some(signature) = gateway.signatures().get(backend, model).await else {
         return Ok(());
     };
-    validate::check(&request, &signature).map_err(|rejection| {
-        metrics::counter!(crate::telemetry::VALIDATION_REJECTIONS,
-            "model" => model.name.clone(),
-            "reason" => rejection.reason.as_str())
-        .increment(1);
-        GatewayError::InvalidInput {
-            reason: rejection.reason.as_str(),
-            message: rejection.message,
-        }
-    })
+    validate::check(&request, &signature).map_err(|rejection| validate::refuse(rejection, model))
 }
 
 /// The request as the checker reads it, or why it is not checked.
