@@ -137,6 +137,19 @@ fn check_files(config: Config) -> Result<Config, infergate::config::ConfigErrors
     }
 }
 
+/// Tokio's multi-thread scheduler, one worker per core (or `TOKIO_WORKER_THREADS`); with one
+/// worker asked for, the current-thread scheduler, which does the same work without the
+/// cross-thread queues and wake-ups.
+fn runtime() -> tokio::runtime::Runtime {
+    let one = std::env::var("TOKIO_WORKER_THREADS").is_ok_and(|n| n.trim() == "1");
+    let mut builder = if one {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    builder.enable_all().build().expect("tokio runtime")
+}
+
 fn run(path: &std::path::Path, log_format: LogFormat) -> ExitCode {
     telemetry::init_logging(log_format);
     let gateway = match infergate::Gateway::from_file(path) {
@@ -148,7 +161,7 @@ fn run(path: &std::path::Path, log_format: LogFormat) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let runtime = runtime();
     let result = runtime.block_on(async move {
         let listeners = infergate::Listeners::bind(gateway.config()).await?;
         let shutdown = CancellationToken::new();

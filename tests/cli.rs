@@ -97,13 +97,24 @@ async fn runs_logs_json_with_request_ids_and_exits_cleanly_on_sigterm() {
     let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
         .await
         .unwrap();
+    // Tokio's multi-thread scheduler by default; the current-thread one with one worker.
+    for workers in [None, Some("1")] {
+        serve_one_request_and_stop(&triton, workers).await;
+    }
+}
+
+async fn serve_one_request_and_stop(triton: &Triton, workers: Option<&str>) {
     let port = free_port();
     let config = write_config(&format!(
         "[listen]\nhttp = \"127.0.0.1:{port}\"\n[upstream]\nhealth_interval = \"200ms\"\n\
          [[backends]]\nname = \"t0\"\nhttp = \"{}\"\n",
         triton.http_url()
     ));
-    let child = infergate()
+    let mut command = infergate();
+    if let Some(workers) = workers {
+        command.env("TOKIO_WORKER_THREADS", workers);
+    }
+    let child = command
         .args(["--log-format", "json", "--config"])
         .arg(config.path())
         .stdout(Stdio::piped())
