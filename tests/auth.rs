@@ -320,15 +320,40 @@ async fn start(keys: &Keys, jwks: &Path, triton: &Triton, name: &str, extra: &st
     TestGateway::start_with_admin_key(&config, OPS_KEY).await
 }
 
-#[tokio::test]
-async fn the_token_matrix_is_decided_alike_on_http_and_grpc() {
+/// What most tests start from: fresh keys, a JWKS file with kid `j1`, a Triton with
+/// `models` loaded, and a gateway named `name` with the full auth config in front of it.
+struct Setup {
+    keys: Keys,
+    jwks: PathBuf,
+    /// Kept so the server lives as long as the test.
+    _triton: Triton,
+    gateway: TestGateway,
+}
+
+async fn setup(models: &[&str], name: &str) -> Setup {
     let keys = Keys::generate();
     let jwks = keys.dir.path().join("jwks.json");
     std::fs::write(&jwks, keys.jwks(&["j1"])).unwrap();
-    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
+    let triton = Triton::start(TritonOptions::with_models(models))
         .await
         .unwrap();
-    let gateway = start(&keys, &jwks, &triton, "authmatrix", "").await;
+    let gateway = start(&keys, &jwks, &triton, name, "").await;
+    Setup {
+        keys,
+        jwks,
+        _triton: triton,
+        gateway,
+    }
+}
+
+#[tokio::test]
+async fn the_token_matrix_is_decided_alike_on_http_and_grpc() {
+    let Setup {
+        keys,
+        jwks,
+        _triton,
+        gateway,
+    } = setup(&["add_sub"], "authmatrix").await;
     let mut grpc = grpc_client(&gateway).await;
     let good = claims(json!({}));
     let hmac = EncodingKey::from_secret(HMAC_SECRET.as_bytes()).unwrap();
@@ -597,13 +622,12 @@ async fn the_token_matrix_is_decided_alike_on_http_and_grpc() {
 
 #[tokio::test]
 async fn api_keys_tenants_roles_pins_and_sticky_claims() {
-    let keys = Keys::generate();
-    let jwks = keys.dir.path().join("jwks.json");
-    std::fs::write(&jwks, keys.jwks(&["j1"])).unwrap();
-    let triton = Triton::start(TritonOptions::with_models(&["add_sub", "add_sub_int"]))
-        .await
-        .unwrap();
-    let gateway = start(&keys, &jwks, &triton, "authtenants", "").await;
+    let Setup {
+        keys,
+        jwks: _,
+        _triton,
+        gateway,
+    } = setup(&["add_sub", "add_sub_int"], "authtenants").await;
     let client = reqwest::Client::new();
     let mut grpc = grpc_client(&gateway).await;
 
@@ -826,13 +850,12 @@ async fn api_keys_tenants_roles_pins_and_sticky_claims() {
 
 #[tokio::test]
 async fn tenant_limits_answer_429_then_recover() {
-    let keys = Keys::generate();
-    let jwks = keys.dir.path().join("jwks.json");
-    std::fs::write(&jwks, keys.jwks(&["j1"])).unwrap();
-    let triton = Triton::start(TritonOptions::with_models(&["add_sub", "slow_model"]))
-        .await
-        .unwrap();
-    let gateway = start(&keys, &jwks, &triton, "authlimits", "").await;
+    let Setup {
+        keys: _,
+        jwks: _,
+        _triton,
+        gateway,
+    } = setup(&["add_sub", "slow_model"], "authlimits").await;
     let key = [("x-api-key", SLOW_KEY)];
 
     // Requests per second: the burst of 2 passes, the third is 429 with Retry-After.
@@ -995,13 +1018,12 @@ async fn keys_taken_out_of_the_config_stop_working_on_reload() {
 
 #[tokio::test]
 async fn tritonclient_sends_a_bearer_token_through_the_gateway() {
-    let keys = Keys::generate();
-    let jwks = keys.dir.path().join("jwks.json");
-    std::fs::write(&jwks, keys.jwks(&["j1"])).unwrap();
-    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
-        .await
-        .unwrap();
-    let gateway = start(&keys, &jwks, &triton, "authpython", "").await;
+    let Setup {
+        keys,
+        jwks: _,
+        _triton,
+        gateway,
+    } = setup(&["add_sub"], "authpython").await;
     let token = sign(
         Algorithm::RS256,
         Some("rsa"),
