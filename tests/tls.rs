@@ -443,6 +443,26 @@ async fn grpc_refused(pki: &Pki, addr: std::net::SocketAddr) -> bool {
     }
 }
 
+/// `infergate_tls_reloads_total{result="failure"}`.
+async fn failed_reloads(gateway: &TestGateway) -> u64 {
+    gateway
+        .metrics_text("/metrics")
+        .await
+        .lines()
+        .find(|l| l.starts_with("infergate_tls_reloads_total{") && l.contains("result=\"failure\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until the gateway has tried `what` and counted it as a failed reload.
+async fn await_failed_reload(gateway: &TestGateway, before: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while failed_reloads(gateway).await == before {
+        assert!(Instant::now() < deadline, "{what} was never tried");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn rotated_certificates_reach_new_connections_and_bad_ones_are_refused() {
     let triton = triton().await;
@@ -450,16 +470,6 @@ async fn rotated_certificates_reach_new_connections_and_bad_ones_are_refused() {
     pki.install_server(&pki.server("first"));
     let client = https_client(&pki, None);
     let gateway = start(&tls_config("tlsrotate", triton, &pki, ""), client.clone()).await;
-    let reloads = |text: &str, result: &str| -> u64 {
-        text.lines()
-            .find(|l| {
-                l.starts_with("infergate_tls_reloads_total{")
-                    && l.contains(&format!("result=\"{result}\""))
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or(0)
-    };
-
     // An open keep-alive connection, made with the first certificate.
     let kept = https_client(&pki, None);
     assert_eq!(infer(&kept, gateway.http).await.1, "first");
@@ -485,34 +495,20 @@ async fn rotated_certificates_reach_new_connections_and_bad_ones_are_refused() {
 
     // A bad replacement: a key that does not go with the certificate. Refused and counted;
     // new connections keep getting the second certificate.
-    let failures_before = reloads(&gateway.metrics_text("/metrics").await, "failure");
+    let failures_before = failed_reloads(&gateway).await;
     let third = pki.server("third");
     let unrelated = pki.server("unrelated");
     pki.write("server.crt", &third.cert);
     pki.write("server.key", &unrelated.key);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while reloads(&gateway.metrics_text("/metrics").await, "failure") == failures_before {
-        assert!(
-            Instant::now() < deadline,
-            "the bad certificate was never tried"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    await_failed_reload(&gateway, failures_before, "the bad certificate").await;
     assert_eq!(
         infer(&https_client(&pki, None), gateway.http).await.1,
         "second"
     );
     // Garbage instead of PEM: the same.
-    let failures_before = reloads(&gateway.metrics_text("/metrics").await, "failure");
+    let failures_before = failed_reloads(&gateway).await;
     pki.write("server.crt", "not a certificate");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while reloads(&gateway.metrics_text("/metrics").await, "failure") == failures_before {
-        assert!(
-            Instant::now() < deadline,
-            "the garbage certificate was never tried"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    await_failed_reload(&gateway, failures_before, "the garbage certificate").await;
     assert_eq!(
         infer(&https_client(&pki, None), gateway.http).await.1,
         "second"
