@@ -126,21 +126,7 @@ check_grpc() { # stage url
 # measure STAGE URL C ROUND PROXY_PIDS... — one infergate-load step; JSON plus CPU figures.
 measure() {
     local stage="$1" url="$2" c="$3" round="$4"; shift 4
-    local out="$TMP/$stage-c$c-r$round.json" before_p before_b after_p after_b
-    cut -d' ' -f1 /proc/loadavg >"$out.load"
-    before_p="$(ticks "$@")"; before_b="$(ticks "${BACKEND_PIDS[@]}")"
-    "$BIN/infergate-load" --url "$url" "${LOAD_ARGS[@]}" -c "$c" >"$out" 2>"$out.err" ||
-        { cat "$out.err" >&2; die "infergate-load failed for $stage c=$c"; }
-    after_p="$(ticks "$@")"; after_b="$(ticks "${BACKEND_PIDS[@]}")"
-    # Requests served during the whole invocation (warm-up included), estimated from the
-    # measured rate: CPU ticks cover the warm-up too.
-    local span ok
-    span="$(jq '.config.warmup_s + .steps[0].measured_s' "$out")"
-    ok="$(jq --argjson span "$span" '.steps[0].throughput_rps * $span' "$out")"
-    awk -v p=$((after_p - before_p)) -v b=$((after_b - before_b)) -v hz="$HZ" -v n="$ok" -v np=$# \
-        'BEGIN { if (n <= 0) { print "- -"; exit }
-                 printf "%s %s\n", (np ? sprintf("%.1f", p / hz / n * 1e6) : "-"), sprintf("%.1f", b / hz / n * 1e6) }' >"$out.cpu"
-    say "round $round $stage c=$c: $(jq -r '.steps[0] | "\(.throughput_rps | floor) infer/s, p50 \(.latency_us.p50) us, p99 \(.latency_us.p99) us, errors \(.errors)"' "$out")"
+    load_step "$TMP/$stage-c$c-r$round.json" "round $round $stage c=$c" "$url" "$c" "${BACKEND_PIDS[*]}" "$@"
 }
 
 # ---------------------------------------------------------------- Triton

@@ -195,24 +195,12 @@ EOF
 }
 
 # ---------------------------------------------------------------- measuring
-# measure PASS STAGE URL C PROXY_PIDS... — one infergate-load step; JSON plus CPU figures.
+# measure PASS STAGE URL C PROXY_PIDS... — one step; stage 4 gets its own load arguments.
 measure() {
     local pass="$1" stage="$2" url="$3" c="$4"; shift 4
-    local out="$TMP/$pass-$stage-c$c.json" extra=() before_p before_b after_p after_b
-    [[ "$stage" == ig-on ]] && extra=("${STAGE4_LOAD_ARGS[@]}")
-    cut -d' ' -f1 /proc/loadavg >"$out.load"
-    before_p="$(ticks "$@")"; before_b="$(ticks "$BACKEND_PID")"
-    "$BIN/infergate-load" --url "$url" "${LOAD_ARGS[@]}" "${extra[@]}" -c "$c" >"$out" 2>"$out.err" ||
-        { cat "$out.err" >&2; die "infergate-load failed for $pass $stage c=$c"; }
-    after_p="$(ticks "$@")"; after_b="$(ticks "$BACKEND_PID")"
-    # Requests served during the whole invocation (warm-up included), estimated from the
-    # measured rate: CPU ticks cover the warm-up too.
-    local span ok
-    span="$(jq '.config.warmup_s + .steps[0].measured_s' "$out")"
-    ok="$(jq --argjson span "$span" '.steps[0].throughput_rps * $span' "$out")"
-    awk -v p=$((after_p - before_p)) -v b=$((after_b - before_b)) -v hz="$HZ" -v n="$ok" -v np=$# \
-        'BEGIN { printf "%s %s\n", (np ? sprintf("%.1f", p / hz / n * 1e6) : "-"), sprintf("%.1f", b / hz / n * 1e6) }' >"$out.cpu"
-    say "$pass $stage c=$c: $(jq -r '.steps[0] | "\(.throughput_rps | floor) infer/s, p50 \(.latency_us.p50) us, p99 \(.latency_us.p99) us, errors \(.errors)"' "$out")"
+    STEP_ARGS=()
+    [[ "$stage" == ig-on ]] && STEP_ARGS=("${STAGE4_LOAD_ARGS[@]}")
+    load_step "$TMP/$pass-$stage-c$c.json" "$pass $stage c=$c" "$url" "$c" "$BACKEND_PID" "$@"
 }
 
 STAGES=(direct nginx ig-off ig-on)

@@ -163,6 +163,30 @@ ticks() { local t=0 p f; for p in "$@"; do read -r -a f <"/proc/$p/stat" || cont
 hwm_kib() { local t=0 p v; for p in "$@"; do v="$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)"; t=$((t + ${v:-0})); done; echo "$t"; }
 children() { pgrep -P "$1" | tr '\n' ' '; }
 
+# load_step OUT LABEL URL C "BACKEND_PIDS" PROXY_PIDS... — one infergate-load step (LOAD_ARGS,
+# then STEP_ARGS) into OUT (its JSON); OUT.cpu gets "proxy backend" CPU µs per request ("-"
+# for no proxy), OUT.load the 1-minute load average before it.
+STEP_ARGS=()
+load_step() {
+    local out="$1" label="$2" url="$3" c="$4" backend="$5"; shift 5
+    local before_p before_b after_p after_b span ok
+    cut -d' ' -f1 /proc/loadavg >"$out.load"
+    # shellcheck disable=SC2086
+    before_p="$(ticks "$@")"; before_b="$(ticks $backend)"
+    "$BIN/infergate-load" --url "$url" "${LOAD_ARGS[@]}" "${STEP_ARGS[@]}" -c "$c" >"$out" 2>"$out.err" ||
+        { cat "$out.err" >&2; die "infergate-load failed for $label"; }
+    # shellcheck disable=SC2086
+    after_p="$(ticks "$@")"; after_b="$(ticks $backend)"
+    # Requests served during the whole invocation (warm-up included), estimated from the
+    # measured rate: CPU ticks cover the warm-up too.
+    span="$(jq '.config.warmup_s + .steps[0].measured_s' "$out")"
+    ok="$(jq --argjson span "$span" '.steps[0].throughput_rps * $span' "$out")"
+    awk -v p=$((after_p - before_p)) -v b=$((after_b - before_b)) -v hz="$HZ" -v n="$ok" -v np=$# \
+        'BEGIN { if (n <= 0) { print "- -"; exit }
+                 printf "%s %s\n", (np ? sprintf("%.1f", p / hz / n * 1e6) : "-"), sprintf("%.1f", b / hz / n * 1e6) }' >"$out.cpu"
+    say "$label: $(jq -r '.steps[0] | "\(.throughput_rps | floor) infer/s, p50 \(.latency_us.p50) us, p99 \(.latency_us.p99) us, errors \(.errors)"' "$out")"
+}
+
 # ---------------------------------------------------------------- report arithmetic
 calc() { awk "BEGIN { printf \"$1\", $2 }"; }
 ratio() { # a b -> a/b with 2 decimals, n/a when b <= 0
