@@ -237,12 +237,12 @@ fn scan(repository: &Path, model: &str, known: Option<&OnDisk>) -> Option<OnDisk
     let versions: BTreeMap<u64, u64> = std::fs::read_dir(&dir)
         .ok()?
         .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| std::fs::metadata(e.path()).is_ok_and(|m| m.is_dir()))
         .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
         .map(|v| {
             let size = known
                 .and_then(|k| k.versions.get(&v).copied())
-                .unwrap_or_else(|| tree_size(&dir.join(v.to_string())));
+                .unwrap_or_else(|| tree_size(&dir.join(v.to_string()), MAX_DEPTH));
             (v, size)
         })
         .collect();
@@ -253,15 +253,21 @@ fn scan(repository: &Path, model: &str, known: Option<&OnDisk>) -> Option<OnDisk
     Some(OnDisk { config, versions })
 }
 
-fn tree_size(path: &Path) -> u64 {
+/// Deeper than any model directory; a symbolic link loop ends here.
+const MAX_DEPTH: u32 = 16;
+
+/// Bytes of every file under `path`. Symbolic links are followed, as Triton follows them
+/// when it loads the model (repositories mounted by Kubernetes, or versions linked to one
+/// another, are made of them).
+fn tree_size(path: &Path, depth: u32) -> u64 {
     let Ok(entries) = std::fs::read_dir(path) else {
         return 0;
     };
     entries
         .filter_map(Result::ok)
-        .map(|entry| match entry.file_type() {
-            Ok(t) if t.is_dir() => tree_size(&entry.path()),
-            Ok(t) if t.is_file() => entry.metadata().map_or(0, |m| m.len()),
+        .map(|entry| match std::fs::metadata(entry.path()) {
+            Ok(m) if m.is_dir() && depth > 0 => tree_size(&entry.path(), depth - 1),
+            Ok(m) if m.is_file() => m.len(),
             _ => 0,
         })
         .sum()
@@ -323,6 +329,25 @@ mod tests {
         assert_eq!(estimator.rescan("padded"), Some(3));
         assert_eq!(estimator.estimate("padded").bytes, 150 * 2);
         assert_eq!(estimator.estimate("absent").source, SizeSource::Default);
+        // Linked files and directories count as what they point at; a link loop ends.
+        let linked = repo.path().join("linked");
+        std::fs::create_dir_all(linked.join("1")).unwrap();
+        std::fs::write(linked.join("1/model.py"), vec![0; 70]).unwrap();
+        std::fs::create_dir_all(linked.join("2")).unwrap();
+        std::os::unix::fs::symlink("../1/model.py", linked.join("2/model.py")).unwrap();
+        std::os::unix::fs::symlink("1", linked.join("3")).unwrap();
+        std::os::unix::fs::symlink(".", linked.join("1/loop")).unwrap();
+        let sizing = estimator.sizing("linked");
+        assert_eq!(
+            sizing.newest(),
+            Some(3),
+            "a linked version directory is a version"
+        );
+        let all = Versions::requested(Some(2)).union(&Versions::requested(Some(3)));
+        assert_eq!(
+            sizing.estimate(&all).bytes,
+            (70 + 70 * (MAX_DEPTH as u64 + 1)) * 2
+        );
         // A learned size wins over the disk, not over config.
         estimator.learn("padded", 5 << 30);
         assert_eq!(
