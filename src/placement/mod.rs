@@ -605,34 +605,61 @@ impl Placement {
     /// Loads again (a plain load, or the union for a copy that also serves numbered
     /// versions) each copy serving "latest" whose model gained a newer version directory:
     /// Triton loads the new version, then unloads the old one once its requests are done.
+    /// The repository is read on the blocking pool: it is often a network file system, and
+    /// a slow directory listing must not stall the requests on the runtime's threads.
     fn reload_newer_versions(self: &Arc<Self>, backend_index: usize) {
         let latest = self.books().latest_copies(backend_index);
-        for (model, serving) in latest {
-            let Some(newest) = self.estimator.rescan(&model) else {
-                continue;
-            };
-            if serving.is_none_or(|v| v >= newest) {
-                continue;
+        if latest.is_empty() {
+            return;
+        }
+        let placement = self.clone();
+        tokio::spawn(async move {
+            let scanner = placement.clone();
+            let newer = tokio::task::spawn_blocking(move || {
+                latest
+                    .into_iter()
+                    .filter_map(|(model, serving)| {
+                        let newest = scanner.estimator.rescan(&model)?;
+                        serving
+                            .is_some_and(|v| v < newest)
+                            .then_some((model, serving, newest))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            for (model, serving, newest) in newer {
+                placement.reload_newer(backend_index, &model, serving, newest);
             }
-            let sizing = self.estimator.sizing(&model);
-            let view = self.view(&model);
-            let plan = self.books().reload_on(
-                &[backend_index],
-                &model,
-                (&Versions::latest(), &sizing),
-                &view,
-                true,
-                Instant::now(),
-            );
-            match plan {
-                Ok(plan) => {
-                    tracing::info!(model, backend = %self.pool.backends()[backend_index].name,
-                        from = serving, to = newest, "newer version on disk: reloading");
-                    tokio::spawn(self.clone().run_load(plan, Priority::Background));
-                }
-                Err(error) => {
-                    tracing::info!(model, %error, "newer version on disk, not reloaded yet")
-                }
+        });
+    }
+
+    /// Plans and starts the reload of `model` on a backend, for a newer version on disk.
+    fn reload_newer(
+        self: &Arc<Self>,
+        backend_index: usize,
+        model: &str,
+        serving: Option<u64>,
+        newest: u64,
+    ) {
+        let sizing = self.estimator.sizing(model);
+        let view = self.view(model);
+        let plan = self.books().reload_on(
+            &[backend_index],
+            model,
+            (&Versions::latest(), &sizing),
+            &view,
+            true,
+            Instant::now(),
+        );
+        match plan {
+            Ok(plan) => {
+                tracing::info!(model, backend = %self.pool.backends()[backend_index].name,
+                    from = serving, to = newest, "newer version on disk: reloading");
+                tokio::spawn(self.clone().run_load(plan, Priority::Background));
+            }
+            Err(error) => {
+                tracing::info!(model, %error, "newer version on disk, not reloaded yet")
             }
         }
     }
