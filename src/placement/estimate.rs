@@ -128,7 +128,8 @@ pub struct Estimator {
     repository: Option<PathBuf>,
     multiplier: f64,
     default: u64,
-    disk: Mutex<HashMap<String, Option<Arc<OnDisk>>>>,
+    /// Models found on disk (only those), as last read.
+    disk: Mutex<HashMap<String, Arc<OnDisk>>>,
     learned: Mutex<HashMap<String, u64>>,
 }
 
@@ -172,10 +173,7 @@ impl Estimator {
             .expect("estimator lock")
             .get(model)
             .cloned();
-        let disk = match cached {
-            Some(disk) => disk,
-            None => self.read_disk(model),
-        };
+        let disk = cached.or_else(|| self.read_disk(model));
         let explicit = self.explicit.get(model).copied();
         let learned = self
             .learned
@@ -212,18 +210,31 @@ impl Estimator {
             .lock()
             .expect("estimator lock")
             .get(model)
-            .cloned()
-            .flatten();
+            .cloned();
         let scanned = self
             .repository
             .as_deref()
             .and_then(|repo| scan(repo, model, known.as_deref()))
             .map(Arc::new);
-        self.disk
-            .lock()
-            .expect("estimator lock")
-            .insert(model.to_string(), scanned.clone());
+        // Only models on disk are kept: names that are not (a typo, a client trying names)
+        // must not grow the cache.
+        let mut disk = self.disk.lock().expect("estimator lock");
+        match &scanned {
+            Some(found) => disk.insert(model.to_string(), found.clone()),
+            None => disk.remove(model),
+        };
         scanned
+    }
+
+    /// The sizing of a model no backend knows: such a request is refused before its size
+    /// matters, so the disk is not read for it.
+    pub fn unread(&self) -> Sizing {
+        Sizing {
+            source: SizeSource::Default,
+            per_version: self.default,
+            disk: None,
+            multiplier: self.multiplier,
+        }
     }
 }
 
@@ -329,6 +340,10 @@ mod tests {
         assert_eq!(estimator.rescan("padded"), Some(3));
         assert_eq!(estimator.estimate("padded").bytes, 150 * 2);
         assert_eq!(estimator.estimate("absent").source, SizeSource::Default);
+        assert!(
+            !estimator.disk.lock().unwrap().contains_key("absent"),
+            "a name not on disk is not kept"
+        );
         // Linked files and directories count as what they point at; a link loop ends.
         let linked = repo.path().join("linked");
         std::fs::create_dir_all(linked.join("1")).unwrap();

@@ -198,7 +198,11 @@ impl Placement {
             let decision = match hit {
                 Some(decision) => decision,
                 None => {
-                    let sizing = self.estimator.sizing(&model.name);
+                    let sizing = if view.iter().any(|v| v.knows) {
+                        self.estimator.sizing(&model.name)
+                    } else {
+                        self.estimator.unread()
+                    };
                     let pinned = self.pinned.contains(&model.name);
                     self.books()
                         .decide(model, &sizing, &view, pinned, allow_evict, Instant::now())
