@@ -405,6 +405,24 @@ async fn the_token_matrix_is_decided_alike_on_http_and_grpc() {
             "JWKS ES256",
             sign(Algorithm::ES256, Some("j1"), &keys.encoding("j1"), &good),
         ),
+        (
+            "expired 2 s ago, inside the 5 s leeway",
+            sign(
+                Algorithm::RS256,
+                Some("rsa"),
+                &keys.encoding("rsa"),
+                &claims(json!({"exp": now() - 2})),
+            ),
+        ),
+        (
+            "valid in 2 s, inside the 5 s leeway",
+            sign(
+                Algorithm::RS256,
+                Some("rsa"),
+                &keys.encoding("rsa"),
+                &claims(json!({"nbf": now() + 2})),
+            ),
+        ),
     ];
     for (what, token) in &accepted {
         let (status, error, _) =
@@ -455,6 +473,36 @@ async fn the_token_matrix_is_decided_alike_on_http_and_grpc() {
                 &claims(json!({"iss": "https://evil.test"})),
             ),
             "wrong issuer",
+        ),
+        (
+            "no issuer while issuers are configured",
+            sign(
+                Algorithm::RS256,
+                Some("rsa"),
+                &rsa,
+                &claims(json!({"iss": null})),
+            ),
+            "token has no 'iss' claim",
+        ),
+        (
+            "no audience while audiences are configured",
+            sign(
+                Algorithm::RS256,
+                Some("rsa"),
+                &rsa,
+                &claims(json!({"aud": null})),
+            ),
+            "token has no 'aud' claim",
+        ),
+        (
+            "expired 30 s ago, past the 5 s leeway",
+            sign(
+                Algorithm::RS256,
+                Some("rsa"),
+                &rsa,
+                &claims(json!({"exp": now() - 30})),
+            ),
+            "token expired",
         ),
         (
             "wrong audience",

@@ -63,15 +63,20 @@ impl Rules {
         let mut validation = Validation::new(alg);
         validation.leeway = self.leeway;
         validation.validate_nbf = true;
-        validation.set_required_spec_claims(&["exp"]);
+        // A configured issuer or audience makes its claim required: jsonwebtoken skips the
+        // check of a claim that is absent unless it is also listed here.
+        let mut required = vec!["exp"];
         if !self.issuers.is_empty() {
             validation.set_issuer(&self.issuers);
+            required.push("iss");
         }
         if self.audiences.is_empty() {
             validation.validate_aud = false;
         } else {
             validation.set_audience(&self.audiences);
+            required.push("aud");
         }
+        validation.set_required_spec_claims(&required);
         validation
     }
 

@@ -27,7 +27,7 @@ pub enum AuthMode {
 pub struct Auth {
     /// `none` (default) or `required`.
     pub mode: AuthMode,
-    /// Accepted `iss` values; empty: any issuer.
+    /// Accepted `iss` values (a token must carry one of them); empty: any issuer.
     pub issuers: Vec<String>,
     /// Accepted `aud` values (a token must name one); empty: `aud` is not checked.
     pub audiences: Vec<String>,
