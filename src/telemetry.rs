@@ -61,6 +61,9 @@ pub const MIRRORED: &str = "infergate_mirror_requests_total";
 /// `concurrency_limited`).
 pub const AUTH_DECISIONS: &str = "infergate_auth_decisions_total";
 
+/// JWKS refreshes by result (`changed`, `unchanged`, `failed`: the last good keys stay).
+pub const JWKS_REFRESHES: &str = "infergate_auth_jwks_refreshes_total";
+
 /// Config reloads by result (`success`, `failure`).
 pub const CONFIG_RELOADS: &str = "infergate_config_reload_total";
 
@@ -151,6 +154,10 @@ fn describe() {
     describe_counter!(
         TLS_HANDSHAKE_FAILURES,
         "TLS handshakes that failed or timed out, by listener."
+    );
+    describe_counter!(
+        JWKS_REFRESHES,
+        "JWKS refreshes by result; on failure the last good keys stay."
     );
     describe_counter!(
         AUTH_DECISIONS,

@@ -99,11 +99,16 @@ impl Keys {
 
     /// A JWKS document with the public halves of ES256 keys `kids`.
     fn jwks(&self, kids: &[&str]) -> String {
-        let keys = kids
+        let keys: Vec<_> = kids.iter().map(|kid| (*kid, Algorithm::ES256)).collect();
+        self.jwks_of(&keys)
+    }
+
+    /// A JWKS document with the public halves of keys `(kid, alg)`, each naming its `alg`.
+    fn jwks_of(&self, keys: &[(&str, Algorithm)]) -> String {
+        let keys = keys
             .iter()
-            .map(|kid| {
-                let mut jwk =
-                    Jwk::from_encoding_key(&self.encoding(kid), Algorithm::ES256).unwrap();
+            .map(|(kid, alg)| {
+                let mut jwk = Jwk::from_encoding_key(&self.encoding(kid), *alg).unwrap();
                 jwk.common.key_id = Some((*kid).into());
                 jwk
             })
@@ -219,8 +224,8 @@ models = ["add_sub*", "sticky_ranker"]
 [[auth.tenants]]
 name = "slowpoke"
 models = ["add_sub", "slow_model"]
-requests_per_second = 2.0
-burst = 2
+requests_per_second = 1.0
+burst = 3
 max_concurrent = 1
 
 [[routes]]
@@ -906,10 +911,16 @@ async fn tenant_limits_answer_429_then_recover() {
     } = setup(&["add_sub", "slow_model"], "authlimits").await;
     let key = [("x-api-key", SLOW_KEY)];
 
-    // Requests per second: the burst of 2 passes, the third is 429 with Retry-After.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(infer_http(&gateway, "add_sub", &key).await.0, 200);
-    assert_eq!(infer_http(&gateway, "add_sub", &key).await.0, 200);
+    // Requests per second: a burst of 3 passes (above the rate of 1), the fourth is 429 with
+    // Retry-After.
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    for n in 1..=3 {
+        assert_eq!(
+            infer_http(&gateway, "add_sub", &key).await.0,
+            200,
+            "request {n}"
+        );
+    }
     let response = reqwest::Client::new()
         .post(format!("{}/v2/models/add_sub/infer", gateway.url()))
         .header("x-api-key", SLOW_KEY)
@@ -922,7 +933,7 @@ async fn tenant_limits_answer_429_then_recover() {
     let body: Value = response.json().await.unwrap();
     assert_eq!(
         body["error"],
-        "tenant 'slowpoke' is over its limit of 2 requests per second; retry in 1s"
+        "tenant 'slowpoke' is over its limit of 1 requests per second; retry in 1s"
     );
     // ... and over gRPC, RESOURCE_EXHAUSTED with retry-after metadata.
     let mut grpc = grpc_client(&gateway).await;
@@ -932,8 +943,8 @@ async fn tenant_limits_answer_429_then_recover() {
         .unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(status.metadata().get("retry-after").unwrap(), "1");
-    // Recovery: a second later the bucket has refilled.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Recovery: two seconds later the bucket has two tokens again.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     assert_eq!(infer_http(&gateway, "add_sub", &key).await.0, 200);
     let (code, message) = infer_grpc(&mut grpc, "add_sub", &key).await;
     assert_eq!(code, Code::Ok, "{message}");
@@ -1178,5 +1189,147 @@ async fn a_jwks_url_is_fetched_and_refetched_for_an_unknown_kid() {
         (status, error.as_str()),
         (200, ""),
         "fetched again for the unknown kid"
+    );
+}
+
+/// A JWKS server for one test: it serves `document` (or 500 while `failing`) and counts the
+/// fetches it answered.
+#[derive(Clone, Default)]
+struct JwksServer {
+    document: std::sync::Arc<std::sync::Mutex<String>>,
+    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl JwksServer {
+    /// Starts serving on a free port; returns the document's URL.
+    async fn start(&self) -> String {
+        use std::sync::atomic::Ordering;
+        let server = self.clone();
+        let app = axum::Router::new().route(
+            "/jwks.json",
+            axum::routing::get(move || {
+                let server = server.clone();
+                async move {
+                    server.fetches.fetch_add(1, Ordering::SeqCst);
+                    if server.failing.load(Ordering::SeqCst) {
+                        Err(axum::http::StatusCode::INTERNAL_SERVER_ERROR)
+                    } else {
+                        Ok(server.document.lock().unwrap().clone())
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Polls `check` every 100 ms for up to `seconds`; true once it holds.
+async fn eventually(seconds: u64, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_jwks_url_is_read_at_start_then_on_its_interval_and_kept_when_it_fails() {
+    let keys = Keys::generate();
+    let server = JwksServer::default();
+    // An identity provider's usual document: an RSA key naming RS256, and an EC key.
+    *server.document.lock().unwrap() =
+        keys.jwks_of(&[("rsa", Algorithm::RS256), ("j1", Algorithm::ES256)]);
+    let url = server.start().await;
+    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
+        .await
+        .unwrap();
+    // Only the interval refreshes here: a refresh for an unknown kid is held back for an hour
+    // after the first fetch.
+    let mut config = config_for("authjwksinterval", &[&triton], "", "");
+    config.push_str(&format!(
+        r#"
+[auth]
+mode = "required"
+jwks_refresh_interval = "1s"
+jwks_min_refresh_interval = "1h"
+default_models = ["*"]
+
+[[auth.jwt_keys]]
+jwks_url = "{url}"
+algorithms = ["RS256", "RS512", "ES256"]
+
+[[auth.api_keys]]
+name = "ops"
+sha256 = "{ops}"
+roles = ["admin"]
+"#,
+        ops = infergate::auth::hash_key(OPS_KEY),
+    ));
+    let gateway = TestGateway::start_with_admin_key(&config, OPS_KEY).await;
+    let good = claims(json!({}));
+    let call = async |token: &str| {
+        let (status, error, _) =
+            infer_http(&gateway, "add_sub", &[("authorization", &bearer(token))]).await;
+        (status, error)
+    };
+
+    // Read at start: the keys exist only at the URL, and the first token is accepted.
+    let rs256 = sign(Algorithm::RS256, Some("rsa"), &keys.encoding("rsa"), &good);
+    assert_eq!(call(&rs256).await, (200, String::new()));
+    let j1 = sign(Algorithm::ES256, Some("j1"), &keys.encoding("j1"), &good);
+    assert_eq!(call(&j1).await, (200, String::new()));
+    // The key names RS256, so RS512 under it is refused though the source allows RS512.
+    let rs512 = sign(Algorithm::RS512, Some("rsa"), &keys.encoding("rsa"), &good);
+    assert_eq!(
+        call(&rs512).await,
+        (
+            401,
+            "invalid credentials: alg RS512 is not allowed for key 'rsa'".into()
+        )
+    );
+
+    // The provider rotates j1 out and j2 in; the interval picks it up within a few seconds.
+    let j2 = sign(Algorithm::ES256, Some("j2"), &keys.encoding("j2"), &good);
+    assert_eq!(
+        call(&j2).await,
+        (401, "invalid credentials: unknown key id 'j2'".into())
+    );
+    *server.document.lock().unwrap() = keys.jwks(&["j2"]);
+    assert!(
+        eventually(5, async || call(&j2).await.0 == 200).await,
+        "the interval refresh took j2 in"
+    );
+    assert_eq!(
+        call(&j1).await,
+        (401, "invalid credentials: unknown key id 'j1'".into())
+    );
+
+    // The provider fails: two refreshes fail and the last good keys still verify.
+    server
+        .failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let before = server.fetches();
+    assert!(
+        eventually(5, async || server.fetches() >= before + 2).await,
+        "the interval kept fetching"
+    );
+    assert_eq!(call(&j2).await, (200, String::new()));
+    let metrics = gateway.metrics_text("/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("infergate_auth_jwks_refreshes_total{result=\"failed\"}")),
+        "{metrics}"
     );
 }

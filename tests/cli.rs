@@ -174,3 +174,231 @@ async fn serve_one_request_and_stop(triton: &Triton, workers: Option<&str>) {
     assert!(!logs.contains("98765"), "a tensor value reached the log");
     assert!(logs.contains("SIGTERM received"));
 }
+
+#[test]
+fn hash_key_prints_the_sha256_of_a_key_from_an_argument_or_standard_input() {
+    // The FIPS 180-2 test vector for "abc".
+    const ABC: &str = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+    let output = infergate().args(["hash-key", "abc"]).output().unwrap();
+    assert!(output.status.success());
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), ABC);
+
+    let piped = |input: &str| {
+        let mut child = infergate()
+            .arg("hash-key")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let output = piped("abc\n");
+    assert!(output.status.success());
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), ABC);
+    let output = piped("\n");
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("the key is empty"));
+}
+
+/// An `infergate` process serving a config until `stop`.
+struct Running {
+    child: std::process::Child,
+    base: String,
+    /// Kept until the process stops: it reads the file on reload.
+    _config: tempfile::NamedTempFile,
+}
+
+impl Running {
+    /// Starts `infergate --log-format json` on `config` (its `{port}` replaced by a free
+    /// port, which `base` then names) and waits until it answers `/v2/health/live`.
+    async fn start(config: &str, env: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let config = write_config(&config.replace("{port}", &port.to_string()));
+        let child = infergate()
+            .envs(env.iter().copied())
+            .args(["--log-format", "json", "--config"])
+            .arg(config.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while reqwest::get(format!("{base}/v2/health/live"))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "gateway never came up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self {
+            child,
+            base,
+            _config: config,
+        }
+    }
+
+    /// Stops the process with SIGTERM; returns everything it logged.
+    async fn stop(self) -> String {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        let output = tokio::task::spawn_blocking(move || self.child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(output.status.success(), "exit status {:?}", output.status);
+        String::from_utf8_lossy(&output.stdout).to_string()
+            + &String::from_utf8_lossy(&output.stderr)
+    }
+}
+
+#[tokio::test]
+async fn an_open_gateway_beyond_loopback_says_so_at_start() {
+    const WARNING: &str = "listening beyond loopback with auth.mode = \\\"none\\\"";
+    let backend = "[[backends]]\nname = \"t0\"\nhttp = \"http://127.0.0.1:1\"\n";
+    let open = Running::start(
+        &format!("[listen]\nhttp = \"0.0.0.0:{{port}}\"\n{backend}"),
+        &[],
+    )
+    .await;
+    let logs = open.stop().await;
+    assert!(
+        logs.contains(WARNING) && logs.contains("0.0.0.0:"),
+        "{logs}"
+    );
+
+    let local = Running::start(
+        &format!("[listen]\nhttp = \"127.0.0.1:{{port}}\"\n{backend}"),
+        &[],
+    )
+    .await;
+    let logs = local.stop().await;
+    assert!(!logs.contains("listening beyond loopback"), "{logs}");
+}
+
+#[tokio::test]
+async fn access_logs_name_the_tenant_and_never_a_credential() {
+    const SECRET: &str = "a-cli-test-hmac-secret-of-32-bytes!!";
+    const API_KEY: &str = "cli-batch-key-0123456789";
+    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
+        .await
+        .unwrap();
+    let config = format!(
+        r#"
+[listen]
+http = "127.0.0.1:{{port}}"
+[upstream]
+health_interval = "200ms"
+[[backends]]
+name = "t0"
+http = "{triton}"
+[auth]
+mode = "required"
+[[auth.jwt_keys]]
+id = "hmac"
+algorithms = ["HS256"]
+secret_env = "INFERGATE_CLI_SECRET"
+[[auth.api_keys]]
+name = "batch"
+tenant = "globex"
+sha256 = "{hash}"
+"#,
+        triton = triton.http_url(),
+        hash = infergate::auth::hash_key(API_KEY),
+    );
+    let gateway = Running::start(&config, &[("INFERGATE_CLI_SECRET", SECRET)]).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({"tenant": "acme", "exp": now + 600});
+    let sign = |secret: &str| {
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        header.kid = Some("hmac".into());
+        let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap();
+        jsonwebtoken::encode(&header, &claims, &key).unwrap()
+    };
+    let good = sign(SECRET);
+    let forged = sign("not-the-secret-not-the-secret-not!!");
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let call = async |id: &str, header: (&str, String)| {
+        client
+            .post(format!("{}/v2/models/add_sub/infer", gateway.base))
+            .header("x-request-id", id)
+            .header(header.0, header.1)
+            .json(&serde_json::json!({"inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]},
+                {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1, 1, 1, 1]}]}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    // Until the backend's first ready check, the gateway answers 503.
+    while call("warm-up", ("x-api-key", API_KEY.into())).await != 200 {
+        assert!(Instant::now() < deadline, "backend never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        call("jwt-ok", ("authorization", format!("Bearer {good}"))).await,
+        200
+    );
+    assert_eq!(
+        call("jwt-forged", ("authorization", format!("Bearer {forged}"))).await,
+        401
+    );
+    assert_eq!(call("key-ok", ("x-api-key", API_KEY.into())).await, 200);
+    assert_eq!(
+        call("key-bad", ("x-api-key", format!("{API_KEY}x"))).await,
+        401
+    );
+    let logs = gateway.stop().await;
+
+    let entry = |id: &str| -> serde_json::Value {
+        let line = logs
+            .lines()
+            .find(|l| l.contains(&format!("\"request_id\":\"{id}\"")) && l.contains("\"status\""))
+            .unwrap_or_else(|| panic!("no access log line for {id} in:\n{logs}"));
+        serde_json::from_str(line).unwrap()
+    };
+    assert_eq!(
+        (
+            entry("jwt-ok")["tenant"].as_str(),
+            entry("jwt-ok")["status"].as_u64()
+        ),
+        (Some("acme"), Some(200))
+    );
+    assert_eq!(
+        (
+            entry("key-ok")["tenant"].as_str(),
+            entry("key-ok")["status"].as_u64()
+        ),
+        (Some("globex"), Some(200))
+    );
+    assert_eq!(entry("jwt-forged")["status"], 401);
+    assert_eq!(entry("key-bad")["status"], 401);
+    let signature = |token: &str| token.rsplit('.').next().unwrap().to_owned();
+    for secret in [
+        good.as_str(),
+        &signature(&good),
+        &signature(&forged),
+        API_KEY,
+        SECRET,
+    ] {
+        assert!(
+            !logs.contains(secret),
+            "a credential reached the log: {secret}"
+        );
+    }
+}

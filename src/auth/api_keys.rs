@@ -1,8 +1,9 @@
 //! API keys: kept only as SHA-256 hashes, looked up by the hash of what the client sent.
 //!
-//! The lookup is a `HashMap` keyed by the digest, so its timing depends on the digest of the
-//! presented key, never on how much of a stored key it shares; the entry found is then
-//! compared in constant time (`subtle`) as a second guard.
+//! The presented key is hashed, its digest's first 8 bytes pick the candidates from a
+//! `HashMap`, and each candidate's whole digest is compared in constant time (`subtle`). The
+//! lookup's timing can only tell an attacker about 8 bytes of a SHA-256 of what they sent,
+//! never how much of a stored key they matched.
 
 use super::Identity;
 use sha2::{Digest, Sha256};
@@ -45,28 +46,40 @@ pub fn parse_hex(text: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// Every configured key, by digest, with the identity it stands for.
+/// A configured key's digest and the identity it stands for.
+type Entry = ([u8; 32], Arc<Identity>);
+
+/// Every configured key, bucketed by its digest's first 8 bytes.
 #[derive(Debug, Default)]
 pub struct ApiKeys {
-    by_digest: HashMap<[u8; 32], ([u8; 32], Arc<Identity>)>,
+    by_prefix: HashMap<u64, Vec<Entry>>,
+}
+
+fn prefix(digest: &[u8; 32]) -> u64 {
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
 }
 
 impl ApiKeys {
     /// Adds a key (by its digest).
     pub fn insert(&mut self, digest: [u8; 32], identity: Arc<Identity>) {
-        self.by_digest.insert(digest, (digest, identity));
+        let bucket = self.by_prefix.entry(prefix(&digest)).or_default();
+        bucket.retain(|(stored, _)| *stored != digest);
+        bucket.push((digest, identity));
     }
 
     /// Whether any key is configured.
     pub fn is_empty(&self) -> bool {
-        self.by_digest.is_empty()
+        self.by_prefix.is_empty()
     }
 
     /// The identity of a presented key, if it is one of ours.
     pub fn find(&self, key: &[u8]) -> Option<&Arc<Identity>> {
         let presented = digest(key);
-        let (stored, identity) = self.by_digest.get(&presented)?;
-        bool::from(stored.ct_eq(&presented)).then_some(identity)
+        self.by_prefix
+            .get(&prefix(&presented))?
+            .iter()
+            .find(|(stored, _)| bool::from(stored.ct_eq(&presented)))
+            .map(|(_, identity)| identity)
     }
 }
 
@@ -85,5 +98,31 @@ mod tests {
         );
         assert_eq!(parse_hex(&hash), Some(digest(b"secret-key")));
         assert_eq!(parse_hex("zz"), None);
+    }
+
+    fn identity(tenant: &str) -> Arc<Identity> {
+        Arc::new(Identity {
+            tenant: tenant.into(),
+            roles: Vec::new(),
+            admin: false,
+            models: None,
+            claims: None,
+            expires: None,
+            key_generation: 0,
+        })
+    }
+
+    #[test]
+    fn keys_sharing_a_digest_prefix_are_told_apart_by_the_whole_digest() {
+        let mut keys = ApiKeys::default();
+        let real = digest(b"real-key");
+        let mut twin = real;
+        twin[31] ^= 1;
+        keys.insert(twin, identity("twin"));
+        keys.insert(real, identity("real"));
+        assert_eq!(&*keys.find(b"real-key").unwrap().tenant, "real");
+        assert!(keys.find(b"other-key").is_none());
+        keys.insert(real, identity("replaced"));
+        assert_eq!(&*keys.find(b"real-key").unwrap().tenant, "replaced");
     }
 }

@@ -11,6 +11,7 @@
 //! JWKS sets are swapped whole (`ArcSwap`): a refresh that fails keeps the last good set.
 
 use crate::config::{self, algorithm_family};
+use crate::telemetry;
 use arc_swap::ArcSwap;
 use base64::Engine;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
@@ -318,6 +319,12 @@ impl JwtKeys {
                     .parse(&self.rules, &text)
                     .map(|keys| Some((keys, print)))
             });
+            let result = match &parsed {
+                Ok(None) => "unchanged",
+                Ok(Some(_)) => "changed",
+                Err(_) => "failed",
+            };
+            metrics::counter!(telemetry::JWKS_REFRESHES, "result" => result).increment(1);
             match parsed {
                 Ok(None) => {}
                 Ok(Some((keys, print))) => {

@@ -507,6 +507,47 @@ mod tests {
         assert!(none.to_string().contains("no credentials"), "{none}");
     }
 
+    #[test]
+    fn claim_names_and_the_admin_role_come_from_config() {
+        let config = config::Config::parse(&format!(
+            "[listen]\nhttp = \"127.0.0.1:0\"\n[[backends]]\nname = \"b\"\n\
+             http = \"http://127.0.0.1:1\"\n[auth]\nmode = \"required\"\n\
+             tenant_claim = \"org\"\nroles_claim = \"groups\"\nmodels_claim = \"allowed\"\n\
+             admin_role = \"ops\"\n[[auth.api_keys]]\nname = \"k\"\nsha256 = \"{}\"\n",
+            hash_key("k")
+        ))
+        .unwrap();
+        let auth = Auth::new(&config.auth).unwrap();
+        let claims = |value: serde_json::Value| value.as_object().unwrap().clone();
+
+        let identity = auth
+            .identity(
+                claims(serde_json::json!({
+                    "org": "initech", "tenant": "ignored", "groups": "dev ops",
+                    "allowed": ["ranker*"], "exp": 4_000_000_000u64,
+                })),
+                0,
+            )
+            .unwrap();
+        assert_eq!(&*identity.tenant, "initech");
+        assert_eq!(identity.roles, ["dev", "ops"]);
+        assert!(identity.admin, "the configured admin role is in the groups");
+        let models = identity.models.as_ref().unwrap();
+        assert!(models.allows("ranker_b") && !models.allows("add_sub"));
+
+        // The default claim names mean nothing once renamed.
+        let refused = auth
+            .identity(
+                claims(serde_json::json!({"tenant": "acme", "roles": ["ops"]})),
+                0,
+            )
+            .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "invalid credentials: token has no 'org' claim naming its tenant"
+        );
+    }
+
     #[tokio::test]
     async fn tenants_get_their_models_and_limits() {
         let auth = auth(

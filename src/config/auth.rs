@@ -96,9 +96,9 @@ pub struct JwtKey {
     /// The `kid` tokens name this key by (PEM and secret keys); without it, a token with no
     /// `kid` is tried against this key.
     pub id: Option<String>,
-    /// Algorithms this key may verify, all of one family (HS*, RS*/PS*, ES*, EdDSA).
-    /// Required for PEM and secret keys; for a JWKS, default: each key's own family (or its
-    /// `alg`).
+    /// Algorithms this key may verify: for PEM and secret keys, required and all of one
+    /// family (HS*, RS*/PS*, ES*, EdDSA); for a JWKS, a filter over its keys (each key still
+    /// verifies only its own family, or its `alg`), default: no filter.
     #[serde(default)]
     pub algorithms: Vec<String>,
     /// A public key in PEM (RSA, EC or Ed25519, as `algorithms` says).
@@ -248,7 +248,8 @@ impl Auth {
                     ),
                 }
             }
-            if families.len() > 1 {
+            // A JWKS key's own type fixes its family, so a JWKS may list several.
+            if families.len() > 1 && !jwks {
                 error(
                     at("algorithms"),
                     "all algorithms of one key must be of one family (HMAC, RSA, EC or EdDSA)"
