@@ -95,9 +95,10 @@ EOF
 
 "$BIN/fake-triton" --listen "127.0.0.1:$BASE" --threads 1 >"$TMP/fake.log" 2>&1 &
 PIDS+=("$!")
+BACKEND_PID=$!
 wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start"
 
-declare -A PORT
+declare -A PORT PID
 i=1
 for stage in "${STAGES[@]}"; do
     PORT[$stage]=$((BASE + 10 * i))
@@ -111,12 +112,9 @@ LOAD_ARGS=(-i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --threads 1
     --warmup "$WARMUP" --duration "$WINDOW" --windows "$WINDOWS" --json -q)
 for c in "${LEVELS[@]}"; do
     for stage in "${STAGES[@]}"; do
-        extra=()
-        [[ -n "${TOKEN[$stage]}" ]] && extra=(--bearer "${TOKEN[$stage]}")
-        "$BIN/infergate-load" --url "http://127.0.0.1:${PORT[$stage]}" "${LOAD_ARGS[@]}" "${extra[@]}" -c "$c" \
-            >"$TMP/$stage-c$c.json" 2>"$TMP/$stage-c$c.err" ||
-            { cat "$TMP/$stage-c$c.err" >&2; die "infergate-load failed for $stage c=$c"; }
-        say "$stage c=$c: $(jq -r '.steps[0] | "\(.throughput_rps | floor) infer/s, p50 \(.latency_us.p50) us, p99 \(.latency_us.p99) us, errors \(.errors)"' "$TMP/$stage-c$c.json")"
+        STEP_ARGS=()
+        [[ -n "${TOKEN[$stage]}" ]] && STEP_ARGS=(--bearer "${TOKEN[$stage]}")
+        load_step "$TMP/$stage-c$c.json" "$stage c=$c" "http://127.0.0.1:${PORT[$stage]}" "$c" "$BACKEND_PID" "${PID[$stage]}"
     done
 done
 
@@ -131,15 +129,22 @@ f() { jq -r ".steps[0]$2" "$TMP/$1.json"; }
     echo "The load generator sends one token for the whole run: with the cache on (the default),"
     echo "only its first request is verified; \`-nocache\` verifies the signature on every request."
     echo
-    echo "| stage | c | infer/s | × off | p50 µs | p99 µs | errors |"
-    echo "|---|---|---|---|---|---|---|"
+    echo "Gateway CPU per request (from /proc, over the whole step) holds up better than"
+    echo "throughput when something else shares the machine; load is the 1-minute average before"
+    echo "each step."
+    echo
+    echo "| stage | c | infer/s | × off | gateway CPU µs/req | CPU × off | p50 µs | p99 µs | errors | load |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
     for c in "${LEVELS[@]}"; do
         off="$(f "off-c$c" .throughput_rps)"
+        read -r off_cpu _ <"$TMP/off-c$c.json.cpu"
         for stage in "${STAGES[@]}"; do
             rps="$(f "$stage-c$c" .throughput_rps)"
-            printf '| %s | %s | %.0f | %.3f | %s | %s | %s |\n' "$stage" "$c" "$rps" \
-                "$(awk -v a="$rps" -v b="$off" 'BEGIN { print a / b }')" \
-                "$(f "$stage-c$c" .latency_us.p50)" "$(f "$stage-c$c" .latency_us.p99)" "$(f "$stage-c$c" .errors)"
+            read -r cpu _ <"$TMP/$stage-c$c.json.cpu"
+            printf '| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n' "$stage" "$c" "$rps" \
+                "$(ratio "$rps" "$off")" "$cpu" "$(ratio "$cpu" "$off_cpu")" \
+                "$(f "$stage-c$c" .latency_us.p50)" "$(f "$stage-c$c" .latency_us.p99)" \
+                "$(f "$stage-c$c" .errors)" "$(cat "$TMP/$stage-c$c.json.load")"
         done
     done
 } >"$OUT"
