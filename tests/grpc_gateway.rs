@@ -155,9 +155,8 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     assert_eq!(id.to_str().unwrap().len(), 36);
     assert!(response.into_inner().ready);
 
-    // The deadline is checked on both sides of the gateway: tonic's client enforces its own
-    // grpc-timeout, so here only "not a hang" is visible (the gateway's own DEADLINE_EXCEEDED
-    // is pinned by unit tests in frontend::grpc::call and upstream::grpc).
+    // tonic's client enforces its own grpc-timeout, so here only "not a hang" is visible (the
+    // gateway's own DEADLINE_EXCEEDED is the_gateway_honours_the_clients_deadline_...).
     let mut slow = slow_request(5_000);
     slow.set_timeout(Duration::from_millis(300));
     let started = Instant::now();
@@ -339,4 +338,220 @@ targets = [{ model = "sized_a", weight = 50 }, { model = "sized_b", weight = 50 
         .unwrap();
     assert!(ready.metadata().get("infergate-target").is_some());
     assert!(ready.into_inner().ready);
+}
+
+/// What a gRPC call made by hand came back with: `grpc-status` and `grpc-message`
+/// (percent-decoded), from the trailers or a trailers-only answer's headers.
+struct RawAnswer {
+    status: String,
+    message: String,
+}
+
+/// One unary gRPC call over h2c made with hyper, not a gRPC client: the only timer is the
+/// `grpc-timeout` header in `headers`, so whatever enforces it is the server's.
+async fn raw_unary(
+    addr: std::net::SocketAddr,
+    method: &str,
+    message: &impl prost::Message,
+    headers: &[(&str, &str)],
+) -> RawAnswer {
+    use http_body_util::BodyExt;
+    let encoded = message.encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&u32::try_from(encoded.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(&encoded);
+    let mut request = http::Request::post(format!(
+        "http://{addr}/inference.GRPCInferenceService/{method}"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(http_body_util::Full::new(bytes::Bytes::from(frame)))
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let response = client.request(request).await.expect("the gateway answers");
+    let headers = response.headers().clone();
+    let trailers = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .trailers()
+        .cloned()
+        .unwrap_or_default();
+    let field = |name: &str| {
+        let value = trailers.get(name).or_else(|| headers.get(name));
+        percent_decode(value.map_or(&b""[..], |v| v.as_bytes()))
+    };
+    RawAnswer {
+        status: field("grpc-status"),
+        message: field("grpc-message"),
+    }
+}
+
+/// `grpc-message` is percent-encoded.
+fn percent_decode(value: &[u8]) -> String {
+    let mut out = Vec::with_capacity(value.len());
+    let mut rest = value;
+    while let Some((&byte, tail)) = rest.split_first() {
+        match (byte, tail) {
+            (b'%', [hi, lo, tail @ ..]) => {
+                let hex = std::str::from_utf8(&[*hi, *lo]).unwrap().to_owned();
+                out.push(u8::from_str_radix(&hex, 16).unwrap());
+                rest = tail;
+            }
+            _ => {
+                out.push(byte);
+                rest = tail;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// A `grpc-timeout` value as a duration (digits and a unit).
+fn grpc_timeout(value: &str) -> Duration {
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let amount: u64 = digits.parse().unwrap();
+    match unit {
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        other => panic!("unexpected grpc-timeout unit {other:?} in {value:?}"),
+    }
+}
+
+/// Sums the samples of one counter whose labels contain every one of `labels`.
+fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// A gRPC relay in front of one Triton that records the headers of every call it relays:
+/// the backend's side of the gateway, which a real Triton does not show.
+struct RecordingRelay {
+    url: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, http::HeaderMap)>>>,
+}
+
+impl RecordingRelay {
+    async fn start(triton: &Triton) -> Self {
+        type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, http::HeaderMap)>>>;
+        let seen: Seen = Default::default();
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .http2_only(true)
+                .build_http::<axum::body::Body>();
+        let upstream = triton.grpc_url();
+        let record = seen.clone();
+        let relay = axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let (client, upstream, record) = (client.clone(), upstream.clone(), record.clone());
+            async move {
+                let (mut parts, body) = request.into_parts();
+                let path = parts.uri.path().to_owned();
+                record
+                    .lock()
+                    .unwrap()
+                    .push((path.clone(), parts.headers.clone()));
+                parts.uri = format!("{upstream}{path}").parse().unwrap();
+                let answer = client
+                    .request(http::Request::from_parts(parts, body))
+                    .await
+                    .expect("Triton answers the relay");
+                answer.map(axum::body::Body::new)
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, relay).await });
+        Self { url, seen }
+    }
+
+    /// Headers of the calls relayed for `method` (e.g. `/inference.GRPCInferenceService/ModelInfer`).
+    fn calls(&self, method: &str) -> Vec<http::HeaderMap> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .filter(|(path, _)| path == method)
+            .map(|(_, headers)| headers.clone())
+            .collect()
+    }
+}
+
+const KEY: &str = "deadline-key-0123456789";
+
+#[tokio::test]
+async fn the_gateway_honours_the_clients_deadline_and_passes_it_on() {
+    let triton = Triton::start(TritonOptions::with_models(&["add_sub", "slow_model"]))
+        .await
+        .unwrap();
+    let relay = RecordingRelay::start(&triton).await;
+    let mut config =
+        config_for("deadline", &[&triton], "", "").replace(&triton.grpc_url(), &relay.url);
+    config.push_str(&format!(
+        "[auth]\nmode = \"required\"\n\
+         [[auth.api_keys]]\nname = \"ops\"\ntenant = \"everyone\"\nsha256 = \"{}\"\nroles = [\"admin\"]\n\
+         [[auth.tenants]]\nname = \"everyone\"\nmodels = [\"*\"]\n",
+        infergate::auth::hash_key(KEY)
+    ));
+    let gateway = TestGateway::start_with_admin_key(&config, KEY).await;
+    let deadline_errors = |metrics: &str| {
+        counter(
+            metrics,
+            "infergate_errors_total",
+            &["kind=\"deadline_exceeded\""],
+        )
+    };
+    let before = deadline_errors(&gateway.metrics_text("/metrics").await);
+
+    // 400 ms given, 3 s needed: the gateway itself ends the call, about when the time is up.
+    let started = Instant::now();
+    let answer = raw_unary(
+        gateway.grpc,
+        "ModelInfer",
+        &support::grpc::slow(3_000),
+        &[
+            ("grpc-timeout", "400m"),
+            ("x-request-id", "deadline-1"),
+            ("x-api-key", KEY),
+        ],
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(answer.status, "4", "DEADLINE_EXCEEDED: {}", answer.message);
+    assert!(
+        answer.message.contains("passed in the gateway"),
+        "{}",
+        answer.message
+    );
+    assert!(
+        took >= Duration::from_millis(380) && took < Duration::from_millis(1_500),
+        "answered after {took:?}"
+    );
+    let after = deadline_errors(&gateway.metrics_text("/metrics").await);
+    assert_eq!(after - before, 1.0, "one deadline_exceeded counted");
+
+    // The backend was given what was left of the 400 ms, the client's request id, and no
+    // credential.
+    let calls = relay.calls("/inference.GRPCInferenceService/ModelInfer");
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let sent = &calls[0];
+    let passed_on = grpc_timeout(sent["grpc-timeout"].to_str().unwrap());
+    assert!(
+        passed_on > Duration::from_millis(100) && passed_on <= Duration::from_millis(400),
+        "grpc-timeout to the backend: {passed_on:?}"
+    );
+    assert_eq!(sent["x-request-id"], "deadline-1");
+    assert!(
+        sent.get("x-api-key").is_none() && sent.get("authorization").is_none(),
+        "credentials reached the backend: {sent:?}"
+    );
 }
