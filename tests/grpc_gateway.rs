@@ -14,6 +14,9 @@ use support::{Triton, TritonOptions};
 use tonic::transport::Channel;
 
 const LOADED: [&str; 4] = ["add_sub", "string_echo", "batched_double", "slow_model"];
+/// The streaming models (decoupled, sequence), loaded on every backend of the Python suite's
+/// pool so that a stream split across backends would show.
+const STREAMING: [&str; 2] = ["decoupled_repeat", "sequence_sum"];
 
 /// Runs the Python suite against the gateway's gRPC listener; `extra` are more pytest args.
 async fn pytest(gateway: &TestGateway, env: &[(&str, &str)], extra: &[&str]) -> String {
@@ -44,9 +47,10 @@ async fn pytest(gateway: &TestGateway, env: &[(&str, &str)], extra: &[&str]) -> 
 
 #[tokio::test]
 async fn tritonclient_grpc_works_through_the_gateway() {
+    let models = [&LOADED[..], &STREAMING].concat();
     let (t0, t1) = tokio::join!(
-        Triton::start(TritonOptions::with_models(&LOADED)),
-        Triton::start(TritonOptions::with_models(&LOADED)),
+        Triton::start(TritonOptions::with_models(&models)),
+        Triton::start(TritonOptions::with_models(&models)),
     );
     let (t0, t1) = (t0.unwrap(), t1.unwrap());
     let gateway = TestGateway::start(&config_for(

@@ -2,7 +2,8 @@
 
 Runs against infergate's gRPC listener (most checks would pass against a plain Triton too;
 those about the gateway itself say so). The pool must have add_sub, string_echo,
-batched_double and slow_model loaded, and add_sub_int in its repository but not loaded
+batched_double and slow_model loaded, the streaming models decoupled_repeat and
+sequence_sum loaded on every backend, and add_sub_int in its repository but not loaded
 (it is loaded by the first request for it). The gateway's server.max_grpc_message_size must
 be 1MiB.
 
@@ -215,6 +216,82 @@ def test_streaming_several_requests_on_one_stream(client):
     assert len(messages) == 2, messages
     assert "no_such_model" in messages[0], messages
     assert "unexpected shape for input 'INPUT1' for model 'add_sub'" in messages[1], messages
+
+
+def stream_results(client, send, count):
+    """Opens a stream, calls send(), and collects `count` (result, error) answers; then
+    checks that nothing more comes."""
+    results = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        send()
+        answers = [results.get(timeout=30) for _ in range(count)]
+        with pytest.raises(queue.Empty):
+            results.get(timeout=0.5)
+    finally:
+        client.stop_stream()
+    return answers
+
+
+@live_pool
+def test_decoupled_model_answers_n_times_per_request(client):
+    repeats = {"dec-0": 3, "dec-1": 1, "dec-2": 5}
+    base = {rid: A + 100 * i for i, rid in enumerate(repeats)}
+
+    def send():
+        for rid, n in repeats.items():
+            x = grpcclient.InferInput("INPUT0", [4], "FP32")
+            x.set_data_from_numpy(base[rid])
+            r = grpcclient.InferInput("REPEAT", [1], "INT32")
+            r.set_data_from_numpy(np.array([n], dtype=np.int32))
+            client.async_stream_infer("decoupled_repeat", [x, r], request_id=rid)
+
+    got = {rid: [] for rid in repeats}
+    for result, error in stream_results(client, send, sum(repeats.values())):
+        assert error is None, error
+        got[result.get_response().id].append(result)
+    for rid, n in repeats.items():
+        assert [int(r.as_numpy("INDEX")[0]) for r in got[rid]] == list(range(n)), rid
+        for i, r in enumerate(got[rid]):
+            np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), base[rid] + i)
+    # A decoupled model cannot answer a unary call; Triton says so through the gateway.
+    x = grpcclient.InferInput("INPUT0", [4], "FP32")
+    x.set_data_from_numpy(A)
+    r = grpcclient.InferInput("REPEAT", [1], "INT32")
+    r.set_data_from_numpy(np.array([2], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("decoupled_repeat", [x, r])
+    assert "decoupled" in err.value.message(), err.value.message()
+
+
+@live_pool
+def test_sequences_keep_their_running_sums_on_one_stream(client):
+    # Two sequences interleaved on one stream, over a pool where every backend has the
+    # model: each sum is right only if every request of a sequence reached the same Triton.
+    sequences = {1001: [1.0, 2.0, 3.0, 4.0], 2002: [10.0, 20.0, 30.0]}
+
+    def send():
+        for step in range(max(len(v) for v in sequences.values())):
+            for seq, values in sequences.items():
+                if step >= len(values):
+                    continue
+                x = grpcclient.InferInput("INPUT0", [1], "FP32")
+                x.set_data_from_numpy(np.array([values[step]], dtype=np.float32))
+                client.async_stream_infer(
+                    "sequence_sum",
+                    [x],
+                    request_id=f"{seq}-{step}",
+                    sequence_id=seq,
+                    sequence_start=step == 0,
+                    sequence_end=step == len(values) - 1,
+                )
+
+    sums = {}
+    for result, error in stream_results(client, send, sum(len(v) for v in sequences.values())):
+        assert error is None, error
+        sums[result.get_response().id] = float(result.as_numpy("OUTPUT0")[0])
+    for seq, values in sequences.items():
+        assert [sums[f"{seq}-{i}"] for i in range(len(values))] == list(np.cumsum(values)), sums
 
 
 @live_pool
