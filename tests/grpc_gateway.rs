@@ -159,6 +159,29 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     assert_eq!(id.to_str().unwrap().len(), 36);
     assert!(response.into_inner().ready);
 
+    // A wrong shape on one unary call is refused by the gateway's validation: its rejection
+    // counter rises by exactly one for this one call (Triton would refuse it in the same
+    // words, so the answer alone does not show who refused it).
+    let rejections = |metrics: &str| {
+        counter(
+            metrics,
+            "infergate_validation_rejections_total",
+            &["model=\"add_sub\"", "reason=\"shape\""],
+        )
+    };
+    let before = rejections(&gateway.metrics_text("/metrics").await);
+    let mut bad = add_sub_request([1.0; 4], [1.0; 4]);
+    bad.inputs[1].shape = vec![3];
+    bad.raw_input_contents[1].truncate(12);
+    let status = client.model_infer(bad).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("Expected [4], got [3]"),
+        "{status:?}"
+    );
+    let after = rejections(&gateway.metrics_text("/metrics").await);
+    assert_eq!(after - before, 1.0, "refused by the gateway, not by Triton");
+
     // tonic's client enforces its own grpc-timeout, so here only "not a hang" is visible (the
     // gateway's own DEADLINE_EXCEEDED is the_gateway_honours_the_clients_deadline_...).
     let mut slow = slow_request(5_000);
@@ -249,6 +272,11 @@ async fn a_killed_backend_gives_unavailable_not_a_hang() {
 
     t0.kill();
     let started = Instant::now();
+    let health_channel = Channel::from_shared(gateway.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(10), answers.message())
         .await
         .expect("the stream must end, not hang");
@@ -271,6 +299,32 @@ async fn a_killed_backend_gives_unavailable_not_a_hang() {
         "{:?}",
         started.elapsed()
     );
+
+    // grpc.health.v1 tells load balancers that nothing can be served: NOT_SERVING for the
+    // whole server and the inference service, within a few health intervals.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(health_channel);
+    for service in ["", "inference.GRPCInferenceService"] {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let answer = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if answer.status() == tonic_health::pb::health_check_response::ServingStatus::NotServing
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{service:?} still {:?} with no backend ready",
+                answer.status()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 
     // And the official client sees the same.
     pytest(
