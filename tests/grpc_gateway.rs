@@ -182,6 +182,24 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     let after = rejections(&gateway.metrics_text("/metrics").await);
     assert_eq!(after - before, 1.0, "refused by the gateway, not by Triton");
 
+    // Load parameters (a config override) are refused on HTTP too, not silently dropped.
+    let response = reqwest::Client::new()
+        .post(format!(
+            "{}/v2/repository/models/add_sub/load",
+            gateway.url()
+        ))
+        .json(&serde_json::json!({"parameters": {"config": "{\"max_batch_size\": 0}"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(
+        body["error"],
+        "load parameters are not supported through infergate (got config for model 'add_sub'): \
+         models are loaded with the config in the model repository; change it there"
+    );
+
     // tonic's client enforces its own grpc-timeout, so here only "not a hang" is visible (the
     // gateway's own DEADLINE_EXCEEDED is the_gateway_honours_the_clients_deadline_...).
     let mut slow = slow_request(5_000);

@@ -581,7 +581,10 @@ impl GrpcInferenceService for InferenceService {
                 let _admission = self
                     .admit_admin(&call, &mut metadata, "the repository API")
                     .await?;
-                // Load parameters (config overrides) are not placed yet, as on HTTP.
+                repository::refuse_load_parameters(
+                    &model,
+                    message.parameters.keys().map(String::as_str),
+                )?;
                 self.gateway.placement().load(&model).await?;
                 call.served(Served {
                     model: model.clone(),
