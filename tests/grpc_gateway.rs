@@ -60,7 +60,21 @@ async fn tritonclient_grpc_works_through_the_gateway() {
         "max_grpc_message_size = \"1MiB\"",
     ))
     .await;
-    let stdout = pytest(&gateway, &[], &[]).await;
+    let descriptors = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(descriptors.path(), reflected_descriptors(&gateway).await).unwrap();
+    let tritons = format!("127.0.0.1:{},127.0.0.1:{}", t0.grpc_port, t1.grpc_port);
+    let stdout = pytest(
+        &gateway,
+        &[
+            ("INFERGATE_TRITON_GRPC_URLS", tritons.as_str()),
+            (
+                "INFERGATE_DESCRIPTORS",
+                descriptors.path().to_str().unwrap(),
+            ),
+        ],
+        &[],
+    )
+    .await;
     // Only the killed-backend check is left for its own run.
     assert!(
         stdout.contains(" 1 skipped") && stdout.contains("after killing the pool's backend"),
@@ -94,6 +108,48 @@ async fn tritonclient_grpc_works_through_the_gateway() {
                 && l.contains("reason=\"shape\"")),
         "{metrics}"
     );
+}
+
+/// The .proto files the gateway serves by reflection (the inference service's file and what
+/// it imports), as a serialized `FileDescriptorSet` for the Python suite to compare with
+/// tritonclient's.
+async fn reflected_descriptors(gateway: &TestGateway) -> Vec<u8> {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let channel = Channel::from_shared(gateway.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut reflection = ServerReflectionClient::new(channel);
+    let asks = ["inference.GRPCInferenceService", "inference.ModelConfig"].map(|symbol| {
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol(symbol.into())),
+        }
+    });
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter(asks))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut files = std::collections::BTreeSet::new();
+    while let Some(answer) = answers.message().await.unwrap() {
+        let Some(MessageResponse::FileDescriptorResponse(found)) = answer.message_response else {
+            panic!("unexpected reflection answer {answer:?}");
+        };
+        files.extend(found.file_descriptor_proto);
+    }
+    // FileDescriptorSet { repeated FileDescriptorProto file = 1; }
+    let mut set = Vec::new();
+    for file in files {
+        prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, &mut set);
+        prost::encoding::encode_varint(file.len() as u64, &mut set);
+        set.extend_from_slice(&file);
+    }
+    set
 }
 
 async fn client(gateway: &TestGateway) -> GrpcInferenceServiceClient<Channel> {

@@ -10,6 +10,10 @@ be 1MiB.
     INFERGATE_GRPC_URL=127.0.0.1:8001 .venv/bin/python -m pytest -q tests/python/test_grpc_client.py
 
 INFERGATE_GRPC_URL is host:port without a scheme. Without it every test is skipped.
+INFERGATE_TRITON_GRPC_URLS (host:port of each backend, comma-separated) lets the checks
+that compare the gateway's answers with Triton's, and see which backend served, run;
+INFERGATE_DESCRIPTORS (a serialized FileDescriptorSet the gateway served by reflection)
+lets the .proto check run.
 INFERGATE_KILLED=1 selects the one check for a pool whose only backend was killed.
 """
 import os
@@ -19,12 +23,15 @@ import uuid
 
 import grpc
 import numpy as np
+from google.protobuf import descriptor_pb2
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 URL = os.environ.get("INFERGATE_GRPC_URL")
+TRITONS = [u for u in os.environ.get("INFERGATE_TRITON_GRPC_URLS", "").split(",") if u]
+DESCRIPTORS = os.environ.get("INFERGATE_DESCRIPTORS")
 KILLED = os.environ.get("INFERGATE_KILLED") == "1"
 LOADED = ["add_sub", "string_echo", "batched_double", "slow_model"]
 
@@ -286,12 +293,89 @@ def test_sequences_keep_their_running_sums_on_one_stream(client):
                     sequence_end=step == len(values) - 1,
                 )
 
+    def served():
+        counts = []
+        for url in TRITONS:
+            with grpcclient.InferenceServerClient(url) as direct:
+                stats = direct.get_inference_statistics("sequence_sum").model_stats
+                counts.append(sum(s.inference_stats.success.count for s in stats))
+        return counts
+
+    before = served()
     sums = {}
     for result, error in stream_results(client, send, sum(len(v) for v in sequences.values())):
         assert error is None, error
         sums[result.get_response().id] = float(result.as_numpy("OUTPUT0")[0])
     for seq, values in sequences.items():
         assert [sums[f"{seq}-{i}"] for i in range(len(values))] == list(np.cumsum(values)), sums
+    if TRITONS:
+        # Every request went to one backend (both have the model loaded).
+        grown = sorted(after - b for b, after in zip(before, served()))
+        assert grown == [0] * (len(TRITONS) - 1) + [len(sums)], grown
+
+
+def describe(file):
+    """A FileDescriptorProto as comparable rows: every message (nested ones by full name)
+    with its fields' number, type, label, type name and oneof; every enum with its values;
+    every service method with its types and streaming."""
+    rows = {}
+
+    def message(prefix, m):
+        name = f"{prefix}.{m.name}"
+        rows[f"message {name}"] = sorted(
+            (f.name, f.number, f.type, f.label, f.type_name, f.oneof_index if f.HasField("oneof_index") else -1)
+            for f in m.field
+        )
+        rows[f"oneofs {name}"] = [o.name for o in m.oneof_decl]
+        for nested in m.nested_type:
+            message(name, nested)
+        for e in m.enum_type:
+            enum(name, e)
+
+    def enum(prefix, e):
+        rows[f"enum {prefix}.{e.name}"] = sorted((v.name, v.number) for v in e.value)
+
+    for m in file.message_type:
+        message(file.package, m)
+    for e in file.enum_type:
+        enum(file.package, e)
+    for s in file.service:
+        for m in s.method:
+            rows[f"rpc {s.name}.{m.name}"] = (m.input_type, m.output_type, m.client_streaming, m.server_streaming)
+    return rows
+
+
+@pytest.mark.skipif(not DESCRIPTORS, reason="set INFERGATE_DESCRIPTORS to the gateway's reflected descriptors")
+def test_protos_match_what_tritonclient_ships():
+    # prost drops fields it does not know, so a field missing from proto/ (or numbered
+    # differently) would silently lose data on its way through the gateway.
+    served = descriptor_pb2.FileDescriptorSet()
+    with open(DESCRIPTORS, "rb") as f:
+        served.ParseFromString(f.read())
+    served = {file.name: file for file in served.file}
+    for module in (service_pb2, model_config_pb2):
+        shipped = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(shipped)
+        assert shipped.name in served, (shipped.name, list(served))
+        ours, theirs = describe(served[shipped.name]), describe(shipped)
+        assert served[shipped.name].package == shipped.package
+        missing = sorted(set(theirs) - set(ours))
+        extra = sorted(set(ours) - set(theirs))
+        differ = sorted(k for k in set(ours) & set(theirs) if ours[k] != theirs[k])
+        assert (missing, extra, differ) == ([], [], []), {
+            "missing": missing,
+            "extra": extra,
+            "differ": {k: (ours[k], theirs[k]) for k in differ},
+        }
+
+
+@live_pool
+@pytest.mark.skipif(not TRITONS, reason="set INFERGATE_TRITON_GRPC_URLS to compare with Triton")
+@pytest.mark.parametrize("model", LOADED + ["decoupled_repeat", "sequence_sum"])
+def test_config_and_metadata_are_tritons(client, model):
+    with grpcclient.InferenceServerClient(TRITONS[0]) as direct:
+        assert client.get_model_config(model, as_json=True) == direct.get_model_config(model, as_json=True)
+        assert client.get_model_metadata(model, as_json=True) == direct.get_model_metadata(model, as_json=True)
 
 
 @live_pool
