@@ -215,6 +215,25 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     assert_eq!(id.to_str().unwrap().len(), 36);
     assert!(response.into_inner().ready);
 
+    // 50 calls at once share one HTTP/2 connection to the backend's gRPC port.
+    let calls = (0..50).map(|i| {
+        let mut client = client.clone();
+        async move {
+            let a = [i as f32; 4];
+            let answer = client
+                .model_infer(add_sub_request(a, [1.0; 4]))
+                .await
+                .unwrap();
+            assert_eq!(sum(answer.get_ref()), a.map(|x| x + 1.0));
+        }
+    });
+    futures_util::future::join_all(calls).await;
+    assert_eq!(
+        connections_to(t0.grpc_port),
+        1,
+        "one channel to the backend"
+    );
+
     // A wrong shape on one unary call is refused by the gateway's validation: its rejection
     // counter rises by exactly one for this one call (Triton would refuse it in the same
     // words, so the answer alone does not show who refused it).
@@ -310,6 +329,34 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
         names.contains(&"inference.GRPCInferenceService"),
         "{names:?}"
     );
+}
+
+/// ESTABLISHED TCP connections from this process (the in-process gateway) to a loopback
+/// `port`, from /proc/net/tcp and this process's socket descriptors.
+fn connections_to(port: u16) -> usize {
+    let ours: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let remote = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        // local_address rem_address st ... inode (field 9)
+        .filter(|f| f.len() > 9 && f[2].ends_with(&remote) && f[3] == "01" && ours.contains(f[9]))
+        .count()
 }
 
 /// A slow_model request that takes `delay_ms` on the backend.
