@@ -734,3 +734,109 @@ async fn the_gateway_honours_the_clients_deadline_and_passes_it_on() {
         "credentials reached the backend: {sent:?}"
     );
 }
+
+/// One step of the load tool, `--protocol grpc`, against `url` for `model` (add_sub's
+/// inputs, `--check`), as its CLI runs it.
+async fn load_step(url: &str, model: &str) -> infergate_load::stats::StepSummary {
+    use infergate_load::transport::grpc::{GrpcOptions, GrpcTransport};
+    let args = [
+        "infergate-load",
+        "--url",
+        url,
+        "--protocol",
+        "grpc",
+        "--quiet",
+        "--model",
+        model,
+        "-i",
+        "INPUT0:FP32:4",
+        "-i",
+        "INPUT1:FP32:4",
+        "--check",
+        "-c",
+        "2",
+        "--warmup",
+        "100ms",
+        "--duration",
+        "400ms",
+        "--windows",
+        "1",
+        "--timeout",
+        "5s",
+    ];
+    let plan = <infergate_load::cli::Args as clap::Parser>::try_parse_from(args)
+        .unwrap()
+        .into_plan()
+        .unwrap();
+    let step = plan.steps[0];
+    let transport = GrpcTransport::new(
+        &plan.url,
+        &plan.model,
+        plan.model_version.as_deref(),
+        &plan.bodies,
+        &plan.endpoint.headers,
+        GrpcOptions {
+            connections: step.connections,
+            check: plan.check,
+        },
+    )
+    .unwrap();
+    let progress = infergate_load::runner::Progress {
+        enabled: false,
+        prefix: String::new(),
+    };
+    let result = infergate_load::runner::run_step(
+        std::sync::Arc::new(transport),
+        step,
+        plan.timing,
+        progress,
+    )
+    .await;
+    infergate_load::stats::StepSummary::from_result(&result, plan.stability)
+}
+
+/// Triton's count of successful add_sub requests, from its metrics.
+async fn triton_successes(triton: &Triton) -> f64 {
+    let metrics = reqwest::get(triton.metrics_url())
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    counter(
+        &metrics,
+        "nv_inference_request_success",
+        &["model=\"add_sub\""],
+    )
+}
+
+#[tokio::test]
+async fn the_load_tools_grpc_mode_checks_answers_and_counts_errors_by_code() {
+    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
+        .await
+        .unwrap();
+    let gateway = TestGateway::start(&config_for("loadgrpc", &[&triton], "", "")).await;
+
+    // Every answer through the gateway has its outputs (--check), and Triton served at least
+    // as many as the tool counted (the warm-up's too).
+    let before = triton_successes(&triton).await;
+    let step = load_step(&gateway.grpc_url(), "add_sub").await;
+    assert!(step.ok > 10, "ok {}", step.ok);
+    assert_eq!(step.errors, 0, "{:?}", step.errors_by_kind);
+    let served = triton_successes(&triton).await - before;
+    assert!(
+        served >= step.ok as f64,
+        "Triton served {served}, the tool counted {}",
+        step.ok
+    );
+
+    // Errors are counted by gRPC status code: an unknown model is NOT_FOUND (5).
+    let step = load_step(&gateway.grpc_url(), "no_such_model").await;
+    assert_eq!(step.ok, 0);
+    assert!(step.errors > 10, "{:?}", step.errors_by_kind);
+    assert_eq!(
+        step.errors_by_kind["grpc_5"], step.errors,
+        "{:?}",
+        step.errors_by_kind
+    );
+}
