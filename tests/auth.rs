@@ -1333,3 +1333,135 @@ roles = ["admin"]
         "{metrics}"
     );
 }
+
+/// A stream of requests sent with `key` (none: no credential), and the stream's answers.
+async fn open_stream(
+    grpc: &mut GrpcInferenceServiceClient<Channel>,
+    key: Option<&str>,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<ModelInferRequest>,
+        tonic::Streaming<infergate::protocol::inference::ModelStreamInferResponse>,
+    ),
+    tonic::Status,
+> {
+    let (requests, queue) = tokio::sync::mpsc::channel(8);
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(queue));
+    if let Some(key) = key {
+        request
+            .metadata_mut()
+            .insert("x-api-key", key.parse().unwrap());
+    }
+    let answers = grpc.model_stream_infer(request).await?.into_inner();
+    Ok((requests, answers))
+}
+
+#[tokio::test]
+async fn streams_and_grpc_repository_calls_are_authorized() {
+    let Setup {
+        keys: _,
+        jwks: _,
+        _triton,
+        gateway,
+    } = setup(&["add_sub", "slow_model"], "authstreams").await;
+    let mut grpc = grpc_client(&gateway).await;
+
+    // No credential: the stream is refused as it opens.
+    let status = open_stream(&mut grpc, None).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+
+    // A model the tenant may not use is refused on the stream, in HTTP's words, and the
+    // stream goes on.
+    let (requests, mut answers) = open_stream(&mut grpc, Some(ACME_KEY)).await.unwrap();
+    let mut forbidden = support::grpc::slow(10);
+    forbidden.id = "forbidden".into();
+    requests.send(forbidden).await.unwrap();
+    let mut allowed = add_sub_grpc("add_sub", &[]).into_inner();
+    allowed.id = "allowed".into();
+    requests.send(allowed).await.unwrap();
+    let first = answers.message().await.unwrap().unwrap();
+    assert_eq!(
+        first.error_message,
+        "tenant 'acme' may not use model 'slow_model'"
+    );
+    assert_eq!(first.infer_response.unwrap().id, "forbidden");
+    let second = answers.message().await.unwrap().unwrap();
+    assert_eq!(second.error_message, "");
+    let second = second.infer_response.unwrap();
+    assert_eq!(second.id, "allowed");
+    assert_eq!(second.raw_output_contents.len(), 2);
+    drop(requests);
+    assert!(
+        answers.message().await.unwrap().is_none(),
+        "the stream ends cleanly"
+    );
+
+    // The repository over gRPC needs the admin role, as on HTTP.
+    fn with_key<T>(key: &str, mut request: tonic::Request<T>) -> tonic::Request<T> {
+        request
+            .metadata_mut()
+            .insert("x-api-key", key.parse().unwrap());
+        request
+    }
+    let load = || {
+        tonic::Request::new(infergate::protocol::inference::RepositoryModelLoadRequest {
+            model_name: "add_sub".into(),
+            ..Default::default()
+        })
+    };
+    let unload = || {
+        tonic::Request::new(
+            infergate::protocol::inference::RepositoryModelUnloadRequest {
+                model_name: "add_sub".into(),
+                ..Default::default()
+            },
+        )
+    };
+    let status = grpc
+        .repository_model_load(with_key(ACME_KEY, load()))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert_eq!(
+        status.message(),
+        "tenant 'acme' may not use the repository API: it needs the 'admin' role"
+    );
+    let status = grpc
+        .repository_model_unload(with_key(ACME_KEY, unload()))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(
+        _triton
+            .loaded_models()
+            .await
+            .unwrap()
+            .contains(&"add_sub".to_string())
+    );
+    grpc.repository_model_load(with_key(OPS_KEY, load()))
+        .await
+        .unwrap();
+
+    // A streamed request holds its tenant's concurrency slot until the backend answers it:
+    // slowpoke (one request at a time) is refused a unary call meanwhile, then served.
+    let (requests, mut answers) = open_stream(&mut grpc, Some(SLOW_KEY)).await.unwrap();
+    requests.send(support::grpc::slow(1_500)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (code, message) = infer_grpc(&mut grpc, "add_sub", &[("x-api-key", SLOW_KEY)]).await;
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            Code::ResourceExhausted,
+            "tenant 'slowpoke' has 1 requests in progress, its limit; retry in 1s"
+        )
+    );
+    let answer = answers.message().await.unwrap().unwrap();
+    assert_eq!(answer.error_message, "");
+    let (code, message) = infer_grpc(&mut grpc, "add_sub", &[("x-api-key", SLOW_KEY)]).await;
+    assert_eq!(
+        code,
+        Code::Ok,
+        "the slot came back with the answer: {message}"
+    );
+    drop(requests);
+}

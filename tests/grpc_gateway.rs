@@ -14,6 +14,9 @@ use support::{Triton, TritonOptions};
 use tonic::transport::Channel;
 
 const LOADED: [&str; 4] = ["add_sub", "string_echo", "batched_double", "slow_model"];
+/// The streaming models (decoupled, sequence), loaded on every backend of the Python suite's
+/// pool so that a stream split across backends would show.
+const STREAMING: [&str; 2] = ["decoupled_repeat", "sequence_sum"];
 
 /// Runs the Python suite against the gateway's gRPC listener; `extra` are more pytest args.
 async fn pytest(gateway: &TestGateway, env: &[(&str, &str)], extra: &[&str]) -> String {
@@ -44,9 +47,10 @@ async fn pytest(gateway: &TestGateway, env: &[(&str, &str)], extra: &[&str]) -> 
 
 #[tokio::test]
 async fn tritonclient_grpc_works_through_the_gateway() {
+    let models = [&LOADED[..], &STREAMING].concat();
     let (t0, t1) = tokio::join!(
-        Triton::start(TritonOptions::with_models(&LOADED)),
-        Triton::start(TritonOptions::with_models(&LOADED)),
+        Triton::start(TritonOptions::with_models(&models)),
+        Triton::start(TritonOptions::with_models(&models)),
     );
     let (t0, t1) = (t0.unwrap(), t1.unwrap());
     let gateway = TestGateway::start(&config_for(
@@ -56,7 +60,21 @@ async fn tritonclient_grpc_works_through_the_gateway() {
         "max_grpc_message_size = \"1MiB\"",
     ))
     .await;
-    let stdout = pytest(&gateway, &[], &[]).await;
+    let descriptors = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(descriptors.path(), reflected_descriptors(&gateway).await).unwrap();
+    let tritons = format!("127.0.0.1:{},127.0.0.1:{}", t0.grpc_port, t1.grpc_port);
+    let stdout = pytest(
+        &gateway,
+        &[
+            ("INFERGATE_TRITON_GRPC_URLS", tritons.as_str()),
+            (
+                "INFERGATE_DESCRIPTORS",
+                descriptors.path().to_str().unwrap(),
+            ),
+        ],
+        &[],
+    )
+    .await;
     // Only the killed-backend check is left for its own run.
     assert!(
         stdout.contains(" 1 skipped") && stdout.contains("after killing the pool's backend"),
@@ -90,6 +108,48 @@ async fn tritonclient_grpc_works_through_the_gateway() {
                 && l.contains("reason=\"shape\"")),
         "{metrics}"
     );
+}
+
+/// The .proto files the gateway serves by reflection (the inference service's file and what
+/// it imports), as a serialized `FileDescriptorSet` for the Python suite to compare with
+/// tritonclient's.
+async fn reflected_descriptors(gateway: &TestGateway) -> Vec<u8> {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let channel = Channel::from_shared(gateway.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut reflection = ServerReflectionClient::new(channel);
+    let asks = ["inference.GRPCInferenceService", "inference.ModelConfig"].map(|symbol| {
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol(symbol.into())),
+        }
+    });
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter(asks))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut files = std::collections::BTreeSet::new();
+    while let Some(answer) = answers.message().await.unwrap() {
+        let Some(MessageResponse::FileDescriptorResponse(found)) = answer.message_response else {
+            panic!("unexpected reflection answer {answer:?}");
+        };
+        files.extend(found.file_descriptor_proto);
+    }
+    // FileDescriptorSet { repeated FileDescriptorProto file = 1; }
+    let mut set = Vec::new();
+    for file in files {
+        prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, &mut set);
+        prost::encoding::encode_varint(file.len() as u64, &mut set);
+        set.extend_from_slice(&file);
+    }
+    set
 }
 
 async fn client(gateway: &TestGateway) -> GrpcInferenceServiceClient<Channel> {
@@ -155,9 +215,68 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     assert_eq!(id.to_str().unwrap().len(), 36);
     assert!(response.into_inner().ready);
 
-    // The deadline is checked on both sides of the gateway: tonic's client enforces its own
-    // grpc-timeout, so here only "not a hang" is visible (the gateway's own DEADLINE_EXCEEDED
-    // is pinned by unit tests in frontend::grpc::call and upstream::grpc).
+    // 50 calls at once share one HTTP/2 connection to the backend's gRPC port.
+    let calls = (0..50).map(|i| {
+        let mut client = client.clone();
+        async move {
+            let a = [i as f32; 4];
+            let answer = client
+                .model_infer(add_sub_request(a, [1.0; 4]))
+                .await
+                .unwrap();
+            assert_eq!(sum(answer.get_ref()), a.map(|x| x + 1.0));
+        }
+    });
+    futures_util::future::join_all(calls).await;
+    assert_eq!(
+        connections_to(t0.grpc_port),
+        1,
+        "one channel to the backend"
+    );
+
+    // A wrong shape on one unary call is refused by the gateway's validation: its rejection
+    // counter rises by exactly one for this one call (Triton would refuse it in the same
+    // words, so the answer alone does not show who refused it).
+    let rejections = |metrics: &str| {
+        counter(
+            metrics,
+            "infergate_validation_rejections_total",
+            &["model=\"add_sub\"", "reason=\"shape\""],
+        )
+    };
+    let before = rejections(&gateway.metrics_text("/metrics").await);
+    let mut bad = add_sub_request([1.0; 4], [1.0; 4]);
+    bad.inputs[1].shape = vec![3];
+    bad.raw_input_contents[1].truncate(12);
+    let status = client.model_infer(bad).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("Expected [4], got [3]"),
+        "{status:?}"
+    );
+    let after = rejections(&gateway.metrics_text("/metrics").await);
+    assert_eq!(after - before, 1.0, "refused by the gateway, not by Triton");
+
+    // Load parameters (a config override) are refused on HTTP too, not silently dropped.
+    let response = reqwest::Client::new()
+        .post(format!(
+            "{}/v2/repository/models/add_sub/load",
+            gateway.url()
+        ))
+        .json(&serde_json::json!({"parameters": {"config": "{\"max_batch_size\": 0}"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(
+        body["error"],
+        "load parameters are not supported through infergate (got config for model 'add_sub'): \
+         models are loaded with the config in the model repository; change it there"
+    );
+
+    // tonic's client enforces its own grpc-timeout, so here only "not a hang" is visible (the
+    // gateway's own DEADLINE_EXCEEDED is the_gateway_honours_the_clients_deadline_...).
     let mut slow = slow_request(5_000);
     slow.set_timeout(Duration::from_millis(300));
     let started = Instant::now();
@@ -212,6 +331,34 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     );
 }
 
+/// ESTABLISHED TCP connections from this process (the in-process gateway) to a loopback
+/// `port`, from /proc/net/tcp and this process's socket descriptors.
+fn connections_to(port: u16) -> usize {
+    let ours: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let remote = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        // local_address rem_address st ... inode (field 9)
+        .filter(|f| f.len() > 9 && f[2].ends_with(&remote) && f[3] == "01" && ours.contains(f[9]))
+        .count()
+}
+
 /// A slow_model request that takes `delay_ms` on the backend.
 fn slow_request(delay_ms: i64) -> tonic::Request<ModelInferRequest> {
     let mut slow = support::grpc::slow(delay_ms);
@@ -246,6 +393,11 @@ async fn a_killed_backend_gives_unavailable_not_a_hang() {
 
     t0.kill();
     let started = Instant::now();
+    let health_channel = Channel::from_shared(gateway.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(10), answers.message())
         .await
         .expect("the stream must end, not hang");
@@ -268,6 +420,32 @@ async fn a_killed_backend_gives_unavailable_not_a_hang() {
         "{:?}",
         started.elapsed()
     );
+
+    // grpc.health.v1 tells load balancers that nothing can be served: NOT_SERVING for the
+    // whole server and the inference service, within a few health intervals.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(health_channel);
+    for service in ["", "inference.GRPCInferenceService"] {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let answer = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if answer.status() == tonic_health::pb::health_check_response::ServingStatus::NotServing
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{service:?} still {:?} with no backend ready",
+                answer.status()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 
     // And the official client sees the same.
     pytest(
@@ -339,4 +517,326 @@ targets = [{ model = "sized_a", weight = 50 }, { model = "sized_b", weight = 50 
         .unwrap();
     assert!(ready.metadata().get("infergate-target").is_some());
     assert!(ready.into_inner().ready);
+}
+
+/// What a gRPC call made by hand came back with: `grpc-status` and `grpc-message`
+/// (percent-decoded), from the trailers or a trailers-only answer's headers.
+struct RawAnswer {
+    status: String,
+    message: String,
+}
+
+/// One unary gRPC call over h2c made with hyper, not a gRPC client: the only timer is the
+/// `grpc-timeout` header in `headers`, so whatever enforces it is the server's.
+async fn raw_unary(
+    addr: std::net::SocketAddr,
+    method: &str,
+    message: &impl prost::Message,
+    headers: &[(&str, &str)],
+) -> RawAnswer {
+    use http_body_util::BodyExt;
+    let encoded = message.encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&u32::try_from(encoded.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(&encoded);
+    let mut request = http::Request::post(format!(
+        "http://{addr}/inference.GRPCInferenceService/{method}"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(http_body_util::Full::new(bytes::Bytes::from(frame)))
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let response = client.request(request).await.expect("the gateway answers");
+    let headers = response.headers().clone();
+    let trailers = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .trailers()
+        .cloned()
+        .unwrap_or_default();
+    let field = |name: &str| {
+        let value = trailers.get(name).or_else(|| headers.get(name));
+        percent_decode(value.map_or(&b""[..], |v| v.as_bytes()))
+    };
+    RawAnswer {
+        status: field("grpc-status"),
+        message: field("grpc-message"),
+    }
+}
+
+/// `grpc-message` is percent-encoded.
+fn percent_decode(value: &[u8]) -> String {
+    let mut out = Vec::with_capacity(value.len());
+    let mut rest = value;
+    while let Some((&byte, tail)) = rest.split_first() {
+        match (byte, tail) {
+            (b'%', [hi, lo, tail @ ..]) => {
+                let hex = std::str::from_utf8(&[*hi, *lo]).unwrap().to_owned();
+                out.push(u8::from_str_radix(&hex, 16).unwrap());
+                rest = tail;
+            }
+            _ => {
+                out.push(byte);
+                rest = tail;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// A `grpc-timeout` value as a duration (digits and a unit).
+fn grpc_timeout(value: &str) -> Duration {
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let amount: u64 = digits.parse().unwrap();
+    match unit {
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        other => panic!("unexpected grpc-timeout unit {other:?} in {value:?}"),
+    }
+}
+
+/// Sums the samples of one counter whose labels contain every one of `labels`.
+fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// A gRPC relay in front of one Triton that records the headers of every call it relays:
+/// the backend's side of the gateway, which a real Triton does not show.
+struct RecordingRelay {
+    url: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, http::HeaderMap)>>>,
+}
+
+impl RecordingRelay {
+    async fn start(triton: &Triton) -> Self {
+        type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, http::HeaderMap)>>>;
+        let seen: Seen = Default::default();
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .http2_only(true)
+                .build_http::<axum::body::Body>();
+        let upstream = triton.grpc_url();
+        let record = seen.clone();
+        let relay = axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let (client, upstream, record) = (client.clone(), upstream.clone(), record.clone());
+            async move {
+                let (mut parts, body) = request.into_parts();
+                let path = parts.uri.path().to_owned();
+                record
+                    .lock()
+                    .unwrap()
+                    .push((path.clone(), parts.headers.clone()));
+                parts.uri = format!("{upstream}{path}").parse().unwrap();
+                let answer = client
+                    .request(http::Request::from_parts(parts, body))
+                    .await
+                    .expect("Triton answers the relay");
+                answer.map(axum::body::Body::new)
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, relay).await });
+        Self { url, seen }
+    }
+
+    /// Headers of the calls relayed for `method` (e.g. `/inference.GRPCInferenceService/ModelInfer`).
+    fn calls(&self, method: &str) -> Vec<http::HeaderMap> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .filter(|(path, _)| path == method)
+            .map(|(_, headers)| headers.clone())
+            .collect()
+    }
+}
+
+const KEY: &str = "deadline-key-0123456789";
+
+#[tokio::test]
+async fn the_gateway_honours_the_clients_deadline_and_passes_it_on() {
+    let triton = Triton::start(TritonOptions::with_models(&["add_sub", "slow_model"]))
+        .await
+        .unwrap();
+    let relay = RecordingRelay::start(&triton).await;
+    let mut config =
+        config_for("deadline", &[&triton], "", "").replace(&triton.grpc_url(), &relay.url);
+    config.push_str(&format!(
+        "[auth]\nmode = \"required\"\n\
+         [[auth.api_keys]]\nname = \"ops\"\ntenant = \"everyone\"\nsha256 = \"{}\"\nroles = [\"admin\"]\n\
+         [[auth.tenants]]\nname = \"everyone\"\nmodels = [\"*\"]\n",
+        infergate::auth::hash_key(KEY)
+    ));
+    let gateway = TestGateway::start_with_admin_key(&config, KEY).await;
+    let deadline_errors = |metrics: &str| {
+        counter(
+            metrics,
+            "infergate_errors_total",
+            &["kind=\"deadline_exceeded\""],
+        )
+    };
+    let before = deadline_errors(&gateway.metrics_text("/metrics").await);
+
+    // 400 ms given, 3 s needed: the gateway itself ends the call, about when the time is up.
+    let started = Instant::now();
+    let answer = raw_unary(
+        gateway.grpc,
+        "ModelInfer",
+        &support::grpc::slow(3_000),
+        &[
+            ("grpc-timeout", "400m"),
+            ("x-request-id", "deadline-1"),
+            ("x-api-key", KEY),
+        ],
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(answer.status, "4", "DEADLINE_EXCEEDED: {}", answer.message);
+    assert!(
+        answer.message.contains("passed in the gateway"),
+        "{}",
+        answer.message
+    );
+    assert!(
+        took >= Duration::from_millis(380) && took < Duration::from_millis(1_500),
+        "answered after {took:?}"
+    );
+    let after = deadline_errors(&gateway.metrics_text("/metrics").await);
+    assert_eq!(after - before, 1.0, "one deadline_exceeded counted");
+
+    // The backend was given what was left of the 400 ms, the client's request id, and no
+    // credential.
+    let calls = relay.calls("/inference.GRPCInferenceService/ModelInfer");
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let sent = &calls[0];
+    let passed_on = grpc_timeout(sent["grpc-timeout"].to_str().unwrap());
+    assert!(
+        passed_on > Duration::from_millis(100) && passed_on <= Duration::from_millis(400),
+        "grpc-timeout to the backend: {passed_on:?}"
+    );
+    assert_eq!(sent["x-request-id"], "deadline-1");
+    assert!(
+        sent.get("x-api-key").is_none() && sent.get("authorization").is_none(),
+        "credentials reached the backend: {sent:?}"
+    );
+}
+
+/// One step of the load tool, `--protocol grpc`, against `url` for `model` (add_sub's
+/// inputs, `--check`), as its CLI runs it.
+async fn load_step(url: &str, model: &str) -> infergate_load::stats::StepSummary {
+    use infergate_load::transport::grpc::{GrpcOptions, GrpcTransport};
+    let args = [
+        "infergate-load",
+        "--url",
+        url,
+        "--protocol",
+        "grpc",
+        "--quiet",
+        "--model",
+        model,
+        "-i",
+        "INPUT0:FP32:4",
+        "-i",
+        "INPUT1:FP32:4",
+        "--check",
+        "-c",
+        "2",
+        "--warmup",
+        "100ms",
+        "--duration",
+        "400ms",
+        "--windows",
+        "1",
+        "--timeout",
+        "5s",
+    ];
+    let plan = <infergate_load::cli::Args as clap::Parser>::try_parse_from(args)
+        .unwrap()
+        .into_plan()
+        .unwrap();
+    let step = plan.steps[0];
+    let transport = GrpcTransport::new(
+        &plan.url,
+        &plan.model,
+        plan.model_version.as_deref(),
+        &plan.bodies,
+        &plan.endpoint.headers,
+        GrpcOptions {
+            connections: step.connections,
+            check: plan.check,
+        },
+    )
+    .unwrap();
+    let progress = infergate_load::runner::Progress {
+        enabled: false,
+        prefix: String::new(),
+    };
+    let result = infergate_load::runner::run_step(
+        std::sync::Arc::new(transport),
+        step,
+        plan.timing,
+        progress,
+    )
+    .await;
+    infergate_load::stats::StepSummary::from_result(&result, plan.stability)
+}
+
+/// Triton's count of successful add_sub requests, from its metrics.
+async fn triton_successes(triton: &Triton) -> f64 {
+    let metrics = reqwest::get(triton.metrics_url())
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    counter(
+        &metrics,
+        "nv_inference_request_success",
+        &["model=\"add_sub\""],
+    )
+}
+
+#[tokio::test]
+async fn the_load_tools_grpc_mode_checks_answers_and_counts_errors_by_code() {
+    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
+        .await
+        .unwrap();
+    let gateway = TestGateway::start(&config_for("loadgrpc", &[&triton], "", "")).await;
+
+    // Every answer through the gateway has its outputs (--check), and Triton served at least
+    // as many as the tool counted (the warm-up's too).
+    let before = triton_successes(&triton).await;
+    let step = load_step(&gateway.grpc_url(), "add_sub").await;
+    assert!(step.ok > 10, "ok {}", step.ok);
+    assert_eq!(step.errors, 0, "{:?}", step.errors_by_kind);
+    let served = triton_successes(&triton).await - before;
+    assert!(
+        served >= step.ok as f64,
+        "Triton served {served}, the tool counted {}",
+        step.ok
+    );
+
+    // Errors are counted by gRPC status code: an unknown model is NOT_FOUND (5).
+    let step = load_step(&gateway.grpc_url(), "no_such_model").await;
+    assert_eq!(step.ok, 0);
+    assert!(step.errors > 10, "{:?}", step.errors_by_kind);
+    assert_eq!(
+        step.errors_by_kind["grpc_5"], step.errors,
+        "{:?}",
+        step.errors_by_kind
+    );
 }

@@ -445,9 +445,25 @@ async fn repository_action(
             path: request.uri().path().to_owned(),
         });
     }
-    // The body (load parameters) is read for the size limit; overrides are not placed yet.
-    read_small_body(&gateway, request).await?;
+    // The body (load parameters) is read for the size limit; parameters are refused.
+    let body = read_small_body(&gateway, request).await?;
     if action == "load" {
+        let body: serde_json::Value = if body.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_slice(&body).map_err(|error| {
+                GatewayError::BadRequest(format!("load request body is not JSON: {error}"))
+            })?
+        };
+        let parameters = body
+            .get("parameters")
+            .and_then(serde_json::Value::as_object);
+        crate::pipeline::repository::refuse_load_parameters(
+            &model,
+            parameters
+                .into_iter()
+                .flat_map(|p| p.keys().map(String::as_str)),
+        )?;
         gateway.placement().load(&model).await?;
     } else {
         gateway.placement().unload(&model).await;

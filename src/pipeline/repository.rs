@@ -9,6 +9,28 @@ use http::{Method, StatusCode};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+/// Refuses a load that carries parameters (Triton's `config` override, `file:` contents).
+///
+/// Placement loads a model with the config in its repository, sends its own load body to pin
+/// the versions a copy serves, and may load it again on any backend later (cold requests,
+/// scaling, reconciliation): a one-off override would be lost or applied to one copy only.
+/// So it is refused, naming the parameters, rather than accepted and silently dropped.
+pub fn refuse_load_parameters<'a>(
+    model: &str,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Result<(), GatewayError> {
+    let mut names: Vec<&str> = names.into_iter().collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    names.sort_unstable();
+    Err(GatewayError::BadRequest(format!(
+        "load parameters are not supported through infergate (got {} for model '{model}'): \
+         models are loaded with the config in the model repository; change it there",
+        names.join(", ")
+    )))
+}
+
 /// The backends that take traffic now, or `NoBackendReady`.
 pub fn ready_backends(gateway: &Gateway) -> Result<Vec<Arc<Backend>>, GatewayError> {
     let ready: Vec<_> = gateway.pool().ready();

@@ -2,13 +2,18 @@
 
 Runs against infergate's gRPC listener (most checks would pass against a plain Triton too;
 those about the gateway itself say so). The pool must have add_sub, string_echo,
-batched_double and slow_model loaded, and add_sub_int in its repository but not loaded
+batched_double and slow_model loaded, the streaming models decoupled_repeat and
+sequence_sum loaded on every backend, and add_sub_int in its repository but not loaded
 (it is loaded by the first request for it). The gateway's server.max_grpc_message_size must
 be 1MiB.
 
     INFERGATE_GRPC_URL=127.0.0.1:8001 .venv/bin/python -m pytest -q tests/python/test_grpc_client.py
 
 INFERGATE_GRPC_URL is host:port without a scheme. Without it every test is skipped.
+INFERGATE_TRITON_GRPC_URLS (host:port of each backend, comma-separated) lets the checks
+that compare the gateway's answers with Triton's, and see which backend served, run;
+INFERGATE_DESCRIPTORS (a serialized FileDescriptorSet the gateway served by reflection)
+lets the .proto check run.
 INFERGATE_KILLED=1 selects the one check for a pool whose only backend was killed.
 """
 import os
@@ -18,12 +23,15 @@ import uuid
 
 import grpc
 import numpy as np
+from google.protobuf import descriptor_pb2
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 URL = os.environ.get("INFERGATE_GRPC_URL")
+TRITONS = [u for u in os.environ.get("INFERGATE_TRITON_GRPC_URLS", "").split(",") if u]
+DESCRIPTORS = os.environ.get("INFERGATE_DESCRIPTORS")
 KILLED = os.environ.get("INFERGATE_KILLED") == "1"
 LOADED = ["add_sub", "string_echo", "batched_double", "slow_model"]
 
@@ -217,6 +225,159 @@ def test_streaming_several_requests_on_one_stream(client):
     assert "unexpected shape for input 'INPUT1' for model 'add_sub'" in messages[1], messages
 
 
+def stream_results(client, send, count):
+    """Opens a stream, calls send(), and collects `count` (result, error) answers; then
+    checks that nothing more comes."""
+    results = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        send()
+        answers = [results.get(timeout=30) for _ in range(count)]
+        with pytest.raises(queue.Empty):
+            results.get(timeout=0.5)
+    finally:
+        client.stop_stream()
+    return answers
+
+
+@live_pool
+def test_decoupled_model_answers_n_times_per_request(client):
+    repeats = {"dec-0": 3, "dec-1": 1, "dec-2": 5}
+    base = {rid: A + 100 * i for i, rid in enumerate(repeats)}
+
+    def send():
+        for rid, n in repeats.items():
+            x = grpcclient.InferInput("INPUT0", [4], "FP32")
+            x.set_data_from_numpy(base[rid])
+            r = grpcclient.InferInput("REPEAT", [1], "INT32")
+            r.set_data_from_numpy(np.array([n], dtype=np.int32))
+            client.async_stream_infer("decoupled_repeat", [x, r], request_id=rid)
+
+    got = {rid: [] for rid in repeats}
+    for result, error in stream_results(client, send, sum(repeats.values())):
+        assert error is None, error
+        got[result.get_response().id].append(result)
+    for rid, n in repeats.items():
+        assert [int(r.as_numpy("INDEX")[0]) for r in got[rid]] == list(range(n)), rid
+        for i, r in enumerate(got[rid]):
+            np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), base[rid] + i)
+    # A decoupled model cannot answer a unary call; Triton says so through the gateway.
+    x = grpcclient.InferInput("INPUT0", [4], "FP32")
+    x.set_data_from_numpy(A)
+    r = grpcclient.InferInput("REPEAT", [1], "INT32")
+    r.set_data_from_numpy(np.array([2], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("decoupled_repeat", [x, r])
+    assert "decoupled" in err.value.message(), err.value.message()
+
+
+@live_pool
+def test_sequences_keep_their_running_sums_on_one_stream(client):
+    # Two sequences interleaved on one stream, over a pool where every backend has the
+    # model: each sum is right only if every request of a sequence reached the same Triton.
+    sequences = {1001: [1.0, 2.0, 3.0, 4.0], 2002: [10.0, 20.0, 30.0]}
+
+    def send():
+        for step in range(max(len(v) for v in sequences.values())):
+            for seq, values in sequences.items():
+                if step >= len(values):
+                    continue
+                x = grpcclient.InferInput("INPUT0", [1], "FP32")
+                x.set_data_from_numpy(np.array([values[step]], dtype=np.float32))
+                client.async_stream_infer(
+                    "sequence_sum",
+                    [x],
+                    request_id=f"{seq}-{step}",
+                    sequence_id=seq,
+                    sequence_start=step == 0,
+                    sequence_end=step == len(values) - 1,
+                )
+
+    def served():
+        counts = []
+        for url in TRITONS:
+            with grpcclient.InferenceServerClient(url) as direct:
+                stats = direct.get_inference_statistics("sequence_sum").model_stats
+                counts.append(sum(s.inference_stats.success.count for s in stats))
+        return counts
+
+    before = served()
+    sums = {}
+    for result, error in stream_results(client, send, sum(len(v) for v in sequences.values())):
+        assert error is None, error
+        sums[result.get_response().id] = float(result.as_numpy("OUTPUT0")[0])
+    for seq, values in sequences.items():
+        assert [sums[f"{seq}-{i}"] for i in range(len(values))] == list(np.cumsum(values)), sums
+    if TRITONS:
+        # Every request went to one backend (both have the model loaded).
+        grown = sorted(after - b for b, after in zip(before, served()))
+        assert grown == [0] * (len(TRITONS) - 1) + [len(sums)], grown
+
+
+def describe(file):
+    """A FileDescriptorProto as comparable rows: every message (nested ones by full name)
+    with its fields' number, type, label, type name and oneof; every enum with its values;
+    every service method with its types and streaming."""
+    rows = {}
+
+    def message(prefix, m):
+        name = f"{prefix}.{m.name}"
+        rows[f"message {name}"] = sorted(
+            (f.name, f.number, f.type, f.label, f.type_name, f.oneof_index if f.HasField("oneof_index") else -1)
+            for f in m.field
+        )
+        rows[f"oneofs {name}"] = [o.name for o in m.oneof_decl]
+        for nested in m.nested_type:
+            message(name, nested)
+        for e in m.enum_type:
+            enum(name, e)
+
+    def enum(prefix, e):
+        rows[f"enum {prefix}.{e.name}"] = sorted((v.name, v.number) for v in e.value)
+
+    for m in file.message_type:
+        message(file.package, m)
+    for e in file.enum_type:
+        enum(file.package, e)
+    for s in file.service:
+        for m in s.method:
+            rows[f"rpc {s.name}.{m.name}"] = (m.input_type, m.output_type, m.client_streaming, m.server_streaming)
+    return rows
+
+
+@pytest.mark.skipif(not DESCRIPTORS, reason="set INFERGATE_DESCRIPTORS to the gateway's reflected descriptors")
+def test_protos_match_what_tritonclient_ships():
+    # prost drops fields it does not know, so a field missing from proto/ (or numbered
+    # differently) would silently lose data on its way through the gateway.
+    served = descriptor_pb2.FileDescriptorSet()
+    with open(DESCRIPTORS, "rb") as f:
+        served.ParseFromString(f.read())
+    served = {file.name: file for file in served.file}
+    for module in (service_pb2, model_config_pb2):
+        shipped = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(shipped)
+        assert shipped.name in served, (shipped.name, list(served))
+        ours, theirs = describe(served[shipped.name]), describe(shipped)
+        assert served[shipped.name].package == shipped.package
+        missing = sorted(set(theirs) - set(ours))
+        extra = sorted(set(ours) - set(theirs))
+        differ = sorted(k for k in set(ours) & set(theirs) if ours[k] != theirs[k])
+        assert (missing, extra, differ) == ([], [], []), {
+            "missing": missing,
+            "extra": extra,
+            "differ": {k: (ours[k], theirs[k]) for k in differ},
+        }
+
+
+@live_pool
+@pytest.mark.skipif(not TRITONS, reason="set INFERGATE_TRITON_GRPC_URLS to compare with Triton")
+@pytest.mark.parametrize("model", LOADED + ["decoupled_repeat", "sequence_sum"])
+def test_config_and_metadata_are_tritons(client, model):
+    with grpcclient.InferenceServerClient(TRITONS[0]) as direct:
+        assert client.get_model_config(model, as_json=True) == direct.get_model_config(model, as_json=True)
+        assert client.get_model_metadata(model, as_json=True) == direct.get_model_metadata(model, as_json=True)
+
+
 @live_pool
 def test_statistics(client):
     client.infer("add_sub", add_sub_inputs(A, B))
@@ -256,6 +417,15 @@ def test_cold_model_loads_on_first_request_then_unload_and_load(client):
     assert "add_sub_int" not in ready_in_index(client)
     client.load_model("add_sub_int")
     assert "add_sub_int" in ready_in_index(client)
+    # A config override is refused by the gateway, not dropped (placement loads models with
+    # the config in the repository).
+    with pytest.raises(InferenceServerException) as err:
+        client.load_model("add_sub_int", config='{"max_batch_size": 0}')
+    assert status_of(err) == "StatusCode.INVALID_ARGUMENT"
+    assert err.value.message() == (
+        "load parameters are not supported through infergate (got config for model 'add_sub_int'): "
+        "models are loaded with the config in the model repository; change it there"
+    )
     with pytest.raises(InferenceServerException) as err:
         client.load_model("no_such_model")
     assert status_of(err) == "StatusCode.NOT_FOUND"

@@ -268,10 +268,25 @@ impl Call {
         let work = work.instrument(self.span.clone());
         match self.deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline, work).await {
-                Ok(outcome) => outcome,
+                Ok(outcome) => outcome.map_err(|failure| self.deadline_passed(failure)),
                 Err(_) => Err(Failure::Deadline(deadline - self.started)),
             },
             None => work.await,
+        }
+    }
+
+    /// A backend call given only what was left of the client's deadline ends with the
+    /// gateway's own timer at about the moment the deadline passes, and races the timer in
+    /// `run`. When the deadline has passed, it is the client's deadline, not a slow backend:
+    /// answered and counted as `deadline_exceeded`, and not counted by route guards.
+    pub fn deadline_passed(&self, failure: Failure) -> Failure {
+        match (failure, self.deadline) {
+            (Failure::Gateway(GatewayError::UpstreamTimeout { .. }), Some(deadline))
+                if Instant::now() >= deadline =>
+            {
+                Failure::Deadline(deadline - self.started)
+            }
+            (failure, _) => failure,
         }
     }
 
@@ -557,6 +572,33 @@ mod tests {
         assert_eq!(status.code(), Code::DeadlineExceeded);
         assert!(status.message().contains("300ms"));
         assert!(status.metadata().get("x-request-id").is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backend_out_of_the_clients_time_is_the_clients_deadline() {
+        let mut request = tonic::Request::new(());
+        let deadline = Instant::now() + Duration::from_millis(300);
+        request.extensions_mut().insert(Deadline(deadline));
+        let call = Call::start("ModelInfer", &request);
+        let timeout = || {
+            Failure::Gateway(GatewayError::UpstreamTimeout {
+                backend: "b".into(),
+                after: Duration::from_millis(300),
+            })
+        };
+        // Before the deadline, the backend's own timeout (upstream.request_timeout) is its.
+        assert!(matches!(
+            call.deadline_passed(timeout()),
+            Failure::Gateway(GatewayError::UpstreamTimeout { .. })
+        ));
+        tokio::time::advance(Duration::from_millis(300)).await;
+        let outcome: Result<(), Failure> = call.run(async { Err(timeout()) }).await;
+        let status = call.fail(outcome.unwrap_err(), &[]);
+        assert_eq!(status.code(), Code::DeadlineExceeded);
+        assert!(
+            status.message().contains("passed in the gateway"),
+            "{status:?}"
+        );
     }
 
     #[test]

@@ -245,7 +245,9 @@ impl InferenceService {
     {
         let timeout = call.budget(self.gateway.config().upstream.request_timeout.0);
         let request = upstream_request(call, metadata, message, Some(timeout));
-        Ok(upstream_grpc::unary(lease.backend(), timeout, |client| send(client, request)).await?)
+        upstream_grpc::unary(lease.backend(), timeout, |client| send(client, request))
+            .await
+            .map_err(|error| call.deadline_passed(error.into()))
     }
 
     /// Admit, place, then forward: every per-model RPC. The admission (the tenant's
@@ -579,7 +581,10 @@ impl GrpcInferenceService for InferenceService {
                 let _admission = self
                     .admit_admin(&call, &mut metadata, "the repository API")
                     .await?;
-                // Load parameters (config overrides) are not placed yet, as on HTTP.
+                repository::refuse_load_parameters(
+                    &model,
+                    message.parameters.keys().map(String::as_str),
+                )?;
                 self.gateway.placement().load(&model).await?;
                 call.served(Served {
                     model: model.clone(),

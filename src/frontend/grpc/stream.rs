@@ -8,6 +8,12 @@
 //! long as that backend stream is open. The backends' answers are merged onto the client's
 //! stream as they come (each carries its request `id`).
 //!
+//! Each request is admitted for its model, and its tenant's concurrency slot is held until
+//! the backend's first answer to it (matched by request `id`; requests with the same id are
+//! answered in order), or until its backend stream ends. A decoupled model's later answers
+//! to the same request are not covered: the gateway cannot tell which answer is the last
+//! unless the client asked Triton for an empty final response.
+//!
 //! A request the gateway cannot place is answered on the stream with `error_message`, as
 //! Triton answers a failed request on a stream, and the stream goes on. A backend stream that
 //! breaks (the backend went away) ends the client's stream with that status (UNAVAILABLE),
@@ -16,7 +22,7 @@
 use super::call::{Call, Failure, is_too_large};
 use super::{upstream_request, version};
 use crate::Gateway;
-use crate::auth::Access;
+use crate::auth::{Access, Admission};
 use crate::frontend::Served;
 use crate::pipeline::ModelRef;
 use crate::pipeline::auth::{Caller, admit};
@@ -24,9 +30,9 @@ use crate::placement::Lease;
 use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
 use crate::upstream::Backend;
 use crate::upstream::grpc as upstream_grpc;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_stream::Stream;
@@ -48,6 +54,45 @@ const OUT_QUEUE: usize = 64;
 struct Route {
     backend: Arc<Backend>,
     requests: mpsc::Sender<ModelInferRequest>,
+    waiting: Waiting,
+}
+
+/// The concurrency slots of requests sent down one backend stream and not yet answered, by
+/// request id, oldest first. Shared by the relay, which adds one before it sends a request,
+/// and the pump, which releases one with the backend's answer to it.
+#[derive(Clone, Default)]
+struct Waiting(Arc<Mutex<HashMap<String, VecDeque<Admission>>>>);
+
+impl Waiting {
+    /// Holds a request's slot until its answer.
+    fn hold(&self, id: &str, admission: Admission) {
+        let mut waiting = self.0.lock().expect("waiting lock");
+        waiting
+            .entry(id.to_owned())
+            .or_default()
+            .push_back(admission);
+    }
+
+    /// Takes back the newest slot held for `id` (its request was not sent after all).
+    fn take_back(&self, id: &str) -> Option<Admission> {
+        let mut waiting = self.0.lock().expect("waiting lock");
+        let admission = waiting.get_mut(id)?.pop_back();
+        if waiting.get(id).is_some_and(VecDeque::is_empty) {
+            waiting.remove(id);
+        }
+        admission
+    }
+
+    /// Releases the oldest slot held for `id`: the backend has answered that request.
+    fn answered(&self, id: &str) {
+        let released = self
+            .0
+            .lock()
+            .expect("waiting lock")
+            .get_mut(id)
+            .and_then(VecDeque::pop_front);
+        drop(released);
+    }
 }
 
 /// What the stream did, for its log line.
@@ -153,8 +198,8 @@ async fn route(
     let requested = ModelRef::new(message.model_name.clone(), version(&message.model_version));
     let live = gateway.live();
     // Each request on the stream is admitted for the model it names and counted against the
-    // tenant's rate; its concurrency slot is held while the gateway handles it.
-    let _admission = match admit(&live.auth, caller, Access::Model(&requested.name)) {
+    // tenant's rate; its concurrency slot is held until the backend answers it.
+    let mut admission = match admit(&live.auth, caller, Access::Model(&requested.name)) {
         Ok(admission) => admission,
         Err(error) => return refuse(out, &requested, message, error).await,
     };
@@ -176,10 +221,13 @@ async fn route(
             {
                 return refuse(out, &model, message, error).await;
             }
+            // Held before sending, so that the answer cannot come before the slot is held.
+            route.waiting.hold(&message.id, admission);
             match route.requests.send(message).await {
                 Ok(()) => return false,
                 // The backend stream ended meanwhile: place again.
                 Err(mpsc::error::SendError(message)) => {
+                    admission = route.waiting.take_back(&message.id).unwrap_or_default();
                     routes.remove(&model);
                     message
                 }
@@ -206,6 +254,8 @@ async fn route(
         });
     }
     let (requests, queue) = mpsc::channel(ROUTE_QUEUE);
+    let waiting = Waiting::default();
+    waiting.hold(&message.id, admission);
     requests
         .send(message)
         .await
@@ -219,12 +269,13 @@ async fn route(
         Route {
             backend: lease.backend().clone(),
             requests,
+            waiting: waiting.clone(),
         },
     );
     let out = out.clone();
     pumps.spawn(
         async move {
-            let answered = pump(lease, request, out).await;
+            let answered = pump(lease, request, waiting, out).await;
             (model, answered)
         }
         .instrument(call.span().clone()),
@@ -254,11 +305,13 @@ async fn refuse(
     true
 }
 
-/// Relays one backend stream's answers to the client until it ends; holds the lease so the
-/// copy stays loaded while the stream is open. Returns how many answers were relayed.
+/// Relays one backend stream's answers to the client until it ends, releasing each answered
+/// request's slot; holds the lease so the copy stays loaded while the stream is open (and the
+/// slots of unanswered requests until it ends). Returns how many answers were relayed.
 async fn pump(
     lease: Lease,
     request: Request<ReceiverStream<ModelInferRequest>>,
+    waiting: Waiting,
     out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
 ) -> Result<u64, Failure> {
     let backend = lease.backend();
@@ -277,6 +330,9 @@ async fn pump(
         match answers.message().await {
             Ok(Some(answer)) => {
                 relayed += 1;
+                if let Some(response) = &answer.infer_response {
+                    waiting.answered(&response.id);
+                }
                 if out.send(Ok(answer)).await.is_err() {
                     return Ok(relayed);
                 }
