@@ -124,15 +124,19 @@ pub async fn forward(
         .forward_uri(&parts.uri)
         .map_err(|e| GatewayError::BadRequest(format!("invalid request path: {e}")))?;
     strip_hop_by_hop(&mut parts.headers);
+    // The version is the backend's, not the client's: a client on HTTP/2 may be forwarded
+    // to an HTTP/1.1 backend and the other way round. (With `http2_only` hyper speaks
+    // HTTP/2 whatever the field says; it is set so the request says what goes on the wire.)
     if backend.url.http2 {
         parts.headers.remove(header::HOST); // HTTP/2 names the backend in :authority
+        parts.version = http::Version::HTTP_2;
     } else {
         // The backend's own name, as hyper would write it, but made once per backend.
         parts
             .headers
             .insert(header::HOST, backend.url.host().clone());
+        parts.version = http::Version::HTTP_11;
     }
-    parts.version = http::Version::HTTP_11;
 
     let started = Instant::now();
     let sent = backend
