@@ -197,6 +197,7 @@ fn signal(child: &Child, name: &str) {
 struct SlowRequestInFlight {
     child: Child,
     http_port: u16,
+    metrics_url: String,
     response: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
     _config: tempfile::NamedTempFile,
 }
@@ -225,11 +226,11 @@ async fn slow_request_in_flight(
                 "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}))
             .send(),
     );
-    let metrics = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = client
-            .get(&metrics)
+            .get(&metrics_url)
             .send()
             .await
             .unwrap()
@@ -249,6 +250,7 @@ async fn slow_request_in_flight(
     SlowRequestInFlight {
         child,
         http_port,
+        metrics_url,
         response,
         _config: config,
     }
@@ -260,6 +262,31 @@ fn refuses_connections(port: u16) -> bool {
         std::net::TcpStream::connect(("127.0.0.1", port)),
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
     )
+}
+
+// In its own process: the gauge is process-wide, and the in-process tests run in parallel.
+#[tokio::test]
+async fn the_in_flight_gauge_counts_a_slow_request_until_it_is_answered() {
+    let triton = Triton::start(TritonOptions::with_models(&["slow_model"]))
+        .await
+        .unwrap();
+    // Returns once the gauge reads 1.
+    let run = slow_request_in_flight(&triton, "30s", 500).await;
+    let response = run.response.await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    let text = reqwest::get(&run.metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("infergate_requests_in_flight{protocol=\"http\"} 0\n"),
+        "{text}"
+    );
+    let mut child = run.child;
+    signal(&child, "TERM");
+    assert!(child.wait().unwrap().success());
 }
 
 #[tokio::test]

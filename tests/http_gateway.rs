@@ -582,21 +582,28 @@ async fn metrics_cover_requests_and_reexport_each_backends_series() {
     let (t0, t1) = tokio::join!(triton(&["add_sub"]), triton(&["add_sub"]));
     let gateway = TestGateway::start(&config_for("metrics", &[&t0, &t1], "", "")).await;
     let url = format!("{}/v2/models/add_sub/infer", gateway.url());
-    for _ in 0..6 {
+    for _ in 0..5 {
         assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
     }
+    let versioned = format!("{}/v2/models/add_sub/versions/1/infer", gateway.url());
+    assert_eq!(post_json(&versioned, &add_sub_request()).await.0, 200);
     let own = gateway.metrics_text("/metrics").await;
-    let served: f64 = own
-        .lines()
-        .filter(|l| {
-            l.starts_with("infergate_requests_total{")
-                && l.contains("model=\"add_sub\"")
-                && l.contains("status=\"2xx\"")
-                && l.contains("protocol=\"http\"")
-        })
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum();
-    assert!(served >= 6.0, "{own}");
+    // Each series names the backend that served it; only the versioned request has a version.
+    let served = |version: &str| -> f64 {
+        own.lines()
+            .filter(|l| {
+                l.starts_with("infergate_requests_total{")
+                    && l.contains("model=\"add_sub\"")
+                    && l.contains(&format!("version=\"{version}\""))
+                    && l.contains("status=\"2xx\"")
+                    && l.contains("protocol=\"http\"")
+                    && (l.contains("backend=\"metrics-0\"") || l.contains("backend=\"metrics-1\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    assert_eq!(served(""), 5.0, "{own}");
+    assert_eq!(served("1"), 1.0, "{own}");
     for name in [
         "infergate_request_duration_seconds_bucket",
         "infergate_upstream_duration_seconds_bucket{backend=\"metrics-",
