@@ -1,7 +1,8 @@
 //! What the gateway puts on the wire to a backend, where real Triton cannot show it: Triton's
-//! HTTP port speaks only HTTP/1.1 (so it cannot prove an `h2c://` backend gets HTTP/2) and
-//! does not report the headers it received. A small in-test server that answers like Triton
-//! and records every request it sees stands in for it here, and only here.
+//! HTTP port speaks only HTTP/1.1 (so it cannot prove an `h2c://` backend gets HTTP/2), does
+//! not report the headers it received, and cannot be made to drop connection attempts (a
+//! blackholed host). A small in-test server that answers like Triton and records every
+//! request it sees stands in for it here, and only here.
 
 mod support;
 
@@ -12,7 +13,10 @@ use http::Version;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use support::gateway::TestGateway;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 /// One request as the stub backend received it.
 #[derive(Clone, Debug)]
@@ -72,12 +76,13 @@ async fn start_h2_only_stub() -> (SocketAddr, Log) {
     (addr, log)
 }
 
-/// A gateway over one backend at `addr`, spoken to through `backend_url`. (The test gateway
-/// always has a gRPC listener, so the backend needs a gRPC URL; nothing here calls it.)
-fn gateway_config(backend_url: &str, addr: SocketAddr) -> String {
+/// A gateway over one backend at `addr`, spoken to through `backend_url`, with `upstream`
+/// keys. (The test gateway always has a gRPC listener, so the backend needs a gRPC URL;
+/// nothing here calls it.)
+fn gateway_config(backend_url: &str, addr: SocketAddr, upstream: &str) -> String {
     format!(
         "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
-         [upstream]\nhealth_interval = \"200ms\"\n\
+         [upstream]\n{upstream}\n\
          [validation]\nenabled = false\n\
          [[backends]]\nname = \"stub-0\"\nhttp = \"{backend_url}\"\ngrpc = \"http://{addr}\"\ncapacity = \"1GiB\"\n"
     )
@@ -91,7 +96,12 @@ fn infer_body() -> serde_json::Value {
 async fn an_h2c_backend_is_spoken_to_over_http2_and_gets_the_request_id() {
     let (addr, log) = start_h2_only_stub().await;
     // Waits until the backend's health check and index (over HTTP/2) have passed.
-    let gateway = TestGateway::start(&gateway_config(&format!("h2c://{addr}"), addr)).await;
+    let gateway = TestGateway::start(&gateway_config(
+        &format!("h2c://{addr}"),
+        addr,
+        "health_interval = \"200ms\"",
+    ))
+    .await;
     let url = format!("{}/v2/models/add_sub/infer", gateway.url());
     let client = reqwest::Client::new();
 
@@ -132,5 +142,102 @@ async fn an_h2c_backend_is_spoken_to_over_http2_and_gets_the_request_id() {
         seen.iter().any(|s| s.path == "/v2/health/ready")
             && seen.iter().any(|s| s.path == "/v2/repository/index"),
         "{seen:?}"
+    );
+}
+
+/// An HTTP/1.1 Triton-like stub that closes each connection after its answer (so the gateway
+/// keeps none pooled) and can be wedged: its accept queue holds one connection (backlog 0).
+struct WedgeableStub {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    accepting: tokio::task::JoinHandle<TcpListener>,
+}
+
+impl WedgeableStub {
+    async fn start() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = Router::new()
+            .fallback(triton_like)
+            .with_state(Log::default());
+        let stop = CancellationToken::new();
+        let accepting = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                loop {
+                    let (tcp, _) = tokio::select! {
+                        _ = stop.cancelled() => return listener,
+                        accepted = listener.accept() => accepted.unwrap(),
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(service.clone());
+                    tokio::spawn(
+                        hyper::server::conn::http1::Builder::new()
+                            .keep_alive(false)
+                            .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
+                    );
+                }
+            }
+        });
+        Self {
+            addr,
+            stop,
+            accepting,
+        }
+    }
+
+    /// Stops accepting and fills the accept queue, so the kernel drops every new SYN: a
+    /// connection attempt now hangs as it would to a blackholed host. Returns what keeps it
+    /// so (the listener and the queued connection).
+    async fn wedge(self) -> (TcpListener, Vec<std::net::TcpStream>) {
+        self.stop.cancel();
+        let listener = self.accepting.await.unwrap();
+        let mut queued = Vec::new();
+        loop {
+            match std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)) {
+                Ok(stream) => queued.push(stream),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => break,
+                Err(e) => panic!("connecting to the wedged stub: {e}"),
+            }
+            assert!(queued.len() < 8, "the accept queue never filled");
+        }
+        (listener, queued)
+    }
+}
+
+#[tokio::test]
+async fn a_backend_that_drops_connection_attempts_fails_within_connect_timeout() {
+    let stub = WedgeableStub::start().await;
+    let addr = stub.addr;
+    // One health check at start, none after: the backend stays ready when it wedges, so the
+    // request itself has to connect.
+    let gateway = TestGateway::start(&gateway_config(
+        &format!("http://{addr}"),
+        addr,
+        "health_interval = \"1h\"\nconnect_timeout = \"300ms\"\nrequest_timeout = \"20s\"",
+    ))
+    .await;
+    let _wedged = stub.wedge().await;
+
+    let sent = Instant::now();
+    let response = reqwest::Client::new()
+        .post(format!("{}/v2/models/add_sub/infer", gateway.url()))
+        .json(&infer_body())
+        .send()
+        .await
+        .unwrap();
+    let took = sent.elapsed();
+    assert_eq!(response.status(), 502);
+    let body: serde_json::Value = response.json().await.unwrap();
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error
+            == "backend 'stub-0' is unreachable: no connection within upstream.connect_timeout (300ms)",
+        "{error}"
+    );
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+        "answered after {took:?}, connect_timeout is 300ms"
     );
 }
