@@ -83,6 +83,44 @@ fn check_accepts_the_example_and_names_every_error() {
         stderr.contains("backends[1].http: unsupported URL"),
         "{stderr}"
     );
+
+    // Errors serde finds (an unknown key, bad sizes) and the checks across keys (a duplicate
+    // name) in one file: every one is printed, in file order, each with its key.
+    let bad = write_config(
+        r#"[listen]
+http = "127.0.0.1:8000"
+colour = "blue"
+[server]
+max_body_size = "64 furlongs"
+[[backends]]
+name = "a"
+http = "http://127.0.0.1:1"
+capacity = "2 parsecs"
+[[backends]]
+name = "a"
+http = "http://127.0.0.1:2"
+"#,
+    );
+    let output = infergate()
+        .args(["check", "--config"])
+        .arg(bad.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    let file = bad.path().display().to_string();
+    let expected = [
+        format!("{file}: listen.colour: unknown field `colour`"),
+        format!("{file}: server.max_body_size: unknown size unit"),
+        format!("{file}: backends[0].capacity: unknown size unit"),
+        format!("{file}: backends[1].name: duplicate backend name \"a\""),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stderr}");
+    for (line, expected) in lines.iter().zip(&expected) {
+        assert!(line.starts_with(expected.as_str()), "{stderr}");
+    }
+    assert!(lines[0].ends_with("(line 3, column 1)"), "{stderr}");
 }
 
 fn free_port() -> u16 {
