@@ -449,6 +449,13 @@ mod tests {
     }
 
     #[test]
+    fn image_config_is_valid() {
+        // The image starts with this file (docker/Dockerfile); nothing else reads it.
+        let text = include_str!("../../docker/gateway.toml");
+        Config::parse(text).unwrap_or_else(|e| panic!("docker/gateway.toml: {e}"));
+    }
+
+    #[test]
     fn unknown_key_is_named() {
         let found = errors(&format!("{MINIMAL}\ncolour = \"blue\""));
         assert_eq!(found.len(), 1);
