@@ -5,6 +5,7 @@
 #   - the python backend stub matching the venv's Python copied into the wheel's
 #     backends/python/ (the wheel does not put it there)
 #   - the padding files of tests/models/sized_{a,b,c} (not committed)
+# and, on Debian, the packages it needs when they are missing (apt-get, step 0).
 # Idempotent and fast when already done (a marker file records the requirements hash).
 set -euo pipefail
 
@@ -19,10 +20,36 @@ die() { echo "setup.sh: $*" >&2; exit 1; }
 exec 9<"${BASH_SOURCE[0]}"
 flock 9
 
-# 0. Debian tools the tests call: openssl makes the auth tests' keys.
-if ! command -v openssl >/dev/null; then
-    command -v apt-get >/dev/null || die "openssl not found (install it)"
-    apt-get install -y -q openssl >/dev/null || die "apt-get install openssl failed"
+# 0. Debian packages, installed only when missing (one `apt-get update` first, as a fresh
+#    image has no package lists): python3-venv to create the venv, curl for scripts/demo.sh,
+#    openssl for the auth tests' keys; libpython for the python backend stub (step 3).
+apt_updated=""
+apt_install() { # package...
+    command -v apt-get >/dev/null || die "missing: $* (install them; no apt-get here)"
+    local sudo=()
+    if [[ $EUID -ne 0 ]]; then
+        command -v sudo >/dev/null || die "missing: $* (as root: apt-get install $*)"
+        sudo=(sudo -n)
+    fi
+    if [[ -z "$apt_updated" ]]; then
+        echo "setup.sh: apt-get update" >&2
+        "${sudo[@]}" apt-get update -q >/dev/null || die "apt-get update failed"
+        apt_updated=1
+    fi
+    echo "setup.sh: apt-get install $*" >&2
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "$@" \
+        >/dev/null || die "apt-get install $* failed"
+}
+need=()
+command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
+# Debian's python3 has no venv/ensurepip without python3-venv (only needed to create .venv).
+if [[ ! -x "$VENV/bin/python" ]] && [[ "$PYTHON" == python3 ]] \
+    && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    need+=(python3-venv)
+fi
+if ((${#need[@]})); then
+    apt_install "${need[@]}"
 fi
 
 # 1. virtualenv
@@ -62,8 +89,11 @@ if ! cmp -s "$stub_src" "$stub_dst"; then
     cp "$stub_src" "$stub_dst"
     chmod +x "$stub_dst"
 fi
+if ldd "$stub_dst" 2>/dev/null | grep -q "libpython$pyver.*not found"; then
+    apt_install "libpython$pyver"
+fi
 if missing="$(ldd "$stub_dst" 2>/dev/null | grep 'not found')"; then
-    die "triton_python_backend_stub has unresolved libraries (on Debian: apt-get install libpython$pyver):
+    die "triton_python_backend_stub has unresolved libraries:
 $missing"
 fi
 

@@ -1,10 +1,11 @@
-//! The `infergate` binary as an operator uses it: `check` on good and bad configs, and a run
-//! over real Triton with JSON logs, request ids, and a clean exit on SIGTERM.
+//! The `infergate` binary as an operator uses it: `check` on good and bad configs, a run
+//! over real Triton with JSON logs, request ids, and a clean exit on SIGTERM, and the drain
+//! on SIGTERM/SIGINT with a request in flight (finished, or cut at `server.drain_timeout`).
 
 mod support;
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::{Triton, TritonOptions};
 
@@ -82,6 +83,44 @@ fn check_accepts_the_example_and_names_every_error() {
         stderr.contains("backends[1].http: unsupported URL"),
         "{stderr}"
     );
+
+    // Errors serde finds (an unknown key, bad sizes) and the checks across keys (a duplicate
+    // name) in one file: every one is printed, in file order, each with its key.
+    let bad = write_config(
+        r#"[listen]
+http = "127.0.0.1:8000"
+colour = "blue"
+[server]
+max_body_size = "64 furlongs"
+[[backends]]
+name = "a"
+http = "http://127.0.0.1:1"
+capacity = "2 parsecs"
+[[backends]]
+name = "a"
+http = "http://127.0.0.1:2"
+"#,
+    );
+    let output = infergate()
+        .args(["check", "--config"])
+        .arg(bad.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    let file = bad.path().display().to_string();
+    let expected = [
+        format!("{file}: listen.colour: unknown field `colour`"),
+        format!("{file}: server.max_body_size: unknown size unit"),
+        format!("{file}: backends[0].capacity: unknown size unit"),
+        format!("{file}: backends[1].name: duplicate backend name \"a\""),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stderr}");
+    for (line, expected) in lines.iter().zip(&expected) {
+        assert!(line.starts_with(expected.as_str()), "{stderr}");
+    }
+    assert!(lines[0].ends_with("(line 3, column 1)"), "{stderr}");
 }
 
 fn free_port() -> u16 {
@@ -114,26 +153,10 @@ async fn serve_one_request_and_stop(triton: &Triton, workers: Option<&str>) {
     if let Some(workers) = workers {
         command.env("TOKIO_WORKER_THREADS", workers);
     }
-    let child = command
-        .args(["--log-format", "json", "--config"])
-        .arg(config.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-
+    let child = spawn_gateway(command, &config);
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(r) = client.get(format!("{base}/v2/health/ready")).send().await
-            && r.status() == 200
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "gateway never became ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_ready(&client, &base).await;
     let response = client
         .post(format!("{base}/v2/models/add_sub/infer"))
         .header("x-request-id", "cli-test-7")
@@ -146,10 +169,7 @@ async fn serve_one_request_and_stop(triton: &Triton, workers: Option<&str>) {
         .unwrap();
     assert_eq!(response.status(), 200);
 
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
+    signal(&child, "TERM");
     let status = tokio::task::spawn_blocking(move || child.wait_with_output())
         .await
         .unwrap()
@@ -209,7 +229,7 @@ fn hash_key_prints_the_sha256_of_a_key_from_an_argument_or_standard_input() {
 
 /// An `infergate` process serving a config until `stop`.
 struct Running {
-    child: std::process::Child,
+    child: Child,
     base: String,
     /// Kept until the process stops: it reads the file on reload.
     _config: tempfile::NamedTempFile,
@@ -221,14 +241,9 @@ impl Running {
     async fn start(config: &str, env: &[(&str, &str)]) -> Self {
         let port = free_port();
         let config = write_config(&config.replace("{port}", &port.to_string()));
-        let child = infergate()
-            .envs(env.iter().copied())
-            .args(["--log-format", "json", "--config"])
-            .arg(config.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut command = infergate();
+        command.envs(env.iter().copied());
+        let child = spawn_gateway(command, &config);
         let base = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(20);
         while reqwest::get(format!("{base}/v2/health/live"))
@@ -247,10 +262,7 @@ impl Running {
 
     /// Stops the process with SIGTERM; returns everything it logged.
     async fn stop(self) -> String {
-        Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
+        signal(&self.child, "TERM");
         let output = tokio::task::spawn_blocking(move || self.child.wait_with_output())
             .await
             .unwrap()
@@ -401,4 +413,216 @@ sha256 = "{hash}"
             "a credential reached the log: {secret}"
         );
     }
+}
+
+/// Runs the gateway binary with `--log-format json --config <config>`, logs piped.
+fn spawn_gateway(mut command: Command, config: &tempfile::NamedTempFile) -> Child {
+    command
+        .args(["--log-format", "json", "--config"])
+        .arg(config.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+async fn wait_until_ready(client: &reqwest::Client, base: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = client.get(format!("{base}/v2/health/ready")).send().await
+            && r.status() == 200
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "gateway never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sends `kill -<name>` to the process, as an operator (or an orchestrator) would.
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// A gateway binary over one Triton serving slow_model, with a metrics listener, and a
+/// slow_model request sent through it that is in flight (the gateway's gauge says so) when
+/// this returns.
+struct SlowRequestInFlight {
+    child: Child,
+    http_port: u16,
+    metrics_url: String,
+    response: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+    _config: tempfile::NamedTempFile,
+}
+
+async fn slow_request_in_flight(
+    triton: &Triton,
+    drain_timeout: &str,
+    delay_ms: u64,
+) -> SlowRequestInFlight {
+    let (http_port, metrics_port) = (free_port(), free_port());
+    let config = write_config(&format!(
+        "[listen]\nhttp = \"127.0.0.1:{http_port}\"\nmetrics = \"127.0.0.1:{metrics_port}\"\n\
+         [server]\ndrain_timeout = \"{drain_timeout}\"\n\
+         [upstream]\nhealth_interval = \"200ms\"\nrequest_timeout = \"30s\"\n\
+         [[backends]]\nname = \"t0\"\nhttp = \"{}\"\n",
+        triton.http_url()
+    ));
+    let child = spawn_gateway(infergate(), &config);
+    let base = format!("http://127.0.0.1:{http_port}");
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &base).await;
+    let response = tokio::spawn(
+        client
+            .post(format!("{base}/v2/models/slow_model/infer"))
+            .json(&serde_json::json!({"parameters": {"delay_ms": delay_ms},
+                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}))
+            .send(),
+    );
+    let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = client
+            .get(&metrics_url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text.contains("infergate_requests_in_flight{protocol=\"http\"} 1") {
+            break;
+        }
+        assert!(!response.is_finished(), "the slow request ended early");
+        assert!(
+            Instant::now() < deadline,
+            "the request never got in flight:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    SlowRequestInFlight {
+        child,
+        http_port,
+        metrics_url,
+        response,
+        _config: config,
+    }
+}
+
+/// Whether a new TCP connection to the port is refused.
+fn refuses_connections(port: u16) -> bool {
+    matches!(
+        std::net::TcpStream::connect(("127.0.0.1", port)),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
+}
+
+// In its own process: the gauge is process-wide, and the in-process tests run in parallel.
+#[tokio::test]
+async fn the_in_flight_gauge_counts_a_slow_request_until_it_is_answered() {
+    let triton = Triton::start(TritonOptions::with_models(&["slow_model"]))
+        .await
+        .unwrap();
+    // Returns once the gauge reads 1.
+    let run = slow_request_in_flight(&triton, "30s", 500).await;
+    let response = run.response.await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    let text = reqwest::get(&run.metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("infergate_requests_in_flight{protocol=\"http\"} 0\n"),
+        "{text}"
+    );
+    let mut child = run.child;
+    signal(&child, "TERM");
+    assert!(child.wait().unwrap().success());
+}
+
+#[tokio::test]
+async fn sigterm_and_sigint_let_the_request_in_flight_finish_and_exit_0() {
+    let triton = Triton::start(TritonOptions::with_models(&["slow_model"]))
+        .await
+        .unwrap();
+    for name in ["TERM", "INT"] {
+        let run = slow_request_in_flight(&triton, "30s", 1500).await;
+        signal(&run.child, name);
+
+        // The listener closes while the request is still being answered.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !refuses_connections(run.http_port) {
+            assert!(Instant::now() < deadline, "SIG{name}: still accepting");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            !run.response.is_finished(),
+            "SIG{name}: the request ended before the listener closed; the drain is untested"
+        );
+
+        let response = run
+            .response
+            .await
+            .unwrap()
+            .expect("in-flight request answered");
+        assert_eq!(response.status(), 200, "SIG{name}");
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(
+            body["outputs"][0]["data"],
+            serde_json::json!([1.0, 2.0, 3.0, 4.0])
+        );
+
+        let child = run.child;
+        let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        let logs = String::from_utf8_lossy(&output.stdout).to_string()
+            + &String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "SIG{name}:\n{logs}");
+        assert!(logs.contains(&format!("SIG{name} received")), "{logs}");
+    }
+}
+
+#[tokio::test]
+async fn a_request_longer_than_drain_timeout_is_cut_and_the_process_exits() {
+    let triton = Triton::start(TritonOptions::with_models(&["slow_model"]))
+        .await
+        .unwrap();
+    let mut run = slow_request_in_flight(&triton, "300ms", 10_000).await;
+    let signalled = Instant::now();
+    signal(&run.child, "TERM");
+
+    let exit = loop {
+        if let Some(status) = run.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(3),
+            "still running {:?} after SIGTERM with drain_timeout 300ms",
+            signalled.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = signalled.elapsed();
+    assert!(
+        took >= Duration::from_millis(300),
+        "exited before the drain timeout: {took:?}"
+    );
+    assert_eq!(exit.code(), Some(0));
+
+    // The client sees its connection closed at once, not a hang until its 10 s answer.
+    let answer = tokio::time::timeout(Duration::from_secs(2), run.response)
+        .await
+        .expect("the client is left hanging")
+        .unwrap();
+    let error = answer.expect_err("a request cut by shutdown cannot succeed");
+    assert!(error.is_request() || error.is_connect(), "{error:?}");
 }

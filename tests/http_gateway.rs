@@ -582,21 +582,28 @@ async fn metrics_cover_requests_and_reexport_each_backends_series() {
     let (t0, t1) = tokio::join!(triton(&["add_sub"]), triton(&["add_sub"]));
     let gateway = TestGateway::start(&config_for("metrics", &[&t0, &t1], "", "")).await;
     let url = format!("{}/v2/models/add_sub/infer", gateway.url());
-    for _ in 0..6 {
+    for _ in 0..5 {
         assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
     }
+    let versioned = format!("{}/v2/models/add_sub/versions/1/infer", gateway.url());
+    assert_eq!(post_json(&versioned, &add_sub_request()).await.0, 200);
     let own = gateway.metrics_text("/metrics").await;
-    let served: f64 = own
-        .lines()
-        .filter(|l| {
-            l.starts_with("infergate_requests_total{")
-                && l.contains("model=\"add_sub\"")
-                && l.contains("status=\"2xx\"")
-                && l.contains("protocol=\"http\"")
-        })
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum();
-    assert!(served >= 6.0, "{own}");
+    // Each series names the backend that served it; only the versioned request has a version.
+    let served = |version: &str| -> f64 {
+        own.lines()
+            .filter(|l| {
+                l.starts_with("infergate_requests_total{")
+                    && l.contains("model=\"add_sub\"")
+                    && l.contains(&format!("version=\"{version}\""))
+                    && l.contains("status=\"2xx\"")
+                    && l.contains("protocol=\"http\"")
+                    && (l.contains("backend=\"metrics-0\"") || l.contains("backend=\"metrics-1\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    assert_eq!(served(""), 5.0, "{own}");
+    assert_eq!(served("1"), 1.0, "{own}");
     for name in [
         "infergate_request_duration_seconds_bucket",
         "infergate_upstream_duration_seconds_bucket{backend=\"metrics-",
@@ -661,4 +668,62 @@ async fn shutdown_lets_in_flight_requests_finish() {
             .is_err(),
         "still accepting"
     );
+}
+
+/// `nv_inference_request_success` for add_sub, read from the Triton itself.
+async fn add_sub_successes(triton: &Triton) -> f64 {
+    let text = reqwest::get(triton.metrics_url())
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("nv_inference_request_success{") && l.contains("model=\"add_sub\"")
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_backend_that_stops_answering_is_marked_down_and_readmitted_when_it_recovers() {
+    let (t0, t1) = tokio::join!(triton(&["add_sub"]), triton(&["add_sub"]));
+    let config = config_for("readmit", &[&t0, &t1], "", "")
+        .replace("health_timeout = \"3s\"", "health_timeout = \"500ms\"");
+    let gateway = TestGateway::start(&config).await;
+    let url = format!("{}/v2/models/add_sub/infer", gateway.url());
+
+    // Wedged, not dead: its sockets stay open, nothing answers.
+    t0.pause();
+    gateway.wait_for_ready_backends(1).await;
+    let backends = gateway.admin_backends().await;
+    assert_eq!(backends[0]["ready"], false, "{backends:?}");
+    assert_eq!(backends[1]["ready"], true, "{backends:?}");
+    let metrics = gateway.metrics_text("/metrics").await;
+    assert!(
+        metrics.contains("infergate_backend_up{backend=\"readmit-0\"} 0"),
+        "{metrics}"
+    );
+    for _ in 0..3 {
+        assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
+    }
+
+    // Back: readmitted by the health checks alone, and given traffic again.
+    t0.resume();
+    gateway.wait_for_ready_backends(2).await;
+    let metrics = gateway.metrics_text("/metrics").await;
+    assert!(
+        metrics.contains("infergate_backend_up{backend=\"readmit-0\"} 1"),
+        "{metrics}"
+    );
+    let before = add_sub_successes(&t0).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while add_sub_successes(&t0).await == before {
+        assert!(
+            Instant::now() < deadline,
+            "readmit-0 is ready again but gets no requests"
+        );
+        assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
+    }
 }

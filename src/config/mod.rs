@@ -5,6 +5,7 @@
 //! reload can refuse a bad file without touching the running one.
 
 mod auth;
+mod parse;
 mod placement;
 mod routes;
 mod units;
@@ -287,23 +288,9 @@ impl Config {
         Self::parse(&text)
     }
 
-    /// Parses and validates config text.
+    /// Parses and validates config text; the error lists every problem found (see `parse`).
     pub fn parse(text: &str) -> Result<Self, ConfigErrors> {
-        let deserializer = toml::Deserializer::parse(text).map_err(|e| syntax_error(text, &e))?;
-        let config: Config = serde_path_to_error::deserialize(deserializer).map_err(|e| {
-            let key = e.path().to_string();
-            let inner = e.into_inner();
-            ConfigErrors(vec![ConfigError {
-                key: if key == "." { String::new() } else { key },
-                message: format!("{}{}", inner.message().trim(), location(text, &inner)),
-            }])
-        })?;
-        let errors = config.validate();
-        if errors.is_empty() {
-            Ok(config)
-        } else {
-            Err(ConfigErrors(errors))
-        }
+        parse::parse(text)
     }
 
     /// Checks what serde cannot: uniqueness, URLs, sensible numbers.
@@ -425,28 +412,6 @@ impl Config {
     }
 }
 
-fn syntax_error(text: &str, error: &toml::de::Error) -> ConfigErrors {
-    ConfigErrors(vec![ConfigError {
-        key: String::new(),
-        message: format!(
-            "TOML syntax error: {}{}",
-            error.message().trim(),
-            location(text, error)
-        ),
-    }])
-}
-
-/// " (line L, column C)" for an error's position in the file, when toml knows it.
-fn location(text: &str, error: &toml::de::Error) -> String {
-    let Some(span) = error.span() else {
-        return String::new();
-    };
-    let before = &text[..span.start.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-    format!(" (line {line}, column {column})")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,6 +446,13 @@ mod tests {
         let text = include_str!("../../config/gateway.toml");
         let config = Config::parse(text).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(config.backends.len(), 2);
+    }
+
+    #[test]
+    fn image_config_is_valid() {
+        // The image starts with this file (docker/Dockerfile); nothing else reads it.
+        let text = include_str!("../../docker/gateway.toml");
+        Config::parse(text).unwrap_or_else(|e| panic!("docker/gateway.toml: {e}"));
     }
 
     #[test]
@@ -535,6 +507,90 @@ mod tests {
             found[0].starts_with("routes[0].guard.max_error_rate"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn every_error_is_reported_past_the_first_bad_key() {
+        let text = r#"
+            colour = "blue"
+            [listen]
+            http = "127.0.0.1:8000"
+            [server]
+            max_body_size = "64 furlongs"
+            [[backends]]
+            name = "a"
+            http = "http://127.0.0.1:1"
+            capacity = "2 parsecs"
+            weight = 3
+            [[backends]]
+            name = "a"
+            http = "http://127.0.0.1:2"
+        "#;
+        let found = errors(text);
+        assert_eq!(found.len(), 5, "{found:#?}");
+        assert!(found[0].starts_with("colour: unknown field"), "{found:#?}");
+        assert!(found[0].ends_with("(line 2, column 13)"), "{found:#?}");
+        assert!(
+            found[1].starts_with("server.max_body_size: unknown size unit"),
+            "{found:#?}"
+        );
+        assert!(found[1].ends_with("(line 6, column 29)"), "{found:#?}");
+        assert!(
+            found[2].starts_with("backends[0].capacity: unknown size unit"),
+            "{found:#?}"
+        );
+        assert!(
+            found[3].starts_with("backends[0].weight: unknown field"),
+            "{found:#?}"
+        );
+        assert_eq!(found[4], "backends[1].name: duplicate backend name \"a\"");
+    }
+
+    #[test]
+    fn a_dropped_value_is_reported_once_and_its_table_not_judged_on_defaults() {
+        // A bad required value is not reported again as missing; with nothing to fall back
+        // to, the collection ends there.
+        let found = errors(
+            r#"
+            [listen]
+            http = "127.0.0.1:8000"
+            [[backends]]
+            name = "a"
+            http = 7
+            [[backends]]
+            name = "a"
+            http = "http://127.0.0.1:2"
+            "#,
+        );
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].starts_with("backends[0].http: invalid type"),
+            "{found:#?}"
+        );
+
+        let found = errors(
+            r#"
+            [listen]
+            http = "127.0.0.1:8000"
+            [upstream]
+            connect_timeout = 5
+            eject_after_failures = 0
+            [[backends]]
+            name = "a"
+            http = "http://127.0.0.1:1"
+            [[backends]]
+            name = "a"
+            http = "http://127.0.0.1:2"
+            "#,
+        );
+        // A bad optional value falls back to its default: other tables are still checked
+        // across keys; its own table is not (its checks would judge a value nobody wrote).
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(
+            found[0].starts_with("upstream.connect_timeout:"),
+            "{found:#?}"
+        );
+        assert_eq!(found[1], "backends[1].name: duplicate backend name \"a\"");
     }
 
     #[test]

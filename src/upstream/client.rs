@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 pub struct UpstreamClient {
     client: Client<crate::tls::HttpsConnector, Body>,
     request_timeout: Duration,
+    /// Named in the error when a connection attempt runs out of it.
+    connect_timeout: Duration,
 }
 
 impl UpstreamClient {
@@ -40,6 +42,7 @@ impl UpstreamClient {
         Ok(Self {
             client: builder.build(connector),
             request_timeout: config.request_timeout.0,
+            connect_timeout: config.connect_timeout.0,
         })
     }
 
@@ -83,7 +86,7 @@ impl UpstreamClient {
         };
         match tokio::time::timeout(timeout, exchange).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(error)) => Err(classify(backend, error.as_ref())),
+            Ok(Err(error)) => Err(classify(backend, error.as_ref(), self.connect_timeout)),
             Err(_) => Err(GatewayError::UpstreamTimeout {
                 backend: backend.to_string(),
                 after: timeout,
@@ -124,15 +127,19 @@ pub async fn forward(
         .forward_uri(&parts.uri)
         .map_err(|e| GatewayError::BadRequest(format!("invalid request path: {e}")))?;
     strip_hop_by_hop(&mut parts.headers);
+    // The version is the backend's, not the client's: a client on HTTP/2 may be forwarded
+    // to an HTTP/1.1 backend and the other way round. (With `http2_only` hyper speaks
+    // HTTP/2 whatever the field says; it is set so the request says what goes on the wire.)
     if backend.url.http2 {
         parts.headers.remove(header::HOST); // HTTP/2 names the backend in :authority
+        parts.version = http::Version::HTTP_2;
     } else {
         // The backend's own name, as hyper would write it, but made once per backend.
         parts
             .headers
             .insert(header::HOST, backend.url.host().clone());
+        parts.version = http::Version::HTTP_11;
     }
-    parts.version = http::Version::HTTP_11;
 
     let started = Instant::now();
     let sent = backend
@@ -143,7 +150,7 @@ pub async fn forward(
     let response = match tokio::time::timeout(timeout, sent).await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
-            let error = classify(&backend.name, &error);
+            let error = classify(&backend.name, &error, backend.client.connect_timeout);
             // Refused, reset or closed before an answer: all count against the backend.
             match &error {
                 GatewayError::UpstreamUnreachable { reason, .. }
@@ -169,12 +176,22 @@ pub async fn forward(
 }
 
 /// Names the failure: a body over the limit is the client's; a refused or reset connection
-/// means the backend is unreachable; anything else broke mid-exchange.
-fn classify(backend: &str, error: &(dyn std::error::Error + 'static)) -> GatewayError {
+/// means the backend is unreachable; anything else broke mid-exchange. A connection attempt
+/// that timed out says so with the timeout (the connector's own words are tokio's "deadline
+/// has elapsed", which names neither).
+fn classify(
+    backend: &str,
+    error: &(dyn std::error::Error + 'static),
+    connect_timeout: Duration,
+) -> GatewayError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     let mut connect = false;
+    let mut timed_out = false;
     let mut innermost = error.to_string();
     while let Some(e) = source {
+        if let Some(e) = e.downcast_ref::<std::io::Error>() {
+            timed_out |= e.kind() == std::io::ErrorKind::TimedOut;
+        }
         if let Some(too_large) = e.downcast_ref::<crate::body::BodyTooLarge>() {
             return GatewayError::BodyTooLarge {
                 limit: too_large.limit,
@@ -186,7 +203,15 @@ fn classify(backend: &str, error: &(dyn std::error::Error + 'static)) -> Gateway
         innermost = e.to_string();
         source = e.source();
     }
-    if connect {
+    if connect && timed_out {
+        GatewayError::UpstreamUnreachable {
+            backend: backend.to_string(),
+            reason: format!(
+                "no connection within upstream.connect_timeout ({}ms)",
+                connect_timeout.as_millis()
+            ),
+        }
+    } else if connect {
         GatewayError::UpstreamUnreachable {
             backend: backend.to_string(),
             reason: innermost,

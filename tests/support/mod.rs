@@ -363,6 +363,25 @@ impl Triton {
         }
     }
 
+    /// SIGSTOPs the server and its python stubs: the process and its sockets stay, but
+    /// nothing answers, as with a server wedged or a host paused. [`Triton::resume`] undoes
+    /// it; dropping a paused server still kills it (SIGKILL works on stopped processes).
+    pub fn pause(&self) {
+        self.signal_group(sys::SIGSTOP);
+    }
+
+    /// SIGCONTs a server stopped by [`Triton::pause`].
+    pub fn resume(&self) {
+        self.signal_group(sys::SIGCONT);
+    }
+
+    fn signal_group(&self, signal: std::ffi::c_int) {
+        assert!(self.child.is_some(), "tritonserver is not running");
+        // The group id is the server's pid (process_group(0)).
+        let sent = unsafe { sys::kill(-(self.pid as i32), signal) };
+        assert_eq!(sent, 0, "kill: {}", io::Error::last_os_error());
+    }
+
     /// Names of the models in state READY, from `POST /v2/repository/index`.
     pub async fn loaded_models(&self) -> anyhow::Result<Vec<String>> {
         let url = format!("{}/v2/repository/index", self.http_url());
@@ -603,6 +622,8 @@ mod sys {
     use std::ffi::c_int;
 
     pub const SIGKILL: c_int = 9;
+    pub const SIGCONT: c_int = 18;
+    pub const SIGSTOP: c_int = 19;
     pub const PR_SET_PDEATHSIG: c_int = 1;
 
     unsafe extern "C" {

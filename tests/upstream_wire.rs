@@ -1,0 +1,243 @@
+//! What the gateway puts on the wire to a backend, where real Triton cannot show it: Triton's
+//! HTTP port speaks only HTTP/1.1 (so it cannot prove an `h2c://` backend gets HTTP/2), does
+//! not report the headers it received, and cannot be made to drop connection attempts (a
+//! blackholed host). A small in-test server that answers like Triton and records every
+//! request it sees stands in for it here, and only here.
+
+mod support;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use http::Version;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::gateway::TestGateway;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// One request as the stub backend received it.
+#[derive(Clone, Debug)]
+struct Seen {
+    version: Version,
+    path: String,
+    request_id: Option<String>,
+}
+
+type Log = Arc<Mutex<Vec<Seen>>>;
+
+/// Answers the health probe, the repository index (add_sub READY) and add_sub's infer with
+/// fixed bodies, recording the HTTP version, path and `x-request-id` of each request.
+async fn triton_like(State(log): State<Log>, request: Request) -> Response {
+    let path = request.uri().path().to_owned();
+    log.lock().unwrap().push(Seen {
+        version: request.version(),
+        path: path.clone(),
+        request_id: request
+            .headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_owned()),
+    });
+    match path.as_str() {
+        "/v2/health/ready" | "/v2/health/live" => "".into_response(),
+        "/v2/repository/index" => {
+            axum::Json(json!([{"name": "add_sub", "version": "1", "state": "READY"}]))
+                .into_response()
+        }
+        "/v2/models/add_sub/infer" => axum::Json(json!({
+            "model_name": "add_sub", "model_version": "1",
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1], "data": [3.0]}]
+        }))
+        .into_response(),
+        _ => (http::StatusCode::NOT_FOUND, "{}").into_response(),
+    }
+}
+
+/// Serves `triton_like` on a free loopback port with HTTP/2 only: hyper's server answers a
+/// request without the HTTP/2 connection preface with a protocol error, so the gateway's
+/// health checks pass only if they speak HTTP/2 too.
+async fn start_h2_only_stub() -> (SocketAddr, Log) {
+    let log = Log::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = Router::new().fallback(triton_like).with_state(log.clone());
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let service = hyper_util::service::TowerToHyperService::new(service.clone());
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
+            );
+        }
+    });
+    (addr, log)
+}
+
+/// A gateway over one backend at `addr`, spoken to through `backend_url`, with `upstream`
+/// keys. (The test gateway always has a gRPC listener, so the backend needs a gRPC URL;
+/// nothing here calls it.)
+fn gateway_config(backend_url: &str, addr: SocketAddr, upstream: &str) -> String {
+    format!(
+        "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
+         [upstream]\n{upstream}\n\
+         [validation]\nenabled = false\n\
+         [[backends]]\nname = \"stub-0\"\nhttp = \"{backend_url}\"\ngrpc = \"http://{addr}\"\ncapacity = \"1GiB\"\n"
+    )
+}
+
+fn infer_body() -> serde_json::Value {
+    json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.0]}]})
+}
+
+#[tokio::test]
+async fn an_h2c_backend_is_spoken_to_over_http2_and_gets_the_request_id() {
+    let (addr, log) = start_h2_only_stub().await;
+    // Waits until the backend's health check and index (over HTTP/2) have passed.
+    let gateway = TestGateway::start(&gateway_config(
+        &format!("h2c://{addr}"),
+        addr,
+        "health_interval = \"200ms\"",
+    ))
+    .await;
+    let url = format!("{}/v2/models/add_sub/infer", gateway.url());
+    let client = reqwest::Client::new();
+
+    // A client's own request id reaches the backend unchanged.
+    let response = client
+        .post(&url)
+        .header("x-request-id", "client-chosen-42")
+        .json(&infer_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["outputs"][0]["data"], json!([3.0]));
+
+    // Without one, the id the gateway made is the one the backend sees and the client gets.
+    let response = client.post(&url).json(&infer_body()).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let generated = response.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(generated.len(), 36, "{generated}");
+
+    let seen = log.lock().unwrap().clone();
+    let infers: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.path == "/v2/models/add_sub/infer")
+        .collect();
+    assert_eq!(infers.len(), 2, "{seen:?}");
+    assert_eq!(infers[0].request_id.as_deref(), Some("client-chosen-42"));
+    assert_eq!(infers[1].request_id.as_deref(), Some(generated.as_str()));
+    assert!(
+        seen.iter().all(|s| s.version == Version::HTTP_2),
+        "a request reached the backend over another version: {seen:?}"
+    );
+    assert!(
+        seen.iter().any(|s| s.path == "/v2/health/ready")
+            && seen.iter().any(|s| s.path == "/v2/repository/index"),
+        "{seen:?}"
+    );
+}
+
+/// An HTTP/1.1 Triton-like stub that closes each connection after its answer (so the gateway
+/// keeps none pooled) and can be wedged: its accept queue holds one connection (backlog 0).
+struct WedgeableStub {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    accepting: tokio::task::JoinHandle<TcpListener>,
+}
+
+impl WedgeableStub {
+    async fn start() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = Router::new()
+            .fallback(triton_like)
+            .with_state(Log::default());
+        let stop = CancellationToken::new();
+        let accepting = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                loop {
+                    let (tcp, _) = tokio::select! {
+                        _ = stop.cancelled() => return listener,
+                        accepted = listener.accept() => accepted.unwrap(),
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(service.clone());
+                    tokio::spawn(
+                        hyper::server::conn::http1::Builder::new()
+                            .keep_alive(false)
+                            .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
+                    );
+                }
+            }
+        });
+        Self {
+            addr,
+            stop,
+            accepting,
+        }
+    }
+
+    /// Stops accepting and fills the accept queue, so the kernel drops every new SYN: a
+    /// connection attempt now hangs as it would to a blackholed host. Returns what keeps it
+    /// so (the listener and the queued connection).
+    async fn wedge(self) -> (TcpListener, Vec<std::net::TcpStream>) {
+        self.stop.cancel();
+        let listener = self.accepting.await.unwrap();
+        let mut queued = Vec::new();
+        loop {
+            match std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)) {
+                Ok(stream) => queued.push(stream),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => break,
+                Err(e) => panic!("connecting to the wedged stub: {e}"),
+            }
+            assert!(queued.len() < 8, "the accept queue never filled");
+        }
+        (listener, queued)
+    }
+}
+
+#[tokio::test]
+async fn a_backend_that_drops_connection_attempts_fails_within_connect_timeout() {
+    let stub = WedgeableStub::start().await;
+    let addr = stub.addr;
+    // One health check at start, none after: the backend stays ready when it wedges, so the
+    // request itself has to connect.
+    let gateway = TestGateway::start(&gateway_config(
+        &format!("http://{addr}"),
+        addr,
+        "health_interval = \"1h\"\nconnect_timeout = \"300ms\"\nrequest_timeout = \"20s\"",
+    ))
+    .await;
+    let _wedged = stub.wedge().await;
+
+    let sent = Instant::now();
+    let response = reqwest::Client::new()
+        .post(format!("{}/v2/models/add_sub/infer", gateway.url()))
+        .json(&infer_body())
+        .send()
+        .await
+        .unwrap();
+    let took = sent.elapsed();
+    assert_eq!(response.status(), 502);
+    let body: serde_json::Value = response.json().await.unwrap();
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error
+            == "backend 'stub-0' is unreachable: no connection within upstream.connect_timeout (300ms)",
+        "{error}"
+    );
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+        "answered after {took:?}, connect_timeout is 300ms"
+    );
+}
