@@ -977,3 +977,103 @@ async fn a_stream_carries_its_request_id_and_a_message_over_the_limit_ends_it() 
         .unwrap();
     assert_eq!(sum(answer.get_ref()), [6.0; 4]);
 }
+
+/// A `versioned` request (OUTPUT0 = INPUT0 + 100 x the version that served it) for `model`.
+fn versioned_request(model: &str, id: &str, x: f32) -> ModelInferRequest {
+    let mut request = support::grpc::fp32_infer(model, &[("INPUT0", [x; 4])]);
+    request.id = id.into();
+    request
+}
+
+/// The version that really computed a `versioned` answer to input `x`, from its output.
+fn computed_by(answer: &ModelInferResponse, x: f32) -> String {
+    let out = sum(answer)[0];
+    format!("{}", ((out - x) / 100.0).round())
+}
+
+#[tokio::test]
+async fn a_routed_stream_names_the_target_of_each_answer() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = r#"
+[[routes]]
+model = "canary"
+sticky = "header:x-user-id"
+targets = [
+  { model = "versioned", version = "1", weight = 50 },
+  { model = "versioned", version = "2", weight = 50 },
+]
+"#;
+    let gateway = TestGateway::start(&support::gateway::pool_config(
+        "grpcstreamroutes",
+        &[&triton],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        routes,
+    ))
+    .await;
+    let mut client = client(&gateway).await;
+
+    // Unary: `infergate-target` names the target, and the body's model_name/model_version
+    // (Triton's) name the same one, which is the one that computed the answer. Pinning each
+    // target also loads both versions before the streams.
+    for label in ["versioned/1", "versioned/2"] {
+        let mut request = tonic::Request::new(versioned_request("canary", "pinned", 1.0));
+        request
+            .metadata_mut()
+            .insert("infergate-target", label.parse().unwrap());
+        let response = client.model_infer(request).await.unwrap();
+        assert_eq!(response.metadata().get("infergate-target").unwrap(), label);
+        let answer = response.into_inner();
+        assert_eq!(
+            format!("{}/{}", answer.model_name, answer.model_version),
+            label
+        );
+        assert_eq!(format!("versioned/{}", computed_by(&answer, 1.0)), label);
+    }
+
+    // A stream's metadata goes out once, before any request, so it cannot name each
+    // request's target: each answer does, in model_name/model_version. Without a sticky key,
+    // each request on one stream is routed on its own.
+    let mut stream = ClientStream::open(&gateway, &[]).await;
+    assert!(stream.metadata.get("infergate-target").is_none());
+    let mut served = std::collections::BTreeMap::<String, usize>::new();
+    for i in 0..24 {
+        let x = i as f32;
+        let answer = stream
+            .ask(versioned_request("canary", &format!("s-{i}"), x))
+            .await;
+        assert_eq!(answer.id, format!("s-{i}"));
+        assert_eq!(answer.model_name, "versioned", "{answer:?}");
+        assert_eq!(
+            answer.model_version,
+            computed_by(&answer, x),
+            "the version named is the one that computed the answer"
+        );
+        *served.entry(answer.model_version).or_default() += 1;
+    }
+    assert_eq!(served.len(), 2, "24 requests over both targets: {served:?}");
+    drop(stream);
+
+    // With a sticky key on the stream, every request on it goes to the target a unary call
+    // with the same key gets, and each answer names it as `infergate-target` does.
+    for user in ["user-1", "user-2", "user-3", "user-4"] {
+        let mut request = tonic::Request::new(versioned_request("canary", "unary", 0.0));
+        request
+            .metadata_mut()
+            .insert("x-user-id", user.parse().unwrap());
+        let response = client.model_infer(request).await.unwrap();
+        let label = response.metadata().get("infergate-target").unwrap().clone();
+        let mut stream = ClientStream::open(&gateway, &[("x-user-id", user)]).await;
+        for i in 0..3 {
+            let answer = stream
+                .ask(versioned_request("canary", &format!("{user}-{i}"), 0.5))
+                .await;
+            assert_eq!(
+                format!("{}/{}", answer.model_name, answer.model_version),
+                label.to_str().unwrap(),
+                "{user}"
+            );
+            assert_eq!(answer.model_version, computed_by(&answer, 0.5));
+        }
+    }
+}
