@@ -6,7 +6,8 @@ mod support;
 
 use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use infergate::protocol::inference::{
-    ModelInferRequest, ModelInferResponse, ModelReadyRequest, ServerLiveRequest,
+    ModelInferRequest, ModelInferResponse, ModelReadyRequest, ModelStreamInferResponse,
+    ServerLiveRequest,
 };
 use std::time::{Duration, Instant};
 use support::gateway::{TestGateway, config_for};
@@ -839,4 +840,240 @@ async fn the_load_tools_grpc_mode_checks_answers_and_counts_errors_by_code() {
         "{:?}",
         step.errors_by_kind
     );
+}
+
+/// One client stream on `ModelStreamInfer`: requests go in with `send`, answers come out of
+/// `answers`; `metadata` is the stream's response metadata (sent once, when it opens).
+struct ClientStream {
+    requests: tokio::sync::mpsc::Sender<ModelInferRequest>,
+    answers: tonic::Streaming<ModelStreamInferResponse>,
+    metadata: tonic::metadata::MetadataMap,
+}
+
+impl ClientStream {
+    /// Opens a stream with `metadata` (name, value) on it.
+    async fn open(gateway: &TestGateway, metadata: &[(&'static str, &str)]) -> Self {
+        let (requests, queue) = tokio::sync::mpsc::channel(8);
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(queue));
+        for (name, value) in metadata {
+            request.metadata_mut().insert(*name, value.parse().unwrap());
+        }
+        let response = client(gateway)
+            .await
+            .model_stream_infer(request)
+            .await
+            .expect("the stream opens");
+        let metadata = response.metadata().clone();
+        Self {
+            requests,
+            answers: response.into_inner(),
+            metadata,
+        }
+    }
+
+    /// Sends one request and waits for the next answer, which must be a success.
+    async fn ask(&mut self, request: ModelInferRequest) -> ModelInferResponse {
+        self.requests.send(request).await.unwrap();
+        self.next().await
+    }
+
+    /// The next answer, which must be a success.
+    async fn next(&mut self) -> ModelInferResponse {
+        let answer = tokio::time::timeout(Duration::from_secs(30), self.answers.message())
+            .await
+            .expect("an answer within 30 s")
+            .expect("the stream goes on")
+            .expect("the stream is not over");
+        assert_eq!(answer.error_message, "", "{answer:?}");
+        answer.infer_response.expect("a response")
+    }
+}
+
+#[tokio::test]
+async fn a_stream_carries_its_request_id_and_a_message_over_the_limit_ends_it() {
+    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
+        .await
+        .unwrap();
+    let relay = RecordingRelay::start(&triton).await;
+    let config = config_for(
+        "streamid",
+        &[&triton],
+        "",
+        "max_grpc_message_size = \"1MiB\"",
+    )
+    .replace(&triton.grpc_url(), &relay.url);
+    let gateway = TestGateway::start(&config).await;
+    let streams_seen = || relay.calls("/inference.GRPCInferenceService/ModelStreamInfer");
+
+    // The client's request id comes back in the stream's metadata and reaches the backend.
+    let mut stream = ClientStream::open(&gateway, &[("x-request-id", "stream-id-1")]).await;
+    assert_eq!(stream.metadata.get("x-request-id").unwrap(), "stream-id-1");
+    let answer = stream.ask(add_sub_request([1.0; 4], [2.0; 4])).await;
+    assert_eq!(sum(&answer), [3.0; 4]);
+    drop(stream);
+    let seen = streams_seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["x-request-id"], "stream-id-1");
+
+    // Without one, the gateway makes one, returns it and sends that same one to the backend.
+    let mut stream = ClientStream::open(&gateway, &[]).await;
+    let made = stream
+        .metadata
+        .get("x-request-id")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    uuid::Uuid::parse_str(&made).expect("a UUID");
+    stream.ask(add_sub_request([1.0; 4], [1.0; 4])).await;
+    drop(stream);
+    let seen = streams_seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[1]["x-request-id"], made.as_str());
+
+    // A message over server.max_grpc_message_size on an open stream: the stream ends with
+    // RESOURCE_EXHAUSTED naming the key (as Triton ends a stream whose message is over its
+    // own limit), after the answers to what came before it.
+    let too_large = |metrics: &str| {
+        counter(
+            metrics,
+            "infergate_errors_total",
+            &["kind=\"body_too_large\""],
+        )
+    };
+    let before = too_large(&gateway.metrics_text("/metrics").await);
+    let mut stream = ClientStream::open(&gateway, &[("x-request-id", "stream-big")]).await;
+    let answer = stream.ask(add_sub_request([2.0; 4], [2.0; 4])).await;
+    assert_eq!(sum(&answer), [4.0; 4]);
+    let mut big = add_sub_request([0.0; 4], [0.0; 4]);
+    for (input, raw) in big.inputs.iter_mut().zip(&mut big.raw_input_contents) {
+        input.shape = vec![300_000];
+        *raw = vec![0; 1_200_000].into();
+    }
+    stream.requests.send(big).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), stream.answers.message())
+        .await
+        .expect("the stream must end, not hang")
+        .expect_err("the stream ends with an error");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("server.max_grpc_message_size"),
+        "{status:?}"
+    );
+    assert_eq!(status.metadata().get("x-request-id").unwrap(), "stream-big");
+    let after = too_large(&gateway.metrics_text("/metrics").await);
+    assert_eq!(after - before, 1.0, "one body_too_large counted");
+
+    // The gateway goes on serving: a new stream and a unary call.
+    let mut stream = ClientStream::open(&gateway, &[]).await;
+    assert_eq!(
+        sum(&stream.ask(add_sub_request([1.0; 4], [0.0; 4])).await),
+        [1.0; 4]
+    );
+    let answer = client(&gateway)
+        .await
+        .model_infer(add_sub_request([5.0; 4], [1.0; 4]))
+        .await
+        .unwrap();
+    assert_eq!(sum(answer.get_ref()), [6.0; 4]);
+}
+
+/// A `versioned` request (OUTPUT0 = INPUT0 + 100 x the version that served it) for `model`.
+fn versioned_request(model: &str, id: &str, x: f32) -> ModelInferRequest {
+    let mut request = support::grpc::fp32_infer(model, &[("INPUT0", [x; 4])]);
+    request.id = id.into();
+    request
+}
+
+/// The version that really computed a `versioned` answer to input `x`, from its output.
+fn computed_by(answer: &ModelInferResponse, x: f32) -> String {
+    let out = sum(answer)[0];
+    format!("{}", ((out - x) / 100.0).round())
+}
+
+#[tokio::test]
+async fn a_routed_stream_names_the_target_of_each_answer() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = r#"
+[[routes]]
+model = "canary"
+sticky = "header:x-user-id"
+targets = [
+  { model = "versioned", version = "1", weight = 50 },
+  { model = "versioned", version = "2", weight = 50 },
+]
+"#;
+    let gateway = TestGateway::start(&support::gateway::pool_config(
+        "grpcstreamroutes",
+        &[&triton],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        routes,
+    ))
+    .await;
+    let mut client = client(&gateway).await;
+
+    // Unary: `infergate-target` names the target, and the body's model_name/model_version
+    // (Triton's) name the same one, which is the one that computed the answer. Pinning each
+    // target also loads both versions before the streams.
+    for label in ["versioned/1", "versioned/2"] {
+        let mut request = tonic::Request::new(versioned_request("canary", "pinned", 1.0));
+        request
+            .metadata_mut()
+            .insert("infergate-target", label.parse().unwrap());
+        let response = client.model_infer(request).await.unwrap();
+        assert_eq!(response.metadata().get("infergate-target").unwrap(), label);
+        let answer = response.into_inner();
+        assert_eq!(
+            format!("{}/{}", answer.model_name, answer.model_version),
+            label
+        );
+        assert_eq!(format!("versioned/{}", computed_by(&answer, 1.0)), label);
+    }
+
+    // A stream's metadata goes out once, before any request, so it cannot name each
+    // request's target: each answer does, in model_name/model_version. Without a sticky key,
+    // each request on one stream is routed on its own.
+    let mut stream = ClientStream::open(&gateway, &[]).await;
+    assert!(stream.metadata.get("infergate-target").is_none());
+    let mut served = std::collections::BTreeMap::<String, usize>::new();
+    for i in 0..24 {
+        let x = i as f32;
+        let answer = stream
+            .ask(versioned_request("canary", &format!("s-{i}"), x))
+            .await;
+        assert_eq!(answer.id, format!("s-{i}"));
+        assert_eq!(answer.model_name, "versioned", "{answer:?}");
+        assert_eq!(
+            answer.model_version,
+            computed_by(&answer, x),
+            "the version named is the one that computed the answer"
+        );
+        *served.entry(answer.model_version).or_default() += 1;
+    }
+    assert_eq!(served.len(), 2, "24 requests over both targets: {served:?}");
+    drop(stream);
+
+    // With a sticky key on the stream, every request on it goes to the target a unary call
+    // with the same key gets, and each answer names it as `infergate-target` does.
+    for user in ["user-1", "user-2", "user-3", "user-4"] {
+        let mut request = tonic::Request::new(versioned_request("canary", "unary", 0.0));
+        request
+            .metadata_mut()
+            .insert("x-user-id", user.parse().unwrap());
+        let response = client.model_infer(request).await.unwrap();
+        let label = response.metadata().get("infergate-target").unwrap().clone();
+        let mut stream = ClientStream::open(&gateway, &[("x-user-id", user)]).await;
+        for i in 0..3 {
+            let answer = stream
+                .ask(versioned_request("canary", &format!("{user}-{i}"), 0.5))
+                .await;
+            assert_eq!(
+                format!("{}/{}", answer.model_name, answer.model_version),
+                label.to_str().unwrap(),
+                "{user}"
+            );
+            assert_eq!(answer.model_version, computed_by(&answer, 0.5));
+        }
+    }
 }

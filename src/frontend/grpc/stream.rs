@@ -14,6 +14,11 @@
 //! to the same request are not covered: the gateway cannot tell which answer is the last
 //! unless the client asked Triton for an empty final response.
 //!
+//! A route name is resolved per request and the request goes on under its target's name, so
+//! each answer's `model_name` and `model_version` (Triton's) name the target that served it.
+//! That is the only place to say so: the stream's metadata went out when it opened, before
+//! any request was routed, so it carries no `infergate-target`.
+//!
 //! A request the gateway cannot place is answered on the stream with `error_message`, as
 //! Triton answers a failed request on a stream, and the stream goes on. A backend stream that
 //! breaks (the backend went away) ends the client's stream with that status (UNAVAILABLE),
