@@ -230,12 +230,14 @@ impl Window {
         slot.latency.add(latency);
     }
 
-    /// The slots still inside the window, summed.
+    /// The slots still inside the window, summed. A slot newer than `now` counts: another
+    /// thread may have added to it after this caller read the clock (the canary's and the
+    /// stable target's windows are locked one after the other, never together).
     fn merged(&self, now: Instant) -> Slot {
         let epoch = self.epoch(now);
         let mut sum = Slot::default();
         for slot in &self.slots {
-            if slot.requests > 0 && epoch - slot.epoch < SLOTS as u64 {
+            if slot.requests > 0 && epoch.saturating_sub(slot.epoch) < SLOTS as u64 {
                 sum.requests += slot.requests;
                 sum.failures += slot.failures;
                 sum.latency.merge(&slot.latency);
@@ -419,5 +421,51 @@ mod tests {
         );
         let merged = window.merged(start + Duration::from_millis(105));
         assert_eq!((merged.requests, merged.failures), (1, 0));
+    }
+
+    #[test]
+    fn a_slot_newer_than_the_clock_read_still_counts() {
+        let mut window = Window::new(Duration::from_millis(10));
+        let start = window.origin;
+        window.add(
+            start + Duration::from_millis(25),
+            true,
+            Duration::from_millis(1),
+        );
+        // Read before that slot began: what a thread that took `now` just before another
+        // thread added sees.
+        let merged = window.merged(start + Duration::from_millis(5));
+        assert_eq!((merged.requests, merged.failures), (1, 1));
+    }
+
+    #[test]
+    fn threads_observing_at_once_never_break_the_guard() {
+        // 1 ms slots (a 10 ms window), so slot boundaries pass while threads race: each
+        // reads the clock, then locks the canary's window and the stable target's.
+        let mut limits = limits(Some(0.99), Some(1_000.0));
+        limits.window = config::HumanDuration(Duration::from_millis(10));
+        limits.min_requests = 1;
+        let guard = std::sync::Arc::new(Guard::new(limits, &[50, 50]));
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let guard = guard.clone();
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        guard.observe("r", (t % 2, "t"), false, Duration::from_micros(n % 50));
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let observed: u64 = threads
+            .into_iter()
+            .map(|t| t.join().expect("no thread panicked"))
+            .sum();
+        assert!(observed > 1_000, "{observed}");
+        assert!(!guard.is_off(1), "nothing failed and latencies match");
+        assert!(guard.trips().is_empty());
     }
 }
