@@ -1,5 +1,6 @@
 //! Canary routes against real Triton: a route name split 90/10 across two models, sticky keys
-//! that never change target, a pinned target, and the target named in the response.
+//! that never change target, a pinned target, the target named in the response, and a route
+//! split between two versions of one model, told apart in the metrics.
 
 mod support;
 
@@ -22,7 +23,8 @@ fn request() -> Value {
     json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
 }
 
-/// Sends one infer and returns (served model, infergate-target header or "").
+/// Sends one infer and returns (served model, infergate-target header or ""). A target that
+/// names a version must have been answered by that version.
 async fn call(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> (String, String) {
     let mut builder = client.post(url).json(&request());
     for (name, value) in headers {
@@ -36,6 +38,9 @@ async fn call(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> 
         .map_or("", |v| v.to_str().unwrap())
         .to_string();
     let body: Value = response.json().await.unwrap();
+    if let Some((_, version)) = target.split_once('/') {
+        assert_eq!(body["model_version"], version, "{body}");
+    }
     (body["model_name"].as_str().unwrap().to_string(), target)
 }
 
@@ -303,4 +308,107 @@ targets = [
     let metrics = gateway.metrics_text("/metrics").await;
     assert!(metrics.contains(&sent(copies)), "{metrics}");
     assert!(metrics.contains(failed), "{metrics}");
+}
+
+/// Value of the one line of `family` whose labels include every `labels` pair.
+fn series(metrics: &str, family: &str, labels: &[(&str, &str)]) -> f64 {
+    let lines: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with(&format!("{family}{{"))
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .collect();
+    assert_eq!(lines.len(), 1, "{family} {labels:?}:\n{metrics}");
+    lines[0].rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_route_splits_between_versions_of_one_model_and_the_metrics_tell_them_apart() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = r#"
+[[routes]]
+model = "versions"
+targets = [{ model = "versioned", version = "1", weight = 50 }, { model = "versioned", version = "2", weight = 50 }]
+"#;
+    let gateway = TestGateway::start(&pool_config(
+        "versions",
+        &[&triton],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        routes,
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v2/models/versions/infer", gateway.url());
+    let mut answered = std::collections::BTreeMap::<String, u32>::new();
+    for _ in 0..25 {
+        let batch = (0..16).map(|_| async {
+            let response = client.post(&url).json(&request()).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            let target = response.headers()["infergate-target"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            (target, response.json::<Value>().await.unwrap())
+        });
+        for (target, body) in futures_util::future::join_all(batch).await {
+            // Each version answers as itself: its name and version in the body, and its
+            // own output (INPUT0 + 100 x version).
+            let version = body["model_version"].as_str().unwrap().to_string();
+            assert_eq!(target, format!("versioned/{version}"), "{body}");
+            assert_eq!(body["model_name"], "versioned");
+            let offset = 100.0 * version.parse::<f64>().unwrap();
+            assert_eq!(
+                body["outputs"][0]["data"],
+                json!([1.0 + offset, 2.0 + offset, 3.0 + offset, 4.0 + offset])
+            );
+            *answered.entry(version).or_default() += 1;
+        }
+    }
+    let (one, two) = (answered["1"], answered["2"]);
+    assert_eq!(one + two, 400);
+    assert!(
+        (160..=240).contains(&one),
+        "version 1 answered {one} of 400 at 50%"
+    );
+
+    // A request the gateway refuses (a wrong shape, pinned to version 2) is counted for
+    // that target too.
+    let response = client
+        .post(&url)
+        .header("infergate-target", "versioned/2")
+        .json(&json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+
+    // Latency per version of the route: a version canary compares with its stable version.
+    let metrics = gateway.metrics_text("/metrics").await;
+    for (version, count) in [("1", one), ("2", two + 1)] {
+        let labels = [
+            ("route", "versions"),
+            ("model", "versioned"),
+            ("version", version),
+        ];
+        assert_eq!(
+            series(
+                &metrics,
+                "infergate_request_duration_seconds_count",
+                &labels
+            ),
+            f64::from(count),
+            "version {version}"
+        );
+    }
+    let labels = [
+        ("kind", "invalid_input"),
+        ("route", "versions"),
+        ("model", "versioned"),
+        ("version", "2"),
+    ];
+    assert_eq!(series(&metrics, "infergate_errors_total", &labels), 1.0);
 }

@@ -113,7 +113,8 @@ pub fn grpc_status_class(code: tonic::Code) -> &'static str {
 }
 
 /// Records one answered request in the shared series: the request counter, the latency
-/// histogram and, for errors the gateway answered itself, the error counter.
+/// histogram and, for errors the gateway answered itself, the error counter (with the
+/// route and target, so a canary's errors can be told from its stable target's).
 pub fn record(
     protocol: Protocol,
     served: &Served,
@@ -125,8 +126,13 @@ pub fn record(
     series.requests(status_class).increment(1);
     series.duration().record(elapsed.as_secs_f64());
     if let Some(error) = error {
-        metrics::counter!(telemetry::ERRORS, "kind" => error.kind, "source" => error.source.as_str())
-            .increment(1);
+        metrics::counter!(telemetry::ERRORS,
+            "kind" => error.kind,
+            "source" => error.source.as_str(),
+            "route" => served.route.clone().unwrap_or_default(),
+            "model" => served.model.clone(),
+            "version" => served.version.clone().unwrap_or_default())
+        .increment(1);
     }
 }
 

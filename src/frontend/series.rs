@@ -63,6 +63,7 @@ impl RequestSeries {
             duration: metrics::histogram!(telemetry::REQUEST_DURATION,
                 "protocol" => protocol.as_str(),
                 "model" => served.model.clone(),
+                "version" => served.version.clone().unwrap_or_default(),
                 "route" => served.route.clone().unwrap_or_default()),
             requests: Default::default(),
         }
