@@ -1077,3 +1077,119 @@ targets = [
         }
     }
 }
+
+#[tokio::test]
+async fn a_grpc_mirror_gets_copies_and_the_client_only_sees_the_primary() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = r#"
+[[routes]]
+model = "shadowed"
+targets = [
+  { model = "sized_a", weight = 1 },
+  { model = "sized_b", mirror = true, percent = 100 },
+  { model = "error_model", mirror = true, percent = 100 },
+]
+"#;
+    let gateway = TestGateway::start(&support::gateway::pool_config(
+        "grpcmirrors",
+        &[&triton],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        routes,
+    ))
+    .await;
+    let mut client = client(&gateway).await;
+    // The mirrors are loaded first: copies that arrive while a cold mirror loads may be
+    // dropped by design (tests/routing.rs), and this test counts every copy.
+    for model in ["sized_b", "error_model"] {
+        let request = support::grpc::fp32_infer(model, &[("INPUT0", [0.0; 4])]);
+        let _ = client.model_infer(request).await;
+    }
+    const CALLS: u32 = 40;
+    for i in 0..CALLS {
+        let x = i as f32;
+        let request = support::grpc::fp32_infer("shadowed", &[("INPUT0", [x; 4])]);
+        let answer = client.model_infer(request).await.unwrap().into_inner();
+        // The client's answer is the primary's (an identity model), even though one mirror
+        // fails every copy.
+        assert_eq!(answer.model_name, "sized_a");
+        assert_eq!(sum(&answer), [x; 4]);
+    }
+    // The copies reach Triton on their own time: every one of them, as both mirrors take
+    // 100%, and each is counted by the gateway as sent (sized_b) or failed (error_model).
+    let (mut copies, mut answered, mut metrics) = (0.0, 0.0, String::new());
+    for _ in 0..300 {
+        let triton_metrics = reqwest::get(triton.metrics_url())
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        copies = counter(
+            &triton_metrics,
+            "nv_inference_request_success",
+            &["model=\"sized_b\""],
+        );
+        // Requests error_model answered (Triton files a python model's error response
+        // under success or fail depending on its version: both are counted).
+        let stats: serde_json::Value =
+            reqwest::get(format!("{}/v2/models/error_model/stats", triton.http_url()))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+        let inference = &stats["model_stats"][0]["inference_stats"];
+        answered = ["success", "fail"]
+            .iter()
+            .filter_map(|k| inference[k]["count"].as_f64())
+            .sum();
+        metrics = gateway.metrics_text("/metrics").await;
+        let sent = counter(
+            &metrics,
+            "infergate_mirror_requests_total",
+            &["target=\"sized_b\"", "outcome=\"sent\""],
+        );
+        let failed = counter(
+            &metrics,
+            "infergate_mirror_requests_total",
+            &["target=\"error_model\"", "outcome=\"failed\""],
+        );
+        if sent == f64::from(CALLS) && failed == f64::from(CALLS) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Less the warm-up requests.
+    assert_eq!(
+        copies - 1.0,
+        f64::from(CALLS),
+        "sized_b served every copy\n{metrics}"
+    );
+    assert_eq!(
+        answered - 1.0,
+        f64::from(CALLS),
+        "error_model was sent every copy"
+    );
+    for (target, outcome) in [("sized_b", "sent"), ("error_model", "failed")] {
+        let series = format!(
+            "infergate_mirror_requests_total{{route=\"shadowed\",target=\"{target}\",outcome=\"{outcome}\"}} {CALLS}"
+        );
+        assert!(metrics.contains(&series), "{series}\n{metrics}");
+    }
+    // The primary served exactly the client's calls.
+    let primary = reqwest::get(triton.metrics_url())
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        counter(
+            &primary,
+            "nv_inference_request_success",
+            &["model=\"sized_a\""]
+        ),
+        f64::from(CALLS)
+    );
+}
