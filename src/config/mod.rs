@@ -408,7 +408,29 @@ impl Config {
         self.placement.validate(&self.models, &mut errors);
         routes::validate(&self.routes, &mut errors);
         self.auth.validate(&mut errors);
+        self.claims_for_sticky_keys(&mut errors);
         errors
+    }
+
+    /// A `claim:` sticky key needs verified tokens: without JWT keys no request has claims,
+    /// and every request would get a fresh choice, which is not what the route asks for.
+    fn claims_for_sticky_keys(&self, errors: &mut Vec<ConfigError>) {
+        let verifies_tokens =
+            self.auth.mode == AuthMode::Required && !self.auth.jwt_keys.is_empty();
+        for (i, route) in self.routes.iter().enumerate() {
+            if !verifies_tokens
+                && let Some(Ok(StickyKey::Claim(name))) =
+                    route.sticky.as_deref().map(StickyKey::parse)
+            {
+                errors.push(ConfigError {
+                    key: format!("routes[{i}].sticky"),
+                    message: format!(
+                        "claim:{name} keys on a verified JWT's claim, and this config verifies none \
+                         (it needs auth.mode = \"required\" and [[auth.jwt_keys]]); use header:NAME"
+                    ),
+                });
+            }
+        }
     }
 }
 
@@ -507,6 +529,31 @@ mod tests {
             found[0].starts_with("routes[0].guard.max_error_rate"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn a_claim_sticky_key_needs_verified_tokens() {
+        let route = "[[routes]]\nmodel = \"r\"\nsticky = \"claim:sub\"\ntargets = [{ model = \"a\", weight = 1 }]\n";
+        let found = errors(&format!("{MINIMAL}{route}"));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("routes[0].sticky: claim:sub keys on a verified JWT's claim"),
+            "{found:?}"
+        );
+        let api_keys_only = format!(
+            "{MINIMAL}[auth]\nmode = \"required\"\n[[auth.api_keys]]\nname = \"k\"\nsha256 = \"{}\"\n{route}",
+            "0".repeat(64)
+        );
+        assert_eq!(errors(&api_keys_only).len(), 1);
+        let with_jwt = format!(
+            "{MINIMAL}[auth]\nmode = \"required\"\n[[auth.jwt_keys]]\nalgorithms = [\"HS256\"]\nsecret_env = \"S\"\n{route}"
+        );
+        assert!(Config::parse(&with_jwt).is_ok());
+        let header = format!(
+            "{MINIMAL}{}",
+            route.replace("claim:sub", "header:x-user-id")
+        );
+        assert!(Config::parse(&header).is_ok());
     }
 
     #[test]
