@@ -40,6 +40,9 @@ struct Inner {
     pool: Arc<Pool>,
     placement: Arc<placement::Placement>,
     live: arc_swap::ArcSwap<reload::Live>,
+    /// Held for the length of a reload: SIGHUP, the file watcher and `POST /admin/reload`
+    /// may ask at once, and each reload compares with the config the last one left.
+    reloading: tokio::sync::Mutex<()>,
     config_path: Option<std::path::PathBuf>,
     /// Starts health checks for backends a reload adds (set when `serve` starts).
     health: std::sync::OnceLock<upstream::HealthChecks>,
@@ -75,6 +78,7 @@ impl Gateway {
                 pool,
                 placement,
                 live,
+                reloading: tokio::sync::Mutex::new(()),
                 config_path: None,
                 health: std::sync::OnceLock::new(),
                 signatures,
@@ -123,9 +127,14 @@ impl Gateway {
         self.inner.live.load_full()
     }
 
-    /// Replaces the live config in one atomic store.
-    pub(crate) fn swap_live(&self, live: reload::Live) {
-        self.inner.live.store(Arc::new(live));
+    /// Replaces the live config in one atomic store; returns the one it replaced.
+    pub(crate) fn swap_live(&self, live: reload::Live) -> Arc<reload::Live> {
+        self.inner.live.swap(Arc::new(live))
+    }
+
+    /// Taken by a reload for its whole length: one reload at a time.
+    pub(crate) fn reload_lock(&self) -> &tokio::sync::Mutex<()> {
+        &self.inner.reloading
     }
 
     /// Adds a backend to the pool and to placement, and starts its health checks: it takes
@@ -259,7 +268,7 @@ pub async fn serve(
         tls.spawn_watch(Duration::from_secs(1), &tasks, &shutdown);
     }
     tasks.spawn(refresh_jwks(gateway.clone(), shutdown.clone()));
-    warn_if_open(&gateway, &listeners);
+    warn_if_open(&gateway);
     let servers = TaskTracker::new();
     let serve_plain = |listener: TcpListener, router: axum::Router| {
         let shutdown = shutdown.clone();
@@ -376,22 +385,20 @@ async fn refresh_jwks(gateway: Gateway, shutdown: CancellationToken) {
 }
 
 /// "No public ingress without auth": say so loudly when a listener that reaches models or
-/// the admin API is bound beyond loopback with `auth.mode = "none"`.
-fn warn_if_open(gateway: &Gateway, listeners: &Listeners) {
-    if gateway.live().auth.is_on() {
+/// the admin API is bound beyond loopback with `auth.mode = "none"`, at start and after each
+/// reload (one may have turned auth off).
+pub(crate) fn warn_if_open(gateway: &Gateway) {
+    let live = gateway.live();
+    if live.auth.is_on() {
         return;
     }
-    let open: Vec<String> = [
-        Some(&listeners.http),
-        listeners.grpc.as_ref(),
-        listeners.admin.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
-    .filter_map(|l| l.local_addr().ok())
-    .filter(|addr| !addr.ip().is_loopback())
-    .map(|addr| addr.to_string())
-    .collect();
+    let listen = &live.config.listen;
+    let open: Vec<String> = [Some(listen.http), listen.grpc, listen.admin]
+        .into_iter()
+        .flatten()
+        .filter(|addr| !addr.ip().is_loopback())
+        .map(|addr| addr.to_string())
+        .collect();
     if !open.is_empty() {
         tracing::warn!(
             listeners = open.join(", "),

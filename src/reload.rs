@@ -7,8 +7,9 @@
 use crate::Gateway;
 use crate::config::{Config, ConfigError, ConfigErrors};
 use crate::pipeline::RouteTable;
+use crate::placement::Versions;
 use crate::telemetry;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -55,7 +56,9 @@ impl Live {
 pub struct Reloaded {
     /// Hash of the new file.
     pub hash: String,
-    /// Models no route or pin uses any more, unloaded from Triton (blue/green leftovers).
+    /// Models (`model`) and versions (`model/version`) no route or pin uses any more, which
+    /// the reload unloads from Triton once the requests holding them finish (blue/green
+    /// leftovers).
     pub unloaded: Vec<String>,
     /// Backends added to the pool (they take traffic after their first good check).
     pub added_backends: Vec<String>,
@@ -67,8 +70,9 @@ pub struct Reloaded {
 const RELOADABLE: [&str; 3] = ["routes", "backends", "auth"];
 
 /// Reads, validates and applies the config file. On any error nothing changes, and the
-/// errors name their keys.
+/// errors name their keys. Reloads run one at a time.
 pub async fn reload(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors> {
+    let _one_at_a_time = gateway.reload_lock().lock().await;
     let outcome = apply(gateway, path).await;
     let result = if outcome.is_ok() {
         "success"
@@ -78,7 +82,8 @@ pub async fn reload(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigEr
     metrics::counter!(telemetry::CONFIG_RELOADS, "result" => result).increment(1);
     match &outcome {
         Ok(reloaded) => {
-            tracing::info!(config = %path.display(), hash = reloaded.hash, unloaded = ?reloaded.unloaded, "config reloaded")
+            tracing::info!(config = %path.display(), hash = reloaded.hash, unloaded = ?reloaded.unloaded, "config reloaded");
+            crate::warn_if_open(gateway);
         }
         Err(errors) => {
             tracing::warn!(config = %path.display(), %errors, "config reload refused; the running config stays")
@@ -107,39 +112,149 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
                 .collect(),
         ));
     }
+    // Everything is built and checked before anything changes: new backends, the
+    // certificate files (the same files, read again, or others) and the auth keys. A part
+    // that fails refuses the whole reload and leaves the rest as it was.
     let changes = BackendChanges::between(&gateway.live().config, &config)?;
-    // New certificate files (or the same files, read again) before anything is swapped: a
-    // certificate that does not load refuses the whole reload.
-    if let (Some(tls), Some(settings)) = (gateway.tls(), &config.listen.tls) {
-        tls.reload(settings).map_err(|e| ConfigErrors(vec![e]))?;
-    }
-    let before = route_targets(&gateway.live().config);
+    let tls = match (gateway.tls(), &config.listen.tls) {
+        (Some(tls), Some(settings)) => {
+            Some((tls, tls.stage(settings).map_err(|e| ConfigErrors(vec![e]))?))
+        }
+        _ => None,
+    };
     let live = Live::new(config, &text, Some(&gateway.live()))?;
     let hash = live.hash.clone();
-    let after = route_targets(&live.config);
-    let pinned: BTreeSet<String> = live
-        .config
-        .models
-        .iter()
-        .filter(|m| m.pinned())
-        .map(|m| m.name.clone())
-        .collect();
-    gateway.swap_live(live);
-    let (removed_backends, added_backends) = changes.apply(gateway).await;
-    // Blue/green without leftovers: a target no route uses any more is unloaded; Triton
-    // lets its in-flight requests finish first.
-    let mut unloaded = Vec::new();
-    for model in before.difference(&after) {
-        if !pinned.contains(model) && gateway.placement().unload(model).await > 0 {
-            unloaded.push(model.clone());
-        }
+    let leaving = leaving(&gateway.live().config, &live.config);
+
+    // Now apply: certificate, then the one swap requests see.
+    if let Some((tls, staged)) = tls {
+        tls.commit(staged);
     }
+    let old = gateway.swap_live(live);
+    let (removed_backends, added_backends) = changes.apply(gateway).await;
+    let leaving: Vec<Leaving> = leaving
+        .into_iter()
+        .filter(|l| gateway.placement().holds(&l.model, l.versions.as_ref()))
+        .collect();
+    let unloaded = leaving.iter().flat_map(Leaving::labels).collect();
+    tokio::spawn(unload_leftovers(gateway.clone(), old, leaving));
     Ok(Reloaded {
         hash,
         unloaded,
         added_backends,
         removed_backends,
     })
+}
+
+/// A model, or numbered versions of one, that the running config used and a new one does
+/// not: a blue/green leftover to unload.
+#[derive(Debug, PartialEq)]
+struct Leaving {
+    model: String,
+    /// `None`: the whole model.
+    versions: Option<BTreeSet<u64>>,
+}
+
+impl Leaving {
+    fn labels(&self) -> Vec<String> {
+        match &self.versions {
+            None => vec![self.model.clone()],
+            Some(versions) => versions
+                .iter()
+                .map(|v| format!("{}/{v}", self.model))
+                .collect(),
+        }
+    }
+}
+
+/// What `running` uses and `new` does not. A model no route targets (or mirrors) any more,
+/// and that `[[models]]` does not pin, leaves whole; a model still routed loses the
+/// numbered versions no route names any more. The default policy ("latest") of a model
+/// still in use stays: a request without a version may ask for it.
+fn leaving(running: &Config, new: &Config) -> Vec<Leaving> {
+    let after = in_use(new);
+    in_use(running)
+        .into_iter()
+        .filter_map(|(model, before)| match after.get(&model) {
+            None => Some(Leaving {
+                model,
+                versions: None,
+            }),
+            Some(after) => {
+                let gone: BTreeSet<u64> =
+                    before.pinned.difference(&after.pinned).copied().collect();
+                (!gone.is_empty()).then_some(Leaving {
+                    model,
+                    versions: Some(gone),
+                })
+            }
+        })
+        .collect()
+}
+
+/// The versions each model is used for by the routes' targets and mirrors, and ("latest")
+/// by the pins of `[[models]]`.
+fn in_use(config: &Config) -> BTreeMap<String, Versions> {
+    let mut used: BTreeMap<String, Versions> = BTreeMap::new();
+    let targets = config.routes.iter().flat_map(|r| &r.targets);
+    for target in targets {
+        let version = target.version.as_deref().and_then(|v| v.parse().ok());
+        let entry = used.entry(target.model.clone()).or_default();
+        *entry = entry.union(&Versions::requested(version));
+    }
+    for model in config.models.iter().filter(|m| m.pinned()) {
+        let entry = used.entry(model.name.clone()).or_default();
+        *entry = entry.union(&Versions::latest());
+    }
+    used
+}
+
+/// How often a leftover that requests still hold is looked at again.
+const LEFTOVER_POLL: Duration = Duration::from_millis(10);
+
+/// Unloads what a reload left behind, once no request can still use it: first every routed
+/// request resolved on the `old` config must have placed its target (or the drain timeout
+/// passed), so none asks for a leftover again; then each leftover goes once no request
+/// holds it (Triton would let a request it already has finish, but not one the gateway
+/// holds while validating it). A leftover a later reload uses again stays.
+async fn unload_leftovers(gateway: Gateway, old: Arc<Live>, leaving: Vec<Leaving>) {
+    if leaving.is_empty() {
+        return;
+    }
+    let limit = gateway.config().server.drain_timeout.0;
+    if !old.routes.settled(limit).await {
+        tracing::warn!(
+            "requests routed on the previous config still running after server.drain_timeout; unloading its leftovers anyway"
+        );
+    }
+    drop(old);
+    let tasks = leaving.into_iter().map(|leaving| {
+        let gateway = gateway.clone();
+        async move {
+            loop {
+                let used = in_use(&gateway.live().config);
+                let back = used.get(&leaving.model).is_some_and(|v| match &leaving.versions {
+                    None => true,
+                    Some(versions) => !v.pinned.is_disjoint(versions),
+                });
+                if back {
+                    tracing::info!(model = leaving.model, "a later reload uses it again; not unloaded");
+                    return;
+                }
+                let placement = gateway.placement();
+                let done = match &leaving.versions {
+                    None => placement.unload_if_idle(&leaving.model).await.is_some(),
+                    Some(versions) => placement.drop_versions_if_idle(&leaving.model, versions).await,
+                };
+                if done {
+                    tracing::info!(unloaded = ?leaving.labels(), "no route uses it any more: unloaded");
+                    return;
+                }
+                tokio::time::sleep(LEFTOVER_POLL).await;
+            }
+        }
+    });
+    futures_util::future::join_all(tasks).await;
 }
 
 /// Backends a reload takes out and puts in, by name; one whose entry changed is both.
@@ -218,14 +333,6 @@ fn fixed_keys_changed(running: &Config, new: &Config) -> Vec<String> {
         .collect()
 }
 
-fn route_targets(config: &Config) -> BTreeSet<String> {
-    config
-        .routes
-        .iter()
-        .flat_map(|r| r.targets.iter().map(|t| t.model.clone()))
-        .collect()
-}
-
 /// Reloads on SIGHUP and when the file changes (checked every `poll`, acted on once the
 /// file has stopped changing for one more poll), until `shutdown`.
 pub fn spawn_triggers(
@@ -236,10 +343,10 @@ pub fn spawn_triggers(
     shutdown: &CancellationToken,
 ) {
     let (gateway, path, shutdown) = (gateway.clone(), path.to_path_buf(), shutdown.clone());
+    // Installed before the listeners open: a SIGHUP's default action ends the process.
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     tasks.spawn(async move {
-        #[cfg(unix)]
-        let mut hangup =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
         let mut seen = modified(&path);
         let mut pending: Option<SystemTime> = None;

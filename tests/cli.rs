@@ -232,7 +232,7 @@ struct Running {
     child: Child,
     base: String,
     /// Kept until the process stops: it reads the file on reload.
-    _config: tempfile::NamedTempFile,
+    config: tempfile::NamedTempFile,
 }
 
 impl Running {
@@ -256,7 +256,7 @@ impl Running {
         Self {
             child,
             base,
-            _config: config,
+            config,
         }
     }
 
@@ -274,7 +274,7 @@ impl Running {
 }
 
 #[tokio::test]
-async fn an_open_gateway_beyond_loopback_says_so_at_start() {
+async fn an_open_gateway_beyond_loopback_says_so_at_start_and_after_a_reload() {
     const WARNING: &str = "listening beyond loopback with auth.mode = \\\"none\\\"";
     let backend = "[[backends]]\nname = \"t0\"\nhttp = \"http://127.0.0.1:1\"\n";
     let open = Running::start(
@@ -295,6 +295,26 @@ async fn an_open_gateway_beyond_loopback_says_so_at_start() {
     .await;
     let logs = local.stop().await;
     assert!(!logs.contains("listening beyond loopback"), "{logs}");
+
+    // Closed at start, opened by a reload: said after the reload.
+    let closed = format!(
+        "[listen]\nhttp = \"0.0.0.0:{{port}}\"\n{backend}[auth]\nmode = \"required\"\n\
+         [[auth.api_keys]]\nname = \"k\"\nsha256 = \"{}\"\n",
+        "0".repeat(64)
+    );
+    let reopened = Running::start(&closed, &[]).await;
+    let text = std::fs::read_to_string(reopened.config.path()).unwrap();
+    let open = text.replace("mode = \"required\"", "mode = \"none\"");
+    std::fs::write(reopened.config.path(), open).unwrap();
+    signal(&reopened.child, "HUP");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let logs = reopened.stop().await;
+    let reloaded = logs.find("config reloaded").expect(&logs);
+    assert!(
+        !logs[..reloaded].contains("listening beyond loopback"),
+        "{logs}"
+    );
+    assert!(logs[reloaded..].contains(WARNING), "{logs}");
 }
 
 #[tokio::test]
@@ -625,4 +645,71 @@ async fn a_request_longer_than_drain_timeout_is_cut_and_the_process_exits() {
         .unwrap();
     let error = answer.expect_err("a request cut by shutdown cannot succeed");
     assert!(error.is_request() || error.is_connect(), "{error:?}");
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_config_file() {
+    let triton = Triton::start(TritonOptions::with_models(&["sized_a", "sized_b"]))
+        .await
+        .unwrap();
+    let port = free_port();
+    let config_for = |target: &str| {
+        format!(
+            "[listen]\nhttp = \"127.0.0.1:{port}\"\n[upstream]\nhealth_interval = \"200ms\"\n\
+             [[backends]]\nname = \"t0\"\nhttp = \"{}\"\n\
+             [[routes]]\nmodel = \"ranker\"\ntargets = [{{ model = \"{target}\", weight = 1 }}]\n",
+            triton.http_url()
+        )
+    };
+    let config = write_config(&config_for("sized_a"));
+    let child = spawn_gateway(infergate(), &config);
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &base).await;
+    let served = || async {
+        let body: serde_json::Value = client
+            .post(format!("{base}/v2/models/ranker/infer"))
+            .json(
+                &serde_json::json!({"inputs": [{"name": "INPUT0", "datatype": "FP32",
+                "shape": [4], "data": [1, 2, 3, 4]}]}),
+            )
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body["model_name"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(served().await, "sized_a");
+
+    // New text under the old modification time: the file watcher (which polls the time
+    // every second) does not see it, so only the signal can reload it.
+    let mtime = std::fs::metadata(config.path())
+        .unwrap()
+        .modified()
+        .unwrap();
+    std::fs::write(config.path(), config_for("sized_b")).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(config.path())
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(served().await, "sized_a", "reloaded without a signal");
+
+    signal(&child, "HUP");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while served().await != "sized_b" {
+        assert!(Instant::now() < deadline, "SIGHUP never reloaded the file");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(&child, "TERM");
+    let output = child.wait_with_output().unwrap();
+    let logs = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{logs}");
+    assert!(logs.contains("SIGHUP received: reloading config"), "{logs}");
+    assert!(logs.contains("config reloaded"), "{logs}");
 }

@@ -153,16 +153,53 @@ async fn routes_reload_under_load_without_a_failed_request() {
         let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
         assert_eq!(status, 200, "{body}");
         if i == 25 {
-            // An invalid file: refused with its key, nothing changes.
+            // Two invalid files, each with other weights (50/50) so that a partial apply
+            // would show in the split: one that does not parse, one that parses but fails
+            // validation. Each is refused with its key, and nothing changes.
             let good = std::fs::read_to_string(&path).unwrap();
-            std::fs::write(
-                &path,
-                good.replace("weight = 90", "weight = 90, colour = \"red\""),
-            )
-            .unwrap();
-            let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
-            assert_eq!(status, 400, "{body}");
-            assert!(body["error"].as_str().unwrap().contains("colour"), "{body}");
+            let (_, before) = admin(&gateway, reqwest::Method::GET, "/admin/config").await;
+            let failures = || async {
+                let metrics = gateway.metrics_text("/metrics").await;
+                metrics
+                    .lines()
+                    .find_map(|l| {
+                        l.strip_prefix("infergate_config_reload_total{result=\"failure\"} ")
+                    })
+                    .map_or(0.0, |n| n.parse::<f64>().unwrap())
+            };
+            let failed_before = failures().await;
+            let even = config(&triton, &split(50, 50));
+            let refused = [
+                (
+                    even.replace("weight = 50 }", "weight = 50, colour = \"red\" }"),
+                    "routes[0].targets[0].colour",
+                ),
+                (
+                    even.replace("targets = [", "sticky = \"cookie:x\"\ntargets = ["),
+                    "routes[0].sticky",
+                ),
+            ];
+            for (text, key) in refused {
+                std::fs::write(&path, text).unwrap();
+                let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+                assert_eq!(status, 400, "{body}");
+                assert!(
+                    body["error"].as_str().unwrap().contains(key),
+                    "{key}: {body}"
+                );
+            }
+            let (_, after) = admin(&gateway, reqwest::Method::GET, "/admin/config").await;
+            assert_eq!(after, before, "a refused file changed the running config");
+            assert_eq!(
+                failures().await - failed_before,
+                2.0,
+                "each refusal is counted"
+            );
+            let share = canary_share(&client, &url, 30).await;
+            assert!(
+                (share - f64::from(b) / 100.0).abs() <= 0.25,
+                "after refused files: canary share {share}, still {a}/{b}"
+            );
             std::fs::write(&path, good).unwrap();
         }
         let share = canary_share(&client, &url, 30).await;
@@ -339,5 +376,363 @@ async fn backends_join_and_leave_on_reload_without_a_failed_request() {
         placement["backends"].as_array().unwrap().len(),
         1,
         "{placement}"
+    );
+}
+
+/// Clients calling `url` in a loop until `stop`; each returns (answers, failures).
+fn request_loop(
+    clients: usize,
+    url: &str,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<(Vec<Value>, Vec<String>)>> {
+    (0..clients)
+        .map(|_| {
+            let (client, url, stop) = (reqwest::Client::new(), url.to_string(), stop.clone());
+            tokio::spawn(async move {
+                let (mut answers, mut failed) = (Vec::new(), Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match infer_body(&client, &url).await {
+                        Ok(body) => answers.push(body),
+                        Err(error) => failed.push(error),
+                    }
+                }
+                (answers, failed)
+            })
+        })
+        .collect()
+}
+
+/// Stops the loop and gathers what every client saw.
+async fn stop_loop(
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+    clients: Vec<tokio::task::JoinHandle<(Vec<Value>, Vec<String>)>>,
+) -> (Vec<Value>, Vec<String>) {
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut answers, mut failed) = (Vec::new(), Vec::new());
+    for client in clients {
+        let (a, f) = client.await.unwrap();
+        answers.extend(a);
+        failed.extend(f);
+    }
+    (answers, failed)
+}
+
+async fn infer_body(client: &reqwest::Client, url: &str) -> Result<Value, String> {
+    let response = client
+        .post(url)
+        .json(&json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body: Value = response.json().await.map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!("{status}: {body}"));
+    }
+    Ok(body)
+}
+
+/// An inference request pinned to a target whose client sends half its body, then the rest
+/// when told: a request the gateway has placed (it holds a lease) that Triton has not seen.
+struct SlowRequest {
+    stream: tokio::net::TcpStream,
+    rest: Vec<u8>,
+}
+
+impl SlowRequest {
+    async fn start(gateway: &TestGateway, target: &str) -> Self {
+        use tokio::io::AsyncWriteExt;
+        let body = json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
+            .to_string()
+            .into_bytes();
+        let head = format!(
+            "POST /v2/models/ranker/infer HTTP/1.1\r\nhost: {}\r\ninfergate-target: {target}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            gateway.http,
+            body.len()
+        );
+        let mut stream = tokio::net::TcpStream::connect(gateway.http).await.unwrap();
+        let (first, rest) = body.split_at(body.len() / 2);
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(first).await.unwrap();
+        Self {
+            stream,
+            rest: rest.to_vec(),
+        }
+    }
+
+    /// Sends the rest of the body; returns the model that answered (panics on an error).
+    async fn finish(&mut self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.stream.write_all(&self.rest).await.unwrap();
+        let mut answer = String::new();
+        self.stream.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let body = answer.split("\r\n\r\n").nth(1).unwrap();
+        let body: Value = serde_json::from_str(body).unwrap();
+        body["model_name"].as_str().unwrap().to_string()
+    }
+}
+
+/// Requests holding a lease on the model's copy, as `GET /admin/placement` shows it.
+async fn in_flight(gateway: &TestGateway, model: &str) -> Option<u64> {
+    let placement = gateway.placement().await;
+    placement["backends"][0]["models"]
+        .as_array()?
+        .iter()
+        .find(|m| m["name"] == model)?["in_flight"]
+        .as_u64()
+}
+
+/// Polls until `check` holds for Triton's state, for up to 10 s.
+async fn until_triton(triton: &Triton, what: &str, check: impl Fn(&Triton, &[String]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let loaded = triton.loaded_models().await.unwrap();
+        if check(triton, &loaded) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: Triton has {loaded:?} READY, {} stubs",
+            triton.stub_count()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_removed_target_goes_once_its_requests_finish_unless_still_used() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = |ranker: &str, pinned_route: bool| {
+        let mut text = format!(
+            "[[models]]\nname = \"sized_c\"\nmin_copies = 1\n\
+             [[routes]]\nmodel = \"ranker\"\ntargets = [{ranker}]\n\
+             [[routes]]\nmodel = \"other\"\ntargets = [{{ model = \"sized_b\", weight = 1 }}]\n"
+        );
+        if pinned_route {
+            text.push_str(
+                "[[routes]]\nmodel = \"pinned\"\ntargets = [{ model = \"sized_c\", weight = 1 }]\n",
+            );
+        }
+        pool_config("leftovers", &[&triton], "1GiB", "scale_up_rps = 0.0", &text)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, routes(&split(50, 50), true)).unwrap();
+    let gateway = TestGateway::start_from_file(&path).await;
+    let client = reqwest::Client::new();
+    for model in ["sized_a", "sized_b", "sized_c"] {
+        let url = format!("{}/v2/models/{model}/infer", gateway.url());
+        assert!(infer(&client, &url).await.is_ok());
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = request_loop(
+        16,
+        &format!("{}/v2/models/ranker/infer", gateway.url()),
+        &stop,
+    );
+    // One more request, pinned to sized_a, whose client sends half its body and waits: the
+    // gateway holds a lease on sized_a for it, and Triton has not seen it yet.
+    let mut slow = SlowRequest::start(&gateway, "sized_a").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_flight(&gateway, "sized_a").await != Some(1) {
+        assert!(Instant::now() < deadline, "{}", gateway.placement().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // sized_b leaves `ranker` but `other` still routes to it; the route to sized_c goes,
+    // but [[models]] pins sized_c: neither is unloaded.
+    std::fs::write(&path, routes("{ model = \"sized_a\", weight = 1 }", false)).unwrap();
+    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["unloaded"], json!([]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // sized_a leaves every route while 16 clients call `ranker`: the requests on it finish,
+    // the rest go to sized_b, and then sized_a is unloaded, its stub with it.
+    std::fs::write(&path, routes("{ model = \"sized_b\", weight = 1 }", false)).unwrap();
+    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["unloaded"], json!(["sized_a"]));
+    // The copy stays while the gateway still holds that request, which then succeeds.
+    assert!(
+        triton
+            .loaded_models()
+            .await
+            .unwrap()
+            .contains(&"sized_a".to_string())
+    );
+    assert!(gateway.placed().await[0].contains(&"sized_a".to_string()));
+    assert_eq!(slow.finish().await, "sized_a");
+    until_triton(&triton, "sized_a never unloaded", |triton, loaded| {
+        loaded == ["sized_b", "sized_c"] && triton.stub_count() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (answers, failed) = stop_loop(&stop, clients).await;
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}",
+        failed.len(),
+        failed.len() + answers.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(answers.len() > 100, "too little load: {}", answers.len());
+    assert_eq!(answers.last().unwrap()["model_name"], "sized_b");
+    // No request on the old config loaded it again meanwhile.
+    assert_eq!(
+        triton.loaded_models().await.unwrap(),
+        ["sized_b", "sized_c"]
+    );
+    assert_eq!(gateway.placed().await, [["sized_b", "sized_c"]]);
+}
+
+#[tokio::test]
+async fn a_version_a_reload_drops_is_unloaded_while_the_other_keeps_serving() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let versions = |targets: &str| {
+        pool_config(
+            "versions",
+            &[&triton],
+            "1GiB",
+            "scale_up_rps = 0.0",
+            &format!("[[routes]]\nmodel = \"ranker\"\ntargets = [{targets}]\n"),
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        versions("{ model = \"versioned\", version = \"1\", weight = 50 }, { model = \"versioned\", version = \"2\", weight = 50 }"),
+    )
+    .unwrap();
+    let gateway = TestGateway::start_from_file(&path).await;
+    let url = format!("{}/v2/models/ranker/infer", gateway.url());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = request_loop(8, &url, &stop);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while triton.ready_versions().await.unwrap().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            triton.ready_versions().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    std::fs::write(
+        &path,
+        versions("{ model = \"versioned\", version = \"2\", weight = 1 }"),
+    )
+    .unwrap();
+    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["unloaded"], json!(["versioned/1"]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = triton.ready_versions().await.unwrap();
+        if ready == [("versioned".to_string(), 2)] && triton.stub_count() == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "version 1 left behind: {ready:?}, {} stubs",
+            triton.stub_count()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (answers, failed) = stop_loop(&stop, clients).await;
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}",
+        failed.len(),
+        failed.len() + answers.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let versions: std::collections::BTreeSet<&str> = answers
+        .iter()
+        .map(|a| a["model_version"].as_str().unwrap())
+        .collect();
+    assert_eq!(versions, ["1", "2"].into(), "both served before the reload");
+    assert_eq!(answers.last().unwrap()["model_version"], "2");
+    assert_eq!(
+        gateway.placed_versions().await,
+        [[("versioned".to_string(), vec![2])]]
+    );
+}
+
+#[tokio::test]
+async fn sticky_keys_move_only_where_a_reload_sends_them() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let sticky = |a: u32, b: u32| {
+        config(&triton, &split(a, b))
+            .replace("targets = [", "sticky = \"header:x-user-id\"\ntargets = [")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, sticky(90, 10)).unwrap();
+    let gateway = TestGateway::start_from_file(&path).await;
+    let url = format!("{}/v2/models/ranker/infer", gateway.url());
+    let client = reqwest::Client::new();
+    const USERS: usize = 400;
+    let targets = || async {
+        let calls = (0..USERS).map(|user| {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                let response = client
+                    .post(&url)
+                    .header("x-user-id", format!("user-{user}"))
+                    .json(&json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 200);
+                let body: Value = response.json().await.unwrap();
+                body["model_name"].as_str().unwrap().to_string()
+            }
+        });
+        futures_util::future::join_all(calls).await
+    };
+    let before = targets().await;
+    assert_eq!(
+        targets().await,
+        before,
+        "a key changed target without a reload"
+    );
+    let on_b = |t: &[String]| t.iter().filter(|m| *m == "sized_b").count();
+    let share = on_b(&before) as f64 / USERS as f64;
+    assert!(
+        (share - 0.10).abs() < 0.06,
+        "90/10: {share} of keys on sized_b"
+    );
+
+    std::fs::write(&path, sticky(50, 50)).unwrap();
+    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    assert_eq!(status, 200, "{body}");
+    let after = targets().await;
+    // Only keys on sized_a may move, only to sized_b, and about 40% of all keys must.
+    for (user, (was, is)) in before.iter().zip(&after).enumerate() {
+        assert!(
+            was == is || (was == "sized_a" && is == "sized_b"),
+            "user-{user} moved from {was} to {is}"
+        );
+    }
+    let moved = before
+        .iter()
+        .zip(&after)
+        .filter(|(was, is)| was != is)
+        .count();
+    let moved = moved as f64 / USERS as f64;
+    assert!(
+        (moved - 0.40).abs() < 0.07,
+        "{moved} of keys moved going 90/10 to 50/50"
+    );
+    assert_eq!(
+        targets().await,
+        after,
+        "a key changed target after the reload"
     );
 }

@@ -412,3 +412,46 @@ targets = [{ model = "versioned", version = "1", weight = 50 }, { model = "versi
     ];
     assert_eq!(series(&metrics, "infergate_errors_total", &labels), 1.0);
 }
+
+#[tokio::test]
+async fn a_cold_canary_is_not_switched_off_for_its_load_time() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    // The canary (sized_b) answers as fast as the stable target, but its first request
+    // waits about a second for its load: counted as latency, that alone is a p95 hundreds
+    // of times the stable target's (about 1 ms) once the canary has min_requests answers.
+    // Its first answer after the load is still slower than the rest (the python stub warms
+    // up: tens of ms), which a ratio of 100 allows.
+    let routes = r#"
+[[routes]]
+model = "cold"
+targets = [{ model = "sized_a", weight = 50 }, { model = "sized_b", weight = 50 }]
+guard = { max_p95_ratio = 100.0, window = "60s", min_requests = 10 }
+"#;
+    let gateway = TestGateway::start(&pool_config(
+        "cold",
+        &[&triton],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        routes,
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let stable = format!("{}/v2/models/sized_a/infer", gateway.url());
+    assert_eq!(infer_status(&client, &stable).await.0, 200);
+    let url = format!("{}/v2/models/cold/infer", gateway.url());
+    let mut canary = 0;
+    for sent in 0.. {
+        if canary == 30 {
+            break;
+        }
+        assert!(sent < 1000, "{}", admin_routes(&gateway).await);
+        let (status, model) = infer_status(&client, &url).await;
+        assert_eq!(status, 200, "{model}");
+        canary += usize::from(model == "sized_b");
+    }
+    let view = admin_routes(&gateway).await;
+    let route = &view[0];
+    assert_eq!(route["trips"], json!([]), "{route}");
+    assert_eq!(route["targets"][1]["current_weight"], 50, "{route}");
+    assert_eq!(route["targets"][1]["window"]["requests"], 30, "{route}");
+}

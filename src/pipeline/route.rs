@@ -10,6 +10,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
+use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// Header that pins a request to one target of a route (for testing a canary directly):
 /// the same name the answer uses to say which target served it.
@@ -28,6 +30,9 @@ pub struct Routed {
     pub outcome: Option<Outcome>,
     /// Mirror targets that get a copy of this request (shadow traffic).
     pub mirrors: Vec<ModelRef>,
+    /// Held while a routed request may still place its target: a reload waits for the
+    /// old table's requests to let go before it unloads a target they may still ask for.
+    _resolved: Option<TaskTrackerToken>,
 }
 
 impl Routed {
@@ -41,16 +46,20 @@ impl Routed {
     }
 
     /// Finds or loads a copy of the target (`Placement::acquire`). A target that cannot be
-    /// placed has failed the request: a guard counts that against it.
+    /// placed has failed the request: a guard counts that against it. A guard's latency
+    /// starts once the target is placed: a cold canary's load time is not its answer time.
     pub async fn place(
         &mut self,
         placement: &Arc<crate::placement::Placement>,
     ) -> Result<crate::placement::Lease, GatewayError> {
         let placed = placement.acquire(&self.target).await;
-        if let Err(error) = &placed
-            && let Some(outcome) = self.outcome.take()
-        {
-            outcome.finish(error.http_status().is_server_error());
+        match (&placed, &mut self.outcome) {
+            (Ok(_), Some(outcome)) => outcome.started = Instant::now(),
+            (Err(error), outcome @ Some(_)) => {
+                let failed = error.http_status().is_server_error();
+                outcome.take().expect("matched Some").finish(failed);
+            }
+            _ => {}
         }
         placed
     }
@@ -62,6 +71,7 @@ impl Routed {
             label: None,
             outcome: None,
             mirrors: Vec::new(),
+            _resolved: None,
         }
     }
 }
@@ -86,6 +96,8 @@ impl Outcome {
 #[derive(Debug, Default)]
 pub struct RouteTable {
     routes: HashMap<String, Entry>,
+    /// Routed requests resolved on this table and not yet done with it.
+    resolved: TaskTracker,
 }
 
 #[derive(Debug)]
@@ -115,7 +127,20 @@ impl RouteTable {
                 (r.model.clone(), entry)
             })
             .collect();
-        Self { routes }
+        Self {
+            routes,
+            resolved: TaskTracker::new(),
+        }
+    }
+
+    /// Waits until every routed request resolved on this table has let go of its choice
+    /// (it has placed its target, or given up), for at most `limit`; false if it had not by
+    /// then. After a reload, no request on the old table can then ask for a target again.
+    pub async fn settled(&self, limit: std::time::Duration) -> bool {
+        self.resolved.close();
+        tokio::time::timeout(limit, self.resolved.wait())
+            .await
+            .is_ok()
     }
 
     /// Every route, for the admin API.
@@ -190,6 +215,7 @@ impl RouteTable {
                 started: Instant::now(),
             }),
             mirrors: route.mirrors().map(model_ref).collect(),
+            _resolved: Some(self.resolved.token()),
         })
     }
 }
@@ -292,6 +318,28 @@ mod tests {
         );
         let off = table.resolve(ModelRef::new("off", None), |_| None, &Caller::Open);
         assert!(matches!(off, Err(GatewayError::RouteUnavailable { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_reload_waits_for_requests_routed_on_the_old_table() {
+        let table = table();
+        let wait = std::time::Duration::from_millis(20);
+        let routed = table
+            .resolve(ModelRef::new("ranker", None), |_| None, &Caller::Open)
+            .unwrap();
+        let unrouted = table
+            .resolve(ModelRef::new("add_sub", None), |_| None, &Caller::Open)
+            .unwrap();
+        assert!(
+            !table.settled(wait).await,
+            "a routed request may still place its target"
+        );
+        drop(routed);
+        assert!(
+            table.settled(wait).await,
+            "requests not routed are not waited for"
+        );
+        drop(unrouted);
     }
 
     fn guarded(error_rate: f64) -> Vec<config::Route> {

@@ -14,7 +14,7 @@ mod versions;
 
 pub use estimate::{Estimate, Estimator, SizeSource, Sizing};
 pub use load_queue::{LoadQueue, Priority};
-pub use table::{BackendView, Decision, Indexed, LoadOutcome, LoadPlan, Policy, Table};
+pub use table::{BackendView, Decision, Indexed, LoadOutcome, LoadPlan, Narrowed, Policy, Table};
 pub use versions::Versions;
 
 use crate::config;
@@ -76,6 +76,8 @@ pub struct Lease {
     placement: Arc<Placement>,
     backend: usize,
     model: String,
+    /// The version asked for by number, if any (counted per version on the copy).
+    version: Option<u64>,
     in_flight: InFlight,
 }
 
@@ -88,9 +90,12 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.placement
-            .books()
-            .release(self.backend, &self.model, Instant::now());
+        self.placement.books().release_version(
+            self.backend,
+            &self.model,
+            self.version,
+            Instant::now(),
+        );
     }
 }
 
@@ -219,6 +224,8 @@ impl Placement {
                         placement: self.clone(),
                         backend,
                         model: model.name.clone(),
+                        // `Serve` only follows a version that parsed.
+                        version: model.version.as_deref().and_then(|v| v.parse().ok()),
                         in_flight,
                     });
                 }
@@ -443,6 +450,58 @@ impl Placement {
             self.publish_usage(b);
         }
         backends.len()
+    }
+
+    /// Whether the books hold a copy of `model` (loaded for one of `versions`, when given).
+    pub fn holds(&self, model: &str, versions: Option<&BTreeSet<u64>>) -> bool {
+        self.books().backends().iter().any(|books| {
+            books
+                .copies
+                .get(model)
+                .is_some_and(|copy| versions.is_none_or(|v| !copy.versions.pinned.is_disjoint(v)))
+        })
+    }
+
+    /// Unloads every copy of a model no route uses any more, if no request holds one (the
+    /// gateway's own leases: a request may hold one before it reaches Triton) and no load
+    /// of it runs. Returns how many copies were unloaded, or `None` while it is busy.
+    pub async fn unload_if_idle(&self, model: &str) -> Option<usize> {
+        let backends = self.books().take_if_idle(model, Instant::now())?;
+        for &b in &backends {
+            self.unload_on(&self.pool.backends()[b], model, "unrouted")
+                .await;
+            self.publish_usage(b);
+        }
+        Some(backends.len())
+    }
+
+    /// Loads each copy serving one of the numbered `versions` (which no route uses any more)
+    /// again without them, or unloads it when it served nothing else, once no request holds
+    /// one of them. Returns false, doing nothing, while one is held or a load of the model
+    /// runs.
+    pub async fn drop_versions_if_idle(
+        self: &Arc<Self>,
+        model: &str,
+        versions: &BTreeSet<u64>,
+    ) -> bool {
+        let sizing = self.estimator.sizing(model);
+        let Some(narrowed) = self
+            .books()
+            .narrow(model, versions, &sizing, Instant::now())
+        else {
+            return false;
+        };
+        for step in narrowed {
+            match step {
+                Narrowed::Unload(b) => {
+                    self.unload_on(&self.pool.backends()[b], model, "unrouted")
+                        .await;
+                    self.publish_usage(b);
+                }
+                Narrowed::Load(plan) => self.clone().run_load(plan, Priority::Background).await,
+            }
+        }
+        true
     }
 
     /// Loads pinned models (`min_copies` copies each, evicting if need be) and preload models

@@ -6,7 +6,7 @@ use super::estimate::{Estimate, SizeSource, Sizing};
 use super::versions::Versions;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -52,6 +52,9 @@ pub struct Copy {
     pub last_used: Instant,
     /// Requests holding a lease on it.
     pub in_flight: usize,
+    /// Of those, the ones that asked for a version by number, per version: a version a
+    /// reload takes out of every route leaves once none holds it.
+    pub in_flight_versions: BTreeMap<u64, usize>,
     /// Never evicted.
     pub pinned: bool,
     /// Requests served since it was placed (for scaling by demand).
@@ -209,12 +212,22 @@ pub struct LoadPlan {
     /// The version numbers that means ("latest" taken as the newest on disk).
     pub serving: BTreeSet<u64>,
     /// Why, for the loads metric: `new` (a copy where there was none), `version` (a copy
-    /// loaded again with one more version), `reload` (a newer version for "latest").
+    /// loaded again with one more version), `reload` (a newer version for "latest"),
+    /// `retire` (a copy loaded again without versions a reload took out of every route).
     pub reason: &'static str,
     /// Models to unload first (already off the books).
     pub evict: Vec<Evicted>,
     /// Where the outcome is announced.
     pub done: watch::Sender<LoadOutcome>,
+}
+
+/// What `Table::narrow` did to one copy.
+#[derive(Debug)]
+pub enum Narrowed {
+    /// Took it off the books on this backend: it served nothing else; unload it.
+    Unload(usize),
+    /// Load it again for fewer versions.
+    Load(LoadPlan),
 }
 
 /// What a request for a model should do next.
@@ -484,6 +497,9 @@ impl Table {
             self.backends[b].modify(&model.name, |copy| {
                 copy.in_flight += 1;
                 copy.served += 1;
+                if let Some(v) = version {
+                    *copy.in_flight_versions.entry(v).or_default() += 1;
+                }
             });
             return Some(Decision::Serve(b));
         }
@@ -578,6 +594,7 @@ impl Table {
             state: CopyState::Loading(waiting),
             last_used: now,
             in_flight: 0,
+            in_flight_versions: BTreeMap::new(),
             pinned,
             served: 0,
             versions: versions.clone(),
@@ -782,10 +799,127 @@ impl Table {
 
     /// A request is done with its copy.
     pub fn release(&mut self, backend: usize, model: &str, now: Instant) {
+        self.release_version(backend, model, None, now);
+    }
+
+    /// A request that asked for `version` (`None`: the default policy) is done with its copy.
+    pub fn release_version(
+        &mut self,
+        backend: usize,
+        model: &str,
+        version: Option<u64>,
+        now: Instant,
+    ) {
         self.backends[backend].modify(model, |copy| {
             copy.in_flight = copy.in_flight.saturating_sub(1);
             copy.last_used = now;
+            if let Some(v) = version
+                && let Some(n) = copy.in_flight_versions.get_mut(&v)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    copy.in_flight_versions.remove(&v);
+                }
+            }
         });
+    }
+
+    /// Takes every copy of a model off the books once no request holds one and no load of
+    /// it runs (a reload took it out of every route); returns the backends to unload it
+    /// from, or `None` while it is busy.
+    pub fn take_if_idle(&mut self, model: &str, now: Instant) -> Option<Vec<usize>> {
+        let busy = self.backends.iter().any(|books| {
+            books
+                .copies
+                .get(model)
+                .is_some_and(|c| c.in_flight > 0 || !matches!(c.state, CopyState::Ready))
+        });
+        (!busy).then(|| self.remove_everywhere(model, now))
+    }
+
+    /// Plans, for each copy of a model that was loaded for one of the numbered versions
+    /// `leaving` (a reload took them out of every route), a load without them: at once, so
+    /// requests for them stop reaching the copy. A copy left with nothing to serve comes
+    /// off the books instead, to be unloaded. `None` while a request holds one of those
+    /// versions or a load of the model runs: nothing is planned then.
+    pub fn narrow(
+        &mut self,
+        model: &str,
+        leaving: &BTreeSet<u64>,
+        sizing: &Sizing,
+        now: Instant,
+    ) -> Option<Vec<Narrowed>> {
+        let mut affected = Vec::new();
+        for (b, books) in self.backends.iter().enumerate() {
+            let Some(copy) = books.copies.get(model) else {
+                continue;
+            };
+            if !matches!(copy.state, CopyState::Ready) {
+                return None;
+            }
+            if copy.versions.pinned.is_disjoint(leaving) {
+                continue;
+            }
+            if leaving
+                .iter()
+                .any(|v| copy.in_flight_versions.contains_key(v))
+            {
+                return None;
+            }
+            affected.push(b);
+        }
+        let mut narrowed = Vec::new();
+        for b in affected {
+            let books = &mut self.backends[b];
+            let copy = &books.copies[model];
+            let to = Versions {
+                latest: copy.versions.latest,
+                pinned: copy.versions.pinned.difference(leaving).copied().collect(),
+            };
+            if !to.latest && to.pinned.is_empty() {
+                // No request holds it: it served only leaving versions, and none holds one.
+                let copy = books.take(model).expect("present");
+                books.committed -= copy.size;
+                books.changed = now;
+                narrowed.push(Narrowed::Unload(b));
+                continue;
+            }
+            let estimate = sizing.estimate(&to);
+            let serving = to.resolve(sizing.newest());
+            let (done, waiting) = watch::channel(None);
+            let from = books
+                .modify(model, |copy| {
+                    let from = Estimate {
+                        bytes: copy.size,
+                        source: copy.source,
+                    };
+                    // Requests for the leaving versions stop here: they wait for this load
+                    // and then, should one still be asked for by name, load it again.
+                    copy.serving.retain(|v| !leaving.contains(v));
+                    copy.state = CopyState::Reloading(Reload {
+                        waiting,
+                        to: to.clone(),
+                        to_serving: serving.clone(),
+                        from,
+                    });
+                    copy.size = estimate.bytes;
+                    copy.source = estimate.source;
+                    from
+                })
+                .expect("present");
+            books.committed = books.committed - from.bytes + estimate.bytes;
+            books.changed = now;
+            narrowed.push(Narrowed::Load(LoadPlan {
+                backend: b,
+                model: model.to_string(),
+                versions: to,
+                serving,
+                reason: "retire",
+                evict: Vec::new(),
+                done,
+            }));
+        }
+        Some(narrowed)
     }
 
     /// Takes a model off the books everywhere (an explicit unload); returns the backends that
@@ -940,6 +1074,7 @@ fn adopt(found: &Indexed, pinned: bool, now: Instant) -> Copy {
         state: CopyState::Ready,
         last_used: now,
         in_flight: 0,
+        in_flight_versions: BTreeMap::new(),
         pinned,
         served: 0,
         versions: Versions::latest(),
@@ -1369,6 +1504,63 @@ mod tests {
                 Decision::Refuse(GatewayError::ModelNotReady { .. })
             ));
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leaving_versions_and_models_wait_for_the_requests_holding_them() {
+        let now = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), now);
+        let sizing = Sizing::on_disk(0, &[(1, 10 * MIB), (2, 20 * MIB)]);
+        let decide = |table: &mut Table, model: &ModelRef| {
+            table.decide(model, &sizing, &view(1), false, true, now)
+        };
+        plan_of(decide(&mut table, &versioned("m", "1")));
+        table.finish_load(0, "m", &Ok(()), now);
+        let union = plan_of(decide(&mut table, &versioned("m", "2")));
+        table.finish_load(0, "m", &Ok(()), now);
+        assert_eq!(union.serving, BTreeSet::from([1, 2]));
+        // A request holds version 1: neither the version nor the model may go yet; one on
+        // version 2 does not hold version 1 back.
+        assert!(matches!(
+            decide(&mut table, &versioned("m", "1")),
+            Decision::Serve(0)
+        ));
+        assert!(matches!(
+            decide(&mut table, &versioned("m", "2")),
+            Decision::Serve(0)
+        ));
+        let leaving = BTreeSet::from([1]);
+        assert!(table.narrow("m", &leaving, &sizing, now).is_none());
+        assert!(table.take_if_idle("m", now).is_none());
+        table.release_version(0, "m", Some(1), now);
+        let narrowed = table.narrow("m", &leaving, &sizing, now).unwrap();
+        let [Narrowed::Load(plan)] = &narrowed[..] else {
+            panic!("{narrowed:?}")
+        };
+        assert_eq!(
+            (plan.reason, plan.serving.clone()),
+            ("retire", BTreeSet::from([2]))
+        );
+        assert!(!plan.versions.latest);
+        // From now on version 1 is not served here: its requests wait for the load.
+        assert!(matches!(
+            decide(&mut table, &versioned("m", "1")),
+            Decision::Wait(_)
+        ));
+        assert!(matches!(
+            decide(&mut table, &versioned("m", "2")),
+            Decision::Serve(0)
+        ));
+        table.finish_load(0, "m", &Ok(()), now);
+        assert_eq!(table.usage(0).0, 20 * MIB);
+        assert_within_capacity(&table);
+        // The whole model goes once the two requests on version 2 are done.
+        assert!(table.take_if_idle("m", now).is_none());
+        table.release_version(0, "m", Some(2), now);
+        assert!(table.take_if_idle("m", now).is_none());
+        table.release_version(0, "m", Some(2), now);
+        assert_eq!(table.take_if_idle("m", now), Some(vec![0]));
+        assert_eq!(table.usage(0), (0, 0, 0));
     }
 
     #[tokio::test(start_paused = true)]

@@ -73,6 +73,13 @@ struct Loaded {
     client_ca: Option<Vec<u8>>,
 }
 
+/// Certificate, key and client verifier read from files and checked, not yet served.
+pub struct StagedTls {
+    key: CertifiedKey,
+    verifier: Arc<dyn ClientCertVerifier>,
+    loaded: Loaded,
+}
+
 /// The listeners' TLS state: swapped in place on reload, read once per handshake.
 pub struct ServerTls {
     resolver: Arc<CertResolver>,
@@ -124,46 +131,56 @@ impl ServerTls {
     /// Re-reads the files of `settings` (the running ones, or a reloaded config's). On any
     /// error nothing changes; counted and logged either way.
     pub fn reload(&self, settings: &ListenTls) -> Result<(), ConfigError> {
-        let outcome = self.apply(settings);
-        let result = if outcome.is_ok() {
-            "success"
-        } else {
-            "failure"
-        };
-        metrics::counter!(telemetry::TLS_RELOADS, "result" => result).increment(1);
-        match &outcome {
-            Ok(()) => tracing::info!(cert = %settings.cert.display(), "TLS certificate reloaded"),
-            Err(error) => tracing::warn!(
-                %error,
-                "TLS reload refused; the running certificate stays"
-            ),
-        }
-        outcome
+        let staged = self.stage(settings)?;
+        self.commit(staged);
+        Ok(())
     }
 
-    fn apply(&self, settings: &ListenTls) -> Result<(), ConfigError> {
-        let key = load_certified_key(settings)?;
+    /// Reads and checks the files of `settings` without serving them yet, so that a config
+    /// reload can build everything before it changes anything. A failure is counted and
+    /// logged here; `commit` counts the success.
+    pub fn stage(&self, settings: &ListenTls) -> Result<StagedTls, ConfigError> {
+        let staged = (|| {
+            let key = load_certified_key(settings)?;
+            let client_ca = read_client_ca(settings)?;
+            let verifier = verifier(settings, client_ca.as_deref())?;
+            Ok(StagedTls {
+                key,
+                verifier,
+                loaded: Loaded {
+                    settings: settings.clone(),
+                    client_ca,
+                },
+            })
+        })();
+        if let Err(error) = &staged {
+            metrics::counter!(telemetry::TLS_RELOADS, "result" => "failure").increment(1);
+            tracing::warn!(%error, "TLS reload refused; the running certificate stays");
+        }
+        staged
+    }
+
+    /// Serves what `stage` read from the next handshake on.
+    pub fn commit(&self, staged: StagedTls) {
         let mut loaded = self.loaded.lock().expect("tls lock");
-        let ca_bytes = read_client_ca(settings)?;
-        let verifier_changed =
-            ca_bytes != loaded.client_ca || settings.client_auth() != loaded.settings.client_auth();
-        let verifier = if verifier_changed {
-            Some(verifier(settings, ca_bytes.as_deref())?)
-        } else {
-            None
-        };
-        // Everything loaded: now swap.
-        self.resolver.0.store(Arc::new(key));
-        if let Some(verifier) = verifier {
-            let config = server_config(self.resolver.clone(), verifier, self.sessions.clone());
+        self.resolver.0.store(Arc::new(staged.key));
+        // A new verifier only when the client CAs or the policy changed: sessions resume
+        // across a reload that only rotates the certificate.
+        let verifier_changed = staged.loaded.client_ca != loaded.client_ca
+            || staged.loaded.settings.client_auth() != loaded.settings.client_auth();
+        if verifier_changed {
+            let config = server_config(
+                self.resolver.clone(),
+                staged.verifier,
+                self.sessions.clone(),
+            );
             self.config.store(Arc::new(config));
         }
-        self.identity.store(Arc::new(settings.client_identity()));
-        *loaded = Loaded {
-            settings: settings.clone(),
-            client_ca: ca_bytes,
-        };
-        Ok(())
+        self.identity
+            .store(Arc::new(staged.loaded.settings.client_identity()));
+        tracing::info!(cert = %staged.loaded.settings.cert.display(), "TLS certificate reloaded");
+        *loaded = staged.loaded;
+        metrics::counter!(telemetry::TLS_RELOADS, "result" => "success").increment(1);
     }
 
     /// The files now in use.
