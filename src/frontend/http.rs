@@ -9,7 +9,7 @@ use crate::auth::{Access, Credentials};
 use crate::error::GatewayError;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index, ask_all, ready_backends};
-use crate::pipeline::{LeasedBody, ModelRef, Outcome, Routed, mirror};
+use crate::pipeline::{LeasedBody, ModelRef, Outcome, mirror};
 use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream;
 use axum::Router;
@@ -261,7 +261,9 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
         Err(error) => return error.into_response(),
     };
     routed.for_inference(is_infer(&request));
-    let copy = mirror_copy(&mut routed, &request);
+    let copy = routed
+        .mirror_copy()
+        .map(|copy| (copy, request.uri().clone()));
     if routed.route.is_some() {
         *request.uri_mut() = target_uri(request.uri(), &routed.target);
     }
@@ -317,19 +319,6 @@ fn finish(outcome: Option<Outcome>, status: StatusCode) {
     if let Some(outcome) = outcome {
         outcome.finish(status.is_server_error());
     }
-}
-
-/// The mirror copy an inference request of a route with mirrors makes (other model
-/// requests are not mirrored).
-fn mirror_copy(routed: &mut Routed, request: &Request) -> Option<(mirror::Copy, http::Uri)> {
-    if routed.mirrors.is_empty() {
-        return None;
-    }
-    let copy = mirror::Copy {
-        route: routed.route.clone()?,
-        mirrors: std::mem::take(&mut routed.mirrors),
-    };
-    Some((copy, request.uri().clone()))
 }
 
 const TARGET_HEADER: http::HeaderName =

@@ -12,6 +12,7 @@ use axum::body::Body;
 use http::Request;
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// Copies in flight at most, across the process: a slow mirror costs memory for the bodies
 /// it holds, never the clients' requests.
@@ -19,12 +20,15 @@ const MAX_IN_FLIGHT: usize = 64;
 
 static IN_FLIGHT: Semaphore = Semaphore::const_new(MAX_IN_FLIGHT);
 
-/// What a mirror copy of a request needs to know.
+/// What a mirror copy of a request needs to know (`Routed::mirror_copy` makes one).
 pub struct Copy {
     /// The route the client called.
     pub route: String,
     /// The mirror targets drawn for this request.
     pub mirrors: Vec<ModelRef>,
+    /// Held by each copy until it has placed its target, as the client's request holds it:
+    /// a reload that drops a mirror waits for its copies before unloading it.
+    pub resolved: Option<TaskTrackerToken>,
 }
 
 /// Sends a copy of an HTTP inference request to each mirror. The body is read whole (it
@@ -51,9 +55,10 @@ pub async fn http(
             .body(Body::from(body.clone()))
             .expect("parts of a valid request");
         *mirrored.headers_mut() = parts.headers.clone();
-        let (gateway, route) = (gateway.clone(), copy.route.clone());
+        let (gateway, route, resolved) =
+            (gateway.clone(), copy.route.clone(), copy.resolved.clone());
         tokio::spawn(async move {
-            let outcome = send(&gateway, &target, mirrored).await;
+            let outcome = send(&gateway, &target, mirrored, resolved).await;
             drop(permit);
             if let Err(error) = &outcome {
                 tracing::debug!(route, model = target.name, %error, "mirror copy failed");
@@ -70,12 +75,18 @@ pub async fn http(
 
 /// Places the mirror target like any model (it may be loaded for this) and reads its answer
 /// to the end, so the connection goes back to the pool.
-async fn send(gateway: &Gateway, target: &ModelRef, request: Request<Body>) -> Result<(), String> {
+async fn send(
+    gateway: &Gateway,
+    target: &ModelRef,
+    request: Request<Body>,
+    resolved: Option<TaskTrackerToken>,
+) -> Result<(), String> {
     let lease = gateway
         .placement()
         .acquire(target)
         .await
         .map_err(|e| e.to_string())?;
+    drop(resolved);
     let response = crate::upstream::forward(lease.backend(), request)
         .await
         .map_err(|e| e.to_string())?;
@@ -101,10 +112,12 @@ pub fn grpc(
         let mut message = message.clone();
         message.model_name.clone_from(&target.name);
         message.model_version = target.version.clone().unwrap_or_default();
-        let (gateway, route) = (gateway.clone(), copy.route.clone());
+        let (gateway, route, resolved) =
+            (gateway.clone(), copy.route.clone(), copy.resolved.clone());
         tokio::spawn(async move {
             let outcome = async {
                 let lease = gateway.placement().acquire(&target).await.ok()?;
+                drop(resolved);
                 let timeout = gateway.config().upstream.request_timeout.0;
                 crate::upstream::grpc::unary(lease.backend(), timeout, |mut client| async move {
                     client.model_infer(message).await

@@ -64,6 +64,19 @@ impl Routed {
         placed
     }
 
+    /// The mirror copy of this request, when its route drew mirrors for it: call it once
+    /// the request is known to be an inference (`for_inference`).
+    pub fn mirror_copy(&mut self) -> Option<super::mirror::Copy> {
+        if self.mirrors.is_empty() {
+            return None;
+        }
+        Some(super::mirror::Copy {
+            route: self.route.clone()?,
+            mirrors: std::mem::take(&mut self.mirrors),
+            resolved: self._resolved.clone(),
+        })
+    }
+
     fn unrouted(target: ModelRef) -> Self {
         Self {
             route: None,
@@ -258,6 +271,9 @@ mod tests {
             [[routes]]
             model = "off"
             targets = [{ model = "x", weight = 0 }]
+            [[routes]]
+            model = "shadowed"
+            targets = [{ model = "a", weight = 1 }, { model = "s", mirror = true, percent = 100 }]
             "#,
         )
         .unwrap();
@@ -340,6 +356,19 @@ mod tests {
             "requests not routed are not waited for"
         );
         drop(unrouted);
+
+        // A mirror copy outlives its request (it is sent from a task of its own): the
+        // reload waits for it too.
+        let mut routed = table
+            .resolve(ModelRef::new("shadowed", None), |_| None, &Caller::Open)
+            .unwrap();
+        routed.for_inference(true);
+        let copy = routed.mirror_copy().expect("a mirror at 100%");
+        assert_eq!(copy.mirrors, [ModelRef::new("s", None)]);
+        drop(routed);
+        assert!(!table.settled(wait).await, "a mirror copy may still place");
+        drop(copy);
+        assert!(table.settled(wait).await);
     }
 
     fn guarded(error_rate: f64) -> Vec<config::Route> {

@@ -453,10 +453,8 @@ impl GrpcInferenceService for InferenceService {
                         &message,
                     )
                     .await?;
-                    if let Some(route) = routed.route.clone().filter(|_| !routed.mirrors.is_empty())
-                    {
-                        let mirrors = std::mem::take(&mut routed.mirrors);
-                        mirror::grpc(&self.gateway, mirror::Copy { route, mirrors }, &message);
+                    if let Some(copy) = routed.mirror_copy() {
+                        mirror::grpc(&self.gateway, copy, &message);
                     }
                     self.forward(&call, &lease, metadata, message, |mut c, r| async move {
                         c.model_infer(r).await
