@@ -198,7 +198,9 @@ fn in_use(config: &Config) -> BTreeMap<String, Versions> {
     let mut used: BTreeMap<String, Versions> = BTreeMap::new();
     let targets = config.routes.iter().flat_map(|r| &r.targets);
     for target in targets {
-        let version = target.version.as_deref().and_then(|v| v.parse().ok());
+        let version = crate::pipeline::version_number(target.version.as_deref())
+            .ok()
+            .flatten();
         let entry = used.entry(target.model.clone()).or_default();
         *entry = entry.union(&Versions::requested(version));
     }

@@ -30,4 +30,15 @@ impl ModelRef {
             version,
         }
     }
+
+    /// The version asked for as a number (`Ok(None)`: none asked for). Triton's versions are
+    /// numbers; a text that is not one names no version, and placement refuses it.
+    pub fn version_number(&self) -> Result<Option<u64>, std::num::ParseIntError> {
+        version_number(self.version.as_deref())
+    }
+}
+
+/// A version as written (in a request or a route target) as a number: the one rule for both.
+pub fn version_number(text: Option<&str>) -> Result<Option<u64>, std::num::ParseIntError> {
+    text.map(str::parse).transpose()
 }

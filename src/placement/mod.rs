@@ -225,7 +225,7 @@ impl Placement {
                         backend,
                         model: model.name.clone(),
                         // `Serve` only follows a version that parsed.
-                        version: model.version.as_deref().and_then(|v| v.parse().ok()),
+                        version: model.version_number().ok().flatten(),
                         in_flight,
                     });
                 }
@@ -444,12 +444,17 @@ impl Placement {
     /// them). Returns how many copies were unloaded.
     pub async fn unload(&self, model: &str) -> usize {
         let backends = self.books().remove_everywhere(model, Instant::now());
-        for &b in &backends {
-            self.unload_on(&self.pool.backends()[b], model, "request")
+        self.unload_from(&backends, model, "request").await;
+        backends.len()
+    }
+
+    /// Unloads a model the books no longer hold from each of `backends`, and says so.
+    async fn unload_from(&self, backends: &[usize], model: &str, reason: &'static str) {
+        for &b in backends {
+            self.unload_on(&self.pool.backends()[b], model, reason)
                 .await;
             self.publish_usage(b);
         }
-        backends.len()
     }
 
     /// Whether the books hold a copy of `model` (loaded for one of `versions`, when given).
@@ -467,11 +472,7 @@ impl Placement {
     /// of it runs. Returns how many copies were unloaded, or `None` while it is busy.
     pub async fn unload_if_idle(&self, model: &str) -> Option<usize> {
         let backends = self.books().take_if_idle(model, Instant::now())?;
-        for &b in &backends {
-            self.unload_on(&self.pool.backends()[b], model, "unrouted")
-                .await;
-            self.publish_usage(b);
-        }
+        self.unload_from(&backends, model, "unrouted").await;
         Some(backends.len())
     }
 
@@ -493,11 +494,7 @@ impl Placement {
         };
         for step in narrowed {
             match step {
-                Narrowed::Unload(b) => {
-                    self.unload_on(&self.pool.backends()[b], model, "unrouted")
-                        .await;
-                    self.publish_usage(b);
-                }
+                Narrowed::Unload(b) => self.unload_from(&[b], model, "unrouted").await,
                 Narrowed::Load(plan) => self.clone().run_load(plan, Priority::Background).await,
             }
         }
@@ -590,9 +587,7 @@ impl Placement {
             self.books()
                 .take_idle_extra_copies(self.scaling.down_idle, &keep, Instant::now());
         for (b, model) in idle {
-            self.unload_on(&self.pool.backends()[b], &model, "idle")
-                .await;
-            self.publish_usage(b);
+            self.unload_from(&[b], &model, "idle").await;
         }
     }
 

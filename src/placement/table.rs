@@ -6,7 +6,7 @@ use super::estimate::{Estimate, SizeSource, Sizing};
 use super::versions::Versions;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -53,8 +53,9 @@ pub struct Copy {
     /// Requests holding a lease on it.
     pub in_flight: usize,
     /// Of those, the ones that asked for a version by number, per version: a version a
-    /// reload takes out of every route leaves once none holds it.
-    pub in_flight_versions: BTreeMap<u64, usize>,
+    /// reload takes out of every route leaves once none holds it. A few entries at most, and
+    /// the vector keeps its room, so a warm request allocates nothing here.
+    pub in_flight_versions: Vec<(u64, usize)>,
     /// Never evicted.
     pub pinned: bool,
     /// Requests served since it was placed (for scaling by demand).
@@ -407,39 +408,11 @@ impl Table {
             "version"
         };
         let target = target(backend);
-        let estimate = sizing.estimate(&target);
-        let serving = target.resolve(sizing.newest());
         let books = &mut self.backends[backend];
         let evict = take_victims(books, evict, now);
-        let (done, waiting) = watch::channel(None);
-        let from = books
-            .modify(model, |copy| {
-                let from = Estimate {
-                    bytes: copy.size,
-                    source: copy.source,
-                };
-                copy.state = CopyState::Reloading(Reload {
-                    waiting,
-                    to: target.clone(),
-                    to_serving: serving.clone(),
-                    from,
-                });
-                copy.size = estimate.bytes;
-                copy.source = estimate.source;
-                from
-            })
-            .expect("a holder has the copy");
-        books.committed = books.committed - from.bytes + estimate.bytes;
-        books.changed = now;
-        Ok(LoadPlan {
-            backend,
-            model: model.to_string(),
-            versions: target,
-            serving,
-            reason,
-            evict,
-            done,
-        })
+        let mut plan = start_reload(books, backend, model, target, sizing, reason, now);
+        plan.evict = evict;
+        Ok(plan)
     }
 
     fn is_ready_copy(&self, backend: usize, model: &str) -> bool {
@@ -469,12 +442,7 @@ impl Table {
     /// size estimate).
     pub fn hit(&mut self, model: &ModelRef, view: &[BackendView]) -> Option<Decision> {
         // A version that is no number is refused by `decide`.
-        let version = model
-            .version
-            .as_deref()
-            .map(str::parse::<u64>)
-            .transpose()
-            .ok()?;
+        let version = model.version_number().ok()?;
         let mut best: Option<(usize, usize)> = None;
         let mut loading = None;
         for (b, books) in self.backends.iter().enumerate() {
@@ -498,7 +466,10 @@ impl Table {
                 copy.in_flight += 1;
                 copy.served += 1;
                 if let Some(v) = version {
-                    *copy.in_flight_versions.entry(v).or_default() += 1;
+                    match copy.in_flight_versions.iter_mut().find(|(w, _)| *w == v) {
+                        Some((_, n)) => *n += 1,
+                        None => copy.in_flight_versions.push((v, 1)),
+                    }
                 }
             });
             return Some(Decision::Serve(b));
@@ -594,7 +565,7 @@ impl Table {
             state: CopyState::Loading(waiting),
             last_used: now,
             in_flight: 0,
-            in_flight_versions: BTreeMap::new(),
+            in_flight_versions: Vec::new(),
             pinned,
             served: 0,
             versions: versions.clone(),
@@ -813,13 +784,13 @@ impl Table {
         self.backends[backend].modify(model, |copy| {
             copy.in_flight = copy.in_flight.saturating_sub(1);
             copy.last_used = now;
-            if let Some(v) = version
-                && let Some(n) = copy.in_flight_versions.get_mut(&v)
-            {
-                *n -= 1;
-                if *n == 0 {
-                    copy.in_flight_versions.remove(&v);
-                }
+            if let Some(v) = version {
+                copy.in_flight_versions.retain_mut(|(w, n)| {
+                    if *w == v {
+                        *n -= 1;
+                    }
+                    *n > 0
+                });
             }
         });
     }
@@ -860,9 +831,10 @@ impl Table {
             if copy.versions.pinned.is_disjoint(leaving) {
                 continue;
             }
-            if leaving
+            if copy
+                .in_flight_versions
                 .iter()
-                .any(|v| copy.in_flight_versions.contains_key(v))
+                .any(|(v, _)| leaving.contains(v))
             {
                 return None;
             }
@@ -884,40 +856,11 @@ impl Table {
                 narrowed.push(Narrowed::Unload(b));
                 continue;
             }
-            let estimate = sizing.estimate(&to);
-            let serving = to.resolve(sizing.newest());
-            let (done, waiting) = watch::channel(None);
-            let from = books
-                .modify(model, |copy| {
-                    let from = Estimate {
-                        bytes: copy.size,
-                        source: copy.source,
-                    };
-                    // Requests for the leaving versions stop here: they wait for this load
-                    // and then, should one still be asked for by name, load it again.
-                    copy.serving.retain(|v| !leaving.contains(v));
-                    copy.state = CopyState::Reloading(Reload {
-                        waiting,
-                        to: to.clone(),
-                        to_serving: serving.clone(),
-                        from,
-                    });
-                    copy.size = estimate.bytes;
-                    copy.source = estimate.source;
-                    from
-                })
-                .expect("present");
-            books.committed = books.committed - from.bytes + estimate.bytes;
-            books.changed = now;
-            narrowed.push(Narrowed::Load(LoadPlan {
-                backend: b,
-                model: model.to_string(),
-                versions: to,
-                serving,
-                reason: "retire",
-                evict: Vec::new(),
-                done,
-            }));
+            // Requests for the leaving versions stop here: they wait for this load and then,
+            // should one still be asked for by name, load it again.
+            books.modify(model, |copy| copy.serving.retain(|v| !leaving.contains(v)));
+            let plan = start_reload(books, b, model, to, sizing, "retire", now);
+            narrowed.push(Narrowed::Load(plan));
         }
         Some(narrowed)
     }
@@ -1074,7 +1017,7 @@ fn adopt(found: &Indexed, pinned: bool, now: Instant) -> Copy {
         state: CopyState::Ready,
         last_used: now,
         in_flight: 0,
-        in_flight_versions: BTreeMap::new(),
+        in_flight_versions: Vec::new(),
         pinned,
         served: 0,
         versions: Versions::latest(),
@@ -1109,6 +1052,51 @@ fn victims(books: &Books, size: u64, model: &str) -> Option<(Vec<String>, Instan
 }
 
 /// Takes the chosen victims off a backend's books, for the unloads.
+/// Puts the ready copy of `model` on `backend` into `Reloading` towards `to` and books its
+/// new estimate: the one step every reload of a copy takes (a version more, a newer
+/// "latest", versions retired). The plan evicts nothing; the caller adds victims it took.
+fn start_reload(
+    books: &mut Books,
+    backend: usize,
+    model: &str,
+    to: Versions,
+    sizing: &Sizing,
+    reason: &'static str,
+    now: Instant,
+) -> LoadPlan {
+    let estimate = sizing.estimate(&to);
+    let serving = to.resolve(sizing.newest());
+    let (done, waiting) = watch::channel(None);
+    let from = books
+        .modify(model, |copy| {
+            let from = Estimate {
+                bytes: copy.size,
+                source: copy.source,
+            };
+            copy.state = CopyState::Reloading(Reload {
+                waiting,
+                to: to.clone(),
+                to_serving: serving.clone(),
+                from,
+            });
+            copy.size = estimate.bytes;
+            copy.source = estimate.source;
+            from
+        })
+        .expect("the backend has a copy to reload");
+    books.committed = books.committed - from.bytes + estimate.bytes;
+    books.changed = now;
+    LoadPlan {
+        backend,
+        model: model.to_string(),
+        versions: to,
+        serving,
+        reason,
+        evict: Vec::new(),
+        done,
+    }
+}
+
 fn take_victims(books: &mut Books, victims: Vec<String>, now: Instant) -> Vec<Evicted> {
     victims
         .into_iter()
@@ -1143,11 +1131,9 @@ fn settle(copy: &mut Copy, ok: bool, now: Instant) -> (u64, u64) {
 /// The version a request asks for, as a number; refused when it is not one, or when the
 /// repository is known and has no such version directory.
 fn requested_version(model: &ModelRef, sizing: &Sizing) -> Result<Option<u64>, GatewayError> {
-    let Some(text) = model.version.as_deref() else {
-        return Ok(None);
-    };
-    match text.parse::<u64>() {
-        Ok(v) if sizing.has_version(v) => Ok(Some(v)),
+    match model.version_number() {
+        Ok(None) => Ok(None),
+        Ok(Some(v)) if sizing.has_version(v) => Ok(Some(v)),
         _ => Err(GatewayError::ModelNotReady {
             model: model.name.clone(),
             version: model.version.clone(),
