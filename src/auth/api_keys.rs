@@ -101,15 +101,7 @@ mod tests {
     }
 
     fn identity(tenant: &str) -> Arc<Identity> {
-        Arc::new(Identity {
-            tenant: tenant.into(),
-            roles: Vec::new(),
-            admin: false,
-            models: None,
-            claims: None,
-            expires: None,
-            key_generation: 0,
-        })
+        Arc::new(Identity::without_token(tenant, Vec::new(), false))
     }
 
     #[test]

@@ -46,6 +46,20 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// An identity that is only a tenant with roles, such as an API key or a client
+    /// certificate stands for: no token, so no claims, expiry or key generation.
+    pub fn without_token(tenant: &str, roles: Vec<String>, admin: bool) -> Self {
+        Self {
+            tenant: Arc::from(tenant),
+            admin,
+            roles,
+            models: None,
+            claims: None,
+            expires: None,
+            key_generation: 0,
+        }
+    }
+
     /// A claim's value as sticky-key bytes: strings as they are, other values as JSON.
     pub fn claim(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         match self.claims.as_ref()?.get(name)? {
@@ -192,16 +206,9 @@ impl Auth {
         let jwt = JwtKeys::new(config)?;
         let mut keys = ApiKeys::default();
         for key in &config.api_keys {
-            let roles = key.roles.clone();
-            let identity = Identity {
-                tenant: Arc::from(key.tenant.as_deref().unwrap_or(&key.name)),
-                admin: roles.contains(&config.admin_role),
-                roles,
-                models: None,
-                claims: None,
-                expires: None,
-                key_generation: 0,
-            };
+            let tenant = key.tenant.as_deref().unwrap_or(&key.name);
+            let admin = key.roles.contains(&config.admin_role);
+            let identity = Identity::without_token(tenant, key.roles.clone(), admin);
             if let Some(digest) = api_keys::parse_hex(&key.sha256) {
                 keys.insert(digest, Arc::new(identity));
             }
@@ -289,15 +296,11 @@ impl Auth {
             if self.client_certificates
                 && let Some(subject) = credentials.peer
             {
-                return Ok(Arc::new(Identity {
-                    tenant: Arc::from(subject),
-                    roles: Vec::new(),
-                    admin: false,
-                    models: None,
-                    claims: None,
-                    expires: None,
-                    key_generation: 0,
-                }));
+                return Ok(Arc::new(Identity::without_token(
+                    subject,
+                    Vec::new(),
+                    false,
+                )));
             }
             return Err(unauthenticated(
                 "no credentials: send Authorization: Bearer <token> or x-api-key",
