@@ -13,6 +13,15 @@ fn infergate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_infergate"))
 }
 
+/// `infergate check --config PATH`, as an operator runs it before a deploy.
+fn check(path: &std::path::Path) -> std::process::Output {
+    infergate()
+        .args(["check", "--config"])
+        .arg(path)
+        .output()
+        .unwrap()
+}
+
 fn write_config(text: &str) -> tempfile::NamedTempFile {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(text.as_bytes()).unwrap();
@@ -22,11 +31,7 @@ fn write_config(text: &str) -> tempfile::NamedTempFile {
 #[test]
 fn check_accepts_the_example_and_names_every_error() {
     let example = support::repo_root().join("config/gateway.toml");
-    let output = infergate()
-        .args(["check", "--config"])
-        .arg(&example)
-        .output()
-        .unwrap();
+    let output = check(&example);
     assert!(
         output.status.success(),
         "{}",
@@ -44,11 +49,7 @@ fn check_accepts_the_example_and_names_every_error() {
         http = "http://127.0.0.1:1"
         "#,
     );
-    let output = infergate()
-        .args(["check", "--config"])
-        .arg(bad.path())
-        .output()
-        .unwrap();
+    let output = check(bad.path());
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -101,11 +102,7 @@ name = "a"
 http = "http://127.0.0.1:2"
 "#,
     );
-    let output = infergate()
-        .args(["check", "--config"])
-        .arg(bad.path())
-        .output()
-        .unwrap();
+    let output = check(bad.path());
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     let lines: Vec<&str> = stderr.lines().collect();

@@ -466,11 +466,9 @@ model = "ranker"
 sticky = "header:x-user-id"
 targets = [{ model = "sized_a", weight = 50 }, { model = "sized_b", weight = 50 }]
 "#;
-    let gateway = TestGateway::start(&support::gateway::pool_config(
+    let gateway = TestGateway::start(&support::gateway::routes_config(
         "grpcroutes",
         &[&triton],
-        "1GiB",
-        "scale_up_rps = 0.0",
         routes,
     ))
     .await;
@@ -1003,11 +1001,9 @@ targets = [
   { model = "versioned", version = "2", weight = 50 },
 ]
 "#;
-    let gateway = TestGateway::start(&support::gateway::pool_config(
+    let gateway = TestGateway::start(&support::gateway::routes_config(
         "grpcstreamroutes",
         &[&triton],
-        "1GiB",
-        "scale_up_rps = 0.0",
         routes,
     ))
     .await;
@@ -1090,11 +1086,9 @@ targets = [
   { model = "error_model", mirror = true, percent = 100 },
 ]
 "#;
-    let gateway = TestGateway::start(&support::gateway::pool_config(
+    let gateway = TestGateway::start(&support::gateway::routes_config(
         "grpcmirrors",
         &[&triton],
-        "1GiB",
-        "scale_up_rps = 0.0",
         routes,
     ))
     .await;

@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::{Value, json};
-use support::gateway::{TestGateway, pool_config};
+use support::gateway::{TestGateway, routes_config};
 use support::{Triton, TritonOptions};
 
 const ROUTES: &str = r#"
@@ -47,14 +47,7 @@ async fn call(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> 
 #[tokio::test]
 async fn a_route_splits_by_weight_sticks_by_key_and_names_its_target() {
     let triton = Triton::start(TritonOptions::default()).await.unwrap();
-    let gateway = TestGateway::start(&pool_config(
-        "routes",
-        &[&triton],
-        "1GiB",
-        "scale_up_rps = 0.0",
-        ROUTES,
-    ))
-    .await;
+    let gateway = TestGateway::start(&routes_config("routes", &[&triton], ROUTES)).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v2/models/ranker/infer", gateway.url());
 
@@ -178,14 +171,7 @@ model = "guarded"
 targets = [{ model = "sized_a", weight = 50 }, { model = "error_model", weight = 50 }]
 guard = { max_error_rate = 0.2, window = "30s", min_requests = 10 }
 "#;
-    let gateway = TestGateway::start(&pool_config(
-        "guards",
-        &[&triton],
-        "1GiB",
-        "scale_up_rps = 0.0",
-        routes,
-    ))
-    .await;
+    let gateway = TestGateway::start(&routes_config("guards", &[&triton], routes)).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v2/models/guarded/infer", gateway.url());
     let mut answers = Vec::new();
@@ -251,14 +237,7 @@ targets = [
   { model = "error_model", mirror = true, percent = 100 },
 ]
 "#;
-    let gateway = TestGateway::start(&pool_config(
-        "mirrors",
-        &[&triton],
-        "1GiB",
-        "scale_up_rps = 0.0",
-        routes,
-    ))
-    .await;
+    let gateway = TestGateway::start(&routes_config("mirrors", &[&triton], routes)).await;
     let client = reqwest::Client::new();
     // The mirrors are loaded first: while a cold mirror loads, copies beyond the in-flight
     // cap are dropped by design, and this test counts the share that is drawn.
@@ -333,14 +312,7 @@ async fn a_route_splits_between_versions_of_one_model_and_the_metrics_tell_them_
 model = "versions"
 targets = [{ model = "versioned", version = "1", weight = 50 }, { model = "versioned", version = "2", weight = 50 }]
 "#;
-    let gateway = TestGateway::start(&pool_config(
-        "versions",
-        &[&triton],
-        "1GiB",
-        "scale_up_rps = 0.0",
-        routes,
-    ))
-    .await;
+    let gateway = TestGateway::start(&routes_config("versions", &[&triton], routes)).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v2/models/versions/infer", gateway.url());
     let mut answered = std::collections::BTreeMap::<String, u32>::new();
@@ -427,14 +399,7 @@ model = "cold"
 targets = [{ model = "sized_a", weight = 50 }, { model = "sized_b", weight = 50 }]
 guard = { max_p95_ratio = 100.0, window = "60s", min_requests = 10 }
 "#;
-    let gateway = TestGateway::start(&pool_config(
-        "cold",
-        &[&triton],
-        "1GiB",
-        "scale_up_rps = 0.0",
-        routes,
-    ))
-    .await;
+    let gateway = TestGateway::start(&routes_config("cold", &[&triton], routes)).await;
     let client = reqwest::Client::new();
     let stable = format!("{}/v2/models/sized_a/infer", gateway.url());
     assert_eq!(infer_status(&client, &stable).await.0, 200);

@@ -65,6 +65,13 @@ pub fn pool_config(
     )
 }
 
+/// `pool_config` for routing tests: 1 GiB per backend and no scaling on demand, so every
+/// model a route names fits and no copy appears that the test did not ask for. `routes` is
+/// raw TOML (`[[routes]]`, ...).
+pub fn routes_config(name: &str, tritons: &[&Triton], routes: &str) -> String {
+    pool_config(name, tritons, "1GiB", "scale_up_rps = 0.0", routes)
+}
+
 /// `pool_config` over a model repository of the test's own (the Tritons must use it too).
 pub fn pool_config_in(
     repository: &std::path::Path,
