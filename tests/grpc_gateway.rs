@@ -677,25 +677,30 @@ async fn the_gateway_honours_the_clients_deadline_and_passes_it_on() {
     config.push_str(&format!(
         "[auth]\nmode = \"required\"\n\
          [[auth.api_keys]]\nname = \"ops\"\ntenant = \"everyone\"\nsha256 = \"{}\"\nroles = [\"admin\"]\n\
-         [[auth.tenants]]\nname = \"everyone\"\nmodels = [\"*\"]\n",
+         [[auth.tenants]]\nname = \"everyone\"\nmodels = [\"*\"]\n\
+         [[routes]]\nmodel = \"deadline_route\"\ntargets = [{{ model = \"slow_model\", weight = 1 }}]\n",
         infergate::auth::hash_key(KEY)
     ));
     let gateway = TestGateway::start_with_admin_key(&config, KEY).await;
+    // The metrics are the process's, and other tests here run out of their deadlines on
+    // slow_model too: this one calls it through a route of its own, and counts that route.
     let deadline_errors = |metrics: &str| {
         counter(
             metrics,
             "infergate_errors_total",
-            &["kind=\"deadline_exceeded\""],
+            &["kind=\"deadline_exceeded\"", "route=\"deadline_route\""],
         )
     };
     let before = deadline_errors(&gateway.metrics_text("/metrics").await);
 
     // 400 ms given, 3 s needed: the gateway itself ends the call, about when the time is up.
     let started = Instant::now();
+    let mut slow = support::grpc::slow(3_000);
+    slow.model_name = "deadline_route".into();
     let answer = raw_unary(
         gateway.grpc,
         "ModelInfer",
-        &support::grpc::slow(3_000),
+        &slow,
         &[
             ("grpc-timeout", "400m"),
             ("x-request-id", "deadline-1"),
