@@ -14,6 +14,11 @@ use support::gateway::{TestGateway, config_for};
 use support::{Triton, TritonOptions};
 use tonic::transport::Channel;
 
+/// The metrics recorder is this test binary's, shared by every gateway in it. A test that
+/// asserts an exact change of a counter holds this while it runs, and so does the Python
+/// suite, which moves the same counters (bad shapes, oversized messages).
+static COUNTERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const LOADED: [&str; 4] = ["add_sub", "string_echo", "batched_double", "slow_model"];
 /// The streaming models (decoupled, sequence), loaded on every backend of the Python suite's
 /// pool so that a stream split across backends would show.
@@ -48,6 +53,7 @@ async fn pytest(gateway: &TestGateway, env: &[(&str, &str)], extra: &[&str]) -> 
 
 #[tokio::test]
 async fn tritonclient_grpc_works_through_the_gateway() {
+    let _counters = COUNTERS.lock().await;
     let models = [&LOADED[..], &STREAMING].concat();
     let (t0, t1) = tokio::join!(
         Triton::start(TritonOptions::with_models(&models)),
@@ -175,6 +181,7 @@ fn sum(response: &ModelInferResponse) -> Vec<f32> {
 
 #[tokio::test]
 async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
+    let _counters = COUNTERS.lock().await;
     let t0 = Triton::start(TritonOptions::with_models(&["add_sub", "slow_model"]))
         .await
         .unwrap();
@@ -894,6 +901,7 @@ impl ClientStream {
 
 #[tokio::test]
 async fn a_stream_carries_its_request_id_and_a_message_over_the_limit_ends_it() {
+    let _counters = COUNTERS.lock().await;
     let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
         .await
         .unwrap();
