@@ -44,6 +44,19 @@ pub enum GatewayError {
         model: String,
         version: Option<String>,
     },
+    /// The model is loaded nowhere and this request may not load it: a readiness, metadata,
+    /// config or statistics call (which never load), or any request after an explicit
+    /// unload. Worded and classified as Triton answers a model it has not loaded.
+    #[error("{}", not_loaded_message(.model, .version, *.ask))]
+    NotLoaded {
+        model: String,
+        version: Option<String>,
+        ask: crate::pipeline::Ask,
+    },
+    /// A load through the repository API names a model no backend's repository has. Triton
+    /// answers this 500 ("failed to load ..."), and so does the gateway.
+    #[error("failed to load '{model}': no backend's model repository has a model of that name")]
+    UnknownModelLoad { model: String },
     /// No backend passes its health checks.
     #[error("no backend is ready to serve requests")]
     NoBackendReady,
@@ -117,6 +130,19 @@ fn retry_secs(after: Duration) -> u64 {
     after.as_secs_f64().ceil().max(1.0) as u64
 }
 
+/// Triton 2.51's words for a model it has not loaded, by what was asked.
+fn not_loaded_message(model: &str, version: &Option<String>, ask: crate::pipeline::Ask) -> String {
+    use crate::pipeline::Ask;
+    match (ask, version) {
+        (Ask::Ready, _) => "Model version not ready".into(),
+        (Ask::Statistics, _) => format!("requested model '{model}' is not available"),
+        (_, None) => format!("Request for unknown model: '{model}' has no available versions"),
+        (_, Some(v)) => {
+            format!("Request for unknown model: '{model}' version {v} is not at ready state")
+        }
+    }
+}
+
 fn version_suffix(version: &Option<String>) -> String {
     version
         .as_deref()
@@ -129,6 +155,8 @@ impl GatewayError {
     pub fn source(&self) -> ErrorSource {
         match self {
             Self::UnknownModel { .. }
+            | Self::NotLoaded { .. }
+            | Self::UnknownModelLoad { .. }
             | Self::BodyTooLarge { .. }
             | Self::BadRequest(_)
             | Self::InvalidInput { .. }
@@ -156,6 +184,8 @@ impl GatewayError {
         match self {
             Self::UnknownModel { .. } => "unknown_model",
             Self::ModelNotReady { .. } => "model_not_ready",
+            Self::NotLoaded { .. } => "model_not_loaded",
+            Self::UnknownModelLoad { .. } => "unknown_model",
             Self::NoBackendReady => "no_backend",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::BadRequest(_) => "bad_request",
@@ -183,6 +213,14 @@ impl GatewayError {
             Self::BadRequest(_) | Self::InvalidInput { .. } => StatusCode::BAD_REQUEST,
             // Triton answers an unknown model with 404 and this very message.
             Self::UnknownModel { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::NotLoaded { ask, version, .. } => match (ask, version) {
+                (crate::pipeline::Ask::Ready | crate::pipeline::Ask::Statistics, _) => {
+                    StatusCode::BAD_REQUEST
+                }
+                (_, None) => StatusCode::NOT_FOUND,
+                (_, Some(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            },
+            Self::UnknownModelLoad { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotReady { .. }
@@ -203,12 +241,14 @@ impl GatewayError {
     }
 
     /// Whether the answer tells the client when to retry (`Retry-After` on HTTP,
-    /// `retry-after` metadata on gRPC): every 503 and 429.
+    /// `retry-after` metadata on gRPC): every 503 and 429 but a model that is not loaded,
+    /// which no wait will change (Triton sends none either).
     pub fn retries_after(&self) -> bool {
-        matches!(
-            self.http_status(),
-            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
-        )
+        !matches!(self, Self::NotLoaded { .. })
+            && matches!(
+                self.http_status(),
+                StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+            )
     }
 }
 
@@ -220,6 +260,12 @@ impl GatewayError {
         match self {
             Self::BadRequest(_) | Self::InvalidInput { .. } => Code::InvalidArgument,
             Self::UnknownModel { .. } | Self::NotFound { .. } => Code::NotFound,
+            Self::NotLoaded { .. } => match self.http_status() {
+                StatusCode::BAD_REQUEST => Code::InvalidArgument,
+                StatusCode::NOT_FOUND => Code::NotFound,
+                _ => Code::Unavailable,
+            },
+            Self::UnknownModelLoad { .. } => Code::Internal,
             Self::MethodNotAllowed { .. } => Code::Unimplemented,
             // What a gRPC server says of a message over its limit.
             Self::BodyTooLarge { .. } => Code::ResourceExhausted,
@@ -352,6 +398,12 @@ mod tests {
                 Upstream,
             ),
             (GatewayError::NoBackendReady, 503, Unavailable, Upstream),
+            (
+                GatewayError::UnknownModelLoad { model: "m".into() },
+                500,
+                Internal,
+                Client,
+            ),
             (
                 GatewayError::BodyTooLarge { limit: 1 },
                 413,
@@ -494,6 +546,50 @@ mod tests {
                 status == 503 || status == 429,
                 "{message}"
             );
+        }
+    }
+
+    /// A model that is not loaded is answered as Triton 2.51 answers it, per question.
+    #[test]
+    fn a_model_not_loaded_is_answered_in_tritons_words() {
+        use crate::pipeline::Ask;
+        use tonic::Code;
+        let not_loaded = |ask, version: Option<&str>| GatewayError::NotLoaded {
+            model: "m".into(),
+            version: version.map(Into::into),
+            ask,
+        };
+        let table = [
+            (
+                not_loaded(Ask::Ready, None),
+                400,
+                Code::InvalidArgument,
+                "Model version not ready",
+            ),
+            (
+                not_loaded(Ask::Statistics, Some("1")),
+                400,
+                Code::InvalidArgument,
+                "requested model 'm' is not available",
+            ),
+            (
+                not_loaded(Ask::Metadata, None),
+                404,
+                Code::NotFound,
+                "Request for unknown model: 'm' has no available versions",
+            ),
+            (
+                not_loaded(Ask::Inference, Some("2")),
+                503,
+                Code::Unavailable,
+                "Request for unknown model: 'm' version 2 is not at ready state",
+            ),
+        ];
+        for (error, status, code, message) in table {
+            assert_eq!(error.http_status().as_u16(), status, "{error:?}");
+            assert_eq!(error.grpc_code(), code, "{error:?}");
+            assert_eq!(error.to_string(), message);
+            assert!(!error.retries_after(), "{error:?}");
         }
     }
 

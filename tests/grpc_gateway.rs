@@ -265,13 +265,13 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     let after = rejections(&gateway.metrics_text("/metrics").await);
     assert_eq!(after - before, 1.0, "refused by the gateway, not by Triton");
 
-    // Load parameters (a config override) are refused on HTTP too, not silently dropped.
+    // Model files in a load request are refused on HTTP too, naming the parameter.
     let response = reqwest::Client::new()
         .post(format!(
             "{}/v2/repository/models/add_sub/load",
             gateway.url()
         ))
-        .json(&serde_json::json!({"parameters": {"config": "{\"max_batch_size\": 0}"}}))
+        .json(&serde_json::json!({"parameters": {"config": "{}", "file:1/model.py": "cGFzcw=="}}))
         .send()
         .await
         .unwrap();
@@ -279,8 +279,9 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(
         body["error"],
-        "load parameters are not supported through infergate (got config for model 'add_sub'): \
-         models are loaded with the config in the model repository; change it there"
+        "failed to load 'add_sub': model files in the load request ('file:1/model.py') are not \
+         supported through infergate: each copy is loaded from its backend's model repository; \
+         put the files there"
     );
 
     // tonic's client enforces its own grpc-timeout, so here only "not a hang" is visible (the

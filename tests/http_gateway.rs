@@ -275,12 +275,23 @@ async fn serves_every_metadata_health_and_repository_endpoint() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let echo =
+        json!({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]});
+    let (status, body) = post_json(&format!("{base}/v2/models/string_echo/infer"), &echo).await;
+    // Unloaded on purpose: no request loads it again, as on Triton, until a load.
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        body["error"],
+        "Request for unknown model: 'string_echo' has no available versions"
+    );
+    assert_eq!(t0.stub_count() + t1.stub_count(), 2);
     let (status, body) = post_json(
-        &format!("{base}/v2/models/string_echo/infer"),
-        &json!({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}),
+        &format!("{base}/v2/repository/models/string_echo/load"),
+        &json!({}),
     )
     .await;
-    // The next request loads it again on first use.
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post_json(&format!("{base}/v2/models/string_echo/infer"), &echo).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(t0.stub_count() + t1.stub_count(), 3);
 

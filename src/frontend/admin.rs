@@ -119,7 +119,7 @@ async fn load(
     State(gateway): State<Gateway>,
     Path(model): Path<String>,
 ) -> Result<axum::Json<serde_json::Value>, GatewayError> {
-    gateway.placement().load(&model).await?;
+    gateway.placement().load_now(&model).await?;
     Ok(axum::Json(
         serde_json::json!({ "model": model, "loaded": true }),
     ))

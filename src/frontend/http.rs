@@ -8,8 +8,9 @@ use crate::Gateway;
 use crate::auth::{Access, Credentials};
 use crate::error::GatewayError;
 use crate::pipeline::auth::{Caller, admit};
-use crate::pipeline::repository::{self, Index, ask_all, ready_backends};
-use crate::pipeline::{LeasedBody, ModelRef, Outcome, mirror};
+use crate::pipeline::repository::{self, Index};
+use crate::pipeline::statistics::{self, Statistics};
+use crate::pipeline::{Ask, LeasedBody, ModelRef, Outcome, mirror};
 use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream;
 use axum::Router;
@@ -166,7 +167,7 @@ async fn model_metadata(
     request: Request,
 ) -> Response {
     match path(model) {
-        Ok(model) => to_model(&gateway, ModelRef::new(model, None), request).await,
+        Ok(model) => to_model(&gateway, ModelRef::new(model, None), Ask::Metadata, request).await,
         Err(error) => error.into_response(),
     }
 }
@@ -178,7 +179,8 @@ async fn version_metadata(
 ) -> Response {
     match path(segments) {
         Ok((model, version)) => {
-            to_model(&gateway, ModelRef::new(model, Some(version)), request).await
+            let model = ModelRef::new(model, Some(version));
+            to_model(&gateway, model, Ask::Metadata, request).await
         }
         Err(error) => error.into_response(),
     }
@@ -189,11 +191,8 @@ async fn model_action(
     segments: Result<Path<(String, String)>, PathRejection>,
     request: Request,
 ) -> Response {
-    match path(segments).and_then(|(model, action)| {
-        check_action(&action, &request)?;
-        Ok(model)
-    }) {
-        Ok(model) => to_model(&gateway, ModelRef::new(model, None), request).await,
+    match path(segments).and_then(|(model, action)| Ok((model, check_action(&action, &request)?))) {
+        Ok((model, ask)) => to_model(&gateway, ModelRef::new(model, None), ask, request).await,
         Err(error) => error.into_response(),
     }
 }
@@ -203,22 +202,24 @@ async fn version_action(
     segments: Result<Path<(String, String, String)>, PathRejection>,
     request: Request,
 ) -> Response {
-    match path(segments).and_then(|(model, version, action)| {
-        check_action(&action, &request)?;
-        Ok((model, version))
-    }) {
-        Ok((model, version)) => {
-            to_model(&gateway, ModelRef::new(model, Some(version)), request).await
+    match path(segments)
+        .and_then(|(model, version, action)| Ok((model, version, check_action(&action, &request)?)))
+    {
+        Ok((model, version, ask)) => {
+            to_model(&gateway, ModelRef::new(model, Some(version)), ask, request).await
         }
         Err(error) => error.into_response(),
     }
 }
 
-/// The per-model endpoints and the method each takes.
-fn check_action(action: &str, request: &Request) -> Result<(), GatewayError> {
-    let expected = match action {
-        "ready" | "config" | "stats" => Method::GET,
-        "infer" => Method::POST,
+/// The per-model endpoints, what each asks, and the method each takes (`generate` and
+/// `generate_stream` are Triton's generate extension: inferences with a flat JSON body).
+fn check_action(action: &str, request: &Request) -> Result<Ask, GatewayError> {
+    let (ask, expected) = match action {
+        "ready" => (Ask::Ready, Method::GET),
+        "config" => (Ask::Config, Method::GET),
+        "stats" => (Ask::Statistics, Method::GET),
+        "infer" | "generate" | "generate_stream" => (Ask::Inference, Method::POST),
         _ => {
             return Err(GatewayError::NotFound {
                 path: request.uri().path().to_owned(),
@@ -226,7 +227,7 @@ fn check_action(action: &str, request: &Request) -> Result<(), GatewayError> {
         }
     };
     if request.method() == expected {
-        Ok(())
+        Ok(ask)
     } else {
         Err(GatewayError::MethodNotAllowed {
             method: request.method().to_string(),
@@ -235,9 +236,10 @@ fn check_action(action: &str, request: &Request) -> Result<(), GatewayError> {
     }
 }
 
-/// Every request about one model: find or load a copy, forward, stream the answer back
-/// while the lease keeps the copy in use.
-async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> Response {
+/// Every request about one model: find (or, for an inference, load) a copy, forward, stream
+/// the answer back while the lease keeps the copy in use. Statistics are read from every
+/// copy instead (`pipeline::statistics`).
+async fn to_model(gateway: &Gateway, model: ModelRef, ask: Ask, mut request: Request) -> Response {
     let live = gateway.live();
     // The name the client called is what its tenant must be allowed (a route name, not its
     // targets: choosing a target is the admin's `infergate-target`).
@@ -260,14 +262,17 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
         Ok(routed) => routed,
         Err(error) => return error.into_response(),
     };
-    routed.for_inference(is_infer(&request));
+    routed.for_inference(ask == Ask::Inference);
+    if ask == Ask::Statistics {
+        return model_statistics(gateway, routed, admission).await;
+    }
     let copy = routed
         .mirror_copy()
         .map(|copy| (copy, request.uri().clone()));
     if routed.route.is_some() {
         *request.uri_mut() = target_uri(request.uri(), &routed.target);
     }
-    let lease = match routed.place(gateway.placement()).await {
+    let lease = match routed.place(gateway.placement(), ask).await {
         Ok(lease) => lease,
         Err(error) => return error.into_response(),
     };
@@ -310,8 +315,33 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
     response
 }
 
-fn is_infer(request: &Request) -> bool {
-    request.method() == Method::POST && request.uri().path().ends_with("/infer")
+/// A model's statistics, summed over the copies that serve it.
+async fn model_statistics(
+    gateway: &Gateway,
+    routed: crate::pipeline::Routed,
+    _admission: crate::auth::Admission,
+) -> Response {
+    let mut response = match statistics::of_model(gateway, &routed.target).await {
+        Ok(answer) => statistics_response(answer),
+        Err(error) => error.into_response(),
+    };
+    response.extensions_mut().insert(Served {
+        model: routed.target.name,
+        version: routed.target.version,
+        route: routed.route,
+        ..Served::default()
+    });
+    response
+}
+
+fn statistics_response(answer: Statistics) -> Response {
+    match answer {
+        Statistics::Merged(value) => json_response(
+            StatusCode::OK,
+            Bytes::from(serde_json::to_vec(&value).expect("serializable")),
+        ),
+        Statistics::Refused { status, body } => json_response(status, body),
+    }
 }
 
 /// Counts the answer for a guarded route: a 5xx is a failure of the target.
@@ -434,7 +464,6 @@ async fn repository_action(
             path: request.uri().path().to_owned(),
         });
     }
-    // The body (load parameters) is read for the size limit; parameters are refused.
     let body = read_small_body(&gateway, request).await?;
     if action == "load" {
         let body: serde_json::Value = if body.is_empty() {
@@ -446,16 +475,14 @@ async fn repository_action(
         };
         let parameters = body
             .get("parameters")
-            .and_then(serde_json::Value::as_object);
-        crate::pipeline::repository::refuse_load_parameters(
-            &model,
-            parameters
-                .into_iter()
-                .flat_map(|p| p.keys().map(String::as_str)),
-        )?;
-        gateway.placement().load(&model).await?;
+            .and_then(serde_json::Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(name, value)| (name.as_str(), value.as_str()));
+        let config = repository::load_config(&model, parameters)?;
+        gateway.placement().load(&model, config).await?;
     } else {
-        gateway.placement().unload(&model).await;
+        gateway.placement().unload_explicitly(&model).await;
     }
     let mut response = json_response(StatusCode::OK, Bytes::new());
     response.extensions_mut().insert(Served {
@@ -465,40 +492,12 @@ async fn repository_action(
     Ok(response)
 }
 
-/// Statistics for every model on every ready backend, concatenated.
+/// Statistics for every model on every ready backend, summed per model and version.
 async fn all_model_stats(
     State(gateway): State<Gateway>,
     request: Request,
 ) -> Result<Response, GatewayError> {
     // Every model's statistics, including models the tenant may not use.
     let _admission = admit_admin(&gateway, &request, "the statistics of all models")?;
-    let backends = ready_backends(&gateway)?;
-    let mut stats = Vec::new();
-    for (backend, answer) in ask_all(
-        &gateway,
-        &backends,
-        Method::GET,
-        "/v2/models/stats",
-        Bytes::new(),
-    )
-    .await
-    {
-        let (status, body) = answer?;
-        if status != StatusCode::OK {
-            return Ok(json_response(status, body));
-        }
-        let mut parsed: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| GatewayError::UpstreamFailed {
-                backend: backend.name.clone(),
-                reason: format!("statistics are not valid JSON: {e}"),
-            })?;
-        if let Some(serde_json::Value::Array(rows)) =
-            parsed.get_mut("model_stats").map(serde_json::Value::take)
-        {
-            stats.extend(rows);
-        }
-    }
-    let body =
-        serde_json::to_vec(&serde_json::json!({ "model_stats": stats })).expect("serializable");
-    Ok(json_response(StatusCode::OK, Bytes::from(body)))
+    Ok(statistics_response(statistics::of_all(&gateway).await?))
 }

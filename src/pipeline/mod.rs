@@ -8,10 +8,36 @@ pub mod mirror;
 mod place;
 pub mod repository;
 mod route;
+pub mod statistics;
 
 pub use auth::Caller;
 pub use place::LeasedBody;
 pub use route::{Outcome, PIN_HEADER, RouteTable, Routed};
+
+/// What a model request asks. Only an inference may load the model (on its first request);
+/// readiness, metadata, config and statistics are answered from the copies loaded now, as
+/// Triton answers them from what it has loaded, and each words a model that is not loaded
+/// its own way (`GatewayError::NotLoaded`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// `infer`, `generate`, `generate_stream`, gRPC `ModelInfer` and streams.
+    Inference,
+    /// `GET .../ready`, gRPC `ModelReady`.
+    Ready,
+    /// `GET /v2/models/{m}[/versions/{v}]`, gRPC `ModelMetadata`.
+    Metadata,
+    /// `GET .../config`, gRPC `ModelConfig`.
+    Config,
+    /// `GET .../stats`, gRPC `ModelStatistics`.
+    Statistics,
+}
+
+impl Ask {
+    /// Whether this request may load the model when no copy is loaded.
+    pub fn loads(self) -> bool {
+        self == Self::Inference
+    }
+}
 
 /// The model a request names, as the client wrote it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

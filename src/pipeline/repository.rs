@@ -9,26 +9,48 @@ use http::{Method, StatusCode};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-/// Refuses a load that carries parameters (Triton's `config` override, `file:` contents).
-///
-/// Placement loads a model with the config in its repository, sends its own load body to pin
-/// the versions a copy serves, and may load it again on any backend later (cold requests,
-/// scaling, reconciliation): a one-off override would be lost or applied to one copy only.
-/// So it is refused, naming the parameters, rather than accepted and silently dropped.
-pub fn refuse_load_parameters<'a>(
+/// The config override a load asks for, from its parameters (name, and the value when it is
+/// a string), as Triton's repository API takes them: `config`, a JSON `ModelConfig` in a
+/// string, is placement's to apply to every copy; `file:<path>` parameters (model files in
+/// the request) and any other are refused, naming them. A `config` that is not a JSON
+/// object is refused before any load, with Triton's "failed to load".
+pub fn load_config<'a>(
     model: &str,
-    names: impl IntoIterator<Item = &'a str>,
-) -> Result<(), GatewayError> {
-    let mut names: Vec<&str> = names.into_iter().collect();
-    if names.is_empty() {
-        return Ok(());
+    parameters: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+) -> Result<Option<Arc<str>>, GatewayError> {
+    let mut config = None;
+    let mut refused: Vec<&str> = Vec::new();
+    for (name, value) in parameters {
+        match (name, value) {
+            ("config", Some(text)) => config = Some(text),
+            ("config", None) => {
+                return Err(GatewayError::BadRequest(format!(
+                    "failed to load '{model}': the 'config' parameter must be a string holding \
+                     the model configuration as JSON"
+                )));
+            }
+            (name, _) if name.starts_with("file:") => {
+                return Err(GatewayError::BadRequest(format!(
+                    "failed to load '{model}': model files in the load request ('{name}') are \
+                     not supported through infergate: each copy is loaded from its backend's \
+                     model repository; put the files there"
+                )));
+            }
+            (name, _) => refused.push(name),
+        }
     }
-    names.sort_unstable();
-    Err(GatewayError::BadRequest(format!(
-        "load parameters are not supported through infergate (got {} for model '{model}'): \
-         models are loaded with the config in the model repository; change it there",
-        names.join(", ")
-    )))
+    if !refused.is_empty() {
+        refused.sort_unstable();
+        return Err(GatewayError::BadRequest(format!(
+            "failed to load '{model}': unknown load parameter(s) {}: only 'config' is taken",
+            refused.join(", ")
+        )));
+    }
+    let Some(text) = config else { return Ok(None) };
+    crate::placement::check_override(text).map_err(|reason| {
+        GatewayError::BadRequest(format!("failed to load '{model}': {reason}"))
+    })?;
+    Ok(Some(Arc::from(text)))
 }
 
 /// The backends that take traffic now, or `NoBackendReady`.
@@ -142,6 +164,26 @@ mod tests {
             state: state.map(Into::into),
             reason: None,
         }
+    }
+
+    #[test]
+    fn load_parameters_give_the_override_or_a_clear_refusal() {
+        assert_eq!(load_config("m", []).unwrap(), None);
+        let config = load_config("m", [("config", Some(r#"{"max_batch_size": 4}"#))]).unwrap();
+        assert_eq!(config.as_deref(), Some(r#"{"max_batch_size": 4}"#));
+        let refusal = |parameters: Vec<(&'static str, Option<&'static str>)>| {
+            load_config("m", parameters).unwrap_err().to_string()
+        };
+        assert!(
+            refusal(vec![("config", Some("{nope"))])
+                .starts_with("failed to load 'm': the config override is not valid JSON")
+        );
+        assert!(refusal(vec![("config", None)]).contains("must be a string"));
+        assert!(
+            refusal(vec![("config", Some("{}")), ("file:1/model.py", None)])
+                .contains("'file:1/model.py'")
+        );
+        assert!(refusal(vec![("b", None), ("a", Some("x"))]).contains("parameter(s) a, b"));
     }
 
     #[test]

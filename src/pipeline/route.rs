@@ -45,14 +45,21 @@ impl Routed {
         }
     }
 
-    /// Finds or loads a copy of the target (`Placement::acquire`). A target that cannot be
-    /// placed has failed the request: a guard counts that against it. A guard's latency
-    /// starts once the target is placed: a cold canary's load time is not its answer time.
+    /// Finds or loads a copy of the target (`Placement::acquire`); only an inference may
+    /// load it, any other `ask` leases a copy loaded now (`Placement::lease_loaded`). A
+    /// target that cannot be placed has failed the request: a guard counts that against
+    /// it. A guard's latency starts once the target is placed: a cold canary's load time is
+    /// not its answer time.
     pub async fn place(
         &mut self,
         placement: &Arc<crate::placement::Placement>,
+        ask: super::Ask,
     ) -> Result<crate::placement::Lease, GatewayError> {
-        let placed = placement.acquire(&self.target).await;
+        let placed = if ask.loads() {
+            placement.acquire(&self.target).await
+        } else {
+            placement.lease_loaded(&self.target, ask)
+        };
         match (&placed, &mut self.outcome) {
             (Ok(_), Some(outcome)) => outcome.started = Instant::now(),
             (Err(error), outcome @ Some(_)) => {

@@ -9,11 +9,13 @@ mod estimate;
 mod load_queue;
 mod model_config;
 pub mod simulate;
+mod spec;
 mod table;
 mod versions;
 
 pub use estimate::{Estimate, Estimator, SizeSource, Sizing};
 pub use load_queue::{LoadQueue, Priority};
+pub use model_config::check_override;
 pub use table::{BackendView, Decision, Indexed, LoadOutcome, LoadPlan, Narrowed, Policy, Table};
 pub use versions::Versions;
 
@@ -59,6 +61,8 @@ pub struct Placement {
     repository: Option<std::path::PathBuf>,
     /// `placement.reconcile_interval`.
     reconcile_interval: Duration,
+    /// Config overrides and explicit unloads, from the repository API.
+    specs: spec::Specs,
 }
 
 /// When models get more copies, and lose them.
@@ -160,6 +164,7 @@ impl Placement {
             events: broadcast::channel(256).0,
             repository: policy.model_repository.clone(),
             reconcile_interval: policy.reconcile_interval.0,
+            specs: spec::Specs::default(),
         }
     }
 
@@ -194,6 +199,9 @@ impl Placement {
         model: &ModelRef,
         allow_evict: bool,
     ) -> Result<Lease, GatewayError> {
+        if self.specs.is_unloaded(&model.name) {
+            return Err(not_loaded(model, crate::pipeline::Ask::Inference));
+        }
         let mut attempts = 0;
         let mut cold_since: Option<Instant> = None;
         loop {
@@ -390,17 +398,29 @@ impl Placement {
         }
     }
 
-    /// A plain load for the default policy (Triton reads config.pbtxt, and a newer version
-    /// directory replaces the old version); else the whole config with the versions named.
+    /// The body of a load: the model's config override when it has one (with the versions
+    /// named, for chosen versions); else a plain load for the default policy (Triton reads
+    /// config.pbtxt, and a newer version directory replaces the old version), or the whole
+    /// config.pbtxt with the versions named. A copy that served an override is loaded with
+    /// its config.pbtxt written out: Triton keeps an override in force through a plain load.
+    /// The copy's books record which override this load sends.
     fn load_body(&self, plan: &LoadPlan) -> Result<Bytes, Arc<str>> {
-        if plan.versions.is_default() {
-            return Ok(Bytes::from_static(b"{}"));
-        }
-        let repository = self.repository.as_deref().ok_or_else(|| {
-            Arc::<str>::from("loading chosen versions needs placement.model_repository (the model's config.pbtxt)")
-        })?;
+        let config = self.specs.config(&plan.model);
+        let had = self
+            .books()
+            .swap_config(plan.backend, &plan.model, config.clone());
         let versions: Vec<u64> = plan.serving.iter().copied().collect();
-        model_config::load_body(repository, &plan.model, &versions)
+        let versions = (!plan.versions.is_default()).then_some(versions.as_slice());
+        let source = match &config {
+            Some(text) => model_config::Source::Override(text),
+            None if versions.is_none() && had.is_none() => {
+                return Ok(Bytes::from_static(b"{}"));
+            }
+            None => model_config::Source::Repository(self.repository.as_deref().ok_or_else(|| {
+                Arc::<str>::from("loading chosen versions needs placement.model_repository (the model's config.pbtxt)")
+            })?),
+        };
+        model_config::load_body(source, &plan.model, versions)
             .map(Bytes::from)
             .map_err(Arc::from)
     }
@@ -435,17 +455,214 @@ impl Placement {
         let _ = self.events.send(ModelEvent::Unloaded(model.to_string()));
     }
 
-    /// Loads a model now (the repository API and the admin API), as a request would.
-    pub async fn load(self: &Arc<Self>, model: &str) -> Result<(), GatewayError> {
+    /// Loads a model now through the repository API, with `config` (an override, checked to
+    /// be a JSON object) or without (a plain load, back to the repository's config): every
+    /// copy loaded with another config is loaded again (or, to drop an override without
+    /// `placement.model_repository`, unloaded), then the model is placed as a request would
+    /// place it, and it is wanted again after an explicit unload. A load that fails puts
+    /// the previous spec back.
+    pub async fn load(
+        self: &Arc<Self>,
+        model: &str,
+        config: Option<Arc<str>>,
+    ) -> Result<(), GatewayError> {
+        self.check_known(model).await?;
+        let previous = self.specs.loaded(model, config.clone());
+        if previous.config != config {
+            self.books().forget_failures(model);
+        }
+        let applied = self.apply_spec(model, &config).await;
+        let loaded = match applied {
+            Ok(()) => self.acquire(&ModelRef::new(model, None)).await.map(drop),
+            Err(error) => Err(error),
+        };
+        if loaded.is_err() && previous.config != config {
+            self.specs.replace(model, previous.clone());
+            if let Err(error) = self.apply_spec(model, &previous.config).await {
+                tracing::warn!(model, %error, "could not put the previous config back");
+            }
+        } else if loaded.is_err() {
+            self.specs.replace(model, previous);
+        }
+        loaded
+    }
+
+    /// The admin API's load: as a request would place it (with its override), wanted again
+    /// after an explicit unload.
+    pub async fn load_now(self: &Arc<Self>, model: &str) -> Result<(), GatewayError> {
+        self.specs.wanted(model);
         self.acquire(&ModelRef::new(model, None)).await.map(drop)
     }
 
+    /// A model no ready backend's index has is refused as Triton refuses it; the indexes are
+    /// read again first, so a model just added to the repository is found.
+    async fn check_known(&self, model: &str) -> Result<(), GatewayError> {
+        let known = || self.view(model).iter().any(|v| v.ready && v.knows);
+        if known() {
+            return Ok(());
+        }
+        for backend in self.pool.backends().iter().filter(|b| b.is_ready()) {
+            if let Err(reason) =
+                crate::upstream::refresh_index(backend, Duration::from_secs(2)).await
+            {
+                tracing::warn!(backend = %backend.name, %reason, "index refresh before a load failed");
+            }
+        }
+        if known() {
+            Ok(())
+        } else if self.pool.ready().is_empty() {
+            Err(GatewayError::NoBackendReady)
+        } else {
+            Err(GatewayError::UnknownModelLoad {
+                model: model.to_string(),
+            })
+        }
+    }
+
+    /// Brings every copy of `model` to `config`: waits for loads that run, then loads each
+    /// ready copy that served another config again, where it is (a failure is the answer).
+    async fn apply_spec(
+        self: &Arc<Self>,
+        model: &str,
+        config: &Option<Arc<str>>,
+    ) -> Result<(), GatewayError> {
+        // Each round settles what it found; a load started meanwhile takes one more.
+        for _ in 0..4 {
+            let (stale, running) = self.books().stale_copies(model, config);
+            if let Some(mut running) = running {
+                let _ = tokio::time::timeout(self.load_timeout, running.wait_for(Option::is_some))
+                    .await;
+                continue;
+            }
+            if stale.is_empty() {
+                return Ok(());
+            }
+            for backend in stale {
+                self.reload_for_spec(backend, model, config.is_none())
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads one copy again for its model's current config. Dropping an override without
+    /// `placement.model_repository` (nothing to send but a plain load, which keeps it)
+    /// unloads the copy instead: Triton forgets an override once the model is unloaded.
+    async fn reload_for_spec(
+        self: &Arc<Self>,
+        backend: usize,
+        model: &str,
+        plain: bool,
+    ) -> Result<(), GatewayError> {
+        if plain && self.repository.is_none() {
+            if self.books().remove_copy(backend, model, Instant::now()) {
+                self.unload_from(&[backend], model, "config").await;
+            }
+            return Ok(());
+        }
+        let sizing = self.estimator.sizing(model);
+        let view = self.view(model);
+        let plan = self.books().reload_on(
+            &[backend],
+            model,
+            (&Versions::default(), &sizing),
+            &view,
+            true,
+            Instant::now(),
+        )?;
+        let mut done = plan.done.subscribe();
+        self.clone().run_load(plan, Priority::Request).await;
+        match done.wait_for(Option::is_some).await.as_deref() {
+            Ok(Some(Err(reason))) => Err(GatewayError::LoadFailed {
+                model: model.to_string(),
+                reason: reason.to_string(),
+                retry_after: Duration::from_secs(1),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Unloads a model from every backend (in-flight requests finish first: Triton waits for
-    /// them). Returns how many copies were unloaded.
+    /// them). Returns how many copies were unloaded. Requests load it again (the admin API).
     pub async fn unload(&self, model: &str) -> usize {
         let backends = self.books().remove_everywhere(model, Instant::now());
         self.unload_from(&backends, model, "request").await;
         backends.len()
+    }
+
+    /// An unload through the repository API: the model's override goes, and no request
+    /// loads it again until a load says so; loads already running finish first, so none
+    /// leaves a copy behind.
+    pub async fn unload_explicitly(&self, model: &str) -> usize {
+        self.specs.unloaded(model);
+        for _ in 0..4 {
+            let (_, running) = self.books().stale_copies(model, &None);
+            let Some(mut running) = running else { break };
+            let _ =
+                tokio::time::timeout(self.load_timeout, running.wait_for(Option::is_some)).await;
+        }
+        self.unload(model).await
+    }
+
+    /// A lease on a copy that is loaded now, for a request that must not load the model
+    /// (readiness, metadata, config): none loaded is `NotLoaded`, worded for `ask`.
+    pub fn lease_loaded(
+        self: &Arc<Self>,
+        model: &ModelRef,
+        ask: crate::pipeline::Ask,
+    ) -> Result<Lease, GatewayError> {
+        let view = self.view(&model.name);
+        if let Some(Decision::Serve(backend)) = self.books().hit(model, &view) {
+            let in_flight = self.pool.backends()[backend].start_request();
+            return Ok(Lease {
+                placement: self.clone(),
+                backend,
+                model: model.name.clone(),
+                version: model.version_number().ok().flatten(),
+                in_flight,
+            });
+        }
+        Err(self.why_not_loaded(model, &view, ask))
+    }
+
+    /// The backends with a ready copy serving what `model` asks for (statistics are read
+    /// from each), or why there is none.
+    pub fn holders(
+        &self,
+        model: &ModelRef,
+        ask: crate::pipeline::Ask,
+    ) -> Result<Vec<Arc<Backend>>, GatewayError> {
+        let view = self.view(&model.name);
+        let holders = self.books().holders(model, &view);
+        if holders.is_empty() {
+            return Err(self.why_not_loaded(model, &view, ask));
+        }
+        Ok(holders
+            .into_iter()
+            .map(|b| self.pool.backends()[b].clone())
+            .collect())
+    }
+
+    /// What a request that may not load gets when no copy serves it: no backend, an unknown
+    /// model, a version refused as a load would refuse it, else `NotLoaded`.
+    fn why_not_loaded(
+        &self,
+        model: &ModelRef,
+        view: &[BackendView],
+        ask: crate::pipeline::Ask,
+    ) -> GatewayError {
+        if !view.iter().any(|v| v.ready) {
+            return GatewayError::NoBackendReady;
+        }
+        if !view.iter().any(|v| v.ready && v.knows) {
+            return GatewayError::UnknownModel {
+                model: model.name.clone(),
+            };
+        }
+        if let Err(error) = table::requested_version(model, &self.estimator.sizing(&model.name)) {
+            return error;
+        }
+        not_loaded(model, ask)
     }
 
     /// Unloads a model the books no longer hold from each of `backends`, and says so.
@@ -854,6 +1071,15 @@ impl Placement {
             })
             .collect();
         serde_json::json!({ "backends": backends, "failed_loads": failures })
+    }
+}
+
+/// `NotLoaded` for a request for `model`.
+fn not_loaded(model: &ModelRef, ask: crate::pipeline::Ask) -> GatewayError {
+    GatewayError::NotLoaded {
+        model: model.name.clone(),
+        version: model.version.clone(),
+        ask,
     }
 }
 

@@ -83,18 +83,54 @@ fn with_list_colons(text: &str) -> String {
     out
 }
 
-/// The load request body for `model` serving exactly `versions`: its whole config from the
-/// repository with a `specific` version policy.
-pub fn load_body(repository: &Path, model: &str, versions: &[u64]) -> Result<String, String> {
-    let path = repository.join(model).join("config.pbtxt");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut config = config_json(&text)?;
-    config["version_policy"] = serde_json::json!({ "specific": { "versions": versions } });
-    // Triton names the model by the load path; the file may leave `name` out.
-    config["name"] = serde_json::json!(model);
-    let body = serde_json::json!({ "parameters": { "config": config.to_string() } });
-    Ok(body.to_string())
+/// Where the config a load sends comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Source<'a> {
+    /// config.pbtxt under `placement.model_repository`.
+    Repository(&'a Path),
+    /// A client's override (JSON `ModelConfig` text), sent through the repository API.
+    Override(&'a str),
+}
+
+/// Checks an override before any load: Triton takes only a JSON object.
+pub fn check_override(text: &str) -> Result<(), String> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        Ok(_) => Err("the config override is not a JSON object".into()),
+        Err(e) => Err(format!("the config override is not valid JSON: {e}")),
+    }
+}
+
+/// The load request body for `model` with the config from `source`, serving exactly
+/// `versions` when given (a `specific` version policy), else the config's own policy. An
+/// override for the config's own policy is sent as the client wrote it.
+pub fn load_body(
+    source: Source<'_>,
+    model: &str,
+    versions: Option<&[u64]>,
+) -> Result<String, String> {
+    let mut config = match (source, versions) {
+        (Source::Override(text), None) => return Ok(config_body(text)),
+        (Source::Override(text), Some(_)) => serde_json::from_str::<serde_json::Value>(text)
+            .map_err(|e| format!("the config override is not valid JSON: {e}"))?,
+        (Source::Repository(repository), _) => {
+            let path = repository.join(model).join("config.pbtxt");
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let mut config = config_json(&text)?;
+            // Triton names the model by the load path; the file may leave `name` out.
+            config["name"] = serde_json::json!(model);
+            config
+        }
+    };
+    if let Some(versions) = versions {
+        config["version_policy"] = serde_json::json!({ "specific": { "versions": versions } });
+    }
+    Ok(config_body(&config.to_string()))
+}
+
+fn config_body(config: &str) -> String {
+    serde_json::json!({ "parameters": { "config": config } }).to_string()
 }
 
 #[cfg(test)]
@@ -114,8 +150,10 @@ mod tests {
              parameters { key: \"k [\" value: { string_value: \"x\" } }\n",
         )
         .unwrap();
-        let body: serde_json::Value =
-            serde_json::from_str(&load_body(repo.path(), "m", &[1, 3]).unwrap()).unwrap();
+        let body: serde_json::Value = serde_json::from_str(
+            &load_body(Source::Repository(repo.path()), "m", Some(&[1, 3])).unwrap(),
+        )
+        .unwrap();
         let config: serde_json::Value =
             serde_json::from_str(body["parameters"]["config"].as_str().unwrap()).unwrap();
         assert_eq!(
@@ -130,6 +168,34 @@ mod tests {
             })
         );
         assert!(config_json("no_such_field: 1").is_err());
+    }
+
+    #[test]
+    fn an_override_is_sent_as_written_or_with_the_versions_asked_for() {
+        let text = r#"{"max_batch_size": 4, "version_policy": {"latest": {"num_versions": 1}}}"#;
+        let body: serde_json::Value =
+            serde_json::from_str(&load_body(Source::Override(text), "m", None).unwrap()).unwrap();
+        assert_eq!(body["parameters"]["config"], text);
+        let body: serde_json::Value =
+            serde_json::from_str(&load_body(Source::Override(text), "m", Some(&[2])).unwrap())
+                .unwrap();
+        let config: serde_json::Value =
+            serde_json::from_str(body["parameters"]["config"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            config,
+            serde_json::json!({"max_batch_size": 4, "version_policy": {"specific": {"versions": [2]}}})
+        );
+        assert!(check_override(text).is_ok());
+        assert!(
+            check_override("[1]")
+                .unwrap_err()
+                .contains("not a JSON object")
+        );
+        assert!(
+            check_override("{nope")
+                .unwrap_err()
+                .contains("not valid JSON")
+        );
     }
 
     #[test]

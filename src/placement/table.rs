@@ -64,6 +64,9 @@ pub struct Copy {
     pub versions: Versions,
     /// The version numbers it serves: planned at the load, then as the backend's index says.
     pub serving: BTreeSet<u64>,
+    /// The config override its last load sent (`None`: the repository's config); a copy
+    /// whose override is not its model's spec is loaded again (`Placement::load`).
+    pub config: Option<Arc<str>>,
 }
 
 impl Copy {
@@ -570,6 +573,7 @@ impl Table {
             served: 0,
             versions: versions.clone(),
             serving: serving.clone(),
+            config: None,
         });
         books.committed += estimate.bytes;
         books.changed = now;
@@ -996,6 +1000,67 @@ impl Table {
     }
 }
 
+/// What `Placement::load` and the calls that never load need of the books.
+impl Table {
+    /// Records the config override a load of the copy is sending; returns the one its
+    /// previous load sent.
+    pub fn swap_config(
+        &mut self,
+        backend: usize,
+        model: &str,
+        config: Option<Arc<str>>,
+    ) -> Option<Arc<str>> {
+        self.backends[backend]
+            .modify(model, |copy| std::mem::replace(&mut copy.config, config))
+            .flatten()
+    }
+
+    /// Forgets the model's failed loads: they were of a config that is no longer asked for.
+    pub fn forget_failures(&mut self, model: &str) {
+        self.failures.retain(|(name, _), _| name != model);
+    }
+
+    /// The backends whose ready copy of `model` was loaded with another override than
+    /// `config`, and a load of the model still running (whose copy may turn out stale).
+    pub fn stale_copies(
+        &self,
+        model: &str,
+        config: &Option<Arc<str>>,
+    ) -> (Vec<usize>, Option<watch::Receiver<LoadOutcome>>) {
+        let mut stale = Vec::new();
+        let mut running = None;
+        for (b, books) in self.backends.iter().enumerate() {
+            let Some(copy) = books.copies.get(model) else {
+                continue;
+            };
+            match &copy.state {
+                CopyState::Ready if copy.config != *config => stale.push(b),
+                CopyState::Ready => {}
+                CopyState::Loading(rx) => running = Some(rx.clone()),
+                CopyState::Reloading(reload) => running = Some(reload.waiting.clone()),
+            }
+        }
+        (stale, running)
+    }
+
+    /// The backends (ready, per `view`) whose copy of `model` serves the version it asks
+    /// for now: where its statistics are.
+    pub fn holders(&self, model: &ModelRef, view: &[BackendView]) -> Vec<usize> {
+        let Ok(version) = model.version_number() else {
+            return Vec::new();
+        };
+        (0..self.backends.len())
+            .filter(|&b| {
+                view[b].ready
+                    && self.backends[b]
+                        .copies
+                        .get(&model.name)
+                        .is_some_and(|copy| copy.serves(version))
+            })
+            .collect()
+    }
+}
+
 /// A model a backend's index shows READY, as reconciliation reads it.
 #[derive(Clone, Debug)]
 pub struct Indexed {
@@ -1022,6 +1087,7 @@ fn adopt(found: &Indexed, pinned: bool, now: Instant) -> Copy {
         served: 0,
         versions: Versions::latest(),
         serving: found.serving.clone(),
+        config: None,
     }
 }
 
@@ -1130,7 +1196,10 @@ fn settle(copy: &mut Copy, ok: bool, now: Instant) -> (u64, u64) {
 
 /// The version a request asks for, as a number; refused when it is not one, or when the
 /// repository is known and has no such version directory.
-fn requested_version(model: &ModelRef, sizing: &Sizing) -> Result<Option<u64>, GatewayError> {
+pub(super) fn requested_version(
+    model: &ModelRef,
+    sizing: &Sizing,
+) -> Result<Option<u64>, GatewayError> {
     match model.version_number() {
         Ok(None) => Ok(None),
         Ok(Some(v)) if sizing.has_version(v) => Ok(Some(v)),

@@ -417,18 +417,16 @@ def test_cold_model_loads_on_first_request_then_unload_and_load(client):
     assert "add_sub_int" not in ready_in_index(client)
     client.load_model("add_sub_int")
     assert "add_sub_int" in ready_in_index(client)
-    # A config override is refused by the gateway, not dropped (placement loads models with
-    # the config in the repository).
+    # Model files in the request are refused (each copy loads from its backend's repository).
     with pytest.raises(InferenceServerException) as err:
-        client.load_model("add_sub_int", config='{"max_batch_size": 0}')
+        client.load_model("add_sub_int", config="{}", files={"file:1/model.py": b"pass"})
     assert status_of(err) == "StatusCode.INVALID_ARGUMENT"
-    assert err.value.message() == (
-        "load parameters are not supported through infergate (got config for model 'add_sub_int'): "
-        "models are loaded with the config in the model repository; change it there"
-    )
+    assert "('file:1/model.py') are not supported through infergate" in err.value.message()
+    # A model no repository has: Triton's class of answer (INTERNAL) and words.
     with pytest.raises(InferenceServerException) as err:
         client.load_model("no_such_model")
-    assert status_of(err) == "StatusCode.NOT_FOUND"
+    assert status_of(err) == "StatusCode.INTERNAL"
+    assert "failed to load 'no_such_model'" in err.value.message()
 
 
 @live_pool

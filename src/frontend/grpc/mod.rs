@@ -21,7 +21,8 @@ use crate::error::GatewayError;
 use crate::frontend::Served;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
-use crate::pipeline::{ModelRef, Routed, mirror};
+use crate::pipeline::statistics::{self, Statistics};
+use crate::pipeline::{Ask, ModelRef, Routed, mirror};
 use crate::placement::Lease;
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
@@ -198,22 +199,18 @@ impl InferenceService {
     /// A model name that is a route is resolved first (sticky keys read from the call's
     /// metadata, as HTTP reads them from headers, or from the caller's token); the copy
     /// leased is the target's, which is returned so the message can be sent under the
-    /// target's name. `inference` says whether the route's guard and mirrors apply.
+    /// target's name. `ask` says whether the route's guard and mirrors apply, and whether
+    /// the model may be loaded (only for an inference).
     async fn place(
         &self,
         call: &Call,
         requested: ModelRef,
         metadata: &MetadataMap,
         caller: &Caller,
-        inference: bool,
+        ask: Ask,
     ) -> Result<(Lease, Routed), GatewayError> {
-        let mut routed = self.gateway.live().routes.resolve(
-            requested,
-            |name| metadata.get(name).map(|v| v.as_bytes()),
-            caller,
-        )?;
-        routed.for_inference(inference);
-        let lease = routed.place(self.gateway.placement()).await?;
+        let mut routed = self.route(requested, metadata, caller, ask)?;
+        let lease = routed.place(self.gateway.placement(), ask).await?;
         call.served(Served {
             model: routed.target.name.clone(),
             version: routed.target.version.clone(),
@@ -224,6 +221,23 @@ impl InferenceService {
             call.routed_to(label);
         }
         Ok((lease, routed))
+    }
+
+    /// Resolves the route (sticky keys from the call's metadata), as HTTP does from headers.
+    fn route(
+        &self,
+        requested: ModelRef,
+        metadata: &MetadataMap,
+        caller: &Caller,
+        ask: Ask,
+    ) -> Result<Routed, GatewayError> {
+        let mut routed = self.gateway.live().routes.resolve(
+            requested,
+            |name| metadata.get(name).map(|v| v.as_bytes()),
+            caller,
+        )?;
+        routed.for_inference(ask == Ask::Inference);
+        Ok(routed)
     }
 
     /// Forwards one unary call to the leased backend: the client's metadata (less what
@@ -257,6 +271,7 @@ impl InferenceService {
         call: &Call,
         mut metadata: MetadataMap,
         mut message: Req,
+        ask: Ask,
         send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
     ) -> Result<Response<Res>, Failure>
     where
@@ -264,9 +279,7 @@ impl InferenceService {
     {
         let requested = message.model();
         let (caller, _admission) = self.admit_model(call, &mut metadata, &requested).await?;
-        let (lease, routed) = self
-            .place(call, requested, &metadata, &caller, false)
-            .await?;
+        let (lease, routed) = self.place(call, requested, &metadata, &caller, ask).await?;
         message.retarget(&routed.target);
         self.forward(call, &lease, metadata, message, send).await
     }
@@ -393,7 +406,7 @@ impl GrpcInferenceService for InferenceService {
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
                 match self
-                    .place(&call, requested, &metadata, &caller, false)
+                    .place(&call, requested, &metadata, &caller, Ask::Ready)
                     .await
                 {
                     // Triton answers an unknown or unloadable model with `ready: false`.
@@ -421,11 +434,13 @@ impl GrpcInferenceService for InferenceService {
         let call = Call::start("ModelMetadata", &request);
         let (metadata, _, message) = request.into_parts();
         let outcome = call
-            .run(
-                self.to_model(&call, metadata, message, |mut c, r| async move {
-                    c.model_metadata(r).await
-                }),
-            )
+            .run(self.to_model(
+                &call,
+                metadata,
+                message,
+                Ask::Metadata,
+                |mut c, r| async move { c.model_metadata(r).await },
+            ))
             .await;
         call.finish(outcome)
     }
@@ -442,7 +457,7 @@ impl GrpcInferenceService for InferenceService {
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
                 let (lease, mut routed) = self
-                    .place(&call, requested, &metadata, &caller, true)
+                    .place(&call, requested, &metadata, &caller, Ask::Inference)
                     .await?;
                 message.retarget(&routed.target);
                 let answer = async {
@@ -499,11 +514,13 @@ impl GrpcInferenceService for InferenceService {
         let call = Call::start("ModelConfig", &request);
         let (metadata, _, message) = request.into_parts();
         let outcome = call
-            .run(
-                self.to_model(&call, metadata, message, |mut c, r| async move {
-                    c.model_config(r).await
-                }),
-            )
+            .run(self.to_model(
+                &call,
+                metadata,
+                message,
+                Ask::Config,
+                |mut c, r| async move { c.model_config(r).await },
+            ))
             .await;
         call.finish(outcome)
     }
@@ -514,22 +531,40 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<ModelStatisticsResponse>, Status> {
         let call = Call::start("ModelStatistics", &request);
         let (mut metadata, _, message) = request.into_parts();
-        let outcome = if message.name.is_empty() {
-            call.run(async {
-                let _admission = self
-                    .admit_admin(&call, &mut metadata, "the statistics of all models")
-                    .await?;
-                self.all_statistics(&call, metadata).await
+        let outcome = call
+            .run(async {
+                let answer = if message.name.is_empty() {
+                    let _admission = self
+                        .admit_admin(&call, &mut metadata, "the statistics of all models")
+                        .await?;
+                    statistics::of_all(&self.gateway).await?
+                } else {
+                    let requested = message.model();
+                    let (caller, _admission) =
+                        self.admit_model(&call, &mut metadata, &requested).await?;
+                    let routed = self.route(requested, &metadata, &caller, Ask::Statistics)?;
+                    call.served(Served {
+                        model: routed.target.name.clone(),
+                        version: routed.target.version.clone(),
+                        route: routed.route.clone(),
+                        ..Served::default()
+                    });
+                    statistics::of_model(&self.gateway, &routed.target).await?
+                };
+                match answer {
+                    Statistics::Merged(value) => Ok(Response::new(
+                        statistics_message(&value).map_err(|reason| {
+                            Failure::Backend(Status::internal(format!(
+                                "statistics cannot be written as protobuf: {reason}"
+                            )))
+                        })?,
+                    )),
+                    Statistics::Refused { status, body } => {
+                        Err(Failure::Backend(status_from_http(status, &body)))
+                    }
+                }
             })
-            .await
-        } else {
-            call.run(
-                self.to_model(&call, metadata, message, |mut c, r| async move {
-                    c.model_statistics(r).await
-                }),
-            )
-            .await
-        };
+            .await;
         call.finish(outcome)
     }
 
@@ -579,11 +614,19 @@ impl GrpcInferenceService for InferenceService {
                 let _admission = self
                     .admit_admin(&call, &mut metadata, "the repository API")
                     .await?;
-                repository::refuse_load_parameters(
+                let config = repository::load_config(
                     &model,
-                    message.parameters.keys().map(String::as_str),
+                    message.parameters.iter().map(|(name, value)| {
+                        let text = match &value.parameter_choice {
+                            Some(model_repository_parameter::ParameterChoice::StringParam(
+                                text,
+                            )) => Some(text.as_str()),
+                            _ => None,
+                        };
+                        (name.as_str(), text)
+                    }),
                 )?;
-                self.gateway.placement().load(&model).await?;
+                self.gateway.placement().load(&model, config).await?;
                 call.served(Served {
                     model: model.clone(),
                     ..Served::default()
@@ -606,7 +649,7 @@ impl GrpcInferenceService for InferenceService {
                 let _admission = self
                     .admit_admin(&call, &mut metadata, "the repository API")
                     .await?;
-                self.gateway.placement().unload(&model).await;
+                self.gateway.placement().unload_explicitly(&model).await;
                 Ok(Response::new(RepositoryModelUnloadResponse {}))
             })
             .await;
@@ -694,38 +737,54 @@ impl GrpcInferenceService for InferenceService {
     }
 }
 
-impl InferenceService {
-    /// Statistics for every model: every ready backend's, concatenated (as HTTP's
-    /// `GET /v2/models/stats`).
-    async fn all_statistics(
-        &self,
-        call: &Call,
-        metadata: MetadataMap,
-    ) -> Result<Response<ModelStatisticsResponse>, Failure> {
-        let backends = repository::ready_backends(&self.gateway)?;
-        let timeout = call.budget(self.gateway.config().upstream.request_timeout.0);
-        let calls = backends.iter().map(|backend| {
-            let request = upstream_request(
-                call,
-                metadata.clone(),
-                ModelStatisticsRequest::default(),
-                Some(timeout),
-            );
-            upstream_grpc::unary(backend, timeout, |mut c| async move {
-                c.model_statistics(request).await
-            })
-        });
-        let mut model_stats = Vec::new();
-        for answer in futures_util::future::join_all(calls).await {
-            model_stats.extend(answer?.into_inner().model_stats);
-        }
-        Ok(Response::new(ModelStatisticsResponse { model_stats }))
-    }
+/// Statistics in Triton's JSON (its HTTP answer, summed over copies) as the gRPC message: the
+/// field names are the proto's, so the one merge serves both front-ends.
+fn statistics_message(value: &serde_json::Value) -> Result<ModelStatisticsResponse, String> {
+    use prost::Message;
+    use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage};
+    static SCHEMA: std::sync::OnceLock<prost_reflect::MessageDescriptor> =
+        std::sync::OnceLock::new();
+    let schema = SCHEMA.get_or_init(|| {
+        DescriptorPool::decode(FILE_DESCRIPTOR_SET)
+            .expect("build.rs writes a valid descriptor set")
+            .get_message_by_name("inference.ModelStatisticsResponse")
+            .expect("grpc_service.proto defines ModelStatisticsResponse")
+    });
+    let options = DeserializeOptions::new().deny_unknown_fields(false);
+    let message = DynamicMessage::deserialize_with_options(schema.clone(), value, &options)
+        .map_err(|e| e.to_string())?;
+    ModelStatisticsResponse::decode(message.encode_to_vec().as_slice()).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statistics_json_becomes_the_grpc_message() {
+        let json = serde_json::json!({"model_stats": [{
+            "name": "m", "version": "1", "last_inference": 1796156218584u64,
+            "inference_count": 3, "execution_count": 3,
+            "inference_stats": {"success": {"count": 3, "ns": 21016483}},
+            "response_stats": {},
+            "batch_stats": [{"batch_size": 1, "compute_infer": {"count": 3, "ns": 9}}],
+            "memory_usage": [], "some_future_field": true
+        }]});
+        let message = statistics_message(&json).unwrap();
+        let row = &message.model_stats[0];
+        assert_eq!((row.name.as_str(), row.version.as_str()), ("m", "1"));
+        assert_eq!(row.last_inference, 1796156218584);
+        assert_eq!(row.inference_count, 3);
+        let success = row
+            .inference_stats
+            .as_ref()
+            .unwrap()
+            .success
+            .as_ref()
+            .unwrap();
+        assert_eq!((success.count, success.ns), (3, 21016483));
+        assert_eq!(row.batch_stats[0].compute_infer.as_ref().unwrap().ns, 9);
+    }
 
     #[test]
     fn triton_http_errors_become_statuses() {
