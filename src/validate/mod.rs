@@ -17,6 +17,7 @@
 
 pub mod check;
 pub mod datatype;
+pub mod generate;
 pub mod http;
 pub mod json;
 pub mod request;
@@ -53,14 +54,19 @@ pub async fn http_request(
     model: &ModelRef,
     request: Request,
 ) -> Result<Request, GatewayError> {
-    let is_infer =
-        request.method() == ::http::Method::POST && request.uri().path().ends_with("/infer");
-    if !gateway.config().validation.enabled || !is_infer {
+    let path = request.uri().path();
+    let post = request.method() == ::http::Method::POST;
+    let is_infer = post && path.ends_with("/infer");
+    let is_generate = post && (path.ends_with("/generate") || path.ends_with("/generate_stream"));
+    if !gateway.config().validation.enabled || !(is_infer || is_generate) {
         return Ok(request);
     }
     let Some(signature) = gateway.signatures().get(backend, model).await else {
         return Ok(request);
     };
+    if is_generate {
+        return generate_request(gateway, &signature, model, request).await;
+    }
     let (parts, body) = request.into_parts();
     let limit = gateway.config().server.max_body_size.bytes();
     let declared: Option<u64> = parts
@@ -95,6 +101,33 @@ pub async fn http_request(
     };
     let view = http::BodyView::whole(&whole);
     judge(read(view), view, &signature, model)?;
+    Ok(Request::from_parts(parts, Body::from(whole)))
+}
+
+/// A generate request: its (small) body read whole, checked as Triton converts it, and
+/// forwarded as those same bytes.
+async fn generate_request(
+    gateway: &Gateway,
+    signature: &Signature,
+    model: &ModelRef,
+    request: Request,
+) -> Result<Request, GatewayError> {
+    let (parts, body) = request.into_parts();
+    let limit = gateway.config().server.max_body_size.bytes();
+    let declared: Option<u64> = parts
+        .headers
+        .get(::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let whole = collect(body, limit, declared).await?;
+    let verdict = match generate::parse(&whole, signature) {
+        Ok(generate::Generate::Request(parsed)) => check(&parsed, signature),
+        Ok(generate::Generate::Unvalidated(why)) => {
+            tracing::debug!(model = %model.name, why, "generate request forwarded unvalidated");
+            Ok(())
+        }
+        Err(rejection) => Err(rejection),
+    };
+    verdict.map_err(|rejection| refuse(rejection, model))?;
     Ok(Request::from_parts(parts, Body::from(whole)))
 }
 
