@@ -710,3 +710,94 @@ async fn sighup_reloads_the_config_file() {
     assert!(logs.contains("SIGHUP received: reloading config"), "{logs}");
     assert!(logs.contains("config reloaded"), "{logs}");
 }
+
+/// A base port `p` with `p..p+3` and `p+10..p+13` free: two Tritons as scripts/triton.sh
+/// lays them out (http, grpc, metrics).
+fn free_triton_base() -> u16 {
+    let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+    (0..200)
+        .map(|i| 30_000 + ((std::process::id() as u16 % 500) + i) * 50)
+        .find(|&p| (0..3).all(|k| free(p + k) && free(p + 10 + k)))
+        .expect("free ports for two Tritons")
+}
+
+/// `scripts/demo.sh --once`, the quick start's main job, with the test's own binary and
+/// ports: the first request waits for a load (and says where it went), the second is warm,
+/// and the books show the copy; everything it started is stopped when it exits.
+#[test]
+fn the_demo_shows_a_cold_load_then_a_warm_request_and_the_books() {
+    let base = free_triton_base();
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let example =
+        std::fs::read_to_string(support::repo_root().join("config/gateway.toml")).unwrap();
+    let mut config = example;
+    for (k, port) in ports.iter().enumerate() {
+        config = config.replace(&format!("127.0.0.1:800{k}"), &format!("127.0.0.1:{port}"));
+    }
+    for (i, triton) in [19000, 19010].iter().enumerate() {
+        for k in 0..3 {
+            config = config.replace(
+                &format!("127.0.0.1:{}", triton + k),
+                &format!("127.0.0.1:{}", base + 10 * i as u16 + k as u16),
+            );
+        }
+    }
+    let config = write_config(&config);
+    let output = Command::new("bash")
+        .arg(support::repo_root().join("scripts/demo.sh"))
+        .arg("--once")
+        .env("INFERGATE_BIN", env!("CARGO_BIN_EXE_infergate"))
+        .env("DEMO_CONFIG", config.path())
+        .env("DEMO_TRITON_PORT", base.to_string())
+        .env("DEMO_HTTP", format!("127.0.0.1:{}", ports[0]))
+        .env("DEMO_ADMIN", format!("127.0.0.1:{}", ports[3]))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The "HTTP 200 after N ms" line that follows the step announced by `step`.
+    let took = |step: &str| -> u64 {
+        let mut lines = stdout.lines().skip_while(|l| !l.contains(step)).skip(1);
+        let line = lines
+            .next()
+            .unwrap_or_else(|| panic!("no step '{step}' in:\n{stdout}"));
+        let ms = line
+            .trim_start()
+            .strip_prefix("HTTP 200 after ")
+            .expect(line);
+        ms.split(' ').next().unwrap().parse().unwrap()
+    };
+    let cold = took("== first request");
+    let warm = took("== second request");
+    assert!(cold > warm, "cold {cold} ms, warm {warm} ms:\n{stdout}");
+    assert!(
+        stdout.contains("placed: add_sub loaded on triton-"),
+        "{stdout}"
+    );
+    let books = &stdout[stdout.find("/admin/placement").expect(&stdout)..];
+    let json: serde_json::Value =
+        serde_json::from_str(&books[books.find('{').unwrap()..]).expect(books);
+    let copies: Vec<&serde_json::Value> = json["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b["models"].as_array().unwrap())
+        .collect();
+    assert_eq!(copies.len(), 1, "{json}");
+    assert_eq!(
+        (&copies[0]["name"], &copies[0]["state"]),
+        (&"add_sub".into(), &"ready".into())
+    );
+    // Both Tritons are gone.
+    for port in [base, base + 10] {
+        assert!(
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+            "a Triton still listens on {port}"
+        );
+    }
+}
