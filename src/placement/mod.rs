@@ -5,6 +5,7 @@
 //! every request that arrived meanwhile waits on that one load. The books (`table`) are the
 //! single truth, kept in line with each backend's repository index by `reconcile`.
 
+mod control;
 mod estimate;
 mod load_queue;
 mod model_config;
@@ -200,7 +201,7 @@ impl Placement {
         allow_evict: bool,
     ) -> Result<Lease, GatewayError> {
         if self.specs.is_unloaded(&model.name) {
-            return Err(not_loaded(model, crate::pipeline::Ask::Inference));
+            return Err(control::not_loaded(model, crate::pipeline::Ask::Inference));
         }
         let mut attempts = 0;
         let mut cold_since: Option<Instant> = None;
@@ -417,7 +418,7 @@ impl Placement {
                 return Ok(Bytes::from_static(b"{}"));
             }
             None => model_config::Source::Repository(self.repository.as_deref().ok_or_else(|| {
-                Arc::<str>::from("loading chosen versions needs placement.model_repository (the model's config.pbtxt)")
+                Arc::<str>::from("loading chosen versions, or going back to the repository's config after an override, needs placement.model_repository (the model's config.pbtxt)")
             })?),
         };
         model_config::load_body(source, &plan.model, versions)
@@ -455,214 +456,12 @@ impl Placement {
         let _ = self.events.send(ModelEvent::Unloaded(model.to_string()));
     }
 
-    /// Loads a model now through the repository API, with `config` (an override, checked to
-    /// be a JSON object) or without (a plain load, back to the repository's config): every
-    /// copy loaded with another config is loaded again (or, to drop an override without
-    /// `placement.model_repository`, unloaded), then the model is placed as a request would
-    /// place it, and it is wanted again after an explicit unload. A load that fails puts
-    /// the previous spec back.
-    pub async fn load(
-        self: &Arc<Self>,
-        model: &str,
-        config: Option<Arc<str>>,
-    ) -> Result<(), GatewayError> {
-        self.check_known(model).await?;
-        let previous = self.specs.loaded(model, config.clone());
-        if previous.config != config {
-            self.books().forget_failures(model);
-        }
-        let applied = self.apply_spec(model, &config).await;
-        let loaded = match applied {
-            Ok(()) => self.acquire(&ModelRef::new(model, None)).await.map(drop),
-            Err(error) => Err(error),
-        };
-        if loaded.is_err() && previous.config != config {
-            self.specs.replace(model, previous.clone());
-            if let Err(error) = self.apply_spec(model, &previous.config).await {
-                tracing::warn!(model, %error, "could not put the previous config back");
-            }
-        } else if loaded.is_err() {
-            self.specs.replace(model, previous);
-        }
-        loaded
-    }
-
-    /// The admin API's load: as a request would place it (with its override), wanted again
-    /// after an explicit unload.
-    pub async fn load_now(self: &Arc<Self>, model: &str) -> Result<(), GatewayError> {
-        self.specs.wanted(model);
-        self.acquire(&ModelRef::new(model, None)).await.map(drop)
-    }
-
-    /// A model no ready backend's index has is refused as Triton refuses it; the indexes are
-    /// read again first, so a model just added to the repository is found.
-    async fn check_known(&self, model: &str) -> Result<(), GatewayError> {
-        let known = || self.view(model).iter().any(|v| v.ready && v.knows);
-        if known() {
-            return Ok(());
-        }
-        for backend in self.pool.backends().iter().filter(|b| b.is_ready()) {
-            if let Err(reason) =
-                crate::upstream::refresh_index(backend, Duration::from_secs(2)).await
-            {
-                tracing::warn!(backend = %backend.name, %reason, "index refresh before a load failed");
-            }
-        }
-        if known() {
-            Ok(())
-        } else if self.pool.ready().is_empty() {
-            Err(GatewayError::NoBackendReady)
-        } else {
-            Err(GatewayError::UnknownModelLoad {
-                model: model.to_string(),
-            })
-        }
-    }
-
-    /// Brings every copy of `model` to `config`: waits for loads that run, then loads each
-    /// ready copy that served another config again, where it is (a failure is the answer).
-    async fn apply_spec(
-        self: &Arc<Self>,
-        model: &str,
-        config: &Option<Arc<str>>,
-    ) -> Result<(), GatewayError> {
-        // Each round settles what it found; a load started meanwhile takes one more.
-        for _ in 0..4 {
-            let (stale, running) = self.books().stale_copies(model, config);
-            if let Some(mut running) = running {
-                let _ = tokio::time::timeout(self.load_timeout, running.wait_for(Option::is_some))
-                    .await;
-                continue;
-            }
-            if stale.is_empty() {
-                return Ok(());
-            }
-            for backend in stale {
-                self.reload_for_spec(backend, model, config.is_none())
-                    .await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Loads one copy again for its model's current config. Dropping an override without
-    /// `placement.model_repository` (nothing to send but a plain load, which keeps it)
-    /// unloads the copy instead: Triton forgets an override once the model is unloaded.
-    async fn reload_for_spec(
-        self: &Arc<Self>,
-        backend: usize,
-        model: &str,
-        plain: bool,
-    ) -> Result<(), GatewayError> {
-        if plain && self.repository.is_none() {
-            if self.books().remove_copy(backend, model, Instant::now()) {
-                self.unload_from(&[backend], model, "config").await;
-            }
-            return Ok(());
-        }
-        let sizing = self.estimator.sizing(model);
-        let view = self.view(model);
-        let plan = self.books().reload_on(
-            &[backend],
-            model,
-            (&Versions::default(), &sizing),
-            &view,
-            true,
-            Instant::now(),
-        )?;
-        let mut done = plan.done.subscribe();
-        self.clone().run_load(plan, Priority::Request).await;
-        match done.wait_for(Option::is_some).await.as_deref() {
-            Ok(Some(Err(reason))) => Err(GatewayError::LoadFailed {
-                model: model.to_string(),
-                reason: reason.to_string(),
-                retry_after: Duration::from_secs(1),
-            }),
-            _ => Ok(()),
-        }
-    }
-
     /// Unloads a model from every backend (in-flight requests finish first: Triton waits for
     /// them). Returns how many copies were unloaded. Requests load it again (the admin API).
     pub async fn unload(&self, model: &str) -> usize {
         let backends = self.books().remove_everywhere(model, Instant::now());
         self.unload_from(&backends, model, "request").await;
         backends.len()
-    }
-
-    /// An unload through the repository API: the model's override goes, and no request
-    /// loads it again until a load says so; loads already running finish first, so none
-    /// leaves a copy behind.
-    pub async fn unload_explicitly(&self, model: &str) -> usize {
-        self.specs.unloaded(model);
-        for _ in 0..4 {
-            let (_, running) = self.books().stale_copies(model, &None);
-            let Some(mut running) = running else { break };
-            let _ =
-                tokio::time::timeout(self.load_timeout, running.wait_for(Option::is_some)).await;
-        }
-        self.unload(model).await
-    }
-
-    /// A lease on a copy that is loaded now, for a request that must not load the model
-    /// (readiness, metadata, config): none loaded is `NotLoaded`, worded for `ask`.
-    pub fn lease_loaded(
-        self: &Arc<Self>,
-        model: &ModelRef,
-        ask: crate::pipeline::Ask,
-    ) -> Result<Lease, GatewayError> {
-        let view = self.view(&model.name);
-        if let Some(Decision::Serve(backend)) = self.books().hit(model, &view) {
-            let in_flight = self.pool.backends()[backend].start_request();
-            return Ok(Lease {
-                placement: self.clone(),
-                backend,
-                model: model.name.clone(),
-                version: model.version_number().ok().flatten(),
-                in_flight,
-            });
-        }
-        Err(self.why_not_loaded(model, &view, ask))
-    }
-
-    /// The backends with a ready copy serving what `model` asks for (statistics are read
-    /// from each), or why there is none.
-    pub fn holders(
-        &self,
-        model: &ModelRef,
-        ask: crate::pipeline::Ask,
-    ) -> Result<Vec<Arc<Backend>>, GatewayError> {
-        let view = self.view(&model.name);
-        let holders = self.books().holders(model, &view);
-        if holders.is_empty() {
-            return Err(self.why_not_loaded(model, &view, ask));
-        }
-        Ok(holders
-            .into_iter()
-            .map(|b| self.pool.backends()[b].clone())
-            .collect())
-    }
-
-    /// What a request that may not load gets when no copy serves it: no backend, an unknown
-    /// model, a version refused as a load would refuse it, else `NotLoaded`.
-    fn why_not_loaded(
-        &self,
-        model: &ModelRef,
-        view: &[BackendView],
-        ask: crate::pipeline::Ask,
-    ) -> GatewayError {
-        if !view.iter().any(|v| v.ready) {
-            return GatewayError::NoBackendReady;
-        }
-        if !view.iter().any(|v| v.ready && v.knows) {
-            return GatewayError::UnknownModel {
-                model: model.name.clone(),
-            };
-        }
-        if let Err(error) = table::requested_version(model, &self.estimator.sizing(&model.name)) {
-            return error;
-        }
-        not_loaded(model, ask)
     }
 
     /// Unloads a model the books no longer hold from each of `backends`, and says so.
@@ -1071,15 +870,6 @@ impl Placement {
             })
             .collect();
         serde_json::json!({ "backends": backends, "failed_loads": failures })
-    }
-}
-
-/// `NotLoaded` for a request for `model`.
-fn not_loaded(model: &ModelRef, ask: crate::pipeline::Ask) -> GatewayError {
-    GatewayError::NotLoaded {
-        model: model.name.clone(),
-        version: model.version.clone(),
-        ask,
     }
 }
 

@@ -1,0 +1,216 @@
+//! The repository API's levers on placement, as Triton's model control works: a load with
+//! a config override (applied to every copy, `spec`), an explicit unload that holds, and the
+//! calls that must never load (readiness, metadata, config, statistics).
+
+use super::table::{self, BackendView, Decision};
+use super::{Lease, Placement, Priority, Versions};
+use crate::error::GatewayError;
+use crate::pipeline::{Ask, ModelRef};
+use crate::upstream::Backend;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+impl Placement {
+    /// Loads a model now through the repository API, with `config` (an override, checked to
+    /// be a JSON object) or without (a plain load, back to the repository's config): every
+    /// copy loaded with another config is loaded again (or, to drop an override without
+    /// `placement.model_repository`, unloaded), then the model is placed as a request would
+    /// place it, and it is wanted again after an explicit unload. A load that fails puts
+    /// the previous spec back.
+    pub async fn load(
+        self: &Arc<Self>,
+        model: &str,
+        config: Option<Arc<str>>,
+    ) -> Result<(), GatewayError> {
+        self.check_known(model).await?;
+        let previous = self.specs.loaded(model, config.clone());
+        if previous.config != config {
+            self.books().forget_failures(model);
+        }
+        let applied = self.apply_spec(model, &config).await;
+        let loaded = match applied {
+            Ok(()) => self.acquire(&ModelRef::new(model, None)).await.map(drop),
+            Err(error) => Err(error),
+        };
+        if loaded.is_err() && previous.config != config {
+            self.specs.replace(model, previous.clone());
+            if let Err(error) = self.apply_spec(model, &previous.config).await {
+                tracing::warn!(model, %error, "could not put the previous config back");
+            }
+        } else if loaded.is_err() {
+            self.specs.replace(model, previous);
+        }
+        loaded
+    }
+
+    /// The admin API's load: as a request would place it (with its override), wanted again
+    /// after an explicit unload.
+    pub async fn load_now(self: &Arc<Self>, model: &str) -> Result<(), GatewayError> {
+        self.specs.wanted(model);
+        self.acquire(&ModelRef::new(model, None)).await.map(drop)
+    }
+
+    /// A model no ready backend's index has is refused as Triton refuses it; the indexes are
+    /// read again first, so a model just added to the repository is found.
+    async fn check_known(&self, model: &str) -> Result<(), GatewayError> {
+        let known = || self.view(model).iter().any(|v| v.ready && v.knows);
+        if known() {
+            return Ok(());
+        }
+        for backend in self.pool.backends().iter().filter(|b| b.is_ready()) {
+            if let Err(reason) =
+                crate::upstream::refresh_index(backend, Duration::from_secs(2)).await
+            {
+                tracing::warn!(backend = %backend.name, %reason, "index refresh before a load failed");
+            }
+        }
+        if known() {
+            Ok(())
+        } else if self.pool.ready().is_empty() {
+            Err(GatewayError::NoBackendReady)
+        } else {
+            Err(GatewayError::UnknownModelLoad {
+                model: model.to_string(),
+            })
+        }
+    }
+
+    /// Brings every copy of `model` to `config`: waits for loads that run, then loads each
+    /// ready copy that served another config again, where it is (a failure is the answer).
+    async fn apply_spec(
+        self: &Arc<Self>,
+        model: &str,
+        config: &Option<Arc<str>>,
+    ) -> Result<(), GatewayError> {
+        // Each round settles what it found; a load started meanwhile takes one more.
+        for _ in 0..4 {
+            let (stale, running) = self.books().stale_copies(model, config);
+            if let Some(mut running) = running {
+                let _ = tokio::time::timeout(self.load_timeout, running.wait_for(Option::is_some))
+                    .await;
+                continue;
+            }
+            if stale.is_empty() {
+                return Ok(());
+            }
+            for backend in stale {
+                self.reload_for_spec(backend, model, config.is_none())
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads one copy again for its model's current config. Dropping an override without
+    /// `placement.model_repository` (nothing to send but a plain load, which keeps it)
+    /// unloads the copy instead: Triton forgets an override once the model is unloaded.
+    async fn reload_for_spec(
+        self: &Arc<Self>,
+        backend: usize,
+        model: &str,
+        plain: bool,
+    ) -> Result<(), GatewayError> {
+        if plain && self.repository.is_none() {
+            if self.books().remove_copy(backend, model, Instant::now()) {
+                self.unload_from(&[backend], model, "config").await;
+            }
+            return Ok(());
+        }
+        let sizing = self.estimator.sizing(model);
+        let view = self.view(model);
+        let plan = self.books().reload_on(
+            &[backend],
+            model,
+            (&Versions::default(), &sizing),
+            &view,
+            true,
+            Instant::now(),
+        )?;
+        let mut done = plan.done.subscribe();
+        self.clone().run_load(plan, Priority::Request).await;
+        match done.wait_for(Option::is_some).await.as_deref() {
+            Ok(Some(Err(reason))) => Err(GatewayError::LoadFailed {
+                model: model.to_string(),
+                reason: reason.to_string(),
+                retry_after: Duration::from_secs(1),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// An unload through the repository API: the model's override goes, and no request
+    /// loads it again until a load says so; loads already running finish first, so none
+    /// leaves a copy behind.
+    pub async fn unload_explicitly(&self, model: &str) -> usize {
+        self.specs.unloaded(model);
+        for _ in 0..4 {
+            let (_, running) = self.books().stale_copies(model, &None);
+            let Some(mut running) = running else { break };
+            let _ =
+                tokio::time::timeout(self.load_timeout, running.wait_for(Option::is_some)).await;
+        }
+        self.unload(model).await
+    }
+
+    /// A lease on a copy that is loaded now, for a request that must not load the model
+    /// (readiness, metadata, config): none loaded is `NotLoaded`, worded for `ask`.
+    pub fn lease_loaded(
+        self: &Arc<Self>,
+        model: &ModelRef,
+        ask: Ask,
+    ) -> Result<Lease, GatewayError> {
+        let view = self.view(&model.name);
+        if let Some(Decision::Serve(backend)) = self.books().hit(model, &view) {
+            let in_flight = self.pool.backends()[backend].start_request();
+            return Ok(Lease {
+                placement: self.clone(),
+                backend,
+                model: model.name.clone(),
+                version: model.version_number().ok().flatten(),
+                in_flight,
+            });
+        }
+        Err(self.why_not_loaded(model, &view, ask))
+    }
+
+    /// The backends with a ready copy serving what `model` asks for (statistics are read
+    /// from each), or why there is none.
+    pub fn holders(&self, model: &ModelRef, ask: Ask) -> Result<Vec<Arc<Backend>>, GatewayError> {
+        let view = self.view(&model.name);
+        let holders = self.books().holders(model, &view);
+        if holders.is_empty() {
+            return Err(self.why_not_loaded(model, &view, ask));
+        }
+        Ok(holders
+            .into_iter()
+            .map(|b| self.pool.backends()[b].clone())
+            .collect())
+    }
+
+    /// What a request that may not load gets when no copy serves it: no backend, an unknown
+    /// model, a version refused as a load would refuse it, else `NotLoaded`.
+    fn why_not_loaded(&self, model: &ModelRef, view: &[BackendView], ask: Ask) -> GatewayError {
+        if !view.iter().any(|v| v.ready) {
+            return GatewayError::NoBackendReady;
+        }
+        if !view.iter().any(|v| v.ready && v.knows) {
+            return GatewayError::UnknownModel {
+                model: model.name.clone(),
+            };
+        }
+        if let Err(error) = table::requested_version(model, &self.estimator.sizing(&model.name)) {
+            return error;
+        }
+        not_loaded(model, ask)
+    }
+}
+
+/// `NotLoaded` for a request for `model`.
+pub(super) fn not_loaded(model: &ModelRef, ask: Ask) -> GatewayError {
+    GatewayError::NotLoaded {
+        model: model.name.clone(),
+        version: model.version.clone(),
+        ask,
+    }
+}
