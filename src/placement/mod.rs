@@ -200,12 +200,13 @@ impl Placement {
         model: &ModelRef,
         allow_evict: bool,
     ) -> Result<Lease, GatewayError> {
-        if self.specs.is_unloaded(&model.name) {
-            return Err(control::not_loaded(model, crate::pipeline::Ask::Inference));
-        }
         let mut attempts = 0;
         let mut cold_since: Option<Instant> = None;
         loop {
+            // Checked on every round: an explicit unload may come while a request waits.
+            if self.specs.is_unloaded(&model.name) {
+                return Err(control::not_loaded(model, crate::pipeline::Ask::Inference));
+            }
             let view = self.view(&model.name);
             // The warm path: one lock, no estimate (the lock is not held while estimating).
             let hit = self.books().hit(model, &view);
