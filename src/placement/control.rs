@@ -154,13 +154,18 @@ impl Placement {
     }
 
     /// A lease on a copy that is loaded now, for a request that must not load the model
-    /// (readiness, metadata, config): none loaded is `NotLoaded`, worded for `ask`.
+    /// (readiness, metadata, config): none loaded, or the model unloaded explicitly (a copy
+    /// may still be leaving, or have been loaded behind the gateway's back), is
+    /// `NotLoaded`, worded for `ask`.
     pub fn lease_loaded(
         self: &Arc<Self>,
         model: &ModelRef,
         ask: Ask,
     ) -> Result<Lease, GatewayError> {
         let view = self.view(&model.name);
+        if self.specs.is_unloaded(&model.name) {
+            return Err(not_loaded(model, ask));
+        }
         if let Some(Decision::Serve(backend)) = self.books().hit(model, &view) {
             let in_flight = self.pool.backends()[backend].start_request();
             return Ok(Lease {
@@ -179,7 +184,7 @@ impl Placement {
     pub fn holders(&self, model: &ModelRef, ask: Ask) -> Result<Vec<Arc<Backend>>, GatewayError> {
         let view = self.view(&model.name);
         let holders = self.books().holders(model, &view);
-        if holders.is_empty() {
+        if holders.is_empty() || self.specs.is_unloaded(&model.name) {
             return Err(self.why_not_loaded(model, &view, ask));
         }
         Ok(holders
