@@ -773,10 +773,11 @@ impl<'a> Reader<'a> {
     }
 
     /// The bulk of a data array, read in one tight loop: plain numbers each followed by a
-    /// comma and no space. It stops before the first element that is anything else
-    /// (including the last, followed by `]`), where the general walk takes over. The walk's
-    /// per-element dispatch cost about two thirds of the reader's time on 1 MiB of FP32 data
-    /// (benches/validate.rs).
+    /// comma, then any whitespace (`json.dumps` writes `1, 2`, `indent=2` a newline). It
+    /// stops before the first element that is anything else (including the last, followed
+    /// by `]`, and one with whitespace before its comma), where the general walk takes over,
+    /// at the start of a value as the walk expects it. The walk's per-element dispatch cost
+    /// about two thirds of the reader's time on 1 MiB of FP32 data (benches/validate.rs).
     fn plain_run(&mut self, summary: &mut DataSummary) {
         loop {
             let start = self.pos;
@@ -788,6 +789,7 @@ impl<'a> Reader<'a> {
                 return;
             }
             self.pos += 1;
+            self.skip_whitespace();
             summary.add(leaf);
         }
     }
@@ -1318,5 +1320,54 @@ mod tests {
     fn first_of_repeated_members_wins() {
         let doc = parse_request(br#"{"inputs":[],"inputs":[1]}"#).unwrap();
         assert_eq!(doc.find("inputs").unwrap().elements().unwrap().len(), 0);
+    }
+
+    /// RFC 8259 allows space, tab, LF and CR before and after every structural character;
+    /// `json.dumps` puts a space after each `,` and `:`, `indent=2` puts newlines. None of
+    /// it may change what is read (Triton's RapidJSON skips it all).
+    #[test]
+    fn whitespace_between_tokens_changes_nothing() {
+        let compact = br#"{"id":"a","parameters":{"priority":1},"inputs":[{"name":"INPUT0","shape":[2,2],"datatype":"FP32","data":[[1,2.5],[-3,4]]},{"name":"S","shape":[2],"datatype":"BYTES","data":["x","yz"],"parameters":{"binary_data_size":4}}],"outputs":[{"name":"OUT"},{}],"extra":[1,{"a":[]}]}"#;
+        let expected = parse_request(compact).unwrap();
+        let text = std::str::from_utf8(compact).unwrap();
+        for ws in [" ", "\t", "\n", "\r", "\r\n \t"] {
+            let mut spaced = String::new();
+            let mut in_string = false;
+            let mut escaped = false;
+            for c in text.chars() {
+                let structural = !in_string && "{}[]:,".contains(c);
+                if structural {
+                    spaced.push_str(ws);
+                }
+                spaced.push(c);
+                if structural {
+                    spaced.push_str(ws);
+                }
+                match (in_string, escaped, c) {
+                    (true, true, _) => escaped = false,
+                    (true, false, '\\') => escaped = true,
+                    (_, _, '"') => in_string = !in_string,
+                    _ => {}
+                }
+            }
+            assert_eq!(
+                parse_request(spaced.as_bytes()).as_ref(),
+                Ok(&expected),
+                "{spaced:?}"
+            );
+        }
+        // Python's `json.dumps` defaults, and `indent=2` after data with one number per line.
+        for text in [
+            r#"{"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}"#,
+            "{\n  \"inputs\": [\n    {\n      \"name\": \"INPUT0\",\n      \"shape\": [\n        4\n      ],\n      \"datatype\": \"FP32\",\n      \"data\": [\n        1,\n        2,\n        3,\n        4\n      ]\n    }\n  ]\n}",
+        ] {
+            let doc = parse_request(text.as_bytes()).unwrap();
+            let compact =
+                br#"{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
+            assert_eq!(doc, parse_request(compact).unwrap(), "{text:?}");
+        }
+        // Names and strings written as `\u` escapes are the same names and strings.
+        let escaped = br#"{"\u0069d":"\u0061","parameters":{"priority":1},"\u0069nputs":[{"n\u0061me":"\u0049NPUT0","shape":[2,2],"datatype":"\u0046P32","data":[[1,2.5],[-3,4]]},{"name":"S","shape":[2],"datatype":"BYTES","data":["\u0078","y\u007a"],"parameters":{"binary_data_\u0073ize":4}}],"outputs":[{"name":"O\u0055T"},{}],"extra":[1,{"\u0061":[]}]}"#;
+        assert_eq!(parse_request(escaped).unwrap(), expected);
     }
 }
