@@ -436,13 +436,30 @@ pub fn parse_timeout(value: &[u8]) -> Option<Duration> {
     })
 }
 
-/// Tower middleware in front of tonic: the deadline, and the size-limit answer (see the
-/// module doc). A request refused by tonic before any handler ran is logged and counted here.
+/// A client gets a compressed answer when it compressed its request (`grpc-encoding`) and
+/// reads the encoding back (`grpc-accept-encoding`). Left alone, tonic compresses the answer
+/// for every client that merely lists encodings it can read, and grpc-core clients (Python's
+/// tritonclient, C++) list `identity, deflate, gzip` on every call: Triton answers them
+/// plain, and deflating every output tensor would spend CPU on the hot path for clients
+/// that never asked.
+fn compress_answers_only_when_asked(headers: &mut http::HeaderMap) {
+    let compressed = headers
+        .get("grpc-encoding")
+        .is_some_and(|encoding| encoding != "identity");
+    if !compressed {
+        headers.remove("grpc-accept-encoding");
+    }
+}
+
+/// Tower middleware in front of tonic: the deadline, when answers are compressed, and the
+/// size-limit answer (see the module doc). A request refused by tonic before any handler
+/// ran is logged and counted here.
 pub async fn grpc_layer(
     State(gateway): State<Gateway>,
     mut request: Request,
     next: Next,
 ) -> Response {
+    compress_answers_only_when_asked(request.headers_mut());
     if let Some(value) = request.headers_mut().remove("grpc-timeout")
         && let Some(timeout) = parse_timeout(value.as_bytes())
     {

@@ -37,6 +37,7 @@ use std::future::Future;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::codec::CompressionEncoding;
 use tonic::metadata::MetadataMap;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status, Streaming};
@@ -46,13 +47,27 @@ use tonic_health::server::HealthReporter;
 /// The service name load balancers ask `grpc.health.v1` about (the empty name works too).
 const SERVICE_NAME: &str = "inference.GRPCInferenceService";
 
+/// Turns on, for one generated tonic server, the compression Triton's gRPC server takes:
+/// gzip and deflate requests (`grpc-encoding`), and answers in either when the client's
+/// `grpc-accept-encoding` names it (plain otherwise). Every service of the listener gets the
+/// same, so a client channel that compresses every call works for each of them.
+macro_rules! with_compression {
+    ($server:expr) => {
+        $server
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Deflate)
+            .send_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Deflate)
+    };
+}
+
 /// Builds the gRPC router over the gateway state: the inference service, health (kept in
 /// step with readiness by a task on `tasks`) and reflection.
 pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToken) -> axum::Router {
     let limit = gateway.config().server.max_grpc_message_size.bytes();
-    let inference = GrpcInferenceServiceServer::new(InferenceService {
+    let inference = with_compression!(GrpcInferenceServiceServer::new(InferenceService {
         gateway: gateway.clone(),
-    })
+    }))
     .max_decoding_message_size(usize::try_from(limit).unwrap_or(usize::MAX))
     .max_encoding_message_size(usize::MAX);
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -62,8 +77,8 @@ pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToke
         .build_v1()
         .expect("the generated descriptor set is valid");
     Routes::new(inference)
-        .add_service(health)
-        .add_service(reflection)
+        .add_service(with_compression!(health))
+        .add_service(with_compression!(reflection))
         .prepare()
         .into_axum_router()
         .layer(axum::middleware::from_fn_with_state(

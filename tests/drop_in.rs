@@ -1,0 +1,137 @@
+//! What a Triton client sees of the server itself, through the gateway and from a real
+//! Triton side by side: gRPC compression, the server's name and version, the answers to
+//! malformed and missing model versions, and shared memory (which cannot cross a gateway).
+//! Each Triton starts empty, with default flags; the gateway loads what the test asks for.
+
+mod support;
+
+use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use infergate::protocol::inference::{ModelInferRequest, ServerLiveRequest};
+use support::gateway::{TestGateway, config_for};
+use support::{Triton, TritonOptions};
+use tonic::codec::CompressionEncoding;
+use tonic::transport::Channel;
+
+async fn channel(url: String) -> Channel {
+    Channel::from_shared(url).unwrap().connect().await.unwrap()
+}
+
+fn add_sub(a: [f32; 4], b: [f32; 4]) -> ModelInferRequest {
+    support::grpc::fp32_infer("add_sub", &[("INPUT0", a), ("INPUT1", b)])
+}
+
+fn floats(raw: &[u8]) -> Vec<f32> {
+    raw.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// The `grpc-encoding` an answer came in (absent: uncompressed).
+fn encoding<T>(response: &tonic::Response<T>) -> Option<String> {
+    response
+        .metadata()
+        .get("grpc-encoding")
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+/// A client whose requests are compressed with `encoding` and who accepts answers in it,
+/// as `grpc.default_compression_algorithm` or tonic's `send_compressed` make one.
+fn compressing(
+    channel: Channel,
+    encoding: CompressionEncoding,
+) -> GrpcInferenceServiceClient<Channel> {
+    GrpcInferenceServiceClient::new(channel)
+        .send_compressed(encoding)
+        .accept_compressed(encoding)
+}
+
+/// gzip and deflate requests, as Triton takes them, on every service of the listener
+/// (inference, health); a compressed request gets a compressed answer when the client reads
+/// that encoding, every other call a plain one. A tonic client, beside the same calls to
+/// Triton, then the official tritonclient.grpc (`compression_algorithm` on infer, a channel
+/// that compresses every call) and tritonclient.http (request and response compression).
+#[tokio::test]
+async fn grpc_requests_may_be_compressed_and_answers_are_when_asked() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start(&config_for("compress", &[&triton], "", "")).await;
+    let via = channel(gateway.grpc_url()).await;
+    let direct = channel(triton.grpc_url()).await;
+    for algorithm in [CompressionEncoding::Gzip, CompressionEncoding::Deflate] {
+        let name = match algorithm {
+            CompressionEncoding::Gzip => "gzip",
+            _ => "deflate",
+        };
+        for (who, channel) in [("gateway", &via), ("triton", &direct)] {
+            let mut client = compressing(channel.clone(), algorithm);
+            let live = client.server_live(ServerLiveRequest {}).await;
+            let live = live.unwrap_or_else(|s| panic!("{who} {name} ServerLive: {s:?}"));
+            assert!(live.get_ref().live);
+            let answer = client
+                .model_infer(add_sub([1.0, 2.0, 3.0, 4.0], [0.5; 4]))
+                .await
+                .unwrap_or_else(|s| panic!("{who} {name} ModelInfer: {s:?}"));
+            assert_eq!(
+                floats(&answer.get_ref().raw_output_contents[0]),
+                [1.5, 2.5, 3.5, 4.5],
+                "{who} {name}"
+            );
+            if who == "gateway" {
+                assert_eq!(encoding(&live).as_deref(), Some(name), "ServerLive");
+                assert_eq!(encoding(&answer).as_deref(), Some(name), "ModelInfer");
+            }
+        }
+        // A stream's messages, both ways.
+        let mut client = compressing(via.clone(), algorithm);
+        let requests = tokio_stream::iter([add_sub([2.0; 4], [1.0; 4])]);
+        let mut answers = client.model_stream_infer(requests).await.unwrap();
+        assert_eq!(
+            encoding(&answers).as_deref(),
+            Some(name),
+            "ModelStreamInfer"
+        );
+        let answer = answers.get_mut().message().await.unwrap().unwrap();
+        assert_eq!(answer.error_message, "", "{name}");
+        let answer = answer.infer_response.unwrap();
+        assert_eq!(floats(&answer.raw_output_contents[0]), [3.0; 4], "{name}");
+        // A compressed request from a client that takes only plain answers gets a plain one;
+        // so does a plain request from a client that could read a compressed answer (as
+        // every grpc-core client says it can): Triton answers it plain too.
+        for (who, channel) in [("gateway", &via), ("triton", &direct)] {
+            let mut sends =
+                GrpcInferenceServiceClient::new(channel.clone()).send_compressed(algorithm);
+            let answer = sends
+                .model_infer(add_sub([1.0; 4], [1.0; 4]))
+                .await
+                .unwrap();
+            assert_eq!(encoding(&answer), None, "{who} {name}");
+            let mut reads =
+                GrpcInferenceServiceClient::new(channel.clone()).accept_compressed(algorithm);
+            let answer = reads
+                .model_infer(add_sub([1.0; 4], [1.0; 4]))
+                .await
+                .unwrap();
+            assert_eq!(encoding(&answer), None, "{who} {name}");
+        }
+        // grpc.health.v1 too: load balancers may compress their probes.
+        let mut health = tonic_health::pb::health_client::HealthClient::new(via.clone())
+            .send_compressed(algorithm)
+            .accept_compressed(algorithm);
+        let answer = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap_or_else(|s| panic!("health {name}: {s:?}"));
+        assert_eq!(encoding(&answer).as_deref(), Some(name), "health");
+    }
+
+    let script = support::repo_root().join("tests/python/compressed_grpc.py");
+    let (grpc, http) = (gateway.grpc.to_string(), gateway.http.to_string());
+    let output = support::run_python(&script, &[&grpc, &http], &[]).await;
+    assert!(
+        output.status.success(),
+        "tritonclient.grpc with compression:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
