@@ -6,7 +6,7 @@
 mod support;
 
 use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use infergate::protocol::inference::{ModelInferRequest, ServerLiveRequest};
+use infergate::protocol::inference::{ModelInferRequest, ServerLiveRequest, ServerMetadataRequest};
 use support::gateway::{TestGateway, config_for};
 use support::{Triton, TritonOptions};
 use tonic::codec::CompressionEncoding;
@@ -134,4 +134,113 @@ async fn grpc_requests_may_be_compressed_and_answers_are_when_asked() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// `GET /v2` as JSON, with its `server` header.
+async fn server_metadata(base: &str) -> (serde_json::Value, Option<String>) {
+    let response = reqwest::get(format!("{base}/v2")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let server = response
+        .headers()
+        .get("server")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (response.json().await.unwrap(), server)
+}
+
+/// The official health and metadata examples check that the server is `triton`: through
+/// the gateway, `GET /v2` and `ServerMetadata` give the backends' own name and version, and
+/// of Triton's extensions those that work through a gateway (no shared memory, trace or log
+/// settings, whose state is per server). The gateway names itself in the `server` header
+/// and on the admin API; `server.name` overrides the name reported.
+#[tokio::test]
+async fn server_metadata_is_the_backends_and_the_gateway_names_itself_apart() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start(&config_for("identity", &[&triton], "", "")).await;
+    let own = format!("infergate/{}", env!("CARGO_PKG_VERSION"));
+
+    let (tritons, _) = server_metadata(&triton.http_url()).await;
+    let (ours, server) = server_metadata(&gateway.url()).await;
+    assert_eq!(ours["name"], "triton");
+    assert_eq!(ours["name"], tritons["name"]);
+    assert_eq!(ours["version"], tritons["version"]);
+    let extensions = |v: &serde_json::Value| -> Vec<String> {
+        v["extensions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (theirs, reported) = (extensions(&tritons), extensions(&ours));
+    let through: Vec<String> = theirs
+        .iter()
+        .filter(|e| {
+            ![
+                "system_shared_memory",
+                "cuda_shared_memory",
+                "trace",
+                "logging",
+            ]
+            .contains(&e.as_str())
+                && !e.starts_with("model_repository(")
+        })
+        .cloned()
+        .collect();
+    assert_eq!(reported, through, "Triton's {theirs:?}");
+    assert!(reported.contains(&"binary_tensor_data".to_owned()));
+    assert_eq!(server.as_deref(), Some(own.as_str()), "the server header");
+    // Every answer of the listener names the gateway, a forwarded one too.
+    let ready = reqwest::get(format!("{}/v2/health/ready", gateway.url()))
+        .await
+        .unwrap();
+    assert_eq!(ready.headers()["server"], own.as_str());
+
+    let mut via = GrpcInferenceServiceClient::new(channel(gateway.grpc_url()).await);
+    let mut direct = GrpcInferenceServiceClient::new(channel(triton.grpc_url()).await);
+    let answer = via.server_metadata(ServerMetadataRequest {}).await.unwrap();
+    assert_eq!(answer.metadata().get("server").unwrap(), own.as_str());
+    let answer = answer.into_inner();
+    let tritons = direct
+        .server_metadata(ServerMetadataRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (answer.name.as_str(), answer.version.as_str()),
+        (tritons.name.as_str(), tritons.version.as_str())
+    );
+    assert_eq!(answer.extensions, reported, "the same on both protocols");
+
+    let admin: serde_json::Value = reqwest::get(format!("http://{}/admin/server", gateway.admin))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(admin["name"], "infergate");
+    assert_eq!(admin["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(admin["reported"]["name"], "triton");
+    assert_eq!(admin["reported"]["version"], tritons.version);
+
+    // The official example's own check, with the official client.
+    let script = support::repo_root().join("tests/python/server_identity.py");
+    let (grpc, http) = (gateway.grpc.to_string(), gateway.http.to_string());
+    let output = support::run_python(&script, &[&grpc, &http, "triton"], &[]).await;
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let renamed = TestGateway::start(&config_for(
+        "renamed",
+        &[&triton],
+        "",
+        "name = \"model-serving\"",
+    ))
+    .await;
+    let (metadata, _) = server_metadata(&renamed.url()).await;
+    assert_eq!(metadata["name"], "model-serving");
+    assert_eq!(metadata["version"], tritons.version);
 }

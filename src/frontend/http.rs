@@ -10,7 +10,6 @@ use crate::error::GatewayError;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index, ask_all, ready_backends};
 use crate::pipeline::{LeasedBody, ModelRef, Outcome, mirror};
-use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream;
 use axum::Router;
 use axum::extract::rejection::PathRejection;
@@ -122,13 +121,8 @@ fn admit_admin(
     admit(&gateway.live().auth, &caller, Access::Admin(what))
 }
 
-async fn server_metadata() -> Response {
-    axum::Json(serde_json::json!({
-        "name": SERVER_NAME,
-        "version": SERVER_VERSION,
-        "extensions": EXTENSIONS,
-    }))
-    .into_response()
+async fn server_metadata(State(gateway): State<Gateway>) -> Response {
+    axum::Json(crate::pipeline::server_metadata::server_metadata(&gateway).await).into_response()
 }
 
 /// The gateway's own process is alive.

@@ -8,6 +8,7 @@ pub mod mirror;
 mod place;
 pub mod repository;
 mod route;
+pub mod server_metadata;
 
 pub use auth::Caller;
 pub use place::LeasedBody;

@@ -74,12 +74,16 @@ def test_server_live_ready(client):
 
 
 @live_pool
-def test_server_metadata_is_the_gateways(client):
+def test_server_metadata_is_the_backends(client):
     md = client.get_server_metadata()
-    assert md.name == "infergate"
+    assert md.name == "triton"
     assert md.version
     assert "model_repository" in md.extensions
     assert "binary_tensor_data" in md.extensions
+    assert "system_shared_memory" not in md.extensions
+    for url in TRITONS:
+        triton = grpcclient.InferenceServerClient(url).get_server_metadata()
+        assert (md.name, md.version) == (triton.name, triton.version)
 
 
 @live_pool

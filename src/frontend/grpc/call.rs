@@ -10,7 +10,8 @@
 use crate::Gateway;
 use crate::error::{ErrorKind, ErrorSource, GatewayError};
 use crate::frontend::{
-    InFlightGauge, Protocol, Served, X_REQUEST_ID, grpc_status_class, record, request_id,
+    InFlightGauge, Protocol, SERVER_HEADER_VALUE, Served, X_REQUEST_ID, grpc_status_class, record,
+    request_id,
 };
 use crate::upstream::grpc::CallError;
 use axum::extract::{Request, State};
@@ -473,6 +474,7 @@ pub async fn grpc_layer(
     let started = Instant::now();
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
+    headers.insert(http::header::SERVER, SERVER_HEADER_VALUE);
     let too_large = headers.get("grpc-status").is_some_and(|s| s == "11")
         && headers
             .get("grpc-message")

@@ -21,14 +21,13 @@ use crate::error::GatewayError;
 use crate::frontend::Served;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
-use crate::pipeline::{ModelRef, Routed, mirror};
+use crate::pipeline::{ModelRef, Routed, mirror, server_metadata};
 use crate::placement::Lease;
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
 };
 use crate::protocol::inference::repository_index_response::ModelIndex;
 use crate::protocol::inference::*;
-use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream::grpc::{self as upstream_grpc, InferenceClient};
 use bytes::Bytes;
 use call::{Call, Failure};
@@ -385,11 +384,14 @@ impl GrpcInferenceService for InferenceService {
         let mut metadata = request.into_parts().0;
         // As HTTP's `GET /v2`: any verified caller, no admission (no model, no limit).
         let outcome = match authenticate(&self.gateway, &call, &mut metadata).await {
-            Ok(_) => Ok(Response::new(ServerMetadataResponse {
-                name: SERVER_NAME.into(),
-                version: SERVER_VERSION.into(),
-                extensions: EXTENSIONS.iter().map(|e| (*e).to_owned()).collect(),
-            })),
+            Ok(_) => {
+                let ours = server_metadata::server_metadata(&self.gateway).await;
+                Ok(Response::new(ServerMetadataResponse {
+                    name: ours.name,
+                    version: ours.version,
+                    extensions: ours.extensions,
+                }))
+            }
             Err(error) => Err(error.into()),
         };
         call.finish(outcome)
