@@ -38,6 +38,9 @@ pub enum GatewayError {
     /// No backend knows the model.
     #[error("Request for unknown model: '{model}' is not found")]
     UnknownModel { model: String },
+    /// The model is known but has no such version (Triton's words for a version it lacks).
+    #[error("Request for unknown model: '{model}' version {version} is not found")]
+    UnknownVersion { model: String, version: u64 },
     /// Some backend knows the model but none has it ready.
     #[error("model '{model}'{} is not ready on any backend", version_suffix(.version))]
     ModelNotReady {
@@ -129,6 +132,7 @@ impl GatewayError {
     pub fn source(&self) -> ErrorSource {
         match self {
             Self::UnknownModel { .. }
+            | Self::UnknownVersion { .. }
             | Self::BodyTooLarge { .. }
             | Self::BadRequest(_)
             | Self::InvalidInput { .. }
@@ -155,6 +159,7 @@ impl GatewayError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::UnknownModel { .. } => "unknown_model",
+            Self::UnknownVersion { .. } => "unknown_version",
             Self::ModelNotReady { .. } => "model_not_ready",
             Self::NoBackendReady => "no_backend",
             Self::BodyTooLarge { .. } => "body_too_large",
@@ -181,8 +186,10 @@ impl GatewayError {
     pub fn http_status(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) | Self::InvalidInput { .. } => StatusCode::BAD_REQUEST,
-            // Triton answers an unknown model with 404 and this very message.
-            Self::UnknownModel { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            // Triton answers an unknown model or version with 404 and this very message.
+            Self::UnknownModel { .. } | Self::UnknownVersion { .. } | Self::NotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotReady { .. }
@@ -219,7 +226,9 @@ impl GatewayError {
         use tonic::Code;
         match self {
             Self::BadRequest(_) | Self::InvalidInput { .. } => Code::InvalidArgument,
-            Self::UnknownModel { .. } | Self::NotFound { .. } => Code::NotFound,
+            Self::UnknownModel { .. } | Self::UnknownVersion { .. } | Self::NotFound { .. } => {
+                Code::NotFound
+            }
             Self::MethodNotAllowed { .. } => Code::Unimplemented,
             // What a gRPC server says of a message over its limit.
             Self::BodyTooLarge { .. } => Code::ResourceExhausted,
@@ -338,6 +347,15 @@ mod tests {
         let table: Vec<(GatewayError, u16, tonic::Code, ErrorSource)> = vec![
             (
                 GatewayError::UnknownModel { model: "m".into() },
+                404,
+                NotFound,
+                Client,
+            ),
+            (
+                GatewayError::UnknownVersion {
+                    model: "m".into(),
+                    version: 9,
+                },
                 404,
                 NotFound,
                 Client,

@@ -6,7 +6,10 @@
 mod support;
 
 use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use infergate::protocol::inference::{ModelInferRequest, ServerLiveRequest, ServerMetadataRequest};
+use infergate::protocol::inference::{
+    ModelInferRequest, ModelMetadataRequest, ModelReadyRequest, ServerLiveRequest,
+    ServerMetadataRequest,
+};
 use support::gateway::{TestGateway, config_for};
 use support::{Triton, TritonOptions};
 use tonic::codec::CompressionEncoding;
@@ -243,4 +246,143 @@ async fn server_metadata_is_the_backends_and_the_gateway_names_itself_apart() {
     let (metadata, _) = server_metadata(&renamed.url()).await;
     assert_eq!(metadata["name"], "model-serving");
     assert_eq!(metadata["version"], tritons.version);
+}
+
+/// A version request's answer, HTTP or gRPC, as far as a client tells answers apart.
+#[derive(Debug, PartialEq)]
+struct Answered {
+    /// HTTP status, or the gRPC code's name.
+    status: String,
+    /// The error message (empty on success).
+    message: String,
+    retry_after: bool,
+}
+
+async fn http_answer(client: &reqwest::Client, base: &str, path: &str) -> Answered {
+    let request = if path.ends_with("/infer") {
+        client.post(format!("{base}{path}")).body(
+            r#"{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1,2,3,4]},{"name":"INPUT1","shape":[4],"datatype":"FP32","data":[1,1,1,1]}]}"#,
+        )
+    } else {
+        client.get(format!("{base}{path}"))
+    };
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16().to_string();
+    let retry_after = response.headers().contains_key("retry-after");
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    Answered {
+        status,
+        message: body["error"].as_str().unwrap_or_default().to_owned(),
+        retry_after,
+    }
+}
+
+fn grpc_answer<T>(answer: Result<tonic::Response<T>, tonic::Status>) -> Answered {
+    match answer {
+        Ok(_) => Answered {
+            status: "Ok".into(),
+            message: String::new(),
+            retry_after: false,
+        },
+        Err(status) => Answered {
+            status: format!("{:?}", status.code()),
+            message: status.message().to_owned(),
+            retry_after: status.metadata().contains_key("retry-after"),
+        },
+    }
+}
+
+/// The same version requests to Triton and through the gateway get the same status and
+/// message, on HTTP and gRPC: a version string Triton cannot read as a number is refused
+/// (gRPC INVALID_ARGUMENT in Triton's words; over HTTP, where Triton's URL pattern only
+/// takes digits, 404, or 400 for digits past 64 bits), and a version that does not exist is
+/// NOT_FOUND, never 503 with `Retry-After` (a client that honours it would retry forever).
+#[tokio::test]
+async fn version_errors_are_tritons() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start(&support::gateway::pool_config(
+        "versions",
+        &[&triton],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        "",
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    // The gateway loads add_sub on its first request; Triton gets it loaded the same way.
+    let warm = http_answer(&client, &gateway.url(), "/v2/models/add_sub/infer").await;
+    assert_eq!(warm.status, "200", "{warm:?}");
+
+    let mut differ = Vec::new();
+    for version in [
+        "wrong_specification",
+        "99",
+        "0",
+        "99999999999999999999",
+        "01",
+    ] {
+        for action in ["/infer", "", "/config"] {
+            let path = format!("/v2/models/add_sub/versions/{version}{action}");
+            let direct = http_answer(&client, &triton.http_url(), &path).await;
+            let via = http_answer(&client, &gateway.url(), &path).await;
+            // Triton's own unknown-path words are not the gateway's; the status is.
+            let same = if direct.message == "Not Found" {
+                via.status == direct.status && !via.retry_after
+            } else {
+                via == direct
+            };
+            if !same {
+                differ.push(format!("HTTP {path}: triton {direct:?}, gateway {via:?}"));
+            }
+        }
+    }
+
+    let mut via = GrpcInferenceServiceClient::new(channel(gateway.grpc_url()).await);
+    let mut direct = GrpcInferenceServiceClient::new(channel(triton.grpc_url()).await);
+    for version in [
+        "wrong_specification",
+        "99",
+        "0",
+        "-1",
+        " 1",
+        "1x",
+        "",
+        "99999999999999999999",
+    ] {
+        let mut infer = add_sub([1.0; 4], [1.0; 4]);
+        infer.model_version = version.into();
+        let metadata = ModelMetadataRequest {
+            name: "add_sub".into(),
+            version: version.into(),
+        };
+        let ready = ModelReadyRequest {
+            name: "add_sub".into(),
+            version: version.into(),
+        };
+        let pairs = [
+            (
+                "ModelInfer",
+                grpc_answer(direct.model_infer(infer.clone()).await),
+                grpc_answer(via.model_infer(infer).await),
+            ),
+            (
+                "ModelMetadata",
+                grpc_answer(direct.model_metadata(metadata.clone()).await),
+                grpc_answer(via.model_metadata(metadata).await),
+            ),
+            (
+                "ModelReady",
+                grpc_answer(direct.model_ready(ready.clone()).await),
+                grpc_answer(via.model_ready(ready).await),
+            ),
+        ];
+        for (rpc, direct, via) in pairs {
+            if direct != via {
+                differ.push(format!(
+                    "gRPC {rpc} {version:?}: triton {direct:?}, gateway {via:?}"
+                ));
+            }
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
 }

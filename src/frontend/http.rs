@@ -170,10 +170,8 @@ async fn version_metadata(
     segments: Result<Path<(String, String)>, PathRejection>,
     request: Request,
 ) -> Response {
-    match path(segments) {
-        Ok((model, version)) => {
-            to_model(&gateway, ModelRef::new(model, Some(version)), request).await
-        }
+    match path(segments).and_then(|(model, version)| versioned(model, version, &request)) {
+        Ok(model) => to_model(&gateway, model, request).await,
         Err(error) => error.into_response(),
     }
 }
@@ -199,13 +197,23 @@ async fn version_action(
 ) -> Response {
     match path(segments).and_then(|(model, version, action)| {
         check_action(&action, &request)?;
-        Ok((model, version))
+        versioned(model, version, &request)
     }) {
-        Ok((model, version)) => {
-            to_model(&gateway, ModelRef::new(model, Some(version)), request).await
-        }
+        Ok(model) => to_model(&gateway, model, request).await,
         Err(error) => error.into_response(),
     }
+}
+
+/// The model and version of a `/versions/{v}` URL. Triton's HTTP routes take only digits
+/// there: any other segment is an unknown path (404), as on Triton; digits Triton cannot
+/// read as a version (past 64 bits) are its 400.
+fn versioned(model: String, version: String, request: &Request) -> Result<ModelRef, GatewayError> {
+    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(GatewayError::NotFound {
+            path: request.uri().path().to_owned(),
+        });
+    }
+    ModelRef::requested(model, Some(version))
 }
 
 /// The per-model endpoints and the method each takes.

@@ -276,7 +276,7 @@ impl InferenceService {
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
-        let requested = message.model();
+        let requested = message.model()?;
         let (caller, _admission) = self.admit_model(call, &mut metadata, &requested).await?;
         let (lease, routed) = self
             .place(call, requested, &metadata, &caller, false)
@@ -289,8 +289,8 @@ impl InferenceService {
 /// A request message that names a model: what it asks for, and how to send it to the
 /// target a route chose instead.
 trait NamesModel {
-    /// The model (and version) the client named.
-    fn model(&self) -> ModelRef;
+    /// The model (and version) the client named; a version Triton cannot read is refused.
+    fn model(&self) -> Result<ModelRef, GatewayError>;
     /// Names `target` instead.
     fn retarget(&mut self, target: &ModelRef);
 }
@@ -298,8 +298,8 @@ trait NamesModel {
 macro_rules! names_model {
     ($($message:ty: $name:ident, $version:ident;)*) => {$(
         impl NamesModel for $message {
-            fn model(&self) -> ModelRef {
-                ModelRef::new(self.$name.clone(), version(&self.$version))
+            fn model(&self) -> Result<ModelRef, GatewayError> {
+                ModelRef::requested(self.$name.clone(), version(&self.$version))
             }
             fn retarget(&mut self, target: &ModelRef) {
                 self.$name.clone_from(&target.name);
@@ -405,7 +405,7 @@ impl GrpcInferenceService for InferenceService {
         let (mut metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                let requested = message.model();
+                let requested = message.model()?;
                 // Who may ask is decided first: a refusal is an error, not `ready: false`.
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
@@ -455,7 +455,7 @@ impl GrpcInferenceService for InferenceService {
         let (mut metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                let requested = message.model();
+                let requested = message.model()?;
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
                 let (lease, mut routed) = self
