@@ -66,6 +66,9 @@ pub enum GatewayError {
     /// No such endpoint.
     #[error("not found: {path}")]
     NotFound { path: String },
+    /// The shared-memory extension's endpoints: a region is local to one host.
+    #[error("{}", crate::protocol::NO_SHARED_MEMORY)]
+    SharedMemoryUnsupported,
     /// The endpoint exists but not for this method.
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
@@ -137,6 +140,7 @@ impl GatewayError {
             | Self::BadRequest(_)
             | Self::InvalidInput { .. }
             | Self::NotFound { .. }
+            | Self::SharedMemoryUnsupported
             | Self::MethodNotAllowed { .. }
             | Self::Unauthenticated { .. }
             | Self::Forbidden { .. }
@@ -166,6 +170,7 @@ impl GatewayError {
             Self::BadRequest(_) => "bad_request",
             Self::InvalidInput { .. } => "invalid_input",
             Self::NotFound { .. } => "not_found",
+            Self::SharedMemoryUnsupported => "shared_memory",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
@@ -191,6 +196,8 @@ impl GatewayError {
                 StatusCode::NOT_FOUND
             }
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            // gRPC's UNIMPLEMENTED, in HTTP: no retry will make it work.
+            Self::SharedMemoryUnsupported => StatusCode::NOT_IMPLEMENTED,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotReady { .. }
             | Self::NoBackendReady
@@ -229,7 +236,7 @@ impl GatewayError {
             Self::UnknownModel { .. } | Self::UnknownVersion { .. } | Self::NotFound { .. } => {
                 Code::NotFound
             }
-            Self::MethodNotAllowed { .. } => Code::Unimplemented,
+            Self::MethodNotAllowed { .. } | Self::SharedMemoryUnsupported => Code::Unimplemented,
             // What a gRPC server says of a message over its limit.
             Self::BodyTooLarge { .. } => Code::ResourceExhausted,
             // The pool's memory is spoken for: no retry soon will change that.
@@ -395,6 +402,12 @@ mod tests {
                 GatewayError::NotFound { path: "/x".into() },
                 404,
                 NotFound,
+                Client,
+            ),
+            (
+                GatewayError::SharedMemoryUnsupported,
+                501,
+                Unimplemented,
                 Client,
             ),
             (

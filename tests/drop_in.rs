@@ -6,9 +6,11 @@
 mod support;
 
 use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use infergate::protocol::inference::infer_parameter::ParameterChoice;
+use infergate::protocol::inference::model_infer_request::InferRequestedOutputTensor;
 use infergate::protocol::inference::{
-    ModelInferRequest, ModelMetadataRequest, ModelReadyRequest, ServerLiveRequest,
-    ServerMetadataRequest,
+    InferParameter, ModelInferRequest, ModelMetadataRequest, ModelReadyRequest, ServerLiveRequest,
+    ServerMetadataRequest, SystemSharedMemoryStatusRequest,
 };
 use support::gateway::{TestGateway, config_for};
 use support::{Triton, TritonOptions};
@@ -385,4 +387,117 @@ async fn version_errors_are_tritons() {
         }
     }
     assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
+/// Shared memory names a region on one host, and the gateway and its backends are not one
+/// host: the extension's HTTP endpoints (status, register, unregister; system and CUDA) get
+/// the error gRPC gives (501, UNIMPLEMENTED there), and an inference whose input or output
+/// names a region is refused before any backend sees it, with the same message, on both
+/// protocols (Triton would only say it knows no such region).
+#[tokio::test]
+async fn shared_memory_gets_one_clear_error_everywhere() {
+    let triton = Triton::start(TritonOptions {
+        verbose: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let gateway = TestGateway::start(&config_for("shm", &[&triton], "", "")).await;
+    let mut grpc = GrpcInferenceServiceClient::new(channel(gateway.grpc_url()).await);
+    let status = grpc
+        .system_shared_memory_status(SystemSharedMemoryStatusRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+    let message = status.message().to_owned();
+    assert!(
+        message.starts_with("shared memory cannot cross a gateway"),
+        "{message}"
+    );
+
+    let client = reqwest::Client::new();
+    let register = serde_json::json!({"key": "/k", "offset": 0, "byte_size": 64});
+    for kind in ["systemsharedmemory", "cudasharedmemory"] {
+        for (post, path) in [
+            (false, "status"),
+            (false, "region/r/status"),
+            (true, "region/r/register"),
+            (true, "unregister"),
+            (true, "region/r/unregister"),
+        ] {
+            let url = format!("{}/v2/{kind}/{path}", gateway.url());
+            let request = if post {
+                client.post(url).json(&register)
+            } else {
+                client.get(url)
+            };
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            let body: serde_json::Value = response.json().await.unwrap();
+            assert_eq!(
+                (status.as_u16(), body["error"].as_str()),
+                (501, Some(message.as_str())),
+                "{kind}/{path}"
+            );
+        }
+    }
+
+    let arrivals = || {
+        triton
+            .log()
+            .lines()
+            .filter(|l| l.contains("/v2/models/add_sub/infer") || l.contains("ModelInfer"))
+            .count()
+    };
+    let before = arrivals();
+    let input1 = serde_json::json!({"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]});
+    let in_region = serde_json::json!({"name": "INPUT0", "shape": [4], "datatype": "FP32",
+        "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}});
+    let plain = serde_json::json!({"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]});
+    let out_region = serde_json::json!([{"name": "OUTPUT0",
+        "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}]);
+    for body in [
+        serde_json::json!({"inputs": [in_region, input1]}),
+        serde_json::json!({"inputs": [plain, input1], "outputs": out_region}),
+    ] {
+        let response = client
+            .post(format!("{}/v2/models/add_sub/infer", gateway.url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let answer: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(
+            (status.as_u16(), answer["error"].as_str()),
+            (400, Some(message.as_str())),
+            "{body}"
+        );
+    }
+    let region = |name: &str| {
+        let mut parameters = std::collections::HashMap::new();
+        parameters.insert(
+            "shared_memory_region".to_owned(),
+            InferParameter {
+                parameter_choice: Some(ParameterChoice::StringParam(name.into())),
+            },
+        );
+        parameters
+    };
+    let mut in_shared = add_sub([1.0; 4], [1.0; 4]);
+    in_shared.inputs[0].parameters = region("r");
+    in_shared.raw_input_contents.remove(0);
+    let mut out_shared = add_sub([1.0; 4], [1.0; 4]);
+    out_shared.outputs = vec![InferRequestedOutputTensor {
+        name: "OUTPUT0".into(),
+        parameters: region("r"),
+    }];
+    for request in [in_shared, out_shared] {
+        let status = grpc.model_infer(request).await.unwrap_err();
+        assert_eq!(
+            (status.code(), status.message()),
+            (tonic::Code::InvalidArgument, message.as_str())
+        );
+    }
+    assert_eq!(arrivals(), before, "no refused request reached Triton");
 }

@@ -39,6 +39,8 @@ pub fn router(gateway: Gateway) -> Router {
             any(version_action),
         )
         .route("/v2/repository/index", post(repository_index))
+        .route("/v2/systemsharedmemory/{*rest}", any(shared_memory))
+        .route("/v2/cudasharedmemory/{*rest}", any(shared_memory))
         .route(
             "/v2/repository/models/{model}/{action}",
             any(repository_action),
@@ -133,6 +135,12 @@ async fn live() -> StatusCode {
 /// Ready while at least one backend is, and not once shutdown has begun.
 async fn ready(State(gateway): State<Gateway>) -> Result<StatusCode, GatewayError> {
     gateway.readiness().map(|()| StatusCode::OK)
+}
+
+/// The shared-memory extension (status, register, unregister; system and CUDA): a region is
+/// local to one host, and the gateway and its backends are not one host.
+async fn shared_memory() -> GatewayError {
+    GatewayError::SharedMemoryUnsupported
 }
 
 async fn not_found(request: Request) -> GatewayError {

@@ -12,6 +12,12 @@ pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// looks can tell the gateway answered, while server metadata speaks for the backends.
 pub const SERVER_HEADER: &str = concat!("infergate/", env!("CARGO_PKG_VERSION"));
 
+/// Why shared memory is refused, on both protocols alike: the extension's endpoints, and an
+/// inference whose input or output names a region.
+pub const NO_SHARED_MEMORY: &str = "shared memory cannot cross a gateway: infergate and its \
+    backends do not share memory; send tensors in the request (binary tensor data over HTTP, \
+    raw_input_contents over gRPC)";
+
 /// The protocol extensions that work end to end through the gateway, on HTTP and gRPC alike:
 /// server metadata reports those of a backend's extensions that are in this list. Not in it:
 /// shared memory (a region is local to one host), `trace` and `logging` (settings of each

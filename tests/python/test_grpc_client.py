@@ -449,6 +449,20 @@ def test_shared_memory_and_settings_are_unimplemented(client):
             call()
         assert status_of(err) == "StatusCode.UNIMPLEMENTED"
         assert "infergate" in err.value.message() or "gateway" in err.value.message()
+    with pytest.raises(InferenceServerException) as err:
+        client.get_system_shared_memory_status()
+    unimplemented = err.value.message()
+    # An inference naming a region gets the same words, before any backend sees it.
+    in_region = grpcclient.InferInput("INPUT0", [4], "FP32")
+    in_region.set_shared_memory("r", 16)
+    plain = add_sub_inputs(A, B)
+    out_region = grpcclient.InferRequestedOutput("OUTPUT0")
+    out_region.set_shared_memory("r", 16)
+    for inputs, outputs in [([in_region, plain[1]], None), (plain, [out_region])]:
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("add_sub", inputs, outputs=outputs)
+        assert status_of(err) == "StatusCode.INVALID_ARGUMENT"
+        assert err.value.message() == unimplemented
 
 
 @live_pool

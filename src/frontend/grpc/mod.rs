@@ -336,13 +336,7 @@ fn upstream_request<T>(
 
 /// Shared memory names regions on one host; the gateway and its backends are not one host.
 fn no_shared_memory(call: Call) -> Status {
-    call.fail(
-        Failure::Backend(Status::unimplemented(
-            "shared memory cannot cross a gateway: infergate and its backends do not share \
-             memory; send tensors in the request (raw_input_contents)",
-        )),
-        &[],
-    )
+    call.fail(GatewayError::SharedMemoryUnsupported.into(), &[])
 }
 
 /// Trace and log settings belong to each Triton server.
