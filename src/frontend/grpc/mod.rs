@@ -47,9 +47,10 @@ use tonic_health::server::HealthReporter;
 const SERVICE_NAME: &str = "inference.GRPCInferenceService";
 
 /// Turns on, for one generated tonic server, the compression Triton's gRPC server takes:
-/// gzip and deflate requests (`grpc-encoding`), and answers in either when the client's
-/// `grpc-accept-encoding` names it (plain otherwise). Every service of the listener gets the
-/// same, so a client channel that compresses every call works for each of them.
+/// gzip and deflate requests (`grpc-encoding`), and answers in either for a compressed
+/// request whose client reads it (`call::grpc_layer` decides which requests those are).
+/// Every service of the listener gets the same, so a client channel that compresses every
+/// call works for each of them.
 macro_rules! with_compression {
     ($server:expr) => {
         $server
