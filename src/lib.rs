@@ -51,6 +51,8 @@ struct Inner {
     draining: AtomicBool,
     /// The listeners' certificates (and client CAs), when `[listen.tls]` is set.
     tls: Option<Arc<tls::ServerTls>>,
+    /// What the backends say about themselves, for server metadata.
+    server_identity: pipeline::server_metadata::IdentityCache,
 }
 
 impl Gateway {
@@ -85,6 +87,7 @@ impl Gateway {
                 metrics,
                 draining: AtomicBool::new(false),
                 tls,
+                server_identity: Default::default(),
             }),
         })
     }
@@ -92,6 +95,11 @@ impl Gateway {
     /// The running config.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The backends' identity last read, for server metadata.
+    pub fn server_identity(&self) -> &pipeline::server_metadata::IdentityCache {
+        &self.inner.server_identity
     }
 
     /// The backend pool.

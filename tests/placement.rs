@@ -699,9 +699,10 @@ async fn each_version_asked_for_is_loaded_where_the_model_is_not() {
         let (status, body) = infer_path(&gateway, &format!("versioned/versions/{version}")).await;
         assert_eq!((status, answered_by(&body).0), (200, version.to_string()));
     }
-    // A version the repository does not have is refused without a load.
+    // A version the repository does not have is refused without a load, as Triton refuses
+    // a version it does not have.
     let (status, body) = infer_path(&gateway, "versioned/versions/9").await;
-    assert_eq!(status, 503, "{body}");
+    assert_eq!(status, 404, "{body}");
     assert_eq!(loads(&gateway, "new", "success", "versions2-").await, 2.0);
     assert_eq!(loads(&gateway, "new", "failure", "versions2-").await, 0.0);
 }

@@ -161,6 +161,9 @@ pub struct Server {
     pub drain_timeout: HumanDuration,
     /// Largest gRPC request message accepted; larger ones get RESOURCE_EXHAUSTED.
     pub max_grpc_message_size: ByteSize,
+    /// The name `GET /v2` and `ServerMetadata` report instead of the backends' own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Default for Server {
@@ -169,6 +172,7 @@ impl Default for Server {
             max_body_size: ByteSize(64 << 20),
             drain_timeout: HumanDuration(Duration::from_secs(30)),
             max_grpc_message_size: ByteSize(64 << 20),
+            name: None,
         }
     }
 }
@@ -348,6 +352,12 @@ impl Config {
             error(
                 "server.max_grpc_message_size".into(),
                 "must be greater than 0 and at most 4GiB (a gRPC message length is 32 bits)".into(),
+            );
+        }
+        if self.server.name.as_deref().is_some_and(str::is_empty) {
+            error(
+                "server.name".into(),
+                "must not be empty (leave it out to report the backends' own name)".into(),
             );
         }
         if self.validation.signature_cache_capacity == 0 {
@@ -740,6 +750,19 @@ mod tests {
         .unwrap();
         let ca = config.backends[0].tls_ca(&config.upstream);
         assert_eq!(ca, Some(Path::new("b.pem")));
+    }
+
+    #[test]
+    fn server_name_overrides_the_reported_name_and_is_not_empty() {
+        assert_eq!(Config::parse(MINIMAL).unwrap().server.name, None);
+        let with = |value: &str| format!("{MINIMAL}[server]\nname = \"{value}\"\n");
+        let config = Config::parse(&with("serving")).unwrap();
+        assert_eq!(config.server.name.as_deref(), Some("serving"));
+        let found = errors(&with(""));
+        assert!(
+            found[0].starts_with("server.name: must not be empty"),
+            "{found:?}"
+        );
     }
 
     #[test]

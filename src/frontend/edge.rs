@@ -17,6 +17,11 @@ use tracing::Instrument;
 /// The `x-request-id` header, taken from the client or made here.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// `server: infergate/<version>`, on every answer of the KServe listeners: server metadata
+/// names the backends, this names the gateway.
+pub(crate) const SERVER_HEADER_VALUE: HeaderValue =
+    HeaderValue::from_static(crate::protocol::SERVER_HEADER);
+
 /// The request's id, available to handlers as an extension.
 #[derive(Clone, Debug)]
 pub struct RequestId(pub HeaderValue);
@@ -172,7 +177,9 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
     let elapsed = started.elapsed();
     drop(in_flight);
 
-    response.headers_mut().insert(X_REQUEST_ID.clone(), id);
+    let headers = response.headers_mut();
+    headers.insert(X_REQUEST_ID.clone(), id);
+    headers.insert(http::header::SERVER, SERVER_HEADER_VALUE);
     let status = response.status();
     // Nothing after this middleware reads them: taken, not copied.
     let served = response

@@ -11,7 +11,6 @@ use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
 use crate::pipeline::statistics::{self, Statistics};
 use crate::pipeline::{Ask, LeasedBody, ModelRef, Outcome, mirror};
-use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream;
 use axum::Router;
 use axum::extract::rejection::PathRejection;
@@ -41,6 +40,8 @@ pub fn router(gateway: Gateway) -> Router {
             any(version_action),
         )
         .route("/v2/repository/index", post(repository_index))
+        .route("/v2/systemsharedmemory/{*rest}", any(shared_memory))
+        .route("/v2/cudasharedmemory/{*rest}", any(shared_memory))
         .route(
             "/v2/repository/models/{model}/{action}",
             any(repository_action),
@@ -123,13 +124,8 @@ fn admit_admin(
     admit(&gateway.live().auth, &caller, Access::Admin(what))
 }
 
-async fn server_metadata() -> Response {
-    axum::Json(serde_json::json!({
-        "name": SERVER_NAME,
-        "version": SERVER_VERSION,
-        "extensions": EXTENSIONS,
-    }))
-    .into_response()
+async fn server_metadata(State(gateway): State<Gateway>) -> Response {
+    axum::Json(crate::pipeline::server_metadata::server_metadata(&gateway).await).into_response()
 }
 
 /// The gateway's own process is alive.
@@ -140,6 +136,12 @@ async fn live() -> StatusCode {
 /// Ready while at least one backend is, and not once shutdown has begun.
 async fn ready(State(gateway): State<Gateway>) -> Result<StatusCode, GatewayError> {
     gateway.readiness().map(|()| StatusCode::OK)
+}
+
+/// The shared-memory extension (status, register, unregister; system and CUDA): a region is
+/// local to one host, and the gateway and its backends are not one host.
+async fn shared_memory() -> GatewayError {
+    GatewayError::SharedMemoryUnsupported
 }
 
 async fn not_found(request: Request) -> GatewayError {
@@ -177,11 +179,8 @@ async fn version_metadata(
     segments: Result<Path<(String, String)>, PathRejection>,
     request: Request,
 ) -> Response {
-    match path(segments) {
-        Ok((model, version)) => {
-            let model = ModelRef::new(model, Some(version));
-            to_model(&gateway, model, Ask::Metadata, request).await
-        }
+    match path(segments).and_then(|(model, version)| versioned(model, version, &request)) {
+        Ok(model) => to_model(&gateway, model, Ask::Metadata, request).await,
         Err(error) => error.into_response(),
     }
 }
@@ -202,14 +201,25 @@ async fn version_action(
     segments: Result<Path<(String, String, String)>, PathRejection>,
     request: Request,
 ) -> Response {
-    match path(segments)
-        .and_then(|(model, version, action)| Ok((model, version, check_action(&action, &request)?)))
-    {
-        Ok((model, version, ask)) => {
-            to_model(&gateway, ModelRef::new(model, Some(version)), ask, request).await
-        }
+    match path(segments).and_then(|(model, version, action)| {
+        let ask = check_action(&action, &request)?;
+        Ok((versioned(model, version, &request)?, ask))
+    }) {
+        Ok((model, ask)) => to_model(&gateway, model, ask, request).await,
         Err(error) => error.into_response(),
     }
+}
+
+/// The model and version of a `/versions/{v}` URL. Triton's HTTP routes take only digits
+/// there: any other segment is an unknown path (404), as on Triton; digits Triton cannot
+/// read as a version (past 64 bits) are its 400.
+fn versioned(model: String, version: String, request: &Request) -> Result<ModelRef, GatewayError> {
+    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(GatewayError::NotFound {
+            path: request.uri().path().to_owned(),
+        });
+    }
+    ModelRef::requested(model, Some(version))
 }
 
 /// The per-model endpoints, what each asks, and the method each takes (`generate` and

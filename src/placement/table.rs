@@ -1194,19 +1194,19 @@ fn settle(copy: &mut Copy, ok: bool, now: Instant) -> (u64, u64) {
     (before, copy.size)
 }
 
-/// The version a request asks for, as a number; refused when it is not one, or when the
-/// repository is known and has no such version directory.
+/// The version a request asks for, as a number; refused when it is not one (Triton's 400),
+/// or when the repository is known and has no such version directory (Triton's 404 for a
+/// version it does not have: no load, and no retry, can make one).
 pub(super) fn requested_version(
     model: &ModelRef,
     sizing: &Sizing,
 ) -> Result<Option<u64>, GatewayError> {
-    match model.version_number() {
-        Ok(None) => Ok(None),
-        Ok(Some(v)) if sizing.has_version(v) => Ok(Some(v)),
-        _ => Err(GatewayError::ModelNotReady {
+    match model.version_number()? {
+        Some(v) if !sizing.has_version(v) => Err(GatewayError::UnknownVersion {
             model: model.name.clone(),
-            version: model.version.clone(),
+            version: v,
         }),
+        version => Ok(version),
     }
 }
 
@@ -1553,12 +1553,14 @@ mod tests {
         );
         assert_within_capacity(&table);
         // Versions that are no number, or not on disk, are refused without a load.
-        for bad in ["7", "x"] {
-            assert!(matches!(
-                decide(&mut table, &versioned("m", bad)),
-                Decision::Refuse(GatewayError::ModelNotReady { .. })
-            ));
-        }
+        assert!(matches!(
+            decide(&mut table, &versioned("m", "7")),
+            Decision::Refuse(GatewayError::UnknownVersion { version: 7, .. })
+        ));
+        assert!(matches!(
+            decide(&mut table, &versioned("m", "x")),
+            Decision::Refuse(GatewayError::BadRequest(_))
+        ));
     }
 
     #[tokio::test(start_paused = true)]

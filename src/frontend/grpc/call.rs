@@ -10,7 +10,8 @@
 use crate::Gateway;
 use crate::error::{ErrorKind, ErrorSource, GatewayError};
 use crate::frontend::{
-    InFlightGauge, Protocol, Served, X_REQUEST_ID, grpc_status_class, record, request_id,
+    InFlightGauge, Protocol, SERVER_HEADER_VALUE, Served, X_REQUEST_ID, grpc_status_class, record,
+    request_id,
 };
 use crate::upstream::grpc::CallError;
 use axum::extract::{Request, State};
@@ -436,13 +437,30 @@ pub fn parse_timeout(value: &[u8]) -> Option<Duration> {
     })
 }
 
-/// Tower middleware in front of tonic: the deadline, and the size-limit answer (see the
-/// module doc). A request refused by tonic before any handler ran is logged and counted here.
+/// A client gets a compressed answer when it compressed its request (`grpc-encoding`) and
+/// reads the encoding back (`grpc-accept-encoding`). Left alone, tonic compresses the answer
+/// for every client that merely lists encodings it can read, and grpc-core clients (Python's
+/// tritonclient, C++) list `identity, deflate, gzip` on every call: Triton answers them
+/// plain, and deflating every output tensor would spend CPU on the hot path for clients
+/// that never asked.
+fn compress_answers_only_when_asked(headers: &mut http::HeaderMap) {
+    let compressed = headers
+        .get("grpc-encoding")
+        .is_some_and(|encoding| encoding != "identity");
+    if !compressed {
+        headers.remove("grpc-accept-encoding");
+    }
+}
+
+/// Tower middleware in front of tonic: the deadline, when answers are compressed, and the
+/// size-limit answer (see the module doc). A request refused by tonic before any handler
+/// ran is logged and counted here.
 pub async fn grpc_layer(
     State(gateway): State<Gateway>,
     mut request: Request,
     next: Next,
 ) -> Response {
+    compress_answers_only_when_asked(request.headers_mut());
     if let Some(value) = request.headers_mut().remove("grpc-timeout")
         && let Some(timeout) = parse_timeout(value.as_bytes())
     {
@@ -456,6 +474,7 @@ pub async fn grpc_layer(
     let started = Instant::now();
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
+    headers.insert(http::header::SERVER, SERVER_HEADER_VALUE);
     let too_large = headers.get("grpc-status").is_some_and(|s| s == "11")
         && headers
             .get("grpc-message")

@@ -22,14 +22,13 @@ use crate::frontend::Served;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
 use crate::pipeline::statistics::{self, Statistics};
-use crate::pipeline::{Ask, ModelRef, Routed, mirror};
+use crate::pipeline::{Ask, ModelRef, Routed, mirror, server_metadata};
 use crate::placement::Lease;
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
 };
 use crate::protocol::inference::repository_index_response::ModelIndex;
 use crate::protocol::inference::*;
-use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream::grpc::{self as upstream_grpc, InferenceClient};
 use bytes::Bytes;
 use call::{Call, Failure};
@@ -38,6 +37,7 @@ use std::future::Future;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::codec::CompressionEncoding;
 use tonic::metadata::MetadataMap;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status, Streaming};
@@ -47,13 +47,28 @@ use tonic_health::server::HealthReporter;
 /// The service name load balancers ask `grpc.health.v1` about (the empty name works too).
 const SERVICE_NAME: &str = "inference.GRPCInferenceService";
 
+/// Turns on, for one generated tonic server, the compression Triton's gRPC server takes:
+/// gzip and deflate requests (`grpc-encoding`), and answers in either for a compressed
+/// request whose client reads it (`call::grpc_layer` decides which requests those are).
+/// Every service of the listener gets the same, so a client channel that compresses every
+/// call works for each of them.
+macro_rules! with_compression {
+    ($server:expr) => {
+        $server
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Deflate)
+            .send_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Deflate)
+    };
+}
+
 /// Builds the gRPC router over the gateway state: the inference service, health (kept in
 /// step with readiness by a task on `tasks`) and reflection.
 pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToken) -> axum::Router {
     let limit = gateway.config().server.max_grpc_message_size.bytes();
-    let inference = GrpcInferenceServiceServer::new(InferenceService {
+    let inference = with_compression!(GrpcInferenceServiceServer::new(InferenceService {
         gateway: gateway.clone(),
-    })
+    }))
     .max_decoding_message_size(usize::try_from(limit).unwrap_or(usize::MAX))
     .max_encoding_message_size(usize::MAX);
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -63,8 +78,8 @@ pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToke
         .build_v1()
         .expect("the generated descriptor set is valid");
     Routes::new(inference)
-        .add_service(health)
-        .add_service(reflection)
+        .add_service(with_compression!(health))
+        .add_service(with_compression!(reflection))
         .prepare()
         .into_axum_router()
         .layer(axum::middleware::from_fn_with_state(
@@ -277,7 +292,7 @@ impl InferenceService {
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
-        let requested = message.model();
+        let requested = message.model()?;
         let (caller, _admission) = self.admit_model(call, &mut metadata, &requested).await?;
         let (lease, routed) = self.place(call, requested, &metadata, &caller, ask).await?;
         message.retarget(&routed.target);
@@ -288,8 +303,8 @@ impl InferenceService {
 /// A request message that names a model: what it asks for, and how to send it to the
 /// target a route chose instead.
 trait NamesModel {
-    /// The model (and version) the client named.
-    fn model(&self) -> ModelRef;
+    /// The model (and version) the client named; a version Triton cannot read is refused.
+    fn model(&self) -> Result<ModelRef, GatewayError>;
     /// Names `target` instead.
     fn retarget(&mut self, target: &ModelRef);
 }
@@ -297,8 +312,8 @@ trait NamesModel {
 macro_rules! names_model {
     ($($message:ty: $name:ident, $version:ident;)*) => {$(
         impl NamesModel for $message {
-            fn model(&self) -> ModelRef {
-                ModelRef::new(self.$name.clone(), version(&self.$version))
+            fn model(&self) -> Result<ModelRef, GatewayError> {
+                ModelRef::requested(self.$name.clone(), version(&self.$version))
             }
             fn retarget(&mut self, target: &ModelRef) {
                 self.$name.clone_from(&target.name);
@@ -335,13 +350,7 @@ fn upstream_request<T>(
 
 /// Shared memory names regions on one host; the gateway and its backends are not one host.
 fn no_shared_memory(call: Call) -> Status {
-    call.fail(
-        Failure::Backend(Status::unimplemented(
-            "shared memory cannot cross a gateway: infergate and its backends do not share \
-             memory; send tensors in the request (raw_input_contents)",
-        )),
-        &[],
-    )
+    call.fail(GatewayError::SharedMemoryUnsupported.into(), &[])
 }
 
 /// Trace and log settings belong to each Triton server.
@@ -383,11 +392,14 @@ impl GrpcInferenceService for InferenceService {
         let mut metadata = request.into_parts().0;
         // As HTTP's `GET /v2`: any verified caller, no admission (no model, no limit).
         let outcome = match authenticate(&self.gateway, &call, &mut metadata).await {
-            Ok(_) => Ok(Response::new(ServerMetadataResponse {
-                name: SERVER_NAME.into(),
-                version: SERVER_VERSION.into(),
-                extensions: EXTENSIONS.iter().map(|e| (*e).to_owned()).collect(),
-            })),
+            Ok(_) => {
+                let ours = server_metadata::server_metadata(&self.gateway).await;
+                Ok(Response::new(ServerMetadataResponse {
+                    name: ours.name,
+                    version: ours.version,
+                    extensions: ours.extensions,
+                }))
+            }
             Err(error) => Err(error.into()),
         };
         call.finish(outcome)
@@ -401,7 +413,7 @@ impl GrpcInferenceService for InferenceService {
         let (mut metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                let requested = message.model();
+                let requested = message.model()?;
                 // Who may ask is decided first: a refusal is an error, not `ready: false`.
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
@@ -453,7 +465,7 @@ impl GrpcInferenceService for InferenceService {
         let (mut metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                let requested = message.model();
+                let requested = message.model()?;
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
                 let (lease, mut routed) = self
@@ -539,7 +551,7 @@ impl GrpcInferenceService for InferenceService {
                         .await?;
                     statistics::of_all(&self.gateway).await?
                 } else {
-                    let requested = message.model();
+                    let requested = message.model()?;
                     let (caller, _admission) =
                         self.admit_model(&call, &mut metadata, &requested).await?;
                     let routed = self.route(requested, &metadata, &caller, Ask::Statistics)?;

@@ -201,6 +201,9 @@ async fn route(
     // sticky route keeps one target for the whole stream); the request goes on under the
     // target's name, down the target's backend stream.
     let requested = ModelRef::new(message.model_name.clone(), version(&message.model_version));
+    if let Err(error) = requested.version_number() {
+        return refuse(out, &requested, message, error).await;
+    }
     let live = gateway.live();
     // Each request on the stream is admitted for the model it names and counted against the
     // tenant's rate; its concurrency slot is held until the backend answers it.
