@@ -60,14 +60,7 @@ async fn the_official_examples_pass_against_triton_and_through_the_gateway() {
         run_suite(&host(triton.http_port), &host(triton.grpc_port), "Triton").await;
     }
     let (t0, t1) = tokio::join!(empty_triton(), empty_triton());
-    let config = pool_config_in(
-        &example_models(),
-        "examples",
-        &[&t0, &t1],
-        "1GiB",
-        "",
-        "",
-    );
+    let config = pool_config_in(&example_models(), "examples", &[&t0, &t1], "1GiB", "", "");
     let gateway = TestGateway::start(&config).await;
     run_suite(
         &gateway.http.to_string(),

@@ -709,6 +709,26 @@ impl Placement {
         });
     }
 
+    /// Plans loading the copy of `model` on a backend again, to serve `versions` (evicting
+    /// for room if need be): what a newer version on disk and a config change both do.
+    fn plan_reload(
+        &self,
+        backend: usize,
+        model: &str,
+        versions: &Versions,
+    ) -> Result<LoadPlan, GatewayError> {
+        let sizing = self.estimator.sizing(model);
+        let view = self.view(model);
+        self.books().reload_on(
+            &[backend],
+            model,
+            (versions, &sizing),
+            &view,
+            true,
+            Instant::now(),
+        )
+    }
+
     /// Plans and starts the reload of `model` on a backend, for a newer version on disk.
     fn reload_newer(
         self: &Arc<Self>,
@@ -717,17 +737,7 @@ impl Placement {
         serving: Option<u64>,
         newest: u64,
     ) {
-        let sizing = self.estimator.sizing(model);
-        let view = self.view(model);
-        let plan = self.books().reload_on(
-            &[backend_index],
-            model,
-            (&Versions::latest(), &sizing),
-            &view,
-            true,
-            Instant::now(),
-        );
-        match plan {
+        match self.plan_reload(backend_index, model, &Versions::latest()) {
             Ok(plan) => {
                 tracing::info!(model, backend = %self.pool.backends()[backend_index].name,
                     from = serving, to = newest, "newer version on disk: reloading");
