@@ -52,6 +52,26 @@ pub struct Config {
     /// Authentication, tenants and their limits.
     #[serde(default)]
     pub auth: Auth,
+    /// What the gateway tells monitoring.
+    #[serde(default)]
+    pub telemetry: Telemetry,
+}
+
+/// Metrics for the monitoring stack. Read at start: a change needs a restart.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Telemetry {
+    /// `/metrics` also carries every backend's Triton series (labelled `backend`, as
+    /// `/metrics/backends` serves them), so one Prometheus job covers the whole pool.
+    pub merge_backend_metrics: bool,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self {
+            merge_backend_metrics: true,
+        }
+    }
 }
 
 /// Inference requests are checked against the model's signature (fetched from a backend
