@@ -77,18 +77,11 @@ impl RequestTrace {
 
     /// The `traceparent` for the backend: this trace, the gateway's span as parent.
     pub fn traceparent(&self) -> HeaderValue {
-        let value = format!(
-            "00-{}-{}-{:02x}",
-            self.context.trace_id(),
-            self.context.span_id(),
-            self.context.trace_flags().to_u8()
-        );
-        HeaderValue::try_from(value).expect("hex digits and dashes")
-    }
-
-    /// Whether the trace began here (no valid `traceparent` came with the request).
-    pub fn restarted(&self) -> bool {
-        self.restarted
+        let mut value = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        write_hex(&mut value[3..35], &self.context.trace_id().to_bytes());
+        write_hex(&mut value[36..52], &self.context.span_id().to_bytes());
+        write_hex(&mut value[53..55], &[self.context.trace_flags().to_u8()]);
+        HeaderValue::from_bytes(&value).expect("hex digits and dashes")
     }
 
     /// Puts this trace on the headers a backend will receive.
@@ -96,6 +89,16 @@ impl RequestTrace {
         headers.insert(TRACEPARENT.clone(), self.traceparent());
         if self.restarted {
             headers.remove(&TRACESTATE);
+        }
+    }
+
+    /// Puts this trace on the metadata of a gRPC call to a backend.
+    pub fn stamp_metadata(&self, metadata: &mut tonic::metadata::MetadataMap) {
+        let value = tonic::metadata::AsciiMetadataValue::try_from(self.traceparent().as_bytes())
+            .expect("a traceparent is ASCII");
+        metadata.insert(TRACEPARENT.as_str(), value);
+        if self.restarted {
+            metadata.remove(TRACESTATE.as_str());
         }
     }
 
@@ -204,36 +207,49 @@ fn route_template(path: &str) -> String {
 /// all-zero id, is no parent at all (the trace restarts here, as the specification says).
 pub fn parse_traceparent(value: &[u8]) -> Option<SpanContext> {
     let value = value.trim_ascii();
-    let hex = |bytes: &[u8]| {
-        bytes
-            .iter()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
-    };
-    let text = std::str::from_utf8(value).ok()?;
-    if value.len() < 55 || !hex(&value[..2]) || &value[..2] == b"ff" {
+    if value.len() < 55 || [2, 35, 52].iter().any(|&i| value[i] != b'-') {
         return None;
     }
-    let dashes = [2, 35, 52].iter().all(|&i| value[i] == b'-');
-    let tail_ok = match &value[..2] {
-        b"00" => value.len() == 55,
+    let version = hex_value(&value[..2])?;
+    let tail_ok = match version {
+        0 => value.len() == 55,
+        0xff => false,
         _ => value.len() == 55 || value[55] == b'-',
     };
-    if !dashes || !tail_ok || !hex(&value[3..35]) || !hex(&value[36..52]) || !hex(&value[53..55]) {
-        return None;
-    }
-    let trace_id = TraceId::from_hex(&text[3..35]).ok()?;
-    let span_id = SpanId::from_hex(&text[36..52]).ok()?;
-    let flags = u8::from_str_radix(&text[53..55], 16).ok()?;
-    if trace_id == TraceId::INVALID || span_id == SpanId::INVALID {
+    let trace_id = hex_value(&value[3..35])?;
+    let span_id = hex_value(&value[36..52])?;
+    let flags = hex_value(&value[53..55])?;
+    if !tail_ok || trace_id == 0 || span_id == 0 {
         return None;
     }
     Some(SpanContext::new(
-        trace_id,
-        span_id,
-        TraceFlags::new(flags & TraceFlags::SAMPLED.to_u8()),
+        TraceId::from_bytes(trace_id.to_be_bytes()),
+        SpanId::from_bytes((span_id as u64).to_be_bytes()),
+        TraceFlags::new(flags as u8 & TraceFlags::SAMPLED.to_u8()),
         true,
         TraceState::NONE,
     ))
+}
+
+/// The number up to 32 lowercase hex digits spell (uppercase is not allowed in the header).
+fn hex_value(digits: &[u8]) -> Option<u128> {
+    digits.iter().try_fold(0u128, |value, &digit| {
+        let nibble = match digit {
+            b'0'..=b'9' => digit - b'0',
+            b'a'..=b'f' => digit - b'a' + 10,
+            _ => return None,
+        };
+        Some(value << 4 | u128::from(nibble))
+    })
+}
+
+/// Writes `bytes` as lowercase hex into `out` (twice as long).
+fn write_hex(out: &mut [u8], bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, byte) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
+    }
 }
 
 /// The exporter of this process: set once, by the first gateway that serves with
@@ -363,10 +379,20 @@ mod tests {
 
     #[test]
     fn the_backend_gets_this_trace_with_the_gateways_span_as_parent() {
+        let client_headers = || {
+            let mut headers = HeaderMap::new();
+            headers.insert(&TRACEPARENT, HeaderValue::from_static(VALID));
+            headers.insert(&TRACESTATE, HeaderValue::from_static("vendor=1"));
+            headers
+        };
         let joined = RequestTrace::start(Some(VALID.as_bytes()), true);
-        assert!(!joined.restarted());
-        let sent = joined.traceparent();
-        let sent = parse_traceparent(sent.as_bytes()).unwrap();
+        let mut headers = client_headers();
+        joined.stamp(&mut headers);
+        assert_eq!(
+            headers[&TRACESTATE], "vendor=1",
+            "the client's trace goes on"
+        );
+        let sent = parse_traceparent(headers[&TRACEPARENT].as_bytes()).unwrap();
         assert_eq!(sent.trace_id(), joined.trace_id());
         assert_ne!(sent.span_id().to_string(), "00f067aa0ba902b7");
         assert!(
@@ -374,13 +400,11 @@ mod tests {
             "the client's sampling decision travels on"
         );
 
-        let mut headers = HeaderMap::new();
-        headers.insert(&TRACESTATE, HeaderValue::from_static("vendor=1"));
         let fresh = RequestTrace::start(Some(b"garbage"), true);
-        assert!(fresh.restarted());
-        fresh.stamp(&mut headers);
-        assert!(headers.get(&TRACESTATE).is_none());
-        let sent = parse_traceparent(headers[&TRACEPARENT].as_bytes()).unwrap();
+        let mut metadata = tonic::metadata::MetadataMap::from_headers(client_headers());
+        fresh.stamp_metadata(&mut metadata);
+        assert!(metadata.get("tracestate").is_none());
+        let sent = parse_traceparent(metadata.get("traceparent").unwrap().as_bytes()).unwrap();
         assert_eq!(sent.trace_id(), fresh.trace_id());
         assert_ne!(fresh.trace_id(), joined.trace_id());
     }

@@ -222,12 +222,8 @@ impl Call {
 
     /// Puts the call's trace on the metadata a backend will receive.
     pub fn stamp_trace(&self, metadata: &mut MetadataMap) {
-        let Some(trace) = &self.trace else { return };
-        let value = AsciiMetadataValue::try_from(trace.traceparent().as_bytes())
-            .expect("a traceparent is ASCII");
-        metadata.insert("traceparent", value);
-        if trace.restarted() {
-            metadata.remove("tracestate");
+        if let Some(trace) = &self.trace {
+            trace.stamp_metadata(metadata);
         }
     }
 
