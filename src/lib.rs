@@ -16,6 +16,7 @@ pub mod reload;
 pub mod routing;
 pub mod telemetry;
 pub mod tls;
+pub mod trace;
 pub mod upstream;
 pub mod validate;
 
@@ -247,6 +248,9 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let tasks = TaskTracker::new();
+    if let Some(endpoint) = &gateway.config().telemetry.otlp_endpoint {
+        trace::start_export(endpoint).map_err(anyhow::Error::msg)?;
+    }
     let upstream_config = &gateway.config().upstream;
     let placement = gateway.placement().clone();
     let health = upstream::HealthChecks {
@@ -339,6 +343,7 @@ pub async fn serve(
         tracing::warn!("drain timeout reached with requests still in flight; exiting anyway");
     }
     tasks.wait().await;
+    let _ = tokio::task::spawn_blocking(trace::flush).await;
     tracing::info!("stopped");
     Ok(())
 }

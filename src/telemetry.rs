@@ -46,8 +46,9 @@ pub const PLACEMENT_USED: &str = "infergate_placement_used_bytes";
 pub const PLACEMENT_LOADING: &str = "infergate_placement_loading_bytes";
 /// Model copies on the books, per backend.
 pub const PLACEMENT_MODELS: &str = "infergate_placement_models";
-/// Idle time of the least recently used loaded model: low means the pool is short of memory
-/// (scale Triton replicas on it).
+/// Per backend, idle time of the least recently used copy eviction could take (pinned copies
+/// left out; 0 with none): low means models leave soon after use, the backend is short of
+/// memory (scale Triton replicas on it).
 pub const PLACEMENT_LRU_AGE: &str = "infergate_placement_lru_age_seconds";
 
 /// Canaries switched off by a route guard, by route, target and reason (automatic rollback).
@@ -213,7 +214,7 @@ fn describe() {
     describe_gauge!(
         PLACEMENT_LRU_AGE,
         Unit::Seconds,
-        "Idle time of the least recently used loaded model."
+        "Per backend, idle time of the least recently used evictable model (pinned ones left out; 0 with none)."
     );
 }
 

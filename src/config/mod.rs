@@ -52,6 +52,30 @@ pub struct Config {
     /// Authentication, tenants and their limits.
     #[serde(default)]
     pub auth: Auth,
+    /// What the gateway tells monitoring: merged metrics, exported traces.
+    #[serde(default)]
+    pub telemetry: Telemetry,
+}
+
+/// Metrics and traces for the monitoring stack. Read at start: a change needs a restart.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Telemetry {
+    /// `/metrics` also carries every backend's Triton series (labelled `backend`, as
+    /// `/metrics/backends` serves them), so one Prometheus job covers the whole pool.
+    pub merge_backend_metrics: bool,
+    /// OTLP/gRPC collector (`http://host:4317`) that receives a span per request; none: no
+    /// spans are recorded (trace context is still taken or started and passed on).
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self {
+            merge_backend_metrics: true,
+            otlp_endpoint: None,
+        }
+    }
 }
 
 /// Inference requests are checked against the model's signature (fetched from a backend
@@ -414,6 +438,14 @@ impl Config {
                 "auth.client_certificates".into(),
                 "needs listen.tls.client_ca (clients must present verified certificates)".into(),
             );
+        }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint
+            && let Err(message) = crate::trace::check_endpoint(endpoint)
+        {
+            errors.push(ConfigError {
+                key: "telemetry.otlp_endpoint".into(),
+                message,
+            });
         }
         self.placement.validate(&self.models, &mut errors);
         routes::validate(&self.routes, &mut errors);

@@ -7,6 +7,7 @@ use super::series::{Protocol, RequestSeries};
 use crate::Gateway;
 use crate::error::{ErrorKind, ErrorSource};
 use crate::telemetry;
+use crate::trace::{RequestTrace, TRACEPARENT};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -161,12 +162,16 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
         .headers_mut()
         .insert(X_REQUEST_ID.clone(), id.clone());
     request.extensions_mut().insert(RequestId(id.clone()));
+    let traceparent = request.headers().get(&TRACEPARENT).map(|v| v.as_bytes());
+    let trace = RequestTrace::start(traceparent, !is_probe(request.uri().path()));
+    trace.stamp(request.headers_mut());
     let method = request.method().clone();
     let uri = request.uri().clone(); // shares the bytes, unlike copying the path
     let path = uri.path();
     let span = tracing::info_span!(
         "request",
         request_id = %id.to_str().unwrap_or_default(),
+        trace_id = %trace.trace_id(),
         peer = tracing::field::Empty
     );
     record_peer(&span, request.extensions());
@@ -196,6 +201,7 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
         elapsed,
         error.as_ref(),
     );
+    trace.finish_http(&method, path, status.as_u16(), &served, error.as_ref());
 
     let latency_ms = elapsed.as_secs_f64() * 1e3;
     let _entered = span.enter();

@@ -285,6 +285,8 @@ impl Placement {
     /// `max_loading_concurrency` slots on the backend), record the outcome, tell the waiters.
     async fn run_load(self: Arc<Self>, plan: LoadPlan, priority: Priority) {
         let backend = self.pool.backends()[plan.backend].clone();
+        // The decision already changed the books (a loading copy, victims taken off).
+        self.publish_usage(plan.backend);
         let _slot = backend.load_slots.acquire(priority).await;
         for victim in &plan.evict {
             metrics::counter!(telemetry::PLACEMENT_EVICTIONS, "backend" => backend.name.clone())
@@ -808,19 +810,34 @@ impl Placement {
         true
     }
 
+    /// Sets a backend's placement gauges from the books: after every change to what is
+    /// loaded there, and (through `publish_gauges`) at each scrape, since the LRU age grows
+    /// while nothing changes.
     fn publish_usage(&self, backend: usize) {
         let (used, loading, copies, lru) = {
             let books = self.books();
             let (used, loading, copies) = books.usage(backend);
-            (used, loading, copies, books.lru_age(Instant::now()))
+            (
+                used,
+                loading,
+                copies,
+                books.lru_age(backend, Instant::now()),
+            )
         };
         let name = self.pool.backends()[backend].name.clone();
         metrics::gauge!(telemetry::PLACEMENT_USED, "backend" => name.clone()).set(used as f64);
         metrics::gauge!(telemetry::PLACEMENT_LOADING, "backend" => name.clone())
             .set(loading as f64);
-        metrics::gauge!(telemetry::PLACEMENT_MODELS, "backend" => name).set(copies as f64);
-        if let Some(age) = lru {
-            metrics::gauge!(telemetry::PLACEMENT_LRU_AGE).set(age.as_secs_f64());
+        metrics::gauge!(telemetry::PLACEMENT_MODELS, "backend" => name.clone()).set(copies as f64);
+        metrics::gauge!(telemetry::PLACEMENT_LRU_AGE, "backend" => name).set(lru.as_secs_f64());
+    }
+
+    /// Brings every backend's placement gauges up to date, for a scrape.
+    pub fn publish_gauges(&self) {
+        for (index, backend) in self.pool.backends().iter().enumerate() {
+            if !backend.is_retired() {
+                self.publish_usage(index);
+            }
         }
     }
 

@@ -988,15 +988,17 @@ impl Table {
         (books.committed, books.loading_bytes(), books.copies.len())
     }
 
-    /// Time since the least recently used idle copy in the pool was used (the pool's LRU
-    /// age): small means the pool is short of memory.
-    pub fn lru_age(&self, now: Instant) -> Option<Duration> {
-        self.backends
-            .iter()
-            .flat_map(|b| b.copies.values())
-            .filter(|c| matches!(c.state, CopyState::Ready))
-            .map(|c| now.saturating_duration_since(c.last_used))
-            .max()
+    /// A backend's LRU age: time since the least recently used copy eviction could take
+    /// there was used. Small means models leave soon after their last use: the backend is
+    /// short of memory. Pinned copies never leave, so their idle time says nothing and is
+    /// left out; copies in use count as just used; with nothing evictable it is 0.
+    pub fn lru_age(&self, backend: usize, now: Instant) -> Duration {
+        self.backends[backend]
+            .idle
+            .first()
+            .map_or(Duration::ZERO, |(used, _)| {
+                now.saturating_duration_since(*used)
+            })
     }
 }
 
@@ -1349,6 +1351,41 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_within_capacity(&table);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lru_age_is_per_backend_and_leaves_out_pinned_and_busy_copies() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), start);
+        let later = start + Duration::from_secs(90);
+        assert_eq!(table.lru_age(0, later), Duration::ZERO, "nothing loaded");
+        let a = load(&mut table, "a", 10, start);
+        let other = 1 - a;
+        assert_eq!(table.lru_age(a, later), Duration::from_secs(90));
+        assert_eq!(table.lru_age(other, later), Duration::ZERO);
+        // A pinned copy, however long idle, is not what eviction would take.
+        match table.decide(&model("p"), &est(10), &view(2), true, true, start) {
+            Decision::Load(plan) => {
+                assert_eq!(plan.backend, other);
+                table.finish_load(plan.backend, "p", &Ok(()), start);
+            }
+            unexpected => panic!("{unexpected:?}"),
+        }
+        assert_eq!(table.lru_age(other, later), Duration::ZERO);
+        // In use: just used. Released: its age starts again from then.
+        assert!(matches!(
+            table.decide(&model("a"), &est(10), &view(2), false, true, later),
+            Decision::Serve(b) if b == a
+        ));
+        assert_eq!(
+            table.lru_age(a, later + Duration::from_secs(5)),
+            Duration::ZERO
+        );
+        table.release(a, "a", later + Duration::from_secs(5));
+        assert_eq!(
+            table.lru_age(a, later + Duration::from_secs(7)),
+            Duration::from_secs(2)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,6 +13,7 @@ use crate::frontend::{
     InFlightGauge, Protocol, SERVER_HEADER_VALUE, Served, X_REQUEST_ID, grpc_status_class, record,
     request_id,
 };
+use crate::trace::RequestTrace;
 use crate::upstream::grpc::CallError;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -154,6 +155,8 @@ fn is_too_large_header(value: &[u8]) -> bool {
 pub struct Call {
     rpc: &'static str,
     id: HeaderValue,
+    /// Taken when the call's span ends, in `log`.
+    trace: Option<RequestTrace>,
     deadline: Option<Instant>,
     started: Instant,
     probe: bool,
@@ -170,27 +173,41 @@ impl Call {
     /// Starts the edge of a call: the request id from the client's `x-request-id` metadata
     /// (kept when short printable ASCII) or a new one, the deadline from `grpc_layer`.
     pub fn start<T>(rpc: &'static str, request: &tonic::Request<T>) -> Self {
+        Self::begin(rpc, request, false)
+    }
+
+    /// Starts a health probe's call: logged at debug level, as HTTP's probes are, and
+    /// without a span of its own in the exported traces (a kubelet probes every few seconds).
+    pub fn start_probe<T>(rpc: &'static str, request: &tonic::Request<T>) -> Self {
+        Self::begin(rpc, request, true)
+    }
+
+    fn begin<T>(rpc: &'static str, request: &tonic::Request<T>, probe: bool) -> Self {
         let client = request
             .metadata()
             .get("x-request-id")
             .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
         let id = request_id(client.as_ref());
+        let traceparent = request.metadata().get("traceparent").map(|v| v.as_bytes());
+        let trace = RequestTrace::start(traceparent, !probe);
         let span = tracing::info_span!(
             "request",
             request_id = %id.to_str().unwrap_or_default(),
+            trace_id = %trace.trace_id(),
             peer = tracing::field::Empty
         );
         crate::frontend::edge::record_peer(&span, request.extensions());
         Self {
             rpc,
             id,
+            trace: Some(trace),
             deadline: request.extensions().get::<Deadline>().map(|d| d.0),
             peer: request
                 .extensions()
                 .get::<crate::tls::PeerIdentity>()
                 .map(|p| p.subject.clone()),
             started: Instant::now(),
-            probe: false,
+            probe,
             span,
             served: Mutex::new(Served::default()),
             target: Mutex::new(None),
@@ -199,15 +216,16 @@ impl Call {
         }
     }
 
-    /// Marks a health probe: logged at debug level, as HTTP's probes are.
-    pub fn probe(mut self) -> Self {
-        self.probe = true;
-        self
-    }
-
     /// The request id, as metadata for the backend and the answer.
     pub fn id(&self) -> AsciiMetadataValue {
         AsciiMetadataValue::try_from(self.id.as_bytes()).expect("request ids are ASCII")
+    }
+
+    /// Puts the call's trace on the metadata a backend will receive.
+    pub fn stamp_trace(&self, metadata: &mut MetadataMap) {
+        if let Some(trace) = &self.trace {
+            trace.stamp_metadata(metadata);
+        }
     }
 
     /// The span every log line of the call carries.
@@ -293,7 +311,7 @@ impl Call {
 
     /// Ends a unary call: the request id on the answer, the metrics, the log line.
     pub fn finish<T>(
-        self,
+        mut self,
         outcome: Result<tonic::Response<T>, Failure>,
     ) -> Result<tonic::Response<T>, Status> {
         match outcome {
@@ -308,7 +326,7 @@ impl Call {
     }
 
     /// Ends a call with an error status: logged and counted, the request id attached.
-    pub fn fail(self, failure: Failure, extra: &[(&str, u64)]) -> Status {
+    pub fn fail(mut self, failure: Failure, extra: &[(&str, u64)]) -> Status {
         let (mut status, kind) = failure.into_status();
         self.stamp(status.metadata_mut());
         let message = status.message().to_owned();
@@ -317,12 +335,12 @@ impl Call {
     }
 
     /// Ends a streaming call that closed cleanly.
-    pub fn finish_stream(self, extra: &[(&str, u64)]) {
+    pub fn finish_stream(mut self, extra: &[(&str, u64)]) {
         self.log(Code::Ok, None, None, extra);
     }
 
     fn log(
-        &self,
+        &mut self,
         code: Code,
         error: Option<&ErrorKind>,
         message: Option<&str>,
@@ -337,6 +355,9 @@ impl Call {
             elapsed,
             error,
         );
+        if let Some(trace) = self.trace.take() {
+            trace.finish_grpc(self.rpc, code, &served, error);
+        }
         let latency_ms = elapsed.as_secs_f64() * 1e3;
         let _entered = self.span.enter();
         let rpc = self.rpc;

@@ -342,6 +342,7 @@ fn upstream_request<T>(
     call::strip_reserved(&mut metadata);
     let mut request = Request::from_parts(metadata, Default::default(), message);
     request.metadata_mut().insert("x-request-id", call.id());
+    call.stamp_trace(request.metadata_mut());
     if let Some(timeout) = timeout {
         request.set_timeout(timeout);
     }
@@ -370,7 +371,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<ServerLiveRequest>,
     ) -> Result<Response<ServerLiveResponse>, Status> {
-        let call = Call::start("ServerLive", &request).probe();
+        let call = Call::start_probe("ServerLive", &request);
         call.finish(Ok(Response::new(ServerLiveResponse { live: true })))
     }
 
@@ -378,7 +379,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<ServerReadyRequest>,
     ) -> Result<Response<ServerReadyResponse>, Status> {
-        let call = Call::start("ServerReady", &request).probe();
+        let call = Call::start_probe("ServerReady", &request);
         // Triton answers "not ready" as `ready: false`, not as an error status.
         let ready = self.gateway.readiness().is_ok();
         call.finish(Ok(Response::new(ServerReadyResponse { ready })))
