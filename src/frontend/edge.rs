@@ -210,11 +210,11 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
     match error {
         Some(e) if e.source != ErrorSource::Client => tracing::warn!(
             %method, path, model = served.model, version, backend = served.backend, route, tenant,
-            status = status.as_u16(), latency_ms, error = e.kind, source = e.source.as_str(), message = e.message, "request failed"
+            status = status.as_u16(), latency_ms, error = e.kind, source = e.source.as_str(), reason = e.message, "request failed"
         ),
         Some(e) => tracing::info!(
             %method, path, model = served.model, version, backend = served.backend, route, tenant,
-            status = status.as_u16(), latency_ms, error = e.kind, message = e.message, "request refused"
+            status = status.as_u16(), latency_ms, error = e.kind, reason = e.message, "request refused"
         ),
         None if is_probe(path) => {
             tracing::debug!(%method, path, status = status.as_u16(), latency_ms, "probe")

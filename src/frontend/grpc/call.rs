@@ -383,7 +383,7 @@ impl Call {
                 counts,
                 error = e.kind,
                 source = e.source.as_str(),
-                message = e.message,
+                reason = e.message,
                 "request failed"
             ),
             Some(e) => tracing::info!(
@@ -396,7 +396,7 @@ impl Call {
                 latency_ms,
                 counts,
                 error = e.kind,
-                message = e.message,
+                reason = e.message,
                 "request refused"
             ),
             None if self.probe => {
@@ -411,7 +411,7 @@ impl Call {
                 code = code_name,
                 latency_ms,
                 counts,
-                message = message.unwrap_or(""),
+                reason = message.unwrap_or(""),
                 "request"
             ),
         }
