@@ -17,8 +17,6 @@ use support::{Triton, TritonOptions, copy_dir, model_repository};
 async fn empty_triton(verbose: bool) -> Triton {
     Triton::start(TritonOptions {
         verbose,
-        // A failed load must not make Triton unready for the tests that follow it.
-        args: vec!["--strict-readiness=false".into()],
         ..Default::default()
     })
     .await
@@ -371,6 +369,98 @@ async fn a_dead_backends_models_reload_on_the_other() {
             .contains(&"sized_a".to_string())
     );
     assert!(gateway.placed().await[holder].is_empty());
+}
+
+/// Where a copy of `model` is on the books: (backend index, state) for each.
+async fn copies_of(gateway: &TestGateway, model: &str) -> Vec<(usize, String)> {
+    gateway.placement().await["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .flat_map(|(b, backend)| {
+            backend["models"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["name"] == model)
+                .map(move |m| (b, m["state"].as_str().unwrap().to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Triton with its default flags answers `/v2/health/ready` with 400 while any model loads,
+/// and a busy Triton may answer nothing for seconds while it loads (on this project's 2-core
+/// machines index reads took 1–3.5 s during the churn test's loads). Neither is a backend
+/// that is down: the gateway's own load must not cost the backend its place in the pool,
+/// or the next request for the loading model would load a second copy elsewhere. The
+/// stall is made certain by pausing the loading Triton for three health timeouts.
+#[tokio::test]
+async fn a_load_in_progress_never_costs_a_backend_its_place() {
+    let (t0, t1) = tokio::join!(empty_triton(true), empty_triton(true));
+    let config = pool_config("busy", &[&t0, &t1], "1GiB", "scale_up_rps = 0.0", "")
+        .replace("health_timeout = \"3s\"", "health_timeout = \"300ms\"");
+    let gateway = std::sync::Arc::new(TestGateway::start(&config).await);
+    let first = tokio::spawn({
+        let gateway = gateway.clone();
+        async move { infer(&gateway, "sized_b").await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let loading = loop {
+        if let [(b, state)] = &copies_of(&gateway, "sized_b").await[..]
+            && state == "loading"
+        {
+            break *b;
+        }
+        assert!(Instant::now() < deadline, "sized_b never started loading");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let tritons = [&t0, &t1];
+    // Loading, with Triton's default flags: not ready, as Triton says, but live.
+    let ready = reqwest::get(format!("{}/v2/health/ready", tritons[loading].http_url()))
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(ready, 400, "Triton's strict readiness while a model loads");
+    tritons[loading].pause();
+    let stalled = Instant::now();
+    let mut seen_unready = Vec::new();
+    while stalled.elapsed() < Duration::from_millis(900) {
+        for backend in gateway.admin_backends().await {
+            if backend["ready"] == false {
+                seen_unready.push(backend["name"].to_string());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A request for the model arrives meanwhile: it waits for the load under way.
+    let second = tokio::spawn({
+        let gateway = gateway.clone();
+        async move { infer(&gateway, "sized_b").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tritons[loading].resume();
+    for request in [first, second] {
+        let (status, body) = request.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    assert!(
+        seen_unready.is_empty(),
+        "a backend was taken out while loading: {seen_unready:?}"
+    );
+    assert_eq!(
+        copies_of(&gateway, "sized_b").await,
+        [(loading, "ready".to_string())],
+        "one copy, where it was loading"
+    );
+    assert_books_match(&gateway, &tritons).await;
+    assert_eq!(triton_load_calls(tritons[loading], "sized_b"), 1);
+    assert_eq!(
+        triton_load_calls(tritons[1 - loading], "sized_b"),
+        0,
+        "no second copy was loaded elsewhere"
+    );
 }
 
 /// A metrics endpoint standing in for a GPU Triton's: memory used rises by 3 GiB for every

@@ -276,6 +276,7 @@ impl Placement {
     async fn run_load(self: Arc<Self>, plan: LoadPlan, priority: Priority) {
         let backend = self.pool.backends()[plan.backend].clone();
         let _slot = backend.load_slots.acquire(priority).await;
+        let _changing = backend.start_change();
         for victim in &plan.evict {
             metrics::counter!(telemetry::PLACEMENT_EVICTIONS, "backend" => backend.name.clone())
                 .increment(1);
@@ -338,7 +339,7 @@ impl Placement {
     /// Loads, and where the backend reports memory and no other load ran beside this one,
     /// learns the model's size per version from the rise of the memory metric (new copies
     /// only: a reload's rise is a part of the model, and its old versions go meanwhile).
-    async fn measured_load(&self, plan: &LoadPlan, backend: &Backend) -> Result<(), Arc<str>> {
+    async fn measured_load(&self, plan: &LoadPlan, backend: &Arc<Backend>) -> Result<(), Arc<str>> {
         let model = plan.model.as_str();
         let running = &backend.loads_running;
         let alone_at_start = running.fetch_add(1, Ordering::AcqRel) == 0;
@@ -370,7 +371,7 @@ impl Placement {
 
     /// `POST .../load` for the plan's versions, within `load_timeout`. A new copy whose load
     /// times out is undone; a reloaded one is left serving what it served.
-    async fn load_on(&self, backend: &Backend, plan: &LoadPlan) -> Result<(), Arc<str>> {
+    async fn load_on(&self, backend: &Arc<Backend>, plan: &LoadPlan) -> Result<(), Arc<str>> {
         let model = plan.model.as_str();
         let path = format!("/v2/repository/models/{}/load", path_segment(model));
         let body = self.load_body(plan)?;
@@ -406,7 +407,8 @@ impl Placement {
     }
 
     /// `POST .../unload`; failures are logged, the books already say it is gone.
-    async fn unload_on(&self, backend: &Backend, model: &str, reason: &'static str) {
+    async fn unload_on(&self, backend: &Arc<Backend>, model: &str, reason: &'static str) {
+        let _changing = backend.start_change();
         let path = format!("/v2/repository/models/{}/unload", path_segment(model));
         let answer = backend
             .client
