@@ -9,7 +9,7 @@ use crate::auth::{Access, Credentials};
 use crate::error::GatewayError;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index, ask_all, ready_backends};
-use crate::pipeline::{LeasedBody, ModelRef, Outcome, mirror};
+use crate::pipeline::{LeasedBody, ModelRef, Outcome, mirror, replay};
 use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream;
 use axum::Router;
@@ -267,19 +267,19 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
     if routed.route.is_some() {
         *request.uri_mut() = target_uri(request.uri(), &routed.target);
     }
-    let lease = match routed.place(gateway.placement()).await {
+    let mut lease = match routed.place(gateway.placement()).await {
         Ok(lease) => lease,
         Err(error) => return error.into_response(),
     };
-    let model = routed.target;
     let forwarded = async {
         let request = limit_body(gateway, request)?;
         let mut request =
-            crate::validate::http_request(gateway, lease.backend(), &model, request).await?;
+            crate::validate::http_request(gateway, lease.backend(), &routed.target, request)
+                .await?;
         if let Some(copy) = copy {
             request = mirror::http(gateway, copy, request, target_uri).await?;
         }
-        upstream::forward(lease.backend(), request).await
+        forward_placed(gateway, &mut routed, &mut lease, request).await
     }
     .await;
     finish(
@@ -288,6 +288,7 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
             .as_ref()
             .map_or_else(GatewayError::http_status, |r| r.status()),
     );
+    let model = routed.target;
     let served = Served {
         model: model.name,
         version: model.version,
@@ -308,6 +309,50 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
     }
     response.extensions_mut().insert(served);
     response
+}
+
+/// Forwards to the leased copy. When the backend answers that it has no such model (the copy
+/// went between placement and the answer), the request is placed again and sent once more,
+/// with the same body (`pipeline::replay`); `lease` is then the copy that answered.
+async fn forward_placed(
+    gateway: &Gateway,
+    routed: &mut crate::pipeline::Routed,
+    lease: &mut crate::placement::Lease,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    let (parts, body) = request.into_parts();
+    let (body, replay) = crate::body::replayable(body);
+    let mut again = http::Request::new(());
+    *again.method_mut() = parts.method.clone();
+    *again.uri_mut() = parts.uri.clone();
+    *again.version_mut() = parts.version;
+    *again.headers_mut() = parts.headers.clone();
+    let response = upstream::forward(lease.backend(), Request::from_parts(parts, body)).await?;
+    if !replay::may_be_gone(response.status()) {
+        return Ok(response);
+    }
+    let (parts, body) = response.into_parts();
+    // An error answer is small; past this it is not one of Triton's lookup refusals.
+    let body = match http_body_util::Limited::new(body, 64 << 10).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            return Err(GatewayError::UpstreamFailed {
+                backend: lease.backend().name.clone(),
+                reason: format!("reading the error answer: {error}"),
+            });
+        }
+    };
+    let gone = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("error")?.as_str().map(replay::copy_is_gone))
+        .unwrap_or(false);
+    let retry = if gone { replay.take() } else { None };
+    let Some(body_again) = retry else {
+        return Ok(Response::from_parts(parts, axum::body::Body::from(body)));
+    };
+    *lease = routed.place_again(gateway.placement(), lease).await?;
+    let (again, ()) = again.into_parts();
+    upstream::forward(lease.backend(), Request::from_parts(again, body_again)).await
 }
 
 fn is_infer(request: &Request) -> bool {

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod mirror;
 mod place;
+pub mod replay;
 pub mod repository;
 mod route;
 

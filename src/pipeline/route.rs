@@ -64,6 +64,17 @@ impl Routed {
         placed
     }
 
+    /// Places the request again after the backend of `gone` said it has no such model
+    /// (`super::replay`): that copy comes off the books first, so another is found or loaded.
+    pub async fn place_again(
+        &mut self,
+        placement: &Arc<crate::placement::Placement>,
+        gone: &crate::placement::Lease,
+    ) -> Result<crate::placement::Lease, GatewayError> {
+        placement.copy_gone(gone);
+        self.place(placement).await
+    }
+
     /// The mirror copy of this request, when its route drew mirrors for it: call it once
     /// the request is known to be an inference (`for_inference`).
     pub fn mirror_copy(&mut self) -> Option<super::mirror::Copy> {

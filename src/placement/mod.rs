@@ -277,13 +277,16 @@ impl Placement {
         let backend = self.pool.backends()[plan.backend].clone();
         let _slot = backend.load_slots.acquire(priority).await;
         let _changing = backend.start_change();
-        for victim in &plan.evict {
+        // The victims go first, all at once, and the load starts once Triton has let them
+        // go: the backend never holds more than its capacity.
+        let unloads = plan.evict.iter().map(|victim| {
             metrics::counter!(telemetry::PLACEMENT_EVICTIONS, "backend" => backend.name.clone())
                 .increment(1);
             metrics::histogram!(telemetry::PLACEMENT_EVICTED_IDLE)
                 .record(victim.idle.as_secs_f64());
-            self.unload_on(&backend, &victim.model, "evict").await;
-        }
+            self.unload_on(plan.backend, &victim.model, "evict")
+        });
+        futures_util::future::join_all(unloads).await;
         let started = Instant::now();
         let outcome = self.measured_load(&plan, &backend).await;
         let serving = if outcome.is_ok() {
@@ -384,7 +387,8 @@ impl Placement {
             Ok((status, body)) => Err(triton_message(status, &body).into()),
             Err(error) => {
                 if matches!(error, GatewayError::UpstreamTimeout { .. }) && plan.reason == "new" {
-                    self.unload_on(backend, model, "abandon").await;
+                    // Never on the books as loaded: nothing departs.
+                    self.send_unload(backend, model, "abandon").await;
                 }
                 Err(error.to_string().into())
             }
@@ -406,9 +410,23 @@ impl Placement {
             .map_err(Arc::from)
     }
 
-    /// `POST .../unload`; failures are logged, the books already say it is gone.
-    async fn unload_on(&self, backend: &Arc<Backend>, model: &str, reason: &'static str) {
+    /// Unloads a copy the books have taken off (it departs, see `Books::departing`) from
+    /// backend `b`: `POST .../unload`, then Triton's index is followed until the model has
+    /// gone (Triton answers at once and unloads for a second or more), and only then are its
+    /// bytes free on the books. An unload that fails frees them at once: reconciliation
+    /// adopts the copy again if the backend still has it.
+    async fn unload_on(&self, b: usize, model: &str, reason: &'static str) {
+        let backend = self.pool.backends()[b].clone();
         let _changing = backend.start_change();
+        if self.send_unload(&backend, model, reason).await {
+            self.await_departure(&backend, model).await;
+        }
+        self.books().departed(b, model, Instant::now());
+        let _ = self.events.send(ModelEvent::Unloaded(model.to_string()));
+    }
+
+    /// `POST .../unload`; true when the backend took it. Failures are logged and counted.
+    async fn send_unload(&self, backend: &Backend, model: &str, reason: &'static str) -> bool {
         let path = format!("/v2/repository/models/{}/unload", path_segment(model));
         let answer = backend
             .client
@@ -428,13 +446,38 @@ impl Placement {
             .increment(1);
         match answer {
             Ok((StatusCode::OK, _)) => {
-                tracing::info!(model, backend = %backend.name, reason, "model unloaded")
+                tracing::info!(model, backend = %backend.name, reason, "model unloaded");
+                return true;
             }
             Ok((status, body)) => tracing::warn!(model, backend = %backend.name,
                 error = triton_message(status, &body), "unload failed"),
             Err(error) => tracing::warn!(model, backend = %backend.name, %error, "unload failed"),
         }
-        let _ = self.events.send(ModelEvent::Unloaded(model.to_string()));
+        false
+    }
+
+    /// Reads the backend's index, more and more slowly, until it holds the model no more
+    /// (no version READY, LOADING or UNLOADING), the backend is out of service, or
+    /// `load_timeout` passes.
+    async fn await_departure(&self, backend: &Backend, model: &str) {
+        let deadline = Instant::now() + self.load_timeout;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let read = crate::upstream::refresh_index(backend, Duration::from_secs(2)).await;
+            if read.is_ok() && !backend.index().holds(model) {
+                return;
+            }
+            if !backend.is_ready() || backend.is_retired() {
+                return;
+            }
+            if Instant::now() + pause > deadline {
+                tracing::warn!(model, backend = %backend.name,
+                    "the backend still holds an unloaded model after placement.load_timeout; its room is counted free again");
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(320));
+        }
     }
 
     /// Loads a model now (the repository API and the admin API), as a request would.
@@ -453,8 +496,7 @@ impl Placement {
     /// Unloads a model the books no longer hold from each of `backends`, and says so.
     async fn unload_from(&self, backends: &[usize], model: &str, reason: &'static str) {
         for &b in backends {
-            self.unload_on(&self.pool.backends()[b], model, reason)
-                .await;
+            self.unload_on(b, model, reason).await;
             self.publish_usage(b);
         }
     }
@@ -467,6 +509,29 @@ impl Placement {
                 .get(model)
                 .is_some_and(|copy| versions.is_none_or(|v| !copy.versions.pinned.is_disjoint(v)))
         })
+    }
+
+    /// A request's backend said it has no such model (or none ready) before doing any work:
+    /// the books were wrong about that copy. It is taken off (reconciliation adopts it
+    /// again should the backend report it READY after all), so that placing the request
+    /// again finds another copy or loads one.
+    pub fn copy_gone(&self, lease: &Lease) {
+        let dropped = self
+            .books()
+            .copy_gone(lease.backend, &lease.model, Instant::now());
+        let backend = &lease.backend().name;
+        metrics::counter!(telemetry::PLACEMENT_STALE_COPIES, "backend" => backend.clone())
+            .increment(1);
+        tracing::warn!(
+            model = lease.model,
+            backend,
+            dropped,
+            "the backend does not have a copy the books had; placing the request again"
+        );
+        if dropped {
+            let _ = self.events.send(ModelEvent::Unloaded(lease.model.clone()));
+            self.publish_usage(lease.backend);
+        }
     }
 
     /// Unloads every copy of a model no route uses any more, if no request holds one (the
@@ -767,8 +832,7 @@ impl Placement {
             for model in pinned_here {
                 if self.add_copy(&model, true).await {
                     if self.books().remove_copy(index, &model, Instant::now()) {
-                        self.unload_on(&self.pool.backends()[index], &model, "drain")
-                            .await;
+                        self.unload_on(index, &model, "drain").await;
                     }
                 } else {
                     tracing::warn!(
@@ -831,14 +895,17 @@ impl Placement {
                     })
                     .collect();
                 models.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+                let mut unloading: Vec<_> = b.departing.keys().collect();
+                unloading.sort();
                 serde_json::json!({
                     "name": backend.name,
                     "ready": backend.is_ready(),
                     "draining": b.draining,
                     "capacity": b.usable,
                     "used": b.committed,
-                    "free": b.usable.saturating_sub(b.committed),
+                    "free": b.free(),
                     "models": models,
+                    "unloading": unloading,
                 })
             })
             .collect();

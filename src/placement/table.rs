@@ -120,6 +120,23 @@ pub struct Books {
     /// The copies eviction may take (ready, unused, not pinned), least recently used first:
     /// a miss reads victims off the front instead of sorting every copy.
     idle: BTreeSet<(Instant, Arc<str>)>,
+    /// Copies placement took off the books to unload, until the backend has unloaded them
+    /// (`Table::departed`): Triton answers an unload at once and keeps the model (and its
+    /// memory) for a second or more while it goes, so each is served no more, its bytes
+    /// still count against `usable`, it is not adopted back by reconciliation, and no new
+    /// copy of it is placed here meanwhile.
+    pub departing: HashMap<String, Departing>,
+    /// Sum of the departing copies' bytes.
+    departing_bytes: u64,
+}
+
+/// A copy on its way out of a backend (see `Books::departing`).
+#[derive(Debug)]
+pub struct Departing {
+    /// Bytes it is still counted for.
+    pub bytes: u64,
+    /// Told when it has gone, for requests that wait to load it here again.
+    done: watch::Sender<LoadOutcome>,
 }
 
 impl Books {
@@ -131,7 +148,25 @@ impl Books {
             changed: now,
             copies: HashMap::new(),
             idle: BTreeSet::new(),
+            departing: HashMap::new(),
+            departing_bytes: 0,
         }
+    }
+
+    /// Takes a copy off the books to be unloaded: it departs (see `departing`).
+    fn depart(&mut self, name: &str, now: Instant) -> Option<Copy> {
+        let copy = self.take(name)?;
+        self.committed -= copy.size;
+        self.departing_bytes += copy.size;
+        self.changed = now;
+        self.departing
+            .entry(name.to_string())
+            .and_modify(|d| d.bytes += copy.size)
+            .or_insert_with(|| Departing {
+                bytes: copy.size,
+                done: watch::channel(None).0,
+            });
+        Some(copy)
     }
 
     /// The copy's place in the eviction order, when eviction may take it.
@@ -174,8 +209,10 @@ impl Books {
         Some(result)
     }
 
-    fn free(&self) -> u64 {
-        self.usable.saturating_sub(self.committed)
+    /// What is left for new copies: departing copies still hold their bytes.
+    pub fn free(&self) -> u64 {
+        self.usable
+            .saturating_sub(self.committed + self.departing_bytes)
     }
 
     fn loading_bytes(&self) -> u64 {
@@ -336,12 +373,20 @@ impl Table {
         let placeable =
             |table: &Self, b: usize| view[b].ready && view[b].knows && !table.backends[b].draining;
         let candidates: Vec<usize> = (0..self.backends.len())
-            .filter(|&b| placeable(self, b) && !self.backends[b].copies.contains_key(&model.name))
+            .filter(|&b| placeable(self, b) && self.lacks(b, &model.name))
             .collect();
         if candidates.is_empty() {
             let holders: Vec<usize> = (0..self.backends.len())
                 .filter(|&b| placeable(self, b) && self.is_ready_copy(b, &model.name))
                 .collect();
+            if holders.is_empty()
+                && let Some(departing) = (0..self.backends.len())
+                    .filter(|&b| placeable(self, b))
+                    .find_map(|b| self.backends[b].departing.get(&model.name))
+            {
+                // Its only place is where it is being unloaded: load it there once it has gone.
+                return Decision::Wait(departing.done.subscribe());
+            }
             return match self.reload_on(
                 &holders,
                 &model.name,
@@ -413,6 +458,23 @@ impl Table {
         let mut plan = start_reload(books, backend, model, target, sizing, reason, now);
         plan.evict = evict;
         Ok(plan)
+    }
+
+    /// Whether a new copy of `model` may go on `backend`: it has none, and none departing.
+    fn lacks(&self, backend: usize, model: &str) -> bool {
+        let books = &self.backends[backend];
+        !books.copies.contains_key(model) && !books.departing.contains_key(model)
+    }
+
+    /// A departing copy has gone from the backend: its bytes are free, and requests waiting
+    /// to place the model there decide again. Reconciliation ignores index reads from before.
+    pub fn departed(&mut self, backend: usize, model: &str, now: Instant) {
+        let books = &mut self.backends[backend];
+        if let Some(departing) = books.departing.remove(model) {
+            books.departing_bytes -= departing.bytes;
+            books.changed = now;
+            let _ = departing.done.send(Some(Ok(())));
+        }
     }
 
     fn is_ready_copy(&self, backend: usize, model: &str) -> bool {
@@ -677,10 +739,7 @@ impl Table {
     ) -> Option<LoadPlan> {
         let lacking: Vec<usize> = (0..self.backends.len())
             .filter(|&b| {
-                view[b].ready
-                    && view[b].knows
-                    && !self.backends[b].draining
-                    && !self.backends[b].copies.contains_key(model)
+                view[b].ready && view[b].knows && !self.backends[b].draining && self.lacks(b, model)
             })
             .collect();
         let allowed = self.not_backing_off(model, &lacking, now);
@@ -742,10 +801,7 @@ impl Table {
                     break;
                 }
                 if removable {
-                    let books = &mut self.backends[b];
-                    let copy = books.take(&name).expect("present");
-                    books.committed -= copy.size;
-                    books.changed = now;
+                    self.backends[b].depart(&name, now).expect("present");
                     removed.push((b, name.clone()));
                     count -= 1;
                 }
@@ -850,9 +906,7 @@ impl Table {
             };
             if !to.latest && to.pinned.is_empty() {
                 // No request holds it: it served only leaving versions, and none holds one.
-                let copy = books.take(model).expect("present");
-                books.committed -= copy.size;
-                books.changed = now;
+                books.depart(model, now).expect("present");
                 narrowed.push(Narrowed::Unload(b));
                 continue;
             }
@@ -870,17 +924,34 @@ impl Table {
     pub fn remove_everywhere(&mut self, model: &str, now: Instant) -> Vec<usize> {
         let mut held = Vec::new();
         for (b, books) in self.backends.iter_mut().enumerate() {
-            if let Some(copy) = books.copies.get(model)
-                && matches!(copy.state, CopyState::Ready)
+            if books
+                .copies
+                .get(model)
+                .is_some_and(|copy| matches!(copy.state, CopyState::Ready))
             {
-                let size = copy.size;
-                books.take(model);
-                books.committed -= size;
-                books.changed = now;
+                books.depart(model, now);
                 held.push(b);
             }
         }
         held
+    }
+
+    /// Takes off the books a ready copy that the backend, asked to serve it, said it does not
+    /// have (unloaded behind the gateway's back, or lost): requests stop going there at once,
+    /// and reconciliation adopts it again should the backend still report it READY. Returns
+    /// whether there was one.
+    pub fn copy_gone(&mut self, backend: usize, model: &str, now: Instant) -> bool {
+        let books = &mut self.backends[backend];
+        let ready = books
+            .copies
+            .get(model)
+            .is_some_and(|c| matches!(c.state, CopyState::Ready));
+        if ready {
+            let copy = books.take(model).expect("present");
+            books.committed -= copy.size;
+            books.changed = now;
+        }
+        ready
     }
 
     /// Pinned models with a ready copy on a backend.
@@ -901,9 +972,7 @@ impl Table {
         let books = &mut self.backends[backend];
         match books.copies.get(model) {
             Some(copy) if matches!(copy.state, CopyState::Ready) => {
-                books.committed -= copy.size;
-                books.take(model);
-                books.changed = now;
+                books.depart(model, now);
                 true
             }
             _ => false,
@@ -953,6 +1022,10 @@ impl Table {
             return result;
         }
         for found in index_ready {
+            if books.departing.contains_key(&found.name) {
+                // Placement is unloading it: READY until Triton has let it go.
+                continue;
+            }
             let adopted = books.modify(&found.name, |copy| {
                 if matches!(copy.state, CopyState::Ready) {
                     copy.serving = found.serving.clone();
@@ -1051,7 +1124,6 @@ fn victims(books: &Books, size: u64, model: &str) -> Option<(Vec<String>, Instan
     (free >= size).then(|| (chosen, youngest.expect("at least one victim")))
 }
 
-/// Takes the chosen victims off a backend's books, for the unloads.
 /// Puts the ready copy of `model` on `backend` into `Reloading` towards `to` and books its
 /// new estimate: the one step every reload of a copy takes (a version more, a newer
 /// "latest", versions retired). The plan evicts nothing; the caller adds victims it took.
@@ -1097,12 +1169,12 @@ fn start_reload(
     }
 }
 
+/// Takes the chosen victims off a backend's books, for the unloads: they depart.
 fn take_victims(books: &mut Books, victims: Vec<String>, now: Instant) -> Vec<Evicted> {
     victims
         .into_iter()
         .filter_map(|name| {
-            let copy = books.take(&name)?;
-            books.committed -= copy.size;
+            let copy = books.depart(&name, now)?;
             Some(Evicted {
                 model: name,
                 idle: now.saturating_duration_since(copy.last_used),
@@ -1189,10 +1261,18 @@ mod tests {
             now,
         ) {
             Decision::Load(plan) => {
+                depart_victims(table, &plan, now);
                 table.finish_load(plan.backend, name, &Ok(()), now);
                 plan.backend
             }
             other => panic!("expected a load of {name}, got {other:?}"),
+        }
+    }
+
+    /// The victims' unloads are done, as the gateway's `run_load` sees them done.
+    fn depart_victims(table: &mut Table, plan: &LoadPlan, now: Instant) {
+        for victim in &plan.evict {
+            table.departed(plan.backend, &victim.model, now);
         }
     }
 
@@ -1202,6 +1282,10 @@ mod tests {
             assert_eq!(idle, books.idle, "the eviction order follows the copies");
             let sum: u64 = books.copies.values().map(|c| c.size).sum();
             assert_eq!(sum, books.committed);
+            let departing: u64 = books.departing.values().map(|d| d.bytes).sum();
+            assert_eq!(departing, books.departing_bytes);
+            // Departing copies may overlap the copies that replace them on the books: those
+            // load only once the victims have gone.
             assert!(
                 books.committed <= books.usable,
                 "{} > {}",
@@ -1366,6 +1450,48 @@ mod tests {
         let result = table.reconcile(0, false, &[], None, &|_| false, fresh);
         assert_eq!(result.dropped, ["adopted"]);
         assert_eq!(table.usage(0), (0, 0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_copy_departs_until_the_backend_has_let_it_go() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), start);
+        load(&mut table, "old", 60, start);
+        let later = start + Duration::from_secs(600);
+        let plan = plan_of(table.decide(&model("new"), &est(60), &view(1), false, true, later));
+        assert_eq!(plan.evict[0].model, "old");
+        // Not served, its bytes still held: nothing else fits meanwhile.
+        assert_eq!(table.backends[0].free(), 0);
+        assert!(matches!(
+            table.decide(&model("small"), &est(10), &view(1), false, true, later),
+            Decision::Refuse(GatewayError::NoRoom { .. })
+        ));
+        // A fresh index that still shows it READY does not bring it back.
+        let found = |name: &str| Indexed {
+            name: name.into(),
+            estimate: Estimate {
+                bytes: 60 * MIB,
+                source: SizeSource::Disk,
+            },
+            serving: BTreeSet::from([1]),
+        };
+        let fresh = later + Duration::from_millis(45);
+        let result = table.reconcile(0, true, &[found("old")], Some(fresh), &|_| false, fresh);
+        assert!(result.adopted.is_empty(), "{result:?}");
+        // Asked for again while it goes: the request waits, then it may load again there.
+        let mut waiting = match table.decide(&model("old"), &est(60), &view(1), false, true, fresh)
+        {
+            Decision::Wait(waiting) => waiting,
+            other => panic!("{other:?}"),
+        };
+        table.departed(0, "old", fresh);
+        assert!(waiting.borrow_and_update().is_some());
+        assert_eq!(table.backends[0].free(), 40 * MIB);
+        table.finish_load(0, "new", &Ok(()), fresh);
+        // An index read before it went is stale; one after it is believed.
+        let stale = table.reconcile(0, true, &[found("old")], Some(later), &|_| false, fresh);
+        assert!(stale.adopted.is_empty());
+        assert_within_capacity(&table);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1621,6 +1747,7 @@ mod tests {
                 ) {
                     Decision::Serve(b) => held.push((b, name)),
                     Decision::Load(plan) => {
+                        depart_victims(&mut table, &plan, now);
                         let ok = !(seed >> 45).is_multiple_of(7);
                         let outcome = if ok { Ok(()) } else { Err("boom".into()) };
                         table.finish_load(plan.backend, &name, &outcome, now);

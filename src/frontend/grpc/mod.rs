@@ -21,7 +21,7 @@ use crate::error::GatewayError;
 use crate::frontend::Served;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
-use crate::pipeline::{ModelRef, Routed, mirror};
+use crate::pipeline::{ModelRef, Routed, mirror, replay};
 use crate::placement::Lease;
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
@@ -238,7 +238,7 @@ impl InferenceService {
         lease: &Lease,
         metadata: MetadataMap,
         message: Req,
-        send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
+        send: &impl Fn(InferenceClient, Request<Req>) -> Fut,
     ) -> Result<Response<Res>, Failure>
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
@@ -250,25 +250,63 @@ impl InferenceService {
             .map_err(|error| call.deadline_passed(error.into()))
     }
 
+    /// Forwards to the leased copy; when the backend answers that it has no such model (the
+    /// copy went between placement and the answer), places the call again and sends it once
+    /// more (`pipeline::replay`). The message is kept for that as a clone: tensors in
+    /// `raw_input_contents` are shared, not copied.
+    async fn forward_placed<Req: Clone, Res, Fut>(
+        &self,
+        call: &Call,
+        routed: &mut Routed,
+        lease: &mut Lease,
+        metadata: MetadataMap,
+        message: Req,
+        send: impl Fn(InferenceClient, Request<Req>) -> Fut,
+    ) -> Result<Response<Res>, Failure>
+    where
+        Fut: Future<Output = Result<Response<Res>, Status>>,
+    {
+        let again = (metadata.clone(), message.clone());
+        match self.forward(call, lease, metadata, message, &send).await {
+            Err(Failure::Backend(status))
+                if matches!(
+                    status.code(),
+                    tonic::Code::NotFound | tonic::Code::Unavailable
+                ) && replay::copy_is_gone(status.message()) =>
+            {
+                *lease = routed.place_again(self.gateway.placement(), lease).await?;
+                call.served(Served {
+                    model: routed.target.name.clone(),
+                    version: routed.target.version.clone(),
+                    backend: lease.backend().name.clone(),
+                    route: routed.route.clone(),
+                });
+                self.forward(call, lease, again.0, again.1, &send).await
+            }
+            answer => answer,
+        }
+    }
+
     /// Admit, place, then forward: every per-model RPC. The admission (the tenant's
     /// concurrency slot) is held until the backend has answered.
-    async fn to_model<Req: NamesModel, Res, Fut>(
+    async fn to_model<Req: NamesModel + Clone, Res, Fut>(
         &self,
         call: &Call,
         mut metadata: MetadataMap,
         mut message: Req,
-        send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
+        send: impl Fn(InferenceClient, Request<Req>) -> Fut,
     ) -> Result<Response<Res>, Failure>
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
         let requested = message.model();
         let (caller, _admission) = self.admit_model(call, &mut metadata, &requested).await?;
-        let (lease, routed) = self
+        let (mut lease, mut routed) = self
             .place(call, requested, &metadata, &caller, false)
             .await?;
         message.retarget(&routed.target);
-        self.forward(call, &lease, metadata, message, send).await
+        self.forward_placed(call, &mut routed, &mut lease, metadata, message, send)
+            .await
     }
 }
 
@@ -401,11 +439,16 @@ impl GrpcInferenceService for InferenceService {
                         tracing::debug!(%error, "model is not ready");
                         Ok(Response::new(ModelReadyResponse { ready: false }))
                     }
-                    Ok((lease, routed)) => {
+                    Ok((mut lease, mut routed)) => {
                         message.retarget(&routed.target);
-                        self.forward(&call, &lease, metadata, message, |mut c, r| async move {
-                            c.model_ready(r).await
-                        })
+                        self.forward_placed(
+                            &call,
+                            &mut routed,
+                            &mut lease,
+                            metadata,
+                            message,
+                            |mut c, r| async move { c.model_ready(r).await },
+                        )
                         .await
                     }
                 }
@@ -441,7 +484,7 @@ impl GrpcInferenceService for InferenceService {
                 let requested = message.model();
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
-                let (lease, mut routed) = self
+                let (mut lease, mut routed) = self
                     .place(&call, requested, &metadata, &caller, true)
                     .await?;
                 message.retarget(&routed.target);
@@ -456,9 +499,14 @@ impl GrpcInferenceService for InferenceService {
                     if let Some(copy) = routed.mirror_copy() {
                         mirror::grpc(&self.gateway, copy, &message);
                     }
-                    self.forward(&call, &lease, metadata, message, |mut c, r| async move {
-                        c.model_infer(r).await
-                    })
+                    self.forward_placed(
+                        &call,
+                        &mut routed,
+                        &mut lease,
+                        metadata,
+                        message,
+                        |mut c, r| async move { c.model_infer(r).await },
+                    )
                     .await
                 }
                 .await;
