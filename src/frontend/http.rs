@@ -9,7 +9,8 @@ use crate::auth::{Access, Credentials};
 use crate::error::GatewayError;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index, ask_all, ready_backends};
-use crate::pipeline::{LeasedBody, ModelRef, Outcome, mirror, replay};
+use crate::pipeline::{LeasedBody, ModelRef, Outcome, mirror, replay, sequence};
+use crate::placement::SequenceRef;
 use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream;
 use axum::Router;
@@ -267,19 +268,34 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
     if routed.route.is_some() {
         *request.uri_mut() = target_uri(request.uri(), &routed.target);
     }
-    let mut lease = match routed.place(gateway.placement()).await {
+    let (request, sequence) = match read_sequence(gateway, &routed.target, request).await {
+        Ok(read) => read,
+        Err(error) => {
+            finish(routed.outcome, error.http_status());
+            return error.into_response();
+        }
+    };
+    let mut lease = match routed
+        .place_in(gateway.placement(), sequence.as_ref())
+        .await
+    {
         Ok(lease) => lease,
         Err(error) => return error.into_response(),
     };
     let forwarded = async {
-        let request = limit_body(gateway, request)?;
         let mut request =
             crate::validate::http_request(gateway, lease.backend(), &routed.target, request)
                 .await?;
         if let Some(copy) = copy {
             request = mirror::http(gateway, copy, request, target_uri).await?;
         }
-        forward_placed(gateway, &mut routed, &mut lease, request).await
+        forward_placed(
+            gateway,
+            (&mut routed, sequence.as_ref()),
+            &mut lease,
+            request,
+        )
+        .await
     }
     .await;
     finish(
@@ -316,7 +332,7 @@ async fn to_model(gateway: &Gateway, model: ModelRef, mut request: Request) -> R
 /// with the same body (`pipeline::replay`); `lease` is then the copy that answered.
 async fn forward_placed(
     gateway: &Gateway,
-    routed: &mut crate::pipeline::Routed,
+    (routed, sequence): (&mut crate::pipeline::Routed, Option<&SequenceRef>),
     lease: &mut crate::placement::Lease,
     request: Request,
 ) -> Result<Response, GatewayError> {
@@ -350,9 +366,58 @@ async fn forward_placed(
     let Some(body_again) = retry else {
         return Ok(Response::from_parts(parts, axum::body::Body::from(body)));
     };
-    *lease = routed.place_again(gateway.placement(), lease).await?;
+    *lease = routed
+        .place_again(gateway.placement(), lease, sequence)
+        .await?;
     let (again, ()) = again.into_parts();
     upstream::forward(lease.backend(), Request::from_parts(again, body_again)).await
+}
+
+/// Applies the body limit, and for an inference request to a model that may have sequence
+/// batching (`Placement::may_hold_sequences`) reads the sequence it belongs to, which
+/// placement needs: from the whole body for JSON, from the JSON header alone for the binary
+/// extension (its tensors keep streaming). The bytes read are handed on as the body, so
+/// validation reads them again without another copy. Validation on or off alike; a
+/// compressed body is not read (its sequence is not followed).
+async fn read_sequence(
+    gateway: &Gateway,
+    model: &ModelRef,
+    request: Request,
+) -> Result<(Request, Option<SequenceRef>), GatewayError> {
+    let request = limit_body(gateway, request)?;
+    if !is_infer(&request) || !gateway.placement().may_hold_sequences(&model.name) {
+        return Ok((request, None));
+    }
+    let headers = request.headers();
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|e| !e.is_empty() && e != "identity")
+    {
+        return Ok((request, None));
+    }
+    let header_length: Option<usize> = headers
+        .get(crate::validate::HEADER_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+    let declared: Option<u64> = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let limit = gateway.config().server.max_body_size.bytes();
+    let (parts, body) = request.into_parts();
+    let (body, sequence) = match header_length {
+        // Raw binary: the whole body is one tensor, no JSON.
+        Some(0) => (body, None),
+        Some(length) => {
+            let (head, rest) = crate::validate::read_head(body, length, limit).await?;
+            let sequence = sequence::from_json(&head[..length.min(head.len())]);
+            (crate::validate::stream_on(head, rest), sequence)
+        }
+        None => {
+            let whole = crate::validate::collect(body, limit, declared).await?;
+            let sequence = sequence::from_json(&whole);
+            (axum::body::Body::from(whole), sequence)
+        }
+    };
+    Ok((Request::from_parts(parts, body), sequence))
 }
 
 fn is_infer(request: &Request) -> bool {

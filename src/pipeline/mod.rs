@@ -9,6 +9,7 @@ mod place;
 pub mod replay;
 pub mod repository;
 mod route;
+pub mod sequence;
 
 pub use auth::Caller;
 pub use place::LeasedBody;

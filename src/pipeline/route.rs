@@ -5,6 +5,7 @@
 use super::{Caller, ModelRef};
 use crate::config::{self, StickyKey};
 use crate::error::GatewayError;
+use crate::placement::SequenceRef;
 use crate::routing::{Route, Target};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -52,7 +53,16 @@ impl Routed {
         &mut self,
         placement: &Arc<crate::placement::Placement>,
     ) -> Result<crate::placement::Lease, GatewayError> {
-        let placed = placement.acquire(&self.target).await;
+        self.place_in(placement, None).await
+    }
+
+    /// `place` for a request that may belong to a sequence (`Placement::acquire_in`).
+    pub async fn place_in(
+        &mut self,
+        placement: &Arc<crate::placement::Placement>,
+        sequence: Option<&SequenceRef>,
+    ) -> Result<crate::placement::Lease, GatewayError> {
+        let placed = placement.acquire_in(&self.target, sequence).await;
         match (&placed, &mut self.outcome) {
             (Ok(_), Some(outcome)) => outcome.started = Instant::now(),
             (Err(error), outcome @ Some(_)) => {
@@ -66,13 +76,16 @@ impl Routed {
 
     /// Places the request again after the backend of `gone` said it has no such model
     /// (`super::replay`): that copy comes off the books first, so another is found or loaded.
+    /// A later request of a sequence that ran there is refused then (`SequenceLost`): its
+    /// state went with the copy.
     pub async fn place_again(
         &mut self,
         placement: &Arc<crate::placement::Placement>,
         gone: &crate::placement::Lease,
+        sequence: Option<&SequenceRef>,
     ) -> Result<crate::placement::Lease, GatewayError> {
         placement.copy_gone(gone);
-        self.place(placement).await
+        self.place_in(placement, sequence).await
     }
 
     /// The mirror copy of this request, when its route drew mirrors for it: call it once

@@ -8,12 +8,14 @@
 mod estimate;
 mod load_queue;
 mod model_config;
+pub mod sequences;
 pub mod simulate;
 mod table;
 mod versions;
 
 pub use estimate::{Estimate, Estimator, SizeSource, Sizing};
 pub use load_queue::{LoadQueue, Priority};
+pub use sequences::{SequenceId, SequenceRef};
 pub use table::{BackendView, Decision, Indexed, LoadOutcome, LoadPlan, Narrowed, Policy, Table};
 pub use versions::Versions;
 
@@ -85,6 +87,11 @@ impl Lease {
     /// The backend to send to.
     pub fn backend(&self) -> &Arc<Backend> {
         self.in_flight.backend()
+    }
+
+    /// The backend's place in the pool, as `Placement::route_sequence` names backends.
+    pub fn backend_index(&self) -> usize {
+        self.backend
     }
 }
 
@@ -186,12 +193,51 @@ impl Placement {
 
     /// Finds (or makes) a ready copy of the model and leases it.
     pub async fn acquire(self: &Arc<Self>, model: &ModelRef) -> Result<Lease, GatewayError> {
-        self.acquire_with(model, true).await
+        self.acquire_with(model, None, true).await
+    }
+
+    /// `acquire` for a request that may belong to a sequence: a later request of a live
+    /// sequence gets the copy that saw it start (or `GatewayError::SequenceLost`), a start
+    /// binds its sequence to the copy it gets (`sequences`).
+    pub async fn acquire_in(
+        self: &Arc<Self>,
+        model: &ModelRef,
+        sequence: Option<&SequenceRef>,
+    ) -> Result<Lease, GatewayError> {
+        self.acquire_with(model, sequence, true).await
+    }
+
+    /// Whether requests for the model may belong to sequences: true for a model with
+    /// sequence batching, and for one whose config has not been read yet. Front-ends read a
+    /// request's sequence id only then, so other models' requests cost nothing more.
+    pub fn may_hold_sequences(&self, model: &str) -> bool {
+        self.books().is_sequence_model(model) != Some(false)
+    }
+
+    /// Where a later request of `sequence` must go, for a request sent down a stream
+    /// already open (see `Table::route_sequence`): `Some(backend)` while the sequence is
+    /// live on a copy that is there, `None` when it is not bound.
+    pub fn route_sequence(
+        &self,
+        model: &ModelRef,
+        sequence: &SequenceRef,
+    ) -> Result<Option<usize>, GatewayError> {
+        let view = self.view(&model.name);
+        self.books()
+            .route_sequence(model, sequence, &view, Instant::now())
+    }
+
+    /// Records a request of `sequence` sent to the copy of `model` on backend `b` outside
+    /// `acquire_in` (down a stream already open to it): see `Table::sequence_sent`.
+    pub fn sequence_sent(&self, b: usize, model: &str, sequence: &SequenceRef) {
+        self.books()
+            .sequence_sent(b, model, sequence, Instant::now());
     }
 
     async fn acquire_with(
         self: &Arc<Self>,
         model: &ModelRef,
+        sequence: Option<&SequenceRef>,
         allow_evict: bool,
     ) -> Result<Lease, GatewayError> {
         let mut attempts = 0;
@@ -199,7 +245,7 @@ impl Placement {
         loop {
             let view = self.view(&model.name);
             // The warm path: one lock, no estimate (the lock is not held while estimating).
-            let hit = self.books().hit(model, &view);
+            let hit = self.books().hit_for(model, sequence, &view, Instant::now());
             let decision = match hit {
                 Some(decision) => decision,
                 None => {
@@ -209,8 +255,14 @@ impl Placement {
                         self.estimator.unread()
                     };
                     let pinned = self.pinned.contains(&model.name);
-                    self.books()
-                        .decide(model, &sizing, &view, pinned, allow_evict, Instant::now())
+                    self.books().decide_for(
+                        model,
+                        sequence,
+                        &sizing,
+                        &view,
+                        (pinned, allow_evict),
+                        Instant::now(),
+                    )
                 }
             };
             let mut waiting = match decision {
@@ -290,7 +342,11 @@ impl Placement {
         let started = Instant::now();
         let outcome = self.measured_load(&plan, &backend).await;
         let serving = if outcome.is_ok() {
-            self.serving_after_load(&backend, &plan.model).await
+            let (serving, ()) = tokio::join!(
+                self.serving_after_load(&backend, &plan.model),
+                self.learn_sequencing(&backend, &plan.model)
+            );
+            serving
         } else {
             None
         };
@@ -325,6 +381,36 @@ impl Placement {
         }
         self.publish_usage(plan.backend);
         let _ = plan.done.send(Some(outcome));
+    }
+
+    /// Reads whether the model has sequence batching, and its idle timeout, from its config
+    /// on a backend that serves it: before any request is told of a load, so a sequence
+    /// model's first requests are already read for their sequence ids.
+    async fn learn_sequencing(&self, backend: &Backend, model: &str) {
+        let path = format!("/v2/models/{}/config", path_segment(model));
+        let answer = backend
+            .client
+            .call(
+                backend,
+                Method::GET,
+                &path,
+                Bytes::new(),
+                Duration::from_secs(2),
+            )
+            .await;
+        match answer {
+            Ok((StatusCode::OK, body)) => {
+                if let Some(idle) = sequences::sequencing_of(&body) {
+                    self.books().learn_sequencing(model, idle);
+                }
+            }
+            Ok((status, _)) => {
+                tracing::debug!(model, backend = %backend.name, %status, "model config not read")
+            }
+            Err(error) => {
+                tracing::debug!(model, backend = %backend.name, %error, "model config not read")
+            }
+        }
     }
 
     /// The versions the backend's index shows READY for the model, read again after a load
@@ -585,7 +671,7 @@ impl Placement {
         }
         for model in preload {
             match self
-                .acquire_with(&ModelRef::new(model.clone(), None), false)
+                .acquire_with(&ModelRef::new(model.clone(), None), None, false)
                 .await
             {
                 Ok(_) => tracing::info!(model, "preloaded"),
@@ -627,6 +713,8 @@ impl Placement {
     /// last round (free space only, up to `max_copies`), and unloads copies beyond a
     /// model's first (or its `min_copies`) that have been idle for `scale_down_idle`.
     async fn rebalance(self: &Arc<Self>, last: &mut HashMap<String, u64>) {
+        // Sequences idle past their timeout no longer hold their copies.
+        self.books().expire_sequences(Instant::now());
         let seconds = self.scaling.interval.as_secs_f64();
         let demand = self.books().demand();
         let mut hot = Vec::new();
@@ -716,6 +804,24 @@ impl Placement {
         );
         for model in &changed.adopted {
             tracing::info!(model, backend = %backend.name, "adopted a model the backend already had");
+        }
+        let unknown: Vec<String> = {
+            let books = self.books();
+            changed
+                .adopted
+                .iter()
+                .filter(|m| books.is_sequence_model(m).is_none())
+                .cloned()
+                .collect()
+        };
+        if !unknown.is_empty() {
+            let placement = self.clone();
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                for model in unknown {
+                    placement.learn_sequencing(&backend, &model).await;
+                }
+            });
         }
         for model in &changed.dropped {
             tracing::info!(model, backend = %backend.name, "model is gone from the backend");
@@ -890,6 +996,7 @@ impl Placement {
                             "latest": c.versions.latest,
                             "idle_seconds": now.saturating_duration_since(c.last_used).as_secs_f64(),
                             "in_flight": c.in_flight,
+                            "sequences": c.sequences,
                             "pinned": c.pinned,
                         })
                     })
@@ -922,7 +1029,12 @@ impl Placement {
                 })
             })
             .collect();
-        serde_json::json!({ "backends": backends, "failed_loads": failures })
+        let sequences: serde_json::Map<String, serde_json::Value> = books
+            .live_sequences(now)
+            .into_iter()
+            .map(|(model, live)| (model, live.into()))
+            .collect();
+        serde_json::json!({ "backends": backends, "failed_loads": failures, "live_sequences": sequences })
     }
 }
 

@@ -3,6 +3,7 @@
 //! these books, taken under one lock that is never held across an await.
 
 use super::estimate::{Estimate, SizeSource, Sizing};
+use super::sequences::{Affinity, Held, SequenceRef};
 use super::versions::Versions;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
@@ -40,6 +41,9 @@ pub struct BackendView {
 /// One copy of a model on one backend.
 #[derive(Debug)]
 pub struct Copy {
+    /// Tells this copy from any other, before or after it in the same place: a sequence is
+    /// bound to the copy that saw it start, not to whatever copy is there later.
+    pub id: u64,
     /// The model's name (shared with the eviction order).
     pub name: Arc<str>,
     /// Bytes it is counted for.
@@ -64,6 +68,15 @@ pub struct Copy {
     pub versions: Versions,
     /// The version numbers it serves: planned at the load, then as the backend's index says.
     pub serving: BTreeSet<u64>,
+    /// Live sequences bound to it (`sequences`): while any is, it is never evicted or
+    /// scaled down.
+    pub sequences: usize,
+}
+
+/// A new copy's id.
+fn next_copy_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Copy {
@@ -171,7 +184,8 @@ impl Books {
 
     /// The copy's place in the eviction order, when eviction may take it.
     fn idle_key(copy: &Copy) -> Option<(Instant, Arc<str>)> {
-        (matches!(copy.state, CopyState::Ready) && copy.in_flight == 0 && !copy.pinned)
+        let unused = copy.in_flight == 0 && copy.sequences == 0;
+        (matches!(copy.state, CopyState::Ready) && unused && !copy.pinned)
             .then(|| (copy.last_used, copy.name.clone()))
     }
 
@@ -294,6 +308,8 @@ pub struct Table {
     backends: Vec<Books>,
     failures: HashMap<(String, usize), Failure>,
     policy: Policy,
+    /// Live sequences and the copies they run on.
+    sequences: Affinity,
 }
 
 impl Table {
@@ -307,6 +323,7 @@ impl Table {
             backends,
             failures: HashMap::new(),
             policy,
+            sequences: Affinity::default(),
         }
     }
 
@@ -354,11 +371,24 @@ impl Table {
         allow_evict: bool,
         now: Instant,
     ) -> Decision {
+        self.decide_for(model, None, sizing, view, (pinned, allow_evict), now)
+    }
+
+    /// `decide` for a request of a sequence (`hit_for`).
+    pub fn decide_for(
+        &mut self,
+        model: &ModelRef,
+        sequence: Option<&SequenceRef>,
+        sizing: &Sizing,
+        view: &[BackendView],
+        (pinned, allow_evict): (bool, bool),
+        now: Instant,
+    ) -> Decision {
         let version = match requested_version(model, sizing) {
             Ok(version) => version,
             Err(error) => return Decision::Refuse(error),
         };
-        if let Some(decision) = self.hit(model, view) {
+        if let Some(decision) = self.hit_for(model, sequence, view, now) {
             return decision;
         }
         if !view.iter().any(|v| v.ready) {
@@ -503,9 +533,31 @@ impl Table {
     /// with this; asking it alone first lets a warm request skip what only a load needs (the
     /// size estimate).
     pub fn hit(&mut self, model: &ModelRef, view: &[BackendView]) -> Option<Decision> {
+        self.hit_for(model, None, view, Instant::now())
+    }
+
+    /// `hit` for a request that may belong to a sequence: a later request of a live
+    /// sequence is served by the copy that saw it start, or refused when that copy has gone
+    /// (`GatewayError::SequenceLost`); a sequence's start goes to the copy with the fewest
+    /// live sequences, then requests in flight, and binds the sequence there.
+    pub fn hit_for(
+        &mut self,
+        model: &ModelRef,
+        sequence: Option<&SequenceRef>,
+        view: &[BackendView],
+        now: Instant,
+    ) -> Option<Decision> {
         // A version that is no number is refused by `decide`.
         let version = model.version_number().ok()?;
-        let mut best: Option<(usize, usize)> = None;
+        if let Some(sequence) = sequence.filter(|s| !s.start) {
+            match self.route_sequence(model, sequence, view, now) {
+                Ok(Some(b)) => return Some(self.serve(b, model, version, Some(sequence), now)),
+                Ok(None) => {}
+                Err(lost) => return Some(Decision::Refuse(lost)),
+            }
+        }
+        let starting = sequence.is_some_and(|s| s.start);
+        let mut best: Option<(usize, (usize, usize))> = None;
         let mut loading = None;
         for (b, books) in self.backends.iter().enumerate() {
             let Some(copy) = books.copies.get(&model.name) else {
@@ -514,8 +566,9 @@ impl Table {
             if !view[b].ready {
                 continue;
             }
-            if copy.serves(version) && best.is_none_or(|(_, n)| copy.in_flight < n) {
-                best = Some((b, copy.in_flight));
+            let load = (if starting { copy.sequences } else { 0 }, copy.in_flight);
+            if copy.serves(version) && best.is_none_or(|(_, n)| load < n) {
+                best = Some((b, load));
             }
             match &copy.state {
                 CopyState::Loading(rx) => loading = Some(rx.clone()),
@@ -524,19 +577,120 @@ impl Table {
             }
         }
         if let Some((b, _)) = best {
-            self.backends[b].modify(&model.name, |copy| {
-                copy.in_flight += 1;
-                copy.served += 1;
-                if let Some(v) = version {
-                    match copy.in_flight_versions.iter_mut().find(|(w, _)| *w == v) {
-                        Some((_, n)) => *n += 1,
-                        None => copy.in_flight_versions.push((v, 1)),
-                    }
-                }
-            });
-            return Some(Decision::Serve(b));
+            return Some(self.serve(b, model, version, sequence, now));
         }
         loading.map(Decision::Wait)
+    }
+
+    /// Serves a request on the copy of `model` on backend `b` (which serves its version):
+    /// one more in flight, and the request's sequence recorded there.
+    fn serve(
+        &mut self,
+        b: usize,
+        model: &ModelRef,
+        version: Option<u64>,
+        sequence: Option<&SequenceRef>,
+        now: Instant,
+    ) -> Decision {
+        self.backends[b].modify(&model.name, |copy| {
+            copy.in_flight += 1;
+            copy.served += 1;
+            if let Some(v) = version {
+                match copy.in_flight_versions.iter_mut().find(|(w, _)| *w == v) {
+                    Some((_, n)) => *n += 1,
+                    None => copy.in_flight_versions.push((v, 1)),
+                }
+            }
+        });
+        if let Some(sequence) = sequence {
+            self.sequence_sent(b, &model.name, sequence, now);
+        }
+        Decision::Serve(b)
+    }
+
+    /// Where a request of a sequence that is not its start must go: `Some(backend)` while
+    /// the sequence is live on a copy that is still there, `None` when it is not bound
+    /// (never started through this gateway, ended, idle past its timeout: placed as any
+    /// request, and Triton judges it), an error when its copy has gone. An end request
+    /// for a lost sequence lets the sequence go.
+    pub fn route_sequence(
+        &mut self,
+        model: &ModelRef,
+        sequence: &SequenceRef,
+        view: &[BackendView],
+        now: Instant,
+    ) -> Result<Option<usize>, GatewayError> {
+        let Some((b, copy)) = self.sequences.bound(&model.name, &sequence.id, now) else {
+            return Ok(None);
+        };
+        let version = model.version_number().ok().flatten();
+        let alive = view.get(b).is_some_and(|v| v.ready)
+            && self.backends[b]
+                .copies
+                .get(&model.name)
+                .is_some_and(|c| c.id == copy && c.serves(version));
+        if alive {
+            return Ok(Some(b));
+        }
+        if sequence.end {
+            self.sequences.record(&model.name, sequence, (b, copy), now);
+        }
+        Err(GatewayError::SequenceLost {
+            model: model.name.clone(),
+            sequence: sequence.id.to_string(),
+        })
+    }
+
+    /// Records a request of `sequence` sent to the copy of `model` on backend `b` (by
+    /// `serve`, or down a stream already open to it): its start binds the sequence there,
+    /// its end lets it go, any request keeps it live for another idle timeout.
+    pub fn sequence_sent(&mut self, b: usize, model: &str, sequence: &SequenceRef, now: Instant) {
+        let Some(copy) = self.backends[b].copies.get(model).map(|c| c.id) else {
+            return;
+        };
+        let (held, released) = self.sequences.record(model, sequence, (b, copy), now);
+        if let Some(held) = held {
+            self.count_sequence(&held, true);
+        }
+        if let Some(released) = released {
+            self.count_sequence(&released, false);
+        }
+    }
+
+    /// Lets go of sequences idle past their model's timeout (Triton has let them go too):
+    /// their copies may be evicted again.
+    pub fn expire_sequences(&mut self, now: Instant) {
+        for released in self.sequences.expire(now) {
+            self.count_sequence(&released, false);
+        }
+    }
+
+    fn count_sequence(&mut self, held: &Held, more: bool) {
+        self.backends[held.backend].modify(&held.model, |copy| {
+            if copy.id == held.copy {
+                copy.sequences = if more {
+                    copy.sequences + 1
+                } else {
+                    copy.sequences.saturating_sub(1)
+                };
+            }
+        });
+    }
+
+    /// What placement knows of a model's sequencing (see `Affinity::is_sequence_model`).
+    pub fn is_sequence_model(&self, model: &str) -> Option<bool> {
+        self.sequences.is_sequence_model(model)
+    }
+
+    /// Records a model's sequencing from its config: its idle timeout, or `None` for a
+    /// model without sequence batching.
+    pub fn learn_sequencing(&mut self, model: &str, idle: Option<Duration>) {
+        self.sequences.learn(model, idle);
+    }
+
+    /// Live sequences per model, for the admin view.
+    pub fn live_sequences(&self, now: Instant) -> Vec<(String, usize)> {
+        self.sequences.live(now)
     }
 
     /// Picks the backend: room without eviction first (most free, then fewest in flight);
@@ -632,6 +786,8 @@ impl Table {
             served: 0,
             versions: versions.clone(),
             serving: serving.clone(),
+            id: next_copy_id(),
+            sequences: 0,
         });
         books.committed += estimate.bytes;
         books.changed = now;
@@ -783,6 +939,7 @@ impl Table {
             for (name, copy) in &books.copies {
                 if matches!(copy.state, CopyState::Ready) {
                     let removable = copy.in_flight == 0
+                        && copy.sequences == 0
                         && now.saturating_duration_since(copy.last_used) >= idle;
                     by_model
                         .entry(name.clone())
@@ -856,10 +1013,9 @@ impl Table {
     /// from, or `None` while it is busy.
     pub fn take_if_idle(&mut self, model: &str, now: Instant) -> Option<Vec<usize>> {
         let busy = self.backends.iter().any(|books| {
-            books
-                .copies
-                .get(model)
-                .is_some_and(|c| c.in_flight > 0 || !matches!(c.state, CopyState::Ready))
+            books.copies.get(model).is_some_and(|c| {
+                c.in_flight > 0 || c.sequences > 0 || !matches!(c.state, CopyState::Ready)
+            })
         });
         (!busy).then(|| self.remove_everywhere(model, now))
     }
@@ -1095,6 +1251,8 @@ fn adopt(found: &Indexed, pinned: bool, now: Instant) -> Copy {
         served: 0,
         versions: Versions::latest(),
         serving: found.serving.clone(),
+        id: next_copy_id(),
+        sequences: 0,
     }
 }
 
@@ -1491,6 +1649,108 @@ mod tests {
         // An index read before it went is stale; one after it is believed.
         let stale = table.reconcile(0, true, &[found("old")], Some(later), &|_| false, fresh);
         assert!(stale.adopted.is_empty());
+        assert_within_capacity(&table);
+    }
+
+    fn seq(id: u64, start: bool, end: bool) -> SequenceRef {
+        SequenceRef::new(super::super::sequences::SequenceId::Number(id), start, end).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sequence_stays_on_its_copy_which_is_never_evicted_or_scaled_down() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), start);
+        table.learn_sequencing("s", Some(Duration::from_secs(60)));
+        load(&mut table, "s", 60, start);
+        let plan = table
+            .plan_extra_copy("s", &est(60), &view(2), false, start)
+            .unwrap();
+        table.finish_load(plan.backend, "s", &Ok(()), start);
+        let serve = |table: &mut Table, s: &SequenceRef, now| match table.decide_for(
+            &model("s"),
+            Some(s),
+            &est(60),
+            &view(2),
+            (false, true),
+            now,
+        ) {
+            Decision::Serve(b) => {
+                table.release(b, "s", now);
+                b
+            }
+            other => panic!("{other:?}"),
+        };
+        // Two sequences start, one on each copy (fewest live sequences first); every later
+        // request of each goes where it started, whatever the load.
+        let a = serve(&mut table, &seq(1, true, false), start);
+        let b = serve(&mut table, &seq(2, true, false), start);
+        assert_ne!(a, b);
+        for _ in 0..3 {
+            assert_eq!(serve(&mut table, &seq(1, false, false), start), a);
+            assert_eq!(serve(&mut table, &seq(2, false, false), start), b);
+        }
+        // A copy with a live sequence is neither evicted nor scaled down.
+        let later = start + Duration::from_secs(50);
+        assert!(
+            table
+                .take_idle_extra_copies(Duration::ZERO, &|_| 1, later)
+                .is_empty()
+        );
+        assert!(matches!(
+            table.decide(&model("big"), &est(60), &view(2), false, true, later),
+            Decision::Refuse(GatewayError::NoRoom { .. })
+        ));
+        // Sequence 2 ends: its copy may go now, and sequence 1's may not.
+        assert_eq!(serve(&mut table, &seq(2, false, true), later), b);
+        let removed = table.take_idle_extra_copies(Duration::ZERO, &|_| 1, later);
+        assert_eq!(removed, [(b, "s".to_string())]);
+        // Idle past the model's timeout, sequence 1 lets go of its copy too.
+        let idle = later + Duration::from_secs(61);
+        table.expire_sequences(idle);
+        let evicting = plan_of(table.decide(&model("big"), &est(60), &view(2), false, true, idle));
+        assert_eq!(evicting.evict[0].model, "s");
+        assert_eq!(evicting.backend, a);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sequence_whose_copy_has_gone_is_refused_not_restarted() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), start);
+        table.learn_sequencing("s", Some(Duration::from_secs(60)));
+        let b = load(&mut table, "s", 10, start);
+        let decide = |table: &mut Table, s: &SequenceRef| {
+            table.decide_for(
+                &model("s"),
+                Some(s),
+                &est(10),
+                &view(2),
+                (false, true),
+                start,
+            )
+        };
+        assert!(matches!(decide(&mut table, &seq(5, true, false)), Decision::Serve(x) if x == b));
+        table.release(b, "s", start);
+        // The copy goes (lost with its backend, or unloaded); a copy loaded again in its
+        // place is another copy.
+        assert!(table.copy_gone(b, "s", start));
+        load(&mut table, "s", 10, start);
+        assert!(matches!(
+            decide(&mut table, &seq(5, false, false)),
+            Decision::Refuse(GatewayError::SequenceLost { .. })
+        ));
+        // Its end lets it go; a new start is served.
+        assert!(matches!(
+            decide(&mut table, &seq(5, false, true)),
+            Decision::Refuse(GatewayError::SequenceLost { .. })
+        ));
+        assert!(matches!(
+            decide(&mut table, &seq(5, false, false)),
+            Decision::Serve(_)
+        ));
+        assert!(matches!(
+            decide(&mut table, &seq(6, true, false)),
+            Decision::Serve(_)
+        ));
         assert_within_capacity(&table);
     }
 

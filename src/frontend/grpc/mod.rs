@@ -21,8 +21,8 @@ use crate::error::GatewayError;
 use crate::frontend::Served;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
-use crate::pipeline::{ModelRef, Routed, mirror, replay};
-use crate::placement::Lease;
+use crate::pipeline::{ModelRef, Routed, mirror, replay, sequence};
+use crate::placement::{Lease, SequenceRef};
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
 };
@@ -203,9 +203,9 @@ impl InferenceService {
         &self,
         call: &Call,
         requested: ModelRef,
-        metadata: &MetadataMap,
-        caller: &Caller,
+        (metadata, caller): (&MetadataMap, &Caller),
         inference: bool,
+        sequence: Option<&SequenceRef>,
     ) -> Result<(Lease, Routed), GatewayError> {
         let mut routed = self.gateway.live().routes.resolve(
             requested,
@@ -213,7 +213,7 @@ impl InferenceService {
             caller,
         )?;
         routed.for_inference(inference);
-        let lease = routed.place(self.gateway.placement()).await?;
+        let lease = routed.place_in(self.gateway.placement(), sequence).await?;
         call.served(Served {
             model: routed.target.name.clone(),
             version: routed.target.version.clone(),
@@ -257,7 +257,7 @@ impl InferenceService {
     async fn forward_placed<Req: Clone, Res, Fut>(
         &self,
         call: &Call,
-        routed: &mut Routed,
+        (routed, sequence): (&mut Routed, Option<&SequenceRef>),
         lease: &mut Lease,
         metadata: MetadataMap,
         message: Req,
@@ -274,7 +274,9 @@ impl InferenceService {
                     tonic::Code::NotFound | tonic::Code::Unavailable
                 ) && replay::copy_is_gone(status.message()) =>
             {
-                *lease = routed.place_again(self.gateway.placement(), lease).await?;
+                *lease = routed
+                    .place_again(self.gateway.placement(), lease, sequence)
+                    .await?;
                 call.served(Served {
                     model: routed.target.name.clone(),
                     version: routed.target.version.clone(),
@@ -302,11 +304,18 @@ impl InferenceService {
         let requested = message.model();
         let (caller, _admission) = self.admit_model(call, &mut metadata, &requested).await?;
         let (mut lease, mut routed) = self
-            .place(call, requested, &metadata, &caller, false)
+            .place(call, requested, (&metadata, &caller), false, None)
             .await?;
         message.retarget(&routed.target);
-        self.forward_placed(call, &mut routed, &mut lease, metadata, message, send)
-            .await
+        self.forward_placed(
+            call,
+            (&mut routed, None),
+            &mut lease,
+            metadata,
+            message,
+            send,
+        )
+        .await
     }
 }
 
@@ -431,7 +440,7 @@ impl GrpcInferenceService for InferenceService {
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
                 match self
-                    .place(&call, requested, &metadata, &caller, false)
+                    .place(&call, requested, (&metadata, &caller), false, None)
                     .await
                 {
                     // Triton answers an unknown or unloadable model with `ready: false`.
@@ -443,7 +452,7 @@ impl GrpcInferenceService for InferenceService {
                         message.retarget(&routed.target);
                         self.forward_placed(
                             &call,
-                            &mut routed,
+                            (&mut routed, None),
                             &mut lease,
                             metadata,
                             message,
@@ -484,8 +493,15 @@ impl GrpcInferenceService for InferenceService {
                 let requested = message.model();
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
+                let sequence = sequence::from_parameters(&message.parameters);
                 let (mut lease, mut routed) = self
-                    .place(&call, requested, &metadata, &caller, true)
+                    .place(
+                        &call,
+                        requested,
+                        (&metadata, &caller),
+                        true,
+                        sequence.as_ref(),
+                    )
                     .await?;
                 message.retarget(&routed.target);
                 let answer = async {
@@ -501,7 +517,7 @@ impl GrpcInferenceService for InferenceService {
                     }
                     self.forward_placed(
                         &call,
-                        &mut routed,
+                        (&mut routed, sequence.as_ref()),
                         &mut lease,
                         metadata,
                         message,
