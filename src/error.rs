@@ -110,6 +110,13 @@ pub enum GatewayError {
         reason: String,
         retry_after: Duration,
     },
+    /// A later request of a sequence whose copy has gone (unloaded, its backend down or
+    /// restarted): the sequence's state went with it, and the gateway does not restart it
+    /// elsewhere behind the client's back.
+    #[error(
+        "sequence {sequence} of model '{model}' was started on a copy that is gone (unloaded, or its backend went down): its state is lost; start the sequence again with sequence_start"
+    )]
+    SequenceLost { model: String, sequence: String },
     /// The model did not finish loading in time.
     #[error("model '{model}' did not load within {}s", .after.as_secs())]
     LoadTimeout { model: String, after: Duration },
@@ -182,7 +189,8 @@ impl GatewayError {
             | Self::LoadTimeout { .. }
             | Self::UpstreamUnreachable { .. }
             | Self::UpstreamTimeout { .. }
-            | Self::UpstreamFailed { .. } => ErrorSource::Upstream,
+            | Self::UpstreamFailed { .. }
+            | Self::SequenceLost { .. } => ErrorSource::Upstream,
             Self::ShuttingDown => ErrorSource::Gateway,
         }
     }
@@ -210,6 +218,7 @@ impl GatewayError {
             Self::Churn { .. } => "churn",
             Self::LoadFailed { .. } => "load_failed",
             Self::LoadTimeout { .. } => "load_timeout",
+            Self::SequenceLost { .. } => "sequence_lost",
             Self::ShuttingDown => "shutting_down",
             Self::Unauthenticated { .. } => "unauthenticated",
             Self::Forbidden { .. } => "forbidden",
@@ -251,6 +260,9 @@ impl GatewayError {
             Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            // gRPC's ABORTED in HTTP's words: retrying this request cannot work, the client
+            // must start over one level up (a new sequence).
+            Self::SequenceLost { .. } => StatusCode::CONFLICT,
         }
     }
 
@@ -299,6 +311,7 @@ impl GatewayError {
             Self::Unauthenticated { .. } => Code::Unauthenticated,
             Self::Forbidden { .. } => Code::PermissionDenied,
             Self::RateLimited { .. } => Code::ResourceExhausted,
+            Self::SequenceLost { .. } => Code::Aborted,
         }
     }
 
@@ -535,6 +548,15 @@ mod tests {
                 },
                 504,
                 DeadlineExceeded,
+                Upstream,
+            ),
+            (
+                GatewayError::SequenceLost {
+                    model: "m".into(),
+                    sequence: "7".into(),
+                },
+                409,
+                Aborted,
                 Upstream,
             ),
             (GatewayError::ShuttingDown, 503, Unavailable, Gateway),

@@ -36,6 +36,9 @@ pub const PLACEMENT_LOAD_DURATION: &str = "infergate_placement_load_duration_sec
 pub const PLACEMENT_EVICTIONS: &str = "infergate_placement_evictions_total";
 /// How long an evicted model had been idle.
 pub const PLACEMENT_EVICTED_IDLE: &str = "infergate_placement_evicted_idle_seconds";
+/// Copies the books held that their backend, asked to serve one, said it did not have, by
+/// backend: each such request was placed again and sent once more.
+pub const PLACEMENT_STALE_COPIES: &str = "infergate_placement_stale_copies_total";
 /// Requests refused because making room would evict a model in recent use.
 pub const PLACEMENT_CHURN_REFUSALS: &str = "infergate_placement_churn_refusals_total";
 /// Usable bytes per backend (capacity minus the memory buffer).
@@ -198,6 +201,10 @@ fn describe() {
         PLACEMENT_EVICTED_IDLE,
         Unit::Seconds,
         "Idle time of evicted models."
+    );
+    describe_counter!(
+        PLACEMENT_STALE_COPIES,
+        "Copies on the books their backend did not have, found by a request that was then placed again."
     );
     describe_counter!(
         PLACEMENT_CHURN_REFUSALS,

@@ -213,7 +213,7 @@ pub struct Upstream {
     pub pool_idle_timeout: HumanDuration,
     /// Idle connections kept per backend.
     pub pool_max_idle: usize,
-    /// How often each backend's `/v2/health/ready` and repository index are polled.
+    /// How often each backend's `/v2/health/live` and repository index are polled.
     pub health_interval: HumanDuration,
     /// Time allowed for one health check.
     pub health_timeout: HumanDuration,

@@ -10,7 +10,8 @@ use crate::error::GatewayError;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
 use crate::pipeline::statistics::{self, Statistics};
-use crate::pipeline::{Ask, LeasedBody, ModelRef, Outcome, mirror};
+use crate::pipeline::{Ask, LeasedBody, ModelRef, Outcome, mirror, replay, sequence};
+use crate::placement::SequenceRef;
 use crate::upstream;
 use axum::Router;
 use axum::extract::rejection::PathRejection;
@@ -282,19 +283,34 @@ async fn to_model(gateway: &Gateway, model: ModelRef, ask: Ask, mut request: Req
     if routed.route.is_some() {
         *request.uri_mut() = target_uri(request.uri(), &routed.target);
     }
-    let lease = match routed.place(gateway.placement(), ask).await {
+    let (request, sequence) = match read_sequence(gateway, &routed.target, ask, request).await {
+        Ok(read) => read,
+        Err(error) => {
+            finish(routed.outcome, error.http_status());
+            return error.into_response();
+        }
+    };
+    let mut lease = match routed
+        .place(gateway.placement(), ask, sequence.as_ref())
+        .await
+    {
         Ok(lease) => lease,
         Err(error) => return error.into_response(),
     };
-    let model = routed.target;
     let forwarded = async {
-        let request = limit_body(gateway, request)?;
         let mut request =
-            crate::validate::http_request(gateway, lease.backend(), &model, request).await?;
+            crate::validate::http_request(gateway, lease.backend(), &routed.target, request)
+                .await?;
         if let Some(copy) = copy {
             request = mirror::http(gateway, copy, request, target_uri).await?;
         }
-        upstream::forward(lease.backend(), request).await
+        forward_placed(
+            gateway,
+            (&mut routed, ask, sequence.as_ref()),
+            &mut lease,
+            request,
+        )
+        .await
     }
     .await;
     finish(
@@ -303,6 +319,7 @@ async fn to_model(gateway: &Gateway, model: ModelRef, ask: Ask, mut request: Req
             .as_ref()
             .map_or_else(GatewayError::http_status, |r| r.status()),
     );
+    let model = routed.target;
     let served = Served {
         model: model.name,
         version: model.version,
@@ -352,6 +369,100 @@ fn statistics_response(answer: Statistics) -> Response {
         ),
         Statistics::Refused { status, body } => json_response(status, body),
     }
+}
+
+/// Forwards to the leased copy. When the backend answers that it has no such model (the copy
+/// went between placement and the answer), the request is placed again and sent once more,
+/// with the same body (`pipeline::replay`); `lease` is then the copy that answered.
+async fn forward_placed(
+    gateway: &Gateway,
+    (routed, ask, sequence): (&mut crate::pipeline::Routed, Ask, Option<&SequenceRef>),
+    lease: &mut crate::placement::Lease,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    let (parts, body) = request.into_parts();
+    let (body, replay) = crate::body::replayable(body);
+    let mut again = http::Request::new(());
+    *again.method_mut() = parts.method.clone();
+    *again.uri_mut() = parts.uri.clone();
+    *again.version_mut() = parts.version;
+    *again.headers_mut() = parts.headers.clone();
+    let response = upstream::forward(lease.backend(), Request::from_parts(parts, body)).await?;
+    if !replay::may_be_gone(response.status()) {
+        return Ok(response);
+    }
+    let (parts, body) = response.into_parts();
+    // An error answer is small; past this it is not one of Triton's lookup refusals.
+    let body = match http_body_util::Limited::new(body, 64 << 10).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            return Err(GatewayError::UpstreamFailed {
+                backend: lease.backend().name.clone(),
+                reason: format!("reading the error answer: {error}"),
+            });
+        }
+    };
+    let gone = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("error")?.as_str().map(replay::copy_is_gone))
+        .unwrap_or(false);
+    let retry = if gone { replay.take() } else { None };
+    let Some(body_again) = retry else {
+        return Ok(Response::from_parts(parts, axum::body::Body::from(body)));
+    };
+    *lease = routed
+        .place_again(gateway.placement(), lease, ask, sequence)
+        .await?;
+    let (again, ()) = again.into_parts();
+    upstream::forward(lease.backend(), Request::from_parts(again, body_again)).await
+}
+
+/// Applies the body limit, and for an inference request to a model that may have sequence
+/// batching (`Placement::may_hold_sequences`) reads the sequence it belongs to, which
+/// placement needs: from the whole body for JSON, from the JSON header alone for the binary
+/// extension (its tensors keep streaming). The bytes read are handed on as the body, so
+/// validation reads them again without another copy. Validation on or off alike; a
+/// compressed body is not read (its sequence is not followed).
+async fn read_sequence(
+    gateway: &Gateway,
+    model: &ModelRef,
+    ask: Ask,
+    request: Request,
+) -> Result<(Request, Option<SequenceRef>), GatewayError> {
+    let request = limit_body(gateway, request)?;
+    if ask != Ask::Inference || !gateway.placement().may_hold_sequences(&model.name) {
+        return Ok((request, None));
+    }
+    let headers = request.headers();
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|e| !e.is_empty() && e != "identity")
+    {
+        return Ok((request, None));
+    }
+    let header_length: Option<usize> = headers
+        .get(crate::validate::HEADER_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+    let declared: Option<u64> = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let limit = gateway.config().server.max_body_size.bytes();
+    let (parts, body) = request.into_parts();
+    let (body, sequence) = match header_length {
+        // Raw binary: the whole body is one tensor, no JSON.
+        Some(0) => (body, None),
+        Some(length) => {
+            let (head, rest) = crate::validate::read_head(body, length, limit).await?;
+            let sequence = sequence::from_json(&head[..length.min(head.len())]);
+            (crate::validate::stream_on(head, rest), sequence)
+        }
+        None => {
+            let whole = crate::validate::collect(body, limit, declared).await?;
+            let sequence = sequence::from_json(&whole);
+            (axum::body::Body::from(whole), sequence)
+        }
+    };
+    Ok((Request::from_parts(parts, body), sequence))
 }
 
 /// Counts the answer for a guarded route: a 5xx is a failure of the target.

@@ -6,8 +6,10 @@
 pub mod auth;
 pub mod mirror;
 mod place;
+pub mod replay;
 pub mod repository;
 mod route;
+pub mod sequence;
 pub mod server_metadata;
 pub mod statistics;
 

@@ -161,7 +161,8 @@ pub struct TritonOptions {
     pub verbose: bool,
     /// Model repository; default [`model_repository()`].
     pub repository: Option<PathBuf>,
-    /// Extra tritonserver arguments, e.g. `--strict-readiness=false`.
+    /// Extra tritonserver arguments, e.g. `--log-verbose=2`. Tests keep Triton's defaults
+    /// otherwise: when a backend's real behaviour trips the gateway, the gateway is wrong.
     pub args: Vec<String>,
 }
 

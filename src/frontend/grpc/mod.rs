@@ -22,8 +22,8 @@ use crate::frontend::Served;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
 use crate::pipeline::statistics::{self, Statistics};
-use crate::pipeline::{Ask, ModelRef, Routed, mirror, server_metadata};
-use crate::placement::Lease;
+use crate::pipeline::{Ask, ModelRef, Routed, mirror, replay, sequence, server_metadata};
+use crate::placement::{Lease, SequenceRef};
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
 };
@@ -220,12 +220,14 @@ impl InferenceService {
         &self,
         call: &Call,
         requested: ModelRef,
-        metadata: &MetadataMap,
-        caller: &Caller,
+        (metadata, caller): (&MetadataMap, &Caller),
         ask: Ask,
+        sequence: Option<&SequenceRef>,
     ) -> Result<(Lease, Routed), GatewayError> {
         let mut routed = self.route(requested, metadata, caller, ask)?;
-        let lease = routed.place(self.gateway.placement(), ask).await?;
+        let lease = routed
+            .place(self.gateway.placement(), ask, sequence)
+            .await?;
         call.served(Served {
             model: routed.target.name.clone(),
             version: routed.target.version.clone(),
@@ -267,7 +269,7 @@ impl InferenceService {
         lease: &Lease,
         metadata: MetadataMap,
         message: Req,
-        send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
+        send: &impl Fn(InferenceClient, Request<Req>) -> Fut,
     ) -> Result<Response<Res>, Failure>
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
@@ -279,24 +281,73 @@ impl InferenceService {
             .map_err(|error| call.deadline_passed(error.into()))
     }
 
+    /// Forwards to the leased copy; when the backend answers that it has no such model (the
+    /// copy went between placement and the answer), places the call again and sends it once
+    /// more (`pipeline::replay`). The message is kept for that as a clone: tensors in
+    /// `raw_input_contents` are shared, not copied.
+    async fn forward_placed<Req: Clone, Res, Fut>(
+        &self,
+        call: &Call,
+        (routed, ask, sequence): (&mut Routed, Ask, Option<&SequenceRef>),
+        lease: &mut Lease,
+        metadata: MetadataMap,
+        message: Req,
+        send: impl Fn(InferenceClient, Request<Req>) -> Fut,
+    ) -> Result<Response<Res>, Failure>
+    where
+        Fut: Future<Output = Result<Response<Res>, Status>>,
+    {
+        let again = (metadata.clone(), message.clone());
+        match self.forward(call, lease, metadata, message, &send).await {
+            Err(Failure::Backend(status))
+                if matches!(
+                    status.code(),
+                    tonic::Code::NotFound | tonic::Code::Unavailable
+                ) && replay::copy_is_gone(status.message()) =>
+            {
+                *lease = routed
+                    .place_again(self.gateway.placement(), lease, ask, sequence)
+                    .await?;
+                call.served(Served {
+                    model: routed.target.name.clone(),
+                    version: routed.target.version.clone(),
+                    backend: lease.backend().name.clone(),
+                    route: routed.route.clone(),
+                });
+                self.forward(call, lease, again.0, again.1, &send).await
+            }
+            answer => answer,
+        }
+    }
+
     /// Admit, place, then forward: every per-model RPC. The admission (the tenant's
     /// concurrency slot) is held until the backend has answered.
-    async fn to_model<Req: NamesModel, Res, Fut>(
+    async fn to_model<Req: NamesModel + Clone, Res, Fut>(
         &self,
         call: &Call,
         mut metadata: MetadataMap,
         mut message: Req,
         ask: Ask,
-        send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
+        send: impl Fn(InferenceClient, Request<Req>) -> Fut,
     ) -> Result<Response<Res>, Failure>
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
         let requested = message.model()?;
         let (caller, _admission) = self.admit_model(call, &mut metadata, &requested).await?;
-        let (lease, routed) = self.place(call, requested, &metadata, &caller, ask).await?;
+        let (mut lease, mut routed) = self
+            .place(call, requested, (&metadata, &caller), ask, None)
+            .await?;
         message.retarget(&routed.target);
-        self.forward(call, &lease, metadata, message, send).await
+        self.forward_placed(
+            call,
+            (&mut routed, ask, None),
+            &mut lease,
+            metadata,
+            message,
+            send,
+        )
+        .await
     }
 }
 
@@ -419,7 +470,7 @@ impl GrpcInferenceService for InferenceService {
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
                 match self
-                    .place(&call, requested, &metadata, &caller, Ask::Ready)
+                    .place(&call, requested, (&metadata, &caller), Ask::Ready, None)
                     .await
                 {
                     // Triton answers an unknown or unloadable model with `ready: false`.
@@ -427,11 +478,16 @@ impl GrpcInferenceService for InferenceService {
                         tracing::debug!(%error, "model is not ready");
                         Ok(Response::new(ModelReadyResponse { ready: false }))
                     }
-                    Ok((lease, routed)) => {
+                    Ok((mut lease, mut routed)) => {
                         message.retarget(&routed.target);
-                        self.forward(&call, &lease, metadata, message, |mut c, r| async move {
-                            c.model_ready(r).await
-                        })
+                        self.forward_placed(
+                            &call,
+                            (&mut routed, Ask::Ready, None),
+                            &mut lease,
+                            metadata,
+                            message,
+                            |mut c, r| async move { c.model_ready(r).await },
+                        )
                         .await
                     }
                 }
@@ -469,8 +525,15 @@ impl GrpcInferenceService for InferenceService {
                 let requested = message.model()?;
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
-                let (lease, mut routed) = self
-                    .place(&call, requested, &metadata, &caller, Ask::Inference)
+                let sequence = sequence::from_parameters(&message.parameters);
+                let (mut lease, mut routed) = self
+                    .place(
+                        &call,
+                        requested,
+                        (&metadata, &caller),
+                        Ask::Inference,
+                        sequence.as_ref(),
+                    )
                     .await?;
                 message.retarget(&routed.target);
                 let answer = async {
@@ -484,9 +547,14 @@ impl GrpcInferenceService for InferenceService {
                     if let Some(copy) = routed.mirror_copy() {
                         mirror::grpc(&self.gateway, copy, &message);
                     }
-                    self.forward(&call, &lease, metadata, message, |mut c, r| async move {
-                        c.model_infer(r).await
-                    })
+                    self.forward_placed(
+                        &call,
+                        (&mut routed, Ask::Inference, sequence.as_ref()),
+                        &mut lease,
+                        metadata,
+                        message,
+                        |mut c, r| async move { c.model_infer(r).await },
+                    )
                     .await
                 }
                 .await;
