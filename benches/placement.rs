@@ -124,6 +124,9 @@ fn miss_evict(c: &mut Criterion) {
                 match table.decide(&model, &estimate().into(), &view, false, true, now) {
                     Decision::Load(plan) => {
                         debug_assert_eq!(plan.evict.len(), 1);
+                        for victim in &plan.evict {
+                            table.departed(plan.backend, &victim.model, now);
+                        }
                         table.finish_load(plan.backend, &model.name, &Ok(()), now);
                         black_box(plan.evict);
                     }

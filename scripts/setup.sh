@@ -22,7 +22,8 @@ flock 9
 
 # 0. Debian packages, installed only when missing (one `apt-get update` first, as a fresh
 #    image has no package lists): python3-venv to create the venv, curl for scripts/demo.sh,
-#    openssl for the auth tests' keys; libpython for the python backend stub (step 3).
+#    openssl for the auth tests' keys, prometheus (with promtool) and docker-compose for the
+#    deployment kit's tests (docker/); libpython for the python backend stub (step 3).
 apt_updated=""
 apt_install() { # package...
     command -v apt-get >/dev/null || die "missing: $* (install them; no apt-get here)"
@@ -43,6 +44,8 @@ apt_install() { # package...
 need=()
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
+{ command -v prometheus && command -v promtool; } >/dev/null || need+=(prometheus)
+command -v docker-compose >/dev/null || need+=(docker-compose)
 # Debian's python3 has no venv/ensurepip without python3-venv (only needed to create .venv).
 if [[ ! -x "$VENV/bin/python" ]] && [[ "$PYTHON" == python3 ]] \
     && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then

@@ -1,11 +1,17 @@
-//! Request bodies with a size limit that is enforced while they stream.
+//! Request bodies with a size limit that is enforced while they stream, and bodies that can
+//! be sent twice.
 //!
 //! A `Content-Length` over the limit is refused before anything is read; a chunked body is
 //! cut off the moment it passes the limit, and the error carries the limit so the client is
 //! told exactly what it was.
 
 use axum::body::Body;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 /// The error a limited body yields once it has passed its limit.
 #[derive(Debug, thiserror::Error)]
@@ -27,10 +33,145 @@ pub fn limited(body: Body, limit: u64) -> Body {
     }))
 }
 
+/// Streamed bodies up to this size are kept as they go, to be sent again (`replayable`).
+pub const REPLAY_LIMIT: usize = 1 << 20;
+
+/// Wraps a request body so that it can be sent once more after the backend refused it
+/// without reading it as a request (`pipeline::replay`). The chunks are kept as they pass,
+/// shared, never copied: a body already whole in memory (collected for validation) is kept
+/// at any size, since keeping it costs nothing; a streamed one up to `REPLAY_LIMIT`, so a
+/// large streamed tensor is never held for a second try.
+pub fn replayable(body: Body) -> (Body, Replay) {
+    let kept = Arc::new(Mutex::new(Kept {
+        whole_size: http_body::Body::size_hint(&body).exact(),
+        sent: http_body::Body::is_end_stream(&body),
+        ..Kept::default()
+    }));
+    let recording = Recording {
+        inner: body,
+        kept: kept.clone(),
+    };
+    (Body::new(recording), Replay(kept))
+}
+
+/// The other end of `replayable`: the body again, once it has been sent whole.
+#[derive(Debug)]
+pub struct Replay(Arc<Mutex<Kept>>);
+
+impl Replay {
+    /// The same bytes as a new body, when the first was sent to its end and kept.
+    pub fn take(&self) -> Option<Body> {
+        let mut kept = self.0.lock().expect("replay lock");
+        if !kept.sent || kept.dropped {
+            return None;
+        }
+        let chunks = std::mem::take(&mut kept.chunks);
+        kept.dropped = true;
+        Some(match <[Bytes; 1]>::try_from(chunks) {
+            Ok([one]) => Body::from(one),
+            Err(chunks) => Body::from_stream(futures_util::stream::iter(
+                chunks.into_iter().map(Ok::<_, std::convert::Infallible>),
+            )),
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    chunks: Vec<Bytes>,
+    bytes: usize,
+    /// The body's exact length when known up front (a body already in memory).
+    whole_size: Option<u64>,
+    /// The whole body went out.
+    sent: bool,
+    /// Too large to keep, or taken.
+    dropped: bool,
+}
+
+struct Recording {
+    inner: Body,
+    kept: Arc<Mutex<Kept>>,
+}
+
+impl http_body::Body for Recording {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let end = http_body::Body::is_end_stream(&self.inner);
+        let mut kept = self.kept.lock().expect("replay lock");
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let in_memory =
+                        kept.chunks.is_empty() && kept.whole_size == Some(data.len() as u64);
+                    if !kept.dropped && (in_memory || kept.bytes + data.len() <= REPLAY_LIMIT) {
+                        kept.bytes += data.len();
+                        kept.chunks.push(data.clone());
+                    } else {
+                        kept.dropped = true;
+                        kept.chunks = Vec::new();
+                    }
+                }
+                kept.sent |= end;
+            }
+            Poll::Ready(None) => kept.sent = true,
+            Poll::Ready(Some(Err(_))) | Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        http_body::Body::is_end_stream(&self.inner)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        http_body::Body::size_hint(&self.inner)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
+
+    #[tokio::test]
+    async fn a_body_sent_whole_can_be_sent_again_without_a_copy() {
+        let whole = Bytes::from(vec![7u8; 3 * REPLAY_LIMIT]);
+        let (body, replay) = replayable(Body::from(whole.clone()));
+        assert!(replay.take().is_none(), "not sent yet");
+        assert_eq!(body.collect().await.unwrap().to_bytes(), whole);
+        let again = replay.take().unwrap().collect().await.unwrap().to_bytes();
+        assert_eq!(again.as_ptr(), whole.as_ptr(), "the same bytes, shared");
+        assert!(replay.take().is_none(), "once");
+
+        let stream = |chunks: Vec<&'static [u8]>| {
+            Body::from_stream(futures_util::stream::iter(
+                chunks
+                    .into_iter()
+                    .map(|c| Ok::<_, std::io::Error>(Bytes::from_static(c))),
+            ))
+        };
+        let (body, replay) = replayable(stream(vec![b"ab", b"cd"]));
+        body.collect().await.unwrap();
+        let again = replay.take().unwrap().collect().await.unwrap().to_bytes();
+        assert_eq!(again, "abcd");
+
+        // A streamed body over the limit is not kept.
+        let big: &'static [u8] = Box::leak(vec![1u8; REPLAY_LIMIT].into_boxed_slice());
+        let (body, replay) = replayable(stream(vec![b"x", big]));
+        body.collect().await.unwrap();
+        assert!(replay.take().is_none());
+
+        let (_, replay) = replayable(Body::empty());
+        assert!(
+            replay.take().is_some(),
+            "an empty body is whole from the start"
+        );
+    }
 
     #[tokio::test]
     async fn cuts_off_past_the_limit() {

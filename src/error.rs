@@ -38,6 +38,9 @@ pub enum GatewayError {
     /// No backend knows the model.
     #[error("Request for unknown model: '{model}' is not found")]
     UnknownModel { model: String },
+    /// The model is known but has no such version (Triton's words for a version it lacks).
+    #[error("Request for unknown model: '{model}' version {version} is not found")]
+    UnknownVersion { model: String, version: u64 },
     /// Some backend knows the model but none has it ready.
     #[error("model '{model}'{} is not ready on any backend", version_suffix(.version))]
     ModelNotReady {
@@ -76,6 +79,9 @@ pub enum GatewayError {
     /// No such endpoint.
     #[error("not found: {path}")]
     NotFound { path: String },
+    /// The shared-memory extension's endpoints: a region is local to one host.
+    #[error("{}", crate::protocol::NO_SHARED_MEMORY)]
+    SharedMemoryUnsupported,
     /// The endpoint exists but not for this method.
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
@@ -104,6 +110,13 @@ pub enum GatewayError {
         reason: String,
         retry_after: Duration,
     },
+    /// A later request of a sequence whose copy has gone (unloaded, its backend down or
+    /// restarted): the sequence's state went with it, and the gateway does not restart it
+    /// elsewhere behind the client's back.
+    #[error(
+        "sequence {sequence} of model '{model}' was started on a copy that is gone (unloaded, or its backend went down): its state is lost; start the sequence again with sequence_start"
+    )]
+    SequenceLost { model: String, sequence: String },
     /// The model did not finish loading in time.
     #[error("model '{model}' did not load within {}s", .after.as_secs())]
     LoadTimeout { model: String, after: Duration },
@@ -157,10 +170,12 @@ impl GatewayError {
             Self::UnknownModel { .. }
             | Self::NotLoaded { .. }
             | Self::UnknownModelLoad { .. }
+            | Self::UnknownVersion { .. }
             | Self::BodyTooLarge { .. }
             | Self::BadRequest(_)
             | Self::InvalidInput { .. }
             | Self::NotFound { .. }
+            | Self::SharedMemoryUnsupported
             | Self::MethodNotAllowed { .. }
             | Self::Unauthenticated { .. }
             | Self::Forbidden { .. }
@@ -174,7 +189,8 @@ impl GatewayError {
             | Self::LoadTimeout { .. }
             | Self::UpstreamUnreachable { .. }
             | Self::UpstreamTimeout { .. }
-            | Self::UpstreamFailed { .. } => ErrorSource::Upstream,
+            | Self::UpstreamFailed { .. }
+            | Self::SequenceLost { .. } => ErrorSource::Upstream,
             Self::ShuttingDown => ErrorSource::Gateway,
         }
     }
@@ -183,6 +199,7 @@ impl GatewayError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::UnknownModel { .. } => "unknown_model",
+            Self::UnknownVersion { .. } => "unknown_version",
             Self::ModelNotReady { .. } => "model_not_ready",
             Self::NotLoaded { .. } => "model_not_loaded",
             Self::UnknownModelLoad { .. } => "unknown_model",
@@ -191,6 +208,7 @@ impl GatewayError {
             Self::BadRequest(_) => "bad_request",
             Self::InvalidInput { .. } => "invalid_input",
             Self::NotFound { .. } => "not_found",
+            Self::SharedMemoryUnsupported => "shared_memory",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
@@ -200,6 +218,7 @@ impl GatewayError {
             Self::Churn { .. } => "churn",
             Self::LoadFailed { .. } => "load_failed",
             Self::LoadTimeout { .. } => "load_timeout",
+            Self::SequenceLost { .. } => "sequence_lost",
             Self::ShuttingDown => "shutting_down",
             Self::Unauthenticated { .. } => "unauthenticated",
             Self::Forbidden { .. } => "forbidden",
@@ -211,8 +230,10 @@ impl GatewayError {
     pub fn http_status(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) | Self::InvalidInput { .. } => StatusCode::BAD_REQUEST,
-            // Triton answers an unknown model with 404 and this very message.
-            Self::UnknownModel { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            // Triton answers an unknown model or version with 404 and this very message.
+            Self::UnknownModel { .. } | Self::UnknownVersion { .. } | Self::NotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
             Self::NotLoaded { ask, version, .. } => match (ask, version) {
                 (crate::pipeline::Ask::Ready | crate::pipeline::Ask::Statistics, _) => {
                     StatusCode::BAD_REQUEST
@@ -222,6 +243,8 @@ impl GatewayError {
             },
             Self::UnknownModelLoad { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            // gRPC's UNIMPLEMENTED, in HTTP: no retry will make it work.
+            Self::SharedMemoryUnsupported => StatusCode::NOT_IMPLEMENTED,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotReady { .. }
             | Self::NoBackendReady
@@ -237,6 +260,9 @@ impl GatewayError {
             Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            // gRPC's ABORTED in HTTP's words: retrying this request cannot work, the client
+            // must start over one level up (a new sequence).
+            Self::SequenceLost { .. } => StatusCode::CONFLICT,
         }
     }
 
@@ -259,14 +285,16 @@ impl GatewayError {
         use tonic::Code;
         match self {
             Self::BadRequest(_) | Self::InvalidInput { .. } => Code::InvalidArgument,
-            Self::UnknownModel { .. } | Self::NotFound { .. } => Code::NotFound,
+            Self::UnknownModel { .. } | Self::UnknownVersion { .. } | Self::NotFound { .. } => {
+                Code::NotFound
+            }
             Self::NotLoaded { .. } => match self.http_status() {
                 StatusCode::BAD_REQUEST => Code::InvalidArgument,
                 StatusCode::NOT_FOUND => Code::NotFound,
                 _ => Code::Unavailable,
             },
             Self::UnknownModelLoad { .. } => Code::Internal,
-            Self::MethodNotAllowed { .. } => Code::Unimplemented,
+            Self::MethodNotAllowed { .. } | Self::SharedMemoryUnsupported => Code::Unimplemented,
             // What a gRPC server says of a message over its limit.
             Self::BodyTooLarge { .. } => Code::ResourceExhausted,
             // The pool's memory is spoken for: no retry soon will change that.
@@ -283,6 +311,7 @@ impl GatewayError {
             Self::Unauthenticated { .. } => Code::Unauthenticated,
             Self::Forbidden { .. } => Code::PermissionDenied,
             Self::RateLimited { .. } => Code::ResourceExhausted,
+            Self::SequenceLost { .. } => Code::Aborted,
         }
     }
 
@@ -389,6 +418,15 @@ mod tests {
                 Client,
             ),
             (
+                GatewayError::UnknownVersion {
+                    model: "m".into(),
+                    version: 9,
+                },
+                404,
+                NotFound,
+                Client,
+            ),
+            (
                 GatewayError::ModelNotReady {
                     model: "m".into(),
                     version: None,
@@ -429,6 +467,12 @@ mod tests {
                 GatewayError::NotFound { path: "/x".into() },
                 404,
                 NotFound,
+                Client,
+            ),
+            (
+                GatewayError::SharedMemoryUnsupported,
+                501,
+                Unimplemented,
                 Client,
             ),
             (
@@ -504,6 +548,15 @@ mod tests {
                 },
                 504,
                 DeadlineExceeded,
+                Upstream,
+            ),
+            (
+                GatewayError::SequenceLost {
+                    model: "m".into(),
+                    sequence: "7".into(),
+                },
+                409,
+                Aborted,
                 Upstream,
             ),
             (GatewayError::ShuttingDown, 503, Unavailable, Gateway),

@@ -16,6 +16,7 @@ pub mod reload;
 pub mod routing;
 pub mod telemetry;
 pub mod tls;
+pub mod trace;
 pub mod upstream;
 pub mod validate;
 
@@ -51,6 +52,8 @@ struct Inner {
     draining: AtomicBool,
     /// The listeners' certificates (and client CAs), when `[listen.tls]` is set.
     tls: Option<Arc<tls::ServerTls>>,
+    /// What the backends say about themselves, for server metadata.
+    server_identity: pipeline::server_metadata::IdentityCache,
 }
 
 impl Gateway {
@@ -85,6 +88,7 @@ impl Gateway {
                 metrics,
                 draining: AtomicBool::new(false),
                 tls,
+                server_identity: Default::default(),
             }),
         })
     }
@@ -92,6 +96,11 @@ impl Gateway {
     /// The running config.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The backends' identity last read, for server metadata.
+    pub fn server_identity(&self) -> &pipeline::server_metadata::IdentityCache {
+        &self.inner.server_identity
     }
 
     /// The backend pool.
@@ -239,6 +248,9 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let tasks = TaskTracker::new();
+    if let Some(endpoint) = &gateway.config().telemetry.otlp_endpoint {
+        trace::start_export(endpoint).map_err(anyhow::Error::msg)?;
+    }
     let upstream_config = &gateway.config().upstream;
     let placement = gateway.placement().clone();
     let health = upstream::HealthChecks {
@@ -331,6 +343,7 @@ pub async fn serve(
         tracing::warn!("drain timeout reached with requests still in flight; exiting anyway");
     }
     tasks.wait().await;
+    let _ = tokio::task::spawn_blocking(trace::flush).await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -36,6 +36,9 @@ pub const PLACEMENT_LOAD_DURATION: &str = "infergate_placement_load_duration_sec
 pub const PLACEMENT_EVICTIONS: &str = "infergate_placement_evictions_total";
 /// How long an evicted model had been idle.
 pub const PLACEMENT_EVICTED_IDLE: &str = "infergate_placement_evicted_idle_seconds";
+/// Copies the books held that their backend, asked to serve one, said it did not have, by
+/// backend: each such request was placed again and sent once more.
+pub const PLACEMENT_STALE_COPIES: &str = "infergate_placement_stale_copies_total";
 /// Requests refused because making room would evict a model in recent use.
 pub const PLACEMENT_CHURN_REFUSALS: &str = "infergate_placement_churn_refusals_total";
 /// Usable bytes per backend (capacity minus the memory buffer).
@@ -46,8 +49,9 @@ pub const PLACEMENT_USED: &str = "infergate_placement_used_bytes";
 pub const PLACEMENT_LOADING: &str = "infergate_placement_loading_bytes";
 /// Model copies on the books, per backend.
 pub const PLACEMENT_MODELS: &str = "infergate_placement_models";
-/// Idle time of the least recently used loaded model: low means the pool is short of memory
-/// (scale Triton replicas on it).
+/// Per backend, idle time of the least recently used copy eviction could take (pinned copies
+/// left out; 0 with none): low means models leave soon after use, the backend is short of
+/// memory (scale Triton replicas on it).
 pub const PLACEMENT_LRU_AGE: &str = "infergate_placement_lru_age_seconds";
 
 /// Canaries switched off by a route guard, by route, target and reason (automatic rollback).
@@ -199,6 +203,10 @@ fn describe() {
         "Idle time of evicted models."
     );
     describe_counter!(
+        PLACEMENT_STALE_COPIES,
+        "Copies on the books their backend did not have, found by a request that was then placed again."
+    );
+    describe_counter!(
         PLACEMENT_CHURN_REFUSALS,
         "Requests refused to avoid evicting recently used models."
     );
@@ -213,7 +221,7 @@ fn describe() {
     describe_gauge!(
         PLACEMENT_LRU_AGE,
         Unit::Seconds,
-        "Idle time of the least recently used loaded model."
+        "Per backend, idle time of the least recently used evictable model (pinned ones left out; 0 with none)."
     );
 }
 

@@ -770,7 +770,7 @@ async fn load_step(url: &str, model: &str) -> infergate_load::stats::StepSummary
         "--warmup",
         "100ms",
         "--duration",
-        "400ms",
+        "2s",
         "--windows",
         "1",
         "--timeout",

@@ -191,7 +191,7 @@ async fn serves_every_metadata_health_and_repository_endpoint() {
 
     let (status, body) = get("/v2").await;
     assert_eq!(status, 200);
-    assert_eq!(body["name"], "infergate");
+    assert_eq!(body["name"], "triton", "the backends' own name");
     assert!(
         body["extensions"]
             .as_array()

@@ -17,8 +17,6 @@ use support::{Triton, TritonOptions, copy_dir, model_repository};
 async fn empty_triton(verbose: bool) -> Triton {
     Triton::start(TritonOptions {
         verbose,
-        // A failed load must not make Triton unready for the tests that follow it.
-        args: vec!["--strict-readiness=false".into()],
         ..Default::default()
     })
     .await
@@ -373,6 +371,179 @@ async fn a_dead_backends_models_reload_on_the_other() {
     assert!(gateway.placed().await[holder].is_empty());
 }
 
+/// Where a copy of `model` is on the books: (backend index, state) for each.
+async fn copies_of(gateway: &TestGateway, model: &str) -> Vec<(usize, String)> {
+    gateway.placement().await["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .flat_map(|(b, backend)| {
+            backend["models"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["name"] == model)
+                .map(move |m| (b, m["state"].as_str().unwrap().to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Triton with its default flags answers `/v2/health/ready` with 400 while any model loads,
+/// and a busy Triton may answer nothing for seconds while it loads (on this project's 2-core
+/// machines index reads took 1–3.5 s during the churn test's loads). Neither is a backend
+/// that is down: the gateway's own load must not cost the backend its place in the pool,
+/// or the next request for the loading model would load a second copy elsewhere. The
+/// stall is made certain by pausing the loading Triton for three health timeouts.
+#[tokio::test]
+async fn a_load_in_progress_never_costs_a_backend_its_place() {
+    let (t0, t1) = tokio::join!(empty_triton(true), empty_triton(true));
+    let config = pool_config("busy", &[&t0, &t1], "1GiB", "scale_up_rps = 0.0", "")
+        .replace("health_timeout = \"3s\"", "health_timeout = \"300ms\"");
+    let gateway = std::sync::Arc::new(TestGateway::start(&config).await);
+    let first = tokio::spawn({
+        let gateway = gateway.clone();
+        async move { infer(&gateway, "sized_b").await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let loading = loop {
+        if let [(b, state)] = &copies_of(&gateway, "sized_b").await[..]
+            && state == "loading"
+        {
+            break *b;
+        }
+        assert!(Instant::now() < deadline, "sized_b never started loading");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let tritons = [&t0, &t1];
+    // Loading, with Triton's default flags: not ready, as Triton says, but live.
+    let ready = reqwest::get(format!("{}/v2/health/ready", tritons[loading].http_url()))
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(ready, 400, "Triton's strict readiness while a model loads");
+    tritons[loading].pause();
+    let stalled = Instant::now();
+    let mut seen_unready = Vec::new();
+    while stalled.elapsed() < Duration::from_millis(900) {
+        for backend in gateway.admin_backends().await {
+            if backend["ready"] == false {
+                seen_unready.push(backend["name"].to_string());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A request for the model arrives meanwhile: it waits for the load under way.
+    let second = tokio::spawn({
+        let gateway = gateway.clone();
+        async move { infer(&gateway, "sized_b").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tritons[loading].resume();
+    for request in [first, second] {
+        let (status, body) = request.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    assert!(
+        seen_unready.is_empty(),
+        "a backend was taken out while loading: {seen_unready:?}"
+    );
+    assert_eq!(
+        copies_of(&gateway, "sized_b").await,
+        [(loading, "ready".to_string())],
+        "one copy, where it was loading"
+    );
+    assert_books_match(&gateway, &tritons).await;
+    assert_eq!(triton_load_calls(tritons[loading], "sized_b"), 1);
+    assert_eq!(
+        triton_load_calls(tritons[1 - loading], "sized_b"),
+        0,
+        "no second copy was loaded elsewhere"
+    );
+}
+
+/// The sum of a counter of the gateway's over every series whose line contains `filter`.
+async fn counter(gateway: &TestGateway, name: &str, filter: &str) -> f64 {
+    gateway
+        .metrics_text("/metrics")
+        .await
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(filter))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// The last line of defence: a copy unloaded behind the gateway's back (here straight on
+/// Triton, before reconciliation could notice) is refused by Triton with 404 "has no
+/// available versions" before any work. The gateway drops that copy, places the request
+/// again (loading the model anew) and sends it once more, body and all, over HTTP and gRPC.
+#[tokio::test]
+async fn a_request_for_a_copy_that_is_gone_is_placed_again() {
+    let t0 = empty_triton(false).await;
+    // Reconciliation stays out of it: only the request finds out.
+    let gateway = TestGateway::start(&pool_config(
+        "gone",
+        &[&t0],
+        "1GiB",
+        "reconcile_interval = \"1h\"",
+        "",
+    ))
+    .await;
+    let request = json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4],
+        "data": [5, 6, 7, 8]}]});
+    let http = |model: &'static str| {
+        let url = format!("{}/v2/models/{model}/infer", gateway.url());
+        let request = request.clone();
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .json(&request)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    assert_eq!(http("sized_a").await.0, 200);
+    t0.unload_model("sized_a").await.unwrap();
+    let (status, body) = http("sized_a").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outputs"][0]["data"], json!([5.0, 6.0, 7.0, 8.0]));
+    assert_eq!(
+        counter(&gateway, "infergate_placement_stale_copies_total", "gone-0").await,
+        1.0
+    );
+    assert_eq!(loads(&gateway, "new", "success", "gone-").await, 2.0);
+
+    use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    let mut grpc = GrpcInferenceServiceClient::connect(gateway.grpc_url())
+        .await
+        .unwrap();
+    let message = support::grpc::fp32_infer("sized_b", &[("INPUT0", [1.0, 2.0, 3.0, 4.0])]);
+    grpc.model_infer(message.clone()).await.unwrap();
+    t0.unload_model("sized_b").await.unwrap();
+    let answer = grpc
+        .model_infer(message)
+        .await
+        .expect("placed again")
+        .into_inner();
+    assert_eq!(
+        answer.raw_output_contents[0],
+        message_bytes([1.0, 2.0, 3.0, 4.0])
+    );
+    assert_eq!(
+        counter(&gateway, "infergate_placement_stale_copies_total", "gone-0").await,
+        2.0
+    );
+    assert_books_match(&gateway, &[&t0]).await;
+}
+
+fn message_bytes(values: [f32; 4]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
 /// A metrics endpoint standing in for a GPU Triton's: memory used rises by 3 GiB for every
 /// model the real (CPU) Triton has loaded, as a GPU would show a model's weights.
 async fn gpu_memory_stub(triton_http: String) -> std::net::SocketAddr {
@@ -699,9 +870,10 @@ async fn each_version_asked_for_is_loaded_where_the_model_is_not() {
         let (status, body) = infer_path(&gateway, &format!("versioned/versions/{version}")).await;
         assert_eq!((status, answered_by(&body).0), (200, version.to_string()));
     }
-    // A version the repository does not have is refused without a load.
+    // A version the repository does not have is refused without a load, as Triton refuses
+    // a version it does not have.
     let (status, body) = infer_path(&gateway, "versioned/versions/9").await;
-    assert_eq!(status, 503, "{body}");
+    assert_eq!(status, 404, "{body}");
     assert_eq!(loads(&gateway, "new", "success", "versions2-").await, 2.0);
     assert_eq!(loads(&gateway, "new", "failure", "versions2-").await, 0.0);
 }
@@ -842,4 +1014,543 @@ async fn a_newer_version_on_disk_replaces_latest_without_a_failed_request() {
         gateway.placement().await["backends"][0]["models"][0]["latest"],
         true
     );
+}
+
+/// A repository of `count` identity models `fat_0`, `fat_1`, ... of 1 MiB each on disk
+/// (sized_a's model under other names), for churn: with `size_multiplier = 1.0` and
+/// `mem_buffer = "0"` a backend of `2.5MiB` holds two of them.
+fn fat_repository(count: usize) -> tempfile::TempDir {
+    let repository = tempfile::Builder::new()
+        .prefix("infergate-fat-")
+        .tempdir()
+        .unwrap();
+    let source = model_repository().join("sized_a");
+    let config = std::fs::read_to_string(source.join("config.pbtxt")).unwrap();
+    for i in 0..count {
+        let dir = repository.path().join(format!("fat_{i}"));
+        std::fs::create_dir_all(dir.join("1")).unwrap();
+        std::fs::write(
+            dir.join("config.pbtxt"),
+            config.replace("\"sized_a\"", &format!("\"fat_{i}\"")),
+        )
+        .unwrap();
+        std::fs::copy(source.join("1/model.py"), dir.join("1/model.py")).unwrap();
+        std::fs::write(dir.join("1/weights.bin"), vec![0u8; 1 << 20]).unwrap();
+    }
+    repository
+}
+
+/// The most models each Triton held at once, from its index sampled every 20 ms: READY,
+/// LOADING and UNLOADING all hold memory (Triton answers an unload at once and takes a
+/// second or more to let the model go).
+struct Occupancy {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<(usize, Vec<String>)>>,
+}
+
+impl Occupancy {
+    fn watch(tritons: &[&Triton]) -> Self {
+        let urls: Vec<String> = tritons.iter().map(|t| t.http_url()).collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let client = reqwest::Client::new();
+                let mut peak: Vec<(usize, Vec<String>)> = vec![(0, Vec::new()); urls.len()];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (url, peak) in urls.iter().zip(&mut peak) {
+                        let Ok(response) = client
+                            .post(format!("{url}/v2/repository/index"))
+                            .json(&json!({}))
+                            .send()
+                            .await
+                        else {
+                            continue;
+                        };
+                        let rows: Value = response.json().await.unwrap_or(Value::Null);
+                        let held: Vec<String> = rows
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter(|r| {
+                                matches!(
+                                    r["state"].as_str(),
+                                    Some("READY" | "LOADING" | "UNLOADING")
+                                )
+                            })
+                            .map(|r| format!("{} {}", r["name"], r["state"]))
+                            .collect();
+                        if held.len() > peak.0 {
+                            *peak = (held.len(), held);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                peak
+            }
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> Vec<(usize, Vec<String>)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// Eviction churn, as issue 13 measured it: 4 clients over 8 models on 2 backends that hold
+/// 2 each, so most model switches evict, and reconciliation reads each index every 100 ms
+/// while evictions and loads are under way. Every answer is right (200 with the input back)
+/// or a 503 with Retry-After; no request reaches a copy that is gone (Triton's 404 "has no
+/// available versions"); Triton never holds more models than its capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_churn_answers_every_request_within_capacity() {
+    const MODELS: usize = 8;
+    const CLIENTS: usize = 4;
+    const REQUESTS: usize = 5000;
+    let repository = fat_repository(MODELS);
+    let options = || TritonOptions {
+        repository: Some(repository.path().to_path_buf()),
+        ..Default::default()
+    };
+    let (t0, t1) = tokio::join!(Triton::start(options()), Triton::start(options()));
+    let (t0, t1) = (t0.expect("triton starts"), t1.expect("triton starts"));
+    let gateway = TestGateway::start(&pool_config_in(
+        repository.path(),
+        "churn",
+        &[&t0, &t1],
+        "2.5MiB",
+        "mem_buffer = \"0\"\nsize_multiplier = 1.0\nmin_churn_age = \"0s\"\nscale_up_rps = 0.0\n\
+         reconcile_interval = \"100ms\"",
+        "",
+    ))
+    .await;
+    let occupancy = Occupancy::watch(&[&t0, &t1]);
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let clients = (0..CLIENTS).map(|c| {
+        let url = gateway.url();
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (c as u64 + 1);
+            let mut odd = Vec::new();
+            let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+            while sent.load(std::sync::atomic::Ordering::Relaxed) < REQUESTS {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let model = format!("fat_{}", (seed >> 33) as usize % MODELS);
+                // A burst on one model, as a client working through a batch does.
+                for i in 0..40 {
+                    let n = sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as f32;
+                    let data = [n, n + 1.0, i as f32, c as f32];
+                    let response = client
+                        .post(format!("{url}/v2/models/{model}/infer"))
+                        .json(&json!({"inputs": [{"name": "INPUT0", "datatype": "FP32",
+                            "shape": [4], "data": data}]}))
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = response.status().as_u16();
+                    let retry_after = response.headers().contains_key("retry-after");
+                    let body: Value = response.json().await.unwrap_or(Value::Null);
+                    *statuses.entry(status).or_default() += 1;
+                    match status {
+                        200 if body["outputs"][0]["data"] == json!(data) => {}
+                        503 if retry_after => {}
+                        _ => odd.push((model.clone(), status, body)),
+                    }
+                }
+            }
+            (statuses, odd)
+        })
+    });
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let mut odd = Vec::new();
+    for client in futures_util::future::join_all(clients).await {
+        let (counts, answers) = client.unwrap();
+        for (status, n) in counts {
+            *statuses.entry(status).or_default() += n;
+        }
+        odd.extend(answers);
+    }
+    let peak = occupancy.stop().await;
+    let total: usize = statuses.values().sum();
+    let loads = loads(&gateway, "new", "success", "churn-").await;
+    eprintln!(
+        "churn: {total} requests in {:.1}s: {statuses:?}, {loads} loads, most held at once {:?}",
+        started.elapsed().as_secs_f64(),
+        peak.iter().map(|p| p.0).collect::<Vec<_>>()
+    );
+    assert!(total >= REQUESTS);
+    assert!(
+        odd.is_empty(),
+        "{} wrong answers, first: {:?}",
+        odd.len(),
+        &odd[..odd.len().min(5)]
+    );
+    for (held, rows) in &peak {
+        assert!(*held <= 2, "a Triton held {held} models at once: {rows:?}");
+    }
+    assert!(
+        loads >= 20.0,
+        "too little churn to prove anything: {loads} loads"
+    );
+    assert_books_match(&gateway, &[&t0, &t1]).await;
+}
+
+/// `infergate-load --sequence-length 40 -c 8 --check` for `seconds` against `sequence_sum`
+/// (as `perf_analyzer --sequence-length 40 --concurrency-range 8` runs a sequence model):
+/// 8 sequences at a time, every answer checked to be the sequence's running sum.
+async fn sequences(
+    url: &str,
+    protocol: &str,
+    extra: &[&str],
+    seconds: u64,
+) -> infergate_load::stats::StepSummary {
+    use infergate_load::runner::{Progress, run_step};
+    let duration = format!("{seconds}s");
+    let mut args = vec![
+        "infergate-load",
+        "--url",
+        url,
+        "--protocol",
+        protocol,
+        "-m",
+        "sequence_sum",
+        "-i",
+        "INPUT0:FP32:1",
+        "--sequence-length",
+        "40",
+        "-c",
+        "8",
+        "--check",
+        "--quiet",
+        "--warmup",
+        "0s",
+        "--duration",
+        &duration,
+        "--windows",
+        "1",
+        "--timeout",
+        "10s",
+    ];
+    args.extend_from_slice(extra);
+    let plan = <infergate_load::cli::Args as clap::Parser>::try_parse_from(args)
+        .unwrap()
+        .into_plan()
+        .unwrap();
+    let step = plan.steps[0];
+    let progress = Progress {
+        enabled: false,
+        prefix: String::new(),
+    };
+    let result = match protocol {
+        "grpc" => {
+            let transport = std::sync::Arc::new(plan.grpc_transport(step.connections).unwrap());
+            run_step(transport, step, plan.timing, progress).await
+        }
+        _ => {
+            let transport = std::sync::Arc::new(plan.http_transport(step.connections).unwrap());
+            run_step(transport, step, plan.timing, progress).await
+        }
+    };
+    infergate_load::stats::StepSummary::from_result(&result, plan.stability)
+}
+
+/// Issue 13, item 2: once placement gives a sequence model a second copy, every request of
+/// a sequence still reaches the copy that saw it start. Over HTTP (JSON, numeric ids; binary,
+/// string ids) and unary gRPC (numeric and string ids), 8 concurrent sequences of 40: every
+/// answer is the right running sum, and Triton never refuses one for a missing START.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequences_stay_on_the_copy_that_saw_them_start() {
+    let (t0, t1) = tokio::join!(empty_triton(false), empty_triton(false));
+    let gateway = TestGateway::start(&pool_config(
+        "seq",
+        &[&t0, &t1],
+        "1GiB",
+        "scale_up_rps = 5.0\nmax_copies = 2\nrebalance_interval = \"500ms\"\nscale_down_idle = \"1h\"",
+        "",
+    ))
+    .await;
+    let runs: [(&str, &str, &[&str]); 4] = [
+        ("http", "http", &[]),
+        ("grpc", "grpc", &[]),
+        ("http", "http", &["--binary", "--string-sequence-ids"]),
+        (
+            "grpc",
+            "grpc",
+            &["--string-sequence-ids", "--sequence-id-start", "5000"],
+        ),
+    ];
+    for (i, (protocol, which, extra)) in runs.into_iter().enumerate() {
+        let url = if which == "grpc" {
+            gateway.grpc_url()
+        } else {
+            gateway.url()
+        };
+        // The first run is long enough for the second copy to load and take sequences.
+        let seconds = if i == 0 { 8 } else { 3 };
+        let summary = sequences(&url, protocol, extra, seconds).await;
+        assert!(
+            summary.errors == 0 && summary.ok >= 8 * 40,
+            "{protocol} {extra:?}: {} ok, errors {:?}",
+            summary.ok,
+            summary.errors_by_kind
+        );
+        if i == 0 {
+            // The first run made the model busy enough for a second copy.
+            let copies = copies_of(&gateway, "sequence_sum").await;
+            assert_eq!(
+                copies,
+                [(0, "ready".to_string()), (1, "ready".to_string())],
+                "{copies:?}"
+            );
+        }
+    }
+    for triton in [&t0, &t1] {
+        assert!(
+            !triton.log().contains("must specify the START flag"),
+            "{}",
+            triton.log()
+        );
+        assert!(
+            triton_successes(triton, "sequence_sum").await > 100.0,
+            "both copies served sequences"
+        );
+    }
+}
+
+/// `nv_inference_request_success` of a model on one Triton.
+async fn triton_successes(triton: &Triton, model: &str) -> f64 {
+    reqwest::get(triton.metrics_url())
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.starts_with("nv_inference_request_success{")
+                && l.contains(&format!("model=\"{model}\""))
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// A sequence whose copy has gone (here unloaded straight on Triton, behind the gateway's
+/// back) gets a clear error on its next request, over HTTP and gRPC, and is not restarted on
+/// a copy loaded elsewhere or anew: its running sum went with the copy. Starting it again
+/// works. Validation is off here: the sequence id is read for placement all the same.
+#[tokio::test]
+async fn a_sequence_whose_copy_is_gone_gets_a_clear_error() {
+    let t0 = empty_triton(false).await;
+    let gateway = TestGateway::start(&pool_config(
+        "lost",
+        &[&t0],
+        "1GiB",
+        "reconcile_interval = \"1h\"",
+        "[validation]\nenabled = false\n",
+    ))
+    .await;
+    // The model has one sequence slot per copy (direct scheduling): one sequence at a time.
+    let url = format!("{}/v2/models/sequence_sum/infer", gateway.url());
+    let step = |value: f32, start: bool, end: bool| {
+        let url = url.clone();
+        async move {
+            let body = json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1],
+                "data": [value]}],
+                "parameters": {"sequence_id": 77, "sequence_start": start, "sequence_end": end}});
+            let response = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let sum = |answer: (u16, Value)| answer.1["outputs"][0]["data"][0].as_f64();
+    assert_eq!(sum(step(1.0, true, false).await), Some(1.0));
+    assert_eq!(sum(step(2.0, false, false).await), Some(3.0));
+    t0.unload_model("sequence_sum").await.unwrap();
+    let (status, body) = step(4.0, false, false).await;
+    assert_eq!(status, 409, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("sequence 77 of model 'sequence_sum'") && error.contains("sequence_start"),
+        "{error}"
+    );
+    assert_eq!(
+        loads(&gateway, "new", "success", "lost-").await,
+        1.0,
+        "not restarted on a copy loaded anew"
+    );
+    // Started again, it runs from its new start.
+    assert_eq!(sum(step(4.0, true, false).await), Some(4.0));
+    assert_eq!(sum(step(1.0, false, true).await), Some(5.0));
+
+    use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    let mut grpc = GrpcInferenceServiceClient::connect(gateway.grpc_url())
+        .await
+        .unwrap();
+    let message = |value, start, end| sequence_message(text_id("user-3"), value, start, end);
+    let answer = grpc.model_infer(message(5.0, true, false)).await.unwrap();
+    assert_eq!(
+        &answer.into_inner().raw_output_contents[0][..],
+        &5.0f32.to_le_bytes()
+    );
+    t0.unload_model("sequence_sum").await.unwrap();
+    let lost = grpc
+        .model_infer(message(1.0, false, false))
+        .await
+        .unwrap_err();
+    assert_eq!(lost.code(), tonic::Code::Aborted, "{lost:?}");
+    assert!(lost.message().contains("sequence 'user-3'"), "{lost:?}");
+    assert_eq!(loads(&gateway, "new", "success", "lost-").await, 2.0);
+    let answer = grpc.model_infer(message(2.0, true, true)).await.unwrap();
+    assert_eq!(
+        &answer.into_inner().raw_output_contents[0][..],
+        &2.0f32.to_le_bytes()
+    );
+}
+
+fn text_id(id: &str) -> infergate::protocol::inference::infer_parameter::ParameterChoice {
+    infergate::protocol::inference::infer_parameter::ParameterChoice::StringParam(id.into())
+}
+
+/// A `sequence_sum` request of a sequence, as tritonclient.grpc sends it: the value as raw
+/// contents, the id (`int64_param` or `string_param`) and flags among the parameters.
+fn sequence_message(
+    id: infergate::protocol::inference::infer_parameter::ParameterChoice,
+    value: f32,
+    start: bool,
+    end: bool,
+) -> infergate::protocol::inference::ModelInferRequest {
+    use infergate::protocol::inference::InferParameter;
+    use infergate::protocol::inference::infer_parameter::ParameterChoice;
+    use infergate::protocol::inference::model_infer_request::InferInputTensor;
+    let mut message = support::grpc::fp32_infer("sequence_sum", &[]);
+    message.inputs = vec![InferInputTensor {
+        name: "INPUT0".into(),
+        datatype: "FP32".into(),
+        shape: vec![1],
+        ..Default::default()
+    }];
+    message.raw_input_contents = vec![value.to_le_bytes().to_vec().into()];
+    for (name, choice) in [
+        ("sequence_id", id),
+        ("sequence_start", ParameterChoice::BoolParam(start)),
+        ("sequence_end", ParameterChoice::BoolParam(end)),
+    ] {
+        let parameter_choice = Some(choice);
+        message
+            .parameters
+            .insert(name.into(), InferParameter { parameter_choice });
+    }
+    message
+}
+
+/// The running sum in a `sequence_sum` answer.
+fn running_sum(answer: &infergate::protocol::inference::ModelInferResponse) -> f32 {
+    f32::from_le_bytes(answer.raw_output_contents[0][..4].try_into().unwrap())
+}
+
+/// One client stream: where requests go in, where answers come out.
+type Stream = (
+    tokio::sync::mpsc::Sender<infergate::protocol::inference::ModelInferRequest>,
+    tonic::Streaming<infergate::protocol::inference::ModelStreamInferResponse>,
+);
+
+/// Sends a `sequence_sum` request down a stream and returns the running sum it answers.
+async fn ask(
+    stream: &mut Stream,
+    message: infergate::protocol::inference::ModelInferRequest,
+) -> f32 {
+    stream.0.send(message).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(30), stream.1.message())
+        .await
+        .expect("an answer")
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.error_message, "", "{answer:?}");
+    running_sum(&answer.infer_response.unwrap())
+}
+
+/// On `ModelStreamInfer`, a sequence continued on another stream than the one it started on
+/// still reaches its copy: with two copies, each of two streams starts a sequence (one on
+/// each copy), then each continues the other's. Before, each stream sent every request down
+/// its own backend stream, and the other copy refused the continuation.
+#[tokio::test]
+async fn sequences_on_streams_follow_their_copy() {
+    use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use infergate::protocol::inference::infer_parameter::ParameterChoice;
+    let (t0, t1) = tokio::join!(empty_triton(false), empty_triton(false));
+    let gateway = TestGateway::start(&pool_config(
+        "seqstream",
+        &[&t0, &t1],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        "[[models]]\nname = \"sequence_sum\"\nmin_copies = 2\n",
+    ))
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while copies_of(&gateway, "sequence_sum").await
+        != [(0, "ready".to_string()), (1, "ready".to_string())]
+    {
+        assert!(Instant::now() < deadline, "two copies at start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let open = || async {
+        let (requests, queue) = tokio::sync::mpsc::channel(4);
+        let stream: Stream;
+        let answers = GrpcInferenceServiceClient::connect(gateway.grpc_url())
+            .await
+            .unwrap()
+            .model_stream_infer(tokio_stream::wrappers::ReceiverStream::new(queue))
+            .await
+            .unwrap()
+            .into_inner();
+        stream = (requests, answers);
+        stream
+    };
+    let (mut first, mut second) = (open().await, open().await);
+    let (a, b) = (|| ParameterChoice::Int64Param(11), || text_id("b"));
+    assert_eq!(
+        ask(&mut first, sequence_message(a(), 1.0, true, false)).await,
+        1.0
+    );
+    assert_eq!(
+        ask(&mut second, sequence_message(b(), 2.0, true, false)).await,
+        2.0
+    );
+    for round in 0..3 {
+        let n = round as f32 + 1.0;
+        assert_eq!(
+            ask(&mut second, sequence_message(a(), 1.0, false, false)).await,
+            1.0 + n
+        );
+        assert_eq!(
+            ask(&mut first, sequence_message(b(), 2.0, false, false)).await,
+            2.0 + 2.0 * n
+        );
+    }
+    let live = gateway.placement().await["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["models"][0]["sequences"].as_u64().unwrap())
+        .collect::<Vec<_>>();
+    assert_eq!(live, [1, 1], "one sequence on each copy");
+    assert_eq!(
+        ask(&mut first, sequence_message(a(), 1.0, false, true)).await,
+        5.0
+    );
+    assert_eq!(
+        ask(&mut second, sequence_message(b(), 2.0, false, true)).await,
+        10.0
+    );
+    assert_eq!(gateway.placement().await["live_sequences"], json!({}));
 }

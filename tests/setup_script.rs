@@ -14,9 +14,18 @@ fn script(path: &Path, body: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-/// A `PATH` directory with the system's commands but without curl and openssl, and with a
-/// recording apt-get (and a sudo that just runs it, for runs as another user than root).
-fn path_without_curl_and_openssl(bin: &Path, log: &Path) {
+/// Commands setup.sh installs when missing, and the Debian package that brings each.
+const INSTALLED: [(&str, &str); 5] = [
+    ("openssl", "openssl"),
+    ("curl", "curl"),
+    ("prometheus", "prometheus"),
+    ("promtool", "prometheus"),
+    ("docker-compose", "docker-compose"),
+];
+
+/// A `PATH` directory with the system's commands but without those setup.sh installs, and
+/// with a recording apt-get (and a sudo that just runs it, for runs as another user than root).
+fn path_without_installed_commands(bin: &Path, log: &Path) {
     for dir in ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"] {
         let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
@@ -24,7 +33,9 @@ fn path_without_curl_and_openssl(bin: &Path, log: &Path) {
         for entry in entries.flatten() {
             let name = entry.file_name();
             let target = bin.join(&name);
-            if ["curl", "openssl", "apt-get", "sudo"].contains(&name.to_str().unwrap_or(""))
+            let name_str = name.to_str().unwrap_or("");
+            if INSTALLED.iter().any(|(command, _)| *command == name_str)
+                || ["apt-get", "sudo"].contains(&name_str)
                 || target.exists()
             {
                 continue;
@@ -32,14 +43,28 @@ fn path_without_curl_and_openssl(bin: &Path, log: &Path) {
             symlink(entry.path(), target).unwrap();
         }
     }
+    // "Installing" a package creates the commands it brings.
+    let mut cases = String::new();
+    for (_, package) in INSTALLED {
+        if cases.contains(&format!("{package})")) {
+            continue;
+        }
+        cases.push_str(&format!("{package})"));
+        for (command, _) in INSTALLED.iter().filter(|(_, p)| *p == package) {
+            cases.push_str(&format!(
+                " printf '#!/bin/sh\\n' > {bin}/{command}; chmod +x {bin}/{command}\n",
+                bin = bin.display()
+            ));
+        }
+        cases.push_str(";;\n");
+    }
     script(
         &bin.join("apt-get"),
         &format!(
             "echo \"$*\" >> {log}\n\
              [ \"$1\" = install ] || exit 0\n\
-             for p; do case \"$p\" in curl|openssl) printf '#!/bin/sh\\n' > {bin}/$p; chmod +x {bin}/$p;; esac; done\n",
+             for p; do case \"$p\" in {cases}esac; done\n",
             log = log.display(),
-            bin = bin.display()
         ),
     );
     script(&bin.join("sudo"), "[ \"$1\" = -n ] && shift\nexec \"$@\"\n");
@@ -59,7 +84,7 @@ fn setup_installs_missing_packages_after_one_update_and_is_quiet_when_done() {
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
     let log = dir.path().join("apt-get.log");
-    path_without_curl_and_openssl(&bin, &log);
+    path_without_installed_commands(&bin, &log);
 
     let first = run_setup(&bin);
     let stderr = String::from_utf8_lossy(&first.stderr);
@@ -69,7 +94,7 @@ fn setup_installs_missing_packages_after_one_update_and_is_quiet_when_done() {
         calls.lines().collect::<Vec<_>>(),
         [
             "update -q",
-            "install -y -q --no-install-recommends openssl curl"
+            "install -y -q --no-install-recommends openssl curl prometheus docker-compose"
         ],
         "{stderr}"
     );

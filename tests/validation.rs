@@ -2,10 +2,14 @@
 //! Triton and through the gateway. Whatever Triton accepts, the gateway forwards and answers
 //! the same bytes; whatever Triton refuses (400 or 500), the gateway refuses itself with
 //! 400 and Triton's words, and Triton's own log (`--log-verbose=1` logs every request it
-//! receives) proves the request never arrived. Then the metric, the signature cache
+//! receives) proves the request never arrived. The corpus goes again written as clients
+//! write JSON (`json.dumps` defaults, `indent=2`, random whitespace, `\u` escapes), with the
+//! same agreement. Then the metric, the signature cache
 //! (coalesced fetches, invalidation), validation turned off, and a signature that cannot be
 //! fetched.
 
+#[path = "support/reformat.rs"]
+mod reformat;
 mod support;
 
 use axum::body::Bytes;
@@ -13,6 +17,7 @@ use infergate::config::{Config, Validation};
 use infergate::pipeline::ModelRef;
 use infergate::upstream::Backend;
 use infergate::validate::SignatureCache;
+use reformat::{Style, reformat, styles};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -190,6 +195,12 @@ fn corpus() -> Vec<Case> {
         case("no_data", add, inputs(vec![json!({"name": "INPUT0", "datatype": "FP32", "shape": [4]}), input("INPUT1", "FP32", json!([4]), four())])),
         case("data_and_binary_size", add, inputs(vec![json!({"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": four(), "parameters": {"binary_data_size": 16}}), input("INPUT1", "FP32", json!([4]), four())])),
         case("data_and_shared_memory", add, inputs(vec![json!({"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": four(), "parameters": {"shared_memory_region": "r"}}), input("INPUT1", "FP32", json!([4]), four())])),
+        // Triton looks the region up and finds none (the gateway takes no registrations);
+        // the gateway says why instead.
+        case("shared_memory_input", add, inputs(vec![json!({"name": "INPUT0", "datatype": "FP32", "shape": [4], "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}), input("INPUT1", "FP32", json!([4]), four())]))
+            .own_message("shared memory cannot cross a gateway"),
+        case("shared_memory_output", add, with_outputs(json!([{"name": "OUTPUT0", "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}])))
+            .own_message("shared memory cannot cross a gateway"),
         case("no_name", add, inputs(vec![json!({"datatype": "FP32", "shape": [4], "data": four()}), input("INPUT1", "FP32", json!([4]), four())])),
         case("name_not_string", add, inputs(vec![json!({"name": 5, "datatype": "FP32", "shape": [4], "data": four()}), input("INPUT1", "FP32", json!([4]), four())])),
         case("no_shape", add, inputs(vec![json!({"name": "INPUT0", "datatype": "FP32", "data": four()}), input("INPUT1", "FP32", json!([4]), four())])),
@@ -244,6 +255,7 @@ fn corpus() -> Vec<Case> {
         text_case("missing_fraction", add, &add_sub_data("[1,2,3,4.]")),
         text_case("missing_exponent", add, &add_sub_data("[1,2,3,4e]")),
         text_case("byte_order_mark", add, &format!("\u{feff}{}", add_sub_data("[1,2,3,4]"))),
+        text_case("space_after_a_comma_in_data", add, r#"{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1, 2,3,4]},{"name":"INPUT1","shape":[4],"datatype":"FP32","data":[1,1,1,1]}]}"#),
         text_case("whitespace_around", add, &format!(" \t\r\n{} \n", add_sub_data("[1,2,3,4]"))),
         text_case("trailing_comma", add, &add_sub_data("[1,2,3,4,]")),
         text_case("comment", add, &format!("{}/*c*/", add_sub_data("[1,2,3,4]"))),
@@ -536,57 +548,14 @@ async fn differential_against_real_triton() {
             case.name
         );
         let via = send(&client, &gateway.url(), case).await;
-        let after = infer_arrivals(&triton);
+        let forwarded = infer_arrivals(&triton) - after_direct;
         if direct.status == StatusCode::OK {
             accepted += 1;
-            if via.status != StatusCode::OK
-                || via.body != direct.body
-                || via.header_length != direct.header_length
-            {
-                failures.push(format!(
-                    "{}: Triton accepted; gateway answered {} {}",
-                    case.name,
-                    via.status,
-                    via.error()
-                ));
-            }
-            if after != after_direct + 1 {
-                failures.push(format!(
-                    "{}: accepted but not forwarded exactly once",
-                    case.name
-                ));
-            }
         } else {
             refused += 1;
             *refused_per_model.entry(case.model).or_default() += 1;
-            if via.status != StatusCode::BAD_REQUEST {
-                failures.push(format!(
-                    "{}: Triton answered {} {:?}; gateway {} {:?}",
-                    case.name,
-                    direct.status,
-                    direct.error(),
-                    via.status,
-                    via.error()
-                ));
-            }
-            if after != after_direct {
-                failures.push(format!("{}: refused request reached Triton", case.name));
-            }
-            match case.own_message {
-                None if via.error() != direct.error() => failures.push(format!(
-                    "{}: message differs\n  triton:  {}\n  gateway: {}",
-                    case.name,
-                    direct.error(),
-                    via.error()
-                )),
-                Some(expected) if !via.error().contains(expected) => failures.push(format!(
-                    "{}: {:?} lacks {expected:?}",
-                    case.name,
-                    via.error()
-                )),
-                _ => {}
-            }
         }
+        failures.extend(disagreements(case, &direct, &via, forwarded));
     }
     assert!(
         failures.is_empty(),
@@ -644,10 +613,136 @@ async fn differential_against_real_triton() {
     }
     assert!(metrics.contains("# HELP infergate_validation_rejections_total"));
 
+    formatted_corpus_agrees_with_triton(&triton, &gateway, &client).await;
     requests_that_would_hurt_triton_never_reach_it(&triton, &gateway, &client).await;
     signatures_are_fetched_once_and_invalidated(&triton, repository.path()).await;
     disabled_validation_streams_requests_untouched(&triton, &client).await;
     unavailable_signature_means_unvalidated(&triton, &client).await;
+}
+
+/// What is wrong with the gateway's answer `via` to `case`, given Triton's own answer
+/// `direct` and how many times the gateway's request reached Triton (`forwarded`): what
+/// Triton accepts must be forwarded once and answered with Triton's bytes; what it refuses
+/// must be refused by the gateway itself with 400 and Triton's words.
+fn disagreements(case: &Case, direct: &Answer, via: &Answer, forwarded: usize) -> Vec<String> {
+    let mut failures = Vec::new();
+    if direct.status == StatusCode::OK {
+        if via.status != StatusCode::OK
+            || via.body != direct.body
+            || via.header_length != direct.header_length
+        {
+            failures.push(format!(
+                "{}: Triton accepted; gateway answered {} {}",
+                case.name,
+                via.status,
+                via.error()
+            ));
+        }
+        if forwarded != 1 {
+            failures.push(format!(
+                "{}: accepted but forwarded {forwarded} times",
+                case.name
+            ));
+        }
+        return failures;
+    }
+    if via.status != StatusCode::BAD_REQUEST {
+        failures.push(format!(
+            "{}: Triton answered {} {:?}; gateway {} {:?}",
+            case.name,
+            direct.status,
+            direct.error(),
+            via.status,
+            via.error()
+        ));
+    }
+    if forwarded != 0 {
+        failures.push(format!("{}: refused request reached Triton", case.name));
+    }
+    match case.own_message {
+        None if via.error() != direct.error() => failures.push(format!(
+            "{}: message differs\n  triton:  {}\n  gateway: {}",
+            case.name,
+            direct.error(),
+            via.error()
+        )),
+        Some(expected) if !via.error().contains(expected) => failures.push(format!(
+            "{}: {:?} lacks {expected:?}",
+            case.name,
+            via.error()
+        )),
+        _ => {}
+    }
+    failures
+}
+
+/// `case` with its JSON written in `style` (its header length, when it sends one, follows);
+/// `None` for a case without a JSON header to rewrite (a raw binary body, a header length
+/// that is not the header's).
+fn formatted(case: &Case, style: Style) -> Option<Case> {
+    let split = match &case.header_length {
+        None => case.body.len(),
+        Some(length) => length
+            .parse::<usize>()
+            .ok()
+            .filter(|&l| l > 0 && l <= case.body.len())?,
+    };
+    if split == 0 {
+        return None;
+    }
+    let mut body = reformat(&case.body[..split], style);
+    let header_length = case.header_length.as_ref().map(|_| body.len().to_string());
+    body.extend_from_slice(&case.body[split..]);
+    Some(Case {
+        name: case.name,
+        model: case.model,
+        body,
+        header_length,
+        own_message: case.own_message,
+    })
+}
+
+/// Every corpus request again, written as clients write JSON: `json.dumps` defaults
+/// (`requests.post(json=...)` sends those), `indent=2`, random whitespace around every token
+/// (seeded per case) and `\u` escapes in every name and string. Triton and the gateway must
+/// agree on each exactly as on the compact text.
+async fn formatted_corpus_agrees_with_triton(
+    triton: &Triton,
+    gateway: &TestGateway,
+    client: &reqwest::Client,
+) {
+    let mut log = LogTail::new(triton.log_path());
+    let (mut sent, mut accepted) = (0usize, 0usize);
+    let mut failures = Vec::new();
+    for (index, case) in corpus().iter().enumerate() {
+        for style in styles(0x5eed ^ index as u64) {
+            let Some(case) = formatted(case, style) else {
+                continue;
+            };
+            sent += 1;
+            let direct = send(client, &triton.http_url(), &case).await;
+            let before = log.infer_lines();
+            let via = send(client, &gateway.url(), &case).await;
+            let forwarded = log.infer_lines() - before;
+            accepted += usize::from(direct.status == StatusCode::OK);
+            failures.extend(
+                disagreements(&case, &direct, &via, forwarded)
+                    .into_iter()
+                    .map(|f| format!("{style:?} {f}")),
+            );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} formatted requests differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(
+        sent >= 4 * 150 && accepted >= 4 * 40,
+        "{sent} sent, {accepted} accepted"
+    );
+    eprintln!("formatted corpus: {sent} requests, {accepted} accepted by Triton, all alike");
 }
 
 /// Triton aborts (std::bad_alloc) on a JSON request whose shape promises terabytes: the
@@ -1058,14 +1153,16 @@ async fn random_mutations_agree_with_triton() {
             } else {
                 refused_accepted.push(format!("{} -> gateway {}", shown(), via.error()));
             }
-        } else if forwarded
-            && !direct
+        } else if forwarded {
+            missed.push(format!("{} -> triton {}", shown(), direct.error()));
+        } else if via.error() == direct.error()
+            || from_model
+            || case.own_message.is_some()
+            || (direct
                 .error()
                 .starts_with("Unable to find shared memory region")
+                && via.error() == infergate::protocol::NO_SHARED_MEMORY)
         {
-            // (Which shared-memory regions are registered only Triton knows.)
-            missed.push(format!("{} -> triton {}", shown(), direct.error()));
-        } else if via.error() == direct.error() || from_model || case.own_message.is_some() {
             agreed += 1;
         } else {
             worded.push(format!(

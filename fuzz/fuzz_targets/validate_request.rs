@@ -1,7 +1,10 @@
 //! Fuzzes the HTTP request reader and the checker: arbitrary bodies and
 //! `Inference-Header-Content-Length` values against fixed model signatures. Nothing may
 //! panic, and the JSON reader must accept every document serde_json can write (RapidJSON,
-//! whose acceptance it copies, accepts strictly more than strict JSON).
+//! whose acceptance it copies, accepts strictly more than strict JSON), written the ways
+//! clients write it (`json.dumps` defaults, `indent=2`, random whitespace between tokens,
+//! `\u` escapes in every string: `tests/support/reformat.rs`, shared with
+//! `tests/validation.rs`), with the same outcome for each as for the compact text.
 //!
 //! Input layout: byte 0 picks the header-length mode (low 2 bits) and the model (the rest),
 //! and with its high bit only the first half of the body has arrived (as when a binary
@@ -9,10 +12,16 @@
 //! bytes 1-2 are a little-endian length for the modes that use one; the rest is the body.
 #![no_main]
 
+#[path = "../../tests/support/reformat.rs"]
+mod reformat;
+
 use bytes::Bytes;
 use infergate::validate::http::{BodyView, Parsed, parse};
-use infergate::validate::{DataType, InputSpec, Signature, check, check::check_raw, json};
+use infergate::validate::{
+    DataType, InputSpec, Rejection, Signature, check, check::check_raw, json,
+};
 use libfuzzer_sys::fuzz_target;
+use reformat::{reformat, styles};
 use std::sync::OnceLock;
 
 fn spec(name: &str, datatype: DataType, dims: &[i64], optional: bool) -> InputSpec {
@@ -73,6 +82,17 @@ fn signatures() -> &'static [Signature] {
     })
 }
 
+/// What the reader and the checker make of a whole JSON body sent to `signature`.
+fn outcome(body: &[u8], signature: &Signature) -> (Result<Parsed, Rejection>, Option<Rejection>) {
+    let body = Bytes::copy_from_slice(body);
+    let parsed = parse(BodyView::whole(&body), None, None, &signature.name);
+    let checked = match &parsed {
+        Ok(Parsed::Request(request)) => check(request, signature).err(),
+        _ => None,
+    };
+    (parsed, checked)
+}
+
 fuzz_target!(|input: &[u8]| {
     let Some((&selector, rest)) = input.split_first() else {
         return;
@@ -117,6 +137,19 @@ fuzz_target!(|input: &[u8]| {
             panic!(
                 "serde_json's own output refused: {e:?} in {:?}",
                 String::from_utf8_lossy(&text)
+            );
+        }
+        let compact = outcome(&text, signature);
+        let seed = input
+            .iter()
+            .fold(0u64, |h, &b| h.rotate_left(5) ^ u64::from(b));
+        for style in styles(seed) {
+            let formatted = reformat(&text, style);
+            assert_eq!(
+                outcome(&formatted, signature),
+                compact,
+                "{style:?} changed the outcome of {:?}",
+                String::from_utf8_lossy(&formatted)
             );
         }
     }

@@ -12,6 +12,7 @@ use rand::rngs::SmallRng;
 use serde::Serialize;
 
 use crate::data::{DataMode, Tensor, Values};
+use crate::sequence::SequenceParams;
 use crate::spec::{DataType, TensorSpec};
 
 /// How tensors are carried in the HTTP body.
@@ -51,7 +52,7 @@ struct RequestJson<'a> {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     outputs: Vec<OutputJson<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    parameters: Option<RequestParams>,
+    parameters: Option<RequestParams<'a>>,
 }
 
 #[derive(Serialize)]
@@ -83,7 +84,10 @@ struct OutputParams {
 }
 
 #[derive(Serialize)]
-struct RequestParams {
+struct RequestParams<'a> {
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    sequence: Option<SequenceParams<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     binary_data_output: bool,
 }
 
@@ -118,6 +122,17 @@ impl<'a> From<&'a Values> for DataJson<'a> {
 /// `"parameters":{"binary_data":true}`, and with no names the request-level
 /// `"binary_data_output":true` asks for every output in binary form.
 pub fn encode(tensors: &[Tensor], outputs: &[String], encoding: Encoding) -> Result<EncodedBody> {
+    encode_with(tensors, outputs, encoding, None)
+}
+
+/// `encode`, with a sequence's `sequence_id`, `sequence_start` and `sequence_end` among the
+/// request's `parameters` when given (sequence mode).
+pub fn encode_with(
+    tensors: &[Tensor],
+    outputs: &[String],
+    encoding: Encoding,
+    sequence: Option<SequenceParams<'_>>,
+) -> Result<EncodedBody> {
     if tensors.is_empty() {
         bail!("a request needs at least one input tensor");
     }
@@ -142,9 +157,13 @@ pub fn encode(tensors: &[Tensor], outputs: &[String], encoding: Encoding) -> Res
                 parameters: binary.then_some(OutputParams { binary_data: true }),
             })
             .collect(),
-        parameters: (binary && outputs.is_empty()).then_some(RequestParams {
-            binary_data_output: true,
-        }),
+        parameters: {
+            let binary_data_output = binary && outputs.is_empty();
+            (binary_data_output || sequence.is_some()).then_some(RequestParams {
+                sequence,
+                binary_data_output,
+            })
+        },
     };
     let mut body = serde_json::to_vec(&request)?;
     if !binary {

@@ -12,10 +12,12 @@ use clap::Parser;
 
 use crate::body::{EncodedBody, Encoding, build_bodies, spec_for_body_size};
 use crate::data::DataMode;
+use crate::sequence::{SequenceTemplate, Sequences};
 use crate::spec::{DataType, TensorSpec};
 use crate::stats::Load;
 use crate::transport::Protocol;
-use crate::transport::http::{HttpEndpoint, build_headers, infer_uri};
+use crate::transport::grpc::{GrpcOptions, GrpcTransport};
+use crate::transport::http::{HttpEndpoint, HttpOptions, HttpTransport, build_headers, infer_uri};
 use crate::units::{parse_duration, parse_list, parse_percent, parse_size};
 
 /// How many differently-randomised bodies to pre-build and rotate through.
@@ -157,6 +159,21 @@ pub struct Args {
     /// Tokio worker threads for the load generator (default: all cores).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+
+    /// Sequence mode: each of the --concurrency workers runs sequences of this many
+    /// requests back to back (sequence_id on each, sequence_start on the first,
+    /// sequence_end on the last), as perf_analyzer --sequence-length does; with --check each
+    /// answer must carry the sequence's running sum.
+    #[arg(long, value_name = "L", conflicts_with_all = ["rate", "request_file"])]
+    pub sequence_length: Option<usize>,
+
+    /// Sequence mode: the first sequence's id; each next sequence takes the next number.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub sequence_id_start: u64,
+
+    /// Sequence mode: send ids as strings (`seq-<n>`) instead of numbers.
+    #[arg(long)]
+    pub string_sequence_ids: bool,
 }
 
 /// How the request body was produced, for the report.
@@ -210,6 +227,52 @@ pub struct Plan {
     pub quiet: bool,
     /// Worker threads.
     pub threads: Option<usize>,
+    /// Sequence mode: the sequences, and what their requests are made from.
+    pub sequences: Option<(Sequences, SequenceTemplate)>,
+}
+
+impl Plan {
+    /// A fresh HTTP transport for one step (its own pool of `connections`), with the
+    /// sequences' template in sequence mode.
+    pub fn http_transport(&self, connections: usize) -> Result<HttpTransport> {
+        let transport = HttpTransport::new(
+            &self.endpoint,
+            &self.bodies,
+            HttpOptions {
+                connections,
+                http2: self.http2,
+                check: self.check,
+            },
+        )?;
+        Ok(match &self.sequences {
+            Some((_, template)) => transport.with_sequences(template.clone()),
+            None => transport,
+        })
+    }
+
+    /// A fresh gRPC transport for one step (`connections` channels), with the sequences'
+    /// template in sequence mode.
+    pub fn grpc_transport(&self, connections: usize) -> Result<GrpcTransport> {
+        let transport = GrpcTransport::new(
+            &self.url,
+            &self.model,
+            self.model_version.as_deref(),
+            &self.bodies,
+            &self.endpoint.headers,
+            GrpcOptions {
+                connections,
+                check: self.check,
+            },
+        )?;
+        Ok(match &self.sequences {
+            Some((_, template)) => transport.with_sequences(
+                template.clone(),
+                &self.model,
+                self.model_version.as_deref(),
+            ),
+            None => transport,
+        })
+    }
 }
 
 impl Args {
@@ -263,6 +326,23 @@ impl Args {
                 .collect(),
             (None, None) => vec![Load::Closed { concurrency: 1 }],
         };
+        let (bodies, body_source) = self.bodies()?;
+        let sequences = match (self.sequence_length, &body_source) {
+            (None, _) => None,
+            (Some(0), _) => bail!("--sequence-length must be at least 1"),
+            (Some(length), BodySource::Generated { specs, encoding }) => Some((
+                Sequences {
+                    length,
+                    first_id: self.sequence_id_start,
+                    string_ids: self.string_sequence_ids,
+                },
+                SequenceTemplate::new(specs, &self.outputs, *encoding)?,
+            )),
+            (Some(_), BodySource::File(_)) => bail!("--sequence-length builds its own requests"),
+        };
+        if sequences.is_some() && self.sequence_id_start == 0 && !self.string_sequence_ids {
+            bail!("--sequence-id-start must be at least 1: sequence id 0 means no sequence");
+        }
         let steps = loads
             .into_iter()
             .map(|load| crate::runner::StepConfig {
@@ -271,10 +351,9 @@ impl Args {
                     Load::Closed { concurrency } => concurrency,
                     Load::Open { .. } => DEFAULT_OPEN_LOOP_CONNECTIONS,
                 }),
+                sequences: sequences.as_ref().map(|(plan, _)| *plan),
             })
             .collect();
-
-        let (bodies, body_source) = self.bodies()?;
 
         Ok(Plan {
             url: self.url,
@@ -294,6 +373,7 @@ impl Args {
             json: self.json,
             quiet: self.quiet,
             threads: self.threads,
+            sequences,
         })
     }
 
@@ -463,6 +543,33 @@ mod tests {
         std::fs::write(&path, "not json").unwrap();
         assert!(plan(&["--request-file", path.to_str().unwrap()]).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sequence_mode_is_a_closed_loop_of_sequences() {
+        let p = plan(&[
+            "-m",
+            "sequence_sum",
+            "-i",
+            "INPUT0:FP32:1",
+            "--sequence-length",
+            "40",
+            "-c",
+            "8",
+        ])
+        .unwrap();
+        let (sequences, _) = p.sequences.as_ref().unwrap();
+        assert_eq!(sequences.length, 40);
+        assert_eq!(sequences.first_id, 1);
+        assert!(!sequences.string_ids);
+        assert_eq!(p.steps[0].sequences, Some(*sequences));
+        let base = ["-i", "INPUT0:FP32:1", "--sequence-length"];
+        let with = |extra: &[&str]| plan(&[&base[..], extra].concat());
+        assert!(with(&["40", "--rate", "5"]).is_err());
+        assert!(with(&["0"]).is_err());
+        assert!(with(&["4", "--sequence-id-start", "0"]).is_err());
+        assert!(with(&["4", "--sequence-id-start", "0", "--string-sequence-ids"]).is_ok());
+        assert!(plan(&["-i", "S:BYTES:1", "--sequence-length", "4"]).is_err());
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! - [`transport`]: the [`transport::Transport`] trait and its HTTP implementation.
 //! - [`outcome`]: error kinds and `--check` response validation.
 //! - [`runner`]: closed-loop and open-loop load, warmup and windows.
+//! - [`sequence`]: sequence mode: ids, start/end flags, running sums to check.
 //! - [`stats`]: histograms, percentiles, stability, max RPS at p95 target.
 //! - [`report`]: the terminal table and the `--json` document.
 //! - [`cli`]: command-line arguments and their validation.
@@ -27,6 +28,7 @@ pub mod fake;
 pub mod outcome;
 pub mod report;
 pub mod runner;
+pub mod sequence;
 pub mod spec;
 pub mod stats;
 pub mod transport;

@@ -19,8 +19,6 @@ use infergate_load::report::{
 };
 use infergate_load::runner::{Progress, run_step};
 use infergate_load::stats::StepSummary;
-use infergate_load::transport::grpc::{GrpcOptions, GrpcTransport};
-use infergate_load::transport::http::{HttpOptions, HttpTransport};
 use infergate_load::transport::{Protocol, Transport};
 
 fn main() -> ExitCode {
@@ -64,44 +62,34 @@ impl Out {
     }
 }
 
-fn http_transport(plan: &Plan, connections: usize) -> Result<HttpTransport> {
-    HttpTransport::new(
-        &plan.endpoint,
-        &plan.bodies,
-        HttpOptions {
-            connections,
-            http2: plan.http2,
-            check: plan.check,
-        },
-    )
-}
-
-fn grpc_transport(plan: &Plan, connections: usize) -> Result<GrpcTransport> {
-    GrpcTransport::new(
-        &plan.url,
-        &plan.model,
-        plan.model_version.as_deref(),
-        &plan.bodies,
-        &plan.endpoint.headers,
-        GrpcOptions {
-            connections,
-            check: plan.check,
-        },
-    )
-}
-
 /// Sends one request before measuring, to fail fast with a clear message
 /// when nothing listens at `--url`, and to warn when the model refuses the
 /// request (wrong name or shape) instead of silently measuring errors.
 async fn preflight(plan: &Plan) -> Result<()> {
     match plan.protocol {
-        Protocol::Http => preflight_with(plan, http_transport(plan, 1)?).await,
-        Protocol::Grpc => preflight_with(plan, grpc_transport(plan, 1)?).await,
+        Protocol::Http => preflight_with(plan, plan.http_transport(1)?).await,
+        Protocol::Grpc => preflight_with(plan, plan.grpc_transport(1)?).await,
     }
 }
 
 async fn preflight_with<T: Transport>(plan: &Plan, t: T) -> Result<()> {
-    let r = tokio::time::timeout(plan.timing.timeout, t.infer(0)).await;
+    // In sequence mode, a sequence of one request (start and end), as a plain request to a
+    // sequence model is refused.
+    let first = plan.sequences.as_ref().and_then(|(sequences, _)| {
+        infergate_load::sequence::Sequences {
+            length: 1,
+            ..*sequences
+        }
+        .requests(0)
+        .next()
+    });
+    let request = async {
+        match &first {
+            Some(request) => t.infer_sequence(request).await,
+            None => t.infer(0).await,
+        }
+    };
+    let r = tokio::time::timeout(plan.timing.timeout, request).await;
     match r {
         Ok(Ok(())) => Ok(()),
         Ok(Err(ErrorKind::Connect)) => bail!(
@@ -145,11 +133,11 @@ async fn run_plan(plan: Plan) -> Result<ExitCode> {
         };
         let result = match plan.protocol {
             Protocol::Http => {
-                let transport = Arc::new(http_transport(&plan, step.connections)?);
+                let transport = Arc::new(plan.http_transport(step.connections)?);
                 run_step(transport, *step, plan.timing, progress).await
             }
             Protocol::Grpc => {
-                let transport = Arc::new(grpc_transport(&plan, step.connections)?);
+                let transport = Arc::new(plan.grpc_transport(step.connections)?);
                 run_step(transport, *step, plan.timing, progress).await
             }
         };

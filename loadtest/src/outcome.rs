@@ -32,6 +32,9 @@ pub enum ErrorKind {
     /// `--check`: a binary response's `Inference-Header-Content-Length` is
     /// missing, unparsable, or longer than the body.
     CheckBadBinaryHeader,
+    /// `--check` in sequence mode: the answer's first output is not the running sum of the
+    /// sequence so far (a request reached an instance that did not see the sequence start).
+    CheckSequenceSum,
     /// Open loop only: the generator could not get a connection slot
     /// (`--connections`) before the request's timeout expired.
     NoConnectionSlot,
@@ -51,6 +54,7 @@ impl ErrorKind {
             ErrorKind::CheckBadJson => "check_bad_json".into(),
             ErrorKind::CheckNoOutputs => "check_no_outputs".into(),
             ErrorKind::CheckBadBinaryHeader => "check_bad_binary_header".into(),
+            ErrorKind::CheckSequenceSum => "check_sequence_sum".into(),
             ErrorKind::NoConnectionSlot => "no_connection_slot".into(),
         }
     }

@@ -50,6 +50,10 @@ pub struct ConfigSummary {
     pub timeout_s: f64,
     /// Whether `--check` validated responses.
     pub check: bool,
+    /// Sequence mode: requests per sequence, or `null`.
+    pub sequence_length: Option<usize>,
+    /// Sequence mode: `number` or `string` ids, or `null`.
+    pub sequence_ids: Option<&'static str>,
 }
 
 /// The headline figure (`max_rps_at_p95_target`).
@@ -103,8 +107,10 @@ impl ConfigSummary {
                     .collect(),
             ),
         };
+        let sequences = plan.sequences.as_ref().map(|(s, _)| s);
         let mode = match plan.steps.first().map(|s| s.load) {
             Some(crate::stats::Load::Open { .. }) => "open",
+            _ if sequences.is_some() => "sequence",
             _ => "closed",
         };
         ConfigSummary {
@@ -125,6 +131,8 @@ impl ConfigSummary {
             stability_pct: plan.stability * 100.0,
             timeout_s: plan.timing.timeout.as_secs_f64(),
             check: plan.check,
+            sequence_length: sequences.map(|s| s.length),
+            sequence_ids: sequences.map(|s| if s.string_ids { "string" } else { "number" }),
         }
     }
 }

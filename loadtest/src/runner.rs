@@ -23,6 +23,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::time::{Instant, timeout_at};
 
 use crate::outcome::ErrorKind;
+use crate::sequence::{SequenceRequest, Sequences};
 use crate::stats::{Load, StepResult, WindowStats, new_histogram};
 use crate::transport::Transport;
 use crate::units::fmt_duration;
@@ -48,6 +49,8 @@ pub struct StepConfig {
     /// Maximum requests in flight, which is also the number of HTTP/1.1
     /// connections the pool can have busy at once (`--connections`).
     pub connections: usize,
+    /// Sequence mode (closed loop): each worker runs these sequences back to back.
+    pub sequences: Option<Sequences>,
 }
 
 /// Where progress lines go (stderr), and whether to print them at all.
@@ -133,8 +136,8 @@ pub async fn run_step<T: Transport>(
                     sem.clone(),
                     phases.end,
                     timing.timeout,
-                    id as u64,
-                    concurrency as u64,
+                    (id as u64, concurrency as u64),
+                    step.sequences,
                 )));
             }
             drop(tx);
@@ -161,21 +164,35 @@ pub async fn run_step<T: Transport>(
     }
 }
 
+/// One closed-loop worker. Worker `first_seq` of `stride` sends request numbers (or in
+/// sequence mode, runs sequence numbers) `first_seq`, `first_seq + stride`, ...
 async fn closed_worker<T: Transport>(
     transport: Arc<T>,
     tx: mpsc::UnboundedSender<Sample>,
     sem: Option<Arc<Semaphore>>,
     end: Instant,
     timeout: Duration,
-    first_seq: u64,
-    stride: u64,
+    (first_seq, stride): (u64, u64),
+    sequences: Option<Sequences>,
 ) {
     let mut seq = first_seq;
+    // Sequence mode: the rest of the sequence under way.
+    let mut pending: std::vec::IntoIter<SequenceRequest> = Vec::new().into_iter();
     loop {
         let started = Instant::now();
         if started >= end {
             break;
         }
+        let in_sequence = match sequences {
+            Some(plan) => {
+                if pending.len() == 0 {
+                    pending = plan.requests(seq).collect::<Vec<_>>().into_iter();
+                    seq += stride;
+                }
+                pending.next()
+            }
+            None => None,
+        };
         // One timer per request: the request's own deadline, or the end of
         // the step if that comes first (then the request is abandoned, not
         // counted: it belongs to no window).
@@ -186,7 +203,10 @@ async fn closed_worker<T: Transport>(
                 Some(s) => Some(s.acquire().await.expect("semaphore is never closed")),
                 None => None,
             };
-            transport.infer(seq).await
+            match &in_sequence {
+                Some(request) => transport.infer_sequence(request).await,
+                None => transport.infer(seq).await,
+            }
         };
         let outcome = match timeout_at(deadline, fut).await {
             Ok(r) => r,
@@ -203,8 +223,27 @@ async fn closed_worker<T: Transport>(
         if tx.send(sample).is_err() {
             break;
         }
-        seq += stride;
+        if in_sequence.is_none() {
+            seq += stride;
+        }
     }
+    close_sequence(&*transport, pending, timeout).await;
+}
+
+/// A sequence cut short by the end of the step still gets its `sequence_end` (its next
+/// request, flagged last, not counted): a server holds a sequence's slot until it ends or
+/// idles out (`max_sequence_idle_microseconds`), and left open, the next step's or the next
+/// run's sequences would wait behind it.
+async fn close_sequence<T: Transport>(
+    transport: &T,
+    mut rest: std::vec::IntoIter<SequenceRequest>,
+    timeout: Duration,
+) {
+    let Some(mut last) = rest.next() else {
+        return;
+    };
+    last.end = true;
+    let _ = tokio::time::timeout(timeout, transport.infer_sequence(&last)).await;
 }
 
 /// Below this much time to go, the dispatcher yields instead of sleeping:
@@ -405,9 +444,19 @@ mod tests {
         delay: Duration,
         fail_every: u64,
         calls: AtomicU64,
+        sequence_log: std::sync::Mutex<Vec<(crate::sequence::SequenceId, bool, bool)>>,
     }
 
     impl Transport for FakeTransport {
+        async fn infer_sequence(&self, request: &SequenceRequest) -> Result<(), ErrorKind> {
+            self.sequence_log.lock().unwrap().push((
+                request.id.clone(),
+                request.start,
+                request.end,
+            ));
+            self.infer(0).await
+        }
+
         async fn infer(&self, _seq: u64) -> Result<(), ErrorKind> {
             let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
             tokio::time::sleep(self.delay).await;
@@ -459,10 +508,12 @@ mod tests {
             delay: Duration::from_millis(2),
             fail_every: 10,
             calls: AtomicU64::new(0),
+            sequence_log: Default::default(),
         });
         let step = StepConfig {
             load: Load::Closed { concurrency: 4 },
             connections: 4,
+            sequences: None,
         };
         let r = run_step(t, step, timing(2), quiet()).await;
         assert_eq!(r.windows.len(), 2);
@@ -483,6 +534,7 @@ mod tests {
                 delay: Duration::from_millis(10),
                 fail_every: 0,
                 calls: AtomicU64::new(0),
+                sequence_log: Default::default(),
             })
         };
         let full = run_step(
@@ -490,6 +542,7 @@ mod tests {
             StepConfig {
                 load: Load::Closed { concurrency: 8 },
                 connections: 8,
+                sequences: None,
             },
             timing(1),
             quiet(),
@@ -500,6 +553,7 @@ mod tests {
             StepConfig {
                 load: Load::Closed { concurrency: 8 },
                 connections: 1,
+                sequences: None,
             },
             timing(1),
             quiet(),
@@ -520,10 +574,12 @@ mod tests {
             delay: Duration::from_millis(1),
             fail_every: 0,
             calls: AtomicU64::new(0),
+            sequence_log: Default::default(),
         });
         let step = StepConfig {
             load: Load::Open { rate: 500.0 },
             connections: 64,
+            sequences: None,
         };
         let r = run_step(t.clone(), step, timing(2), quiet()).await;
         // 500/s × 200ms = 100 scheduled per window, all answered.
@@ -546,10 +602,12 @@ mod tests {
             delay: Duration::from_millis(20),
             fail_every: 0,
             calls: AtomicU64::new(0),
+            sequence_log: Default::default(),
         });
         let step = StepConfig {
             load: Load::Open { rate: 200.0 },
             connections: 1,
+            sequences: None,
         };
         let r = run_step(t, step, timing(1), quiet()).await;
         let w = &r.windows[0];
@@ -567,5 +625,44 @@ mod tests {
         if w.ok > 0 {
             assert!(w.latency.max() > 100_000, "max {}", w.latency.max());
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sequence_mode_runs_whole_sequences_per_worker() {
+        let t = Arc::new(FakeTransport {
+            delay: Duration::from_millis(1),
+            fail_every: 0,
+            calls: AtomicU64::new(0),
+            sequence_log: Default::default(),
+        });
+        let step = StepConfig {
+            load: Load::Closed { concurrency: 3 },
+            connections: 3,
+            sequences: Some(Sequences {
+                length: 4,
+                first_id: 10,
+                string_ids: false,
+            }),
+        };
+        run_step(t.clone(), step, timing(1), quiet()).await;
+        let log = t.sequence_log.lock().unwrap().clone();
+        assert!(log.len() > 12, "{}", log.len());
+        // Each id's requests are start, middle, middle, end, in that order (a sequence the
+        // step cut short ends early), and no id is used by two sequences.
+        let mut by_id: std::collections::BTreeMap<String, Vec<(bool, bool)>> = Default::default();
+        for (id, start, end) in log {
+            by_id
+                .entry(format!("{id:?}"))
+                .or_default()
+                .push((start, end));
+        }
+        let whole = [(true, false), (false, false), (false, false), (false, true)];
+        for flags in by_id.values() {
+            let (last, before) = flags.split_last().unwrap();
+            assert!(whole.starts_with(before), "{flags:?}");
+            assert!(last.1, "every sequence ends: {flags:?}");
+        }
+        assert!(by_id.values().filter(|f| f.len() == 4).count() >= 3);
+        assert!(by_id.contains_key("Number(10)") && by_id.contains_key("Number(12)"));
     }
 }

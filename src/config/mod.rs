@@ -52,6 +52,30 @@ pub struct Config {
     /// Authentication, tenants and their limits.
     #[serde(default)]
     pub auth: Auth,
+    /// What the gateway tells monitoring: merged metrics, exported traces.
+    #[serde(default)]
+    pub telemetry: Telemetry,
+}
+
+/// Metrics and traces for the monitoring stack. Read at start: a change needs a restart.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Telemetry {
+    /// `/metrics` also carries every backend's Triton series (labelled `backend`, as
+    /// `/metrics/backends` serves them), so one Prometheus job covers the whole pool.
+    pub merge_backend_metrics: bool,
+    /// OTLP/gRPC collector (`http://host:4317`) that receives a span per request; none: no
+    /// spans are recorded (trace context is still taken or started and passed on).
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self {
+            merge_backend_metrics: true,
+            otlp_endpoint: None,
+        }
+    }
 }
 
 /// Inference requests are checked against the model's signature (fetched from a backend
@@ -161,6 +185,9 @@ pub struct Server {
     pub drain_timeout: HumanDuration,
     /// Largest gRPC request message accepted; larger ones get RESOURCE_EXHAUSTED.
     pub max_grpc_message_size: ByteSize,
+    /// The name `GET /v2` and `ServerMetadata` report instead of the backends' own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Default for Server {
@@ -169,6 +196,7 @@ impl Default for Server {
             max_body_size: ByteSize(64 << 20),
             drain_timeout: HumanDuration(Duration::from_secs(30)),
             max_grpc_message_size: ByteSize(64 << 20),
+            name: None,
         }
     }
 }
@@ -185,7 +213,7 @@ pub struct Upstream {
     pub pool_idle_timeout: HumanDuration,
     /// Idle connections kept per backend.
     pub pool_max_idle: usize,
-    /// How often each backend's `/v2/health/ready` and repository index are polled.
+    /// How often each backend's `/v2/health/live` and repository index are polled.
     pub health_interval: HumanDuration,
     /// Time allowed for one health check.
     pub health_timeout: HumanDuration,
@@ -350,6 +378,12 @@ impl Config {
                 "must be greater than 0 and at most 4GiB (a gRPC message length is 32 bits)".into(),
             );
         }
+        if self.server.name.as_deref().is_some_and(str::is_empty) {
+            error(
+                "server.name".into(),
+                "must not be empty (leave it out to report the backends' own name)".into(),
+            );
+        }
         if self.validation.signature_cache_capacity == 0 {
             error(
                 "validation.signature_cache_capacity".into(),
@@ -404,6 +438,14 @@ impl Config {
                 "auth.client_certificates".into(),
                 "needs listen.tls.client_ca (clients must present verified certificates)".into(),
             );
+        }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint
+            && let Err(message) = crate::trace::check_endpoint(endpoint)
+        {
+            errors.push(ConfigError {
+                key: "telemetry.otlp_endpoint".into(),
+                message,
+            });
         }
         self.placement.validate(&self.models, &mut errors);
         routes::validate(&self.routes, &mut errors);
@@ -740,6 +782,19 @@ mod tests {
         .unwrap();
         let ca = config.backends[0].tls_ca(&config.upstream);
         assert_eq!(ca, Some(Path::new("b.pem")));
+    }
+
+    #[test]
+    fn server_name_overrides_the_reported_name_and_is_not_empty() {
+        assert_eq!(Config::parse(MINIMAL).unwrap().server.name, None);
+        let with = |value: &str| format!("{MINIMAL}[server]\nname = \"{value}\"\n");
+        let config = Config::parse(&with("serving")).unwrap();
+        assert_eq!(config.server.name.as_deref(), Some("serving"));
+        let found = errors(&with(""));
+        assert!(
+            found[0].starts_with("server.name: must not be empty"),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/admin/config", get(running_config))
         .route("/admin/routes", get(routes))
         .route("/admin/whoami", get(whoami))
+        .route("/admin/server", get(server))
         .route("/admin/models/{model}/load", post(load))
         .route("/admin/models/{model}/unload", post(unload))
         .route("/admin/backends/{backend}/drain", post(drain))
@@ -35,6 +36,16 @@ async fn whoami(
 ) -> axum::Json<serde_json::Value> {
     axum::Json(serde_json::json!({
         "peer": peer.map(|axum::Extension(peer)| peer.subject),
+    }))
+}
+
+/// The gateway's own name and version, and what server metadata reports for the pool (the
+/// backends' identity, which `GET /v2` gives clients).
+async fn server(State(gateway): State<Gateway>) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({
+        "name": crate::protocol::SERVER_NAME,
+        "version": crate::protocol::SERVER_VERSION,
+        "reported": crate::pipeline::server_metadata::server_metadata(&gateway).await,
     }))
 }
 

@@ -7,6 +7,7 @@ use super::series::{Protocol, RequestSeries};
 use crate::Gateway;
 use crate::error::{ErrorKind, ErrorSource};
 use crate::telemetry;
+use crate::trace::{RequestTrace, TRACEPARENT};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -16,6 +17,11 @@ use tracing::Instrument;
 
 /// The `x-request-id` header, taken from the client or made here.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// `server: infergate/<version>`, on every answer of the KServe listeners: server metadata
+/// names the backends, this names the gateway.
+pub(crate) const SERVER_HEADER_VALUE: HeaderValue =
+    HeaderValue::from_static(crate::protocol::SERVER_HEADER);
 
 /// The request's id, available to handlers as an extension.
 #[derive(Clone, Debug)]
@@ -156,12 +162,16 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
         .headers_mut()
         .insert(X_REQUEST_ID.clone(), id.clone());
     request.extensions_mut().insert(RequestId(id.clone()));
+    let traceparent = request.headers().get(&TRACEPARENT).map(|v| v.as_bytes());
+    let trace = RequestTrace::start(traceparent, !is_probe(request.uri().path()));
+    trace.stamp(request.headers_mut());
     let method = request.method().clone();
     let uri = request.uri().clone(); // shares the bytes, unlike copying the path
     let path = uri.path();
     let span = tracing::info_span!(
         "request",
         request_id = %id.to_str().unwrap_or_default(),
+        trace_id = %trace.trace_id(),
         peer = tracing::field::Empty
     );
     record_peer(&span, request.extensions());
@@ -172,7 +182,9 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
     let elapsed = started.elapsed();
     drop(in_flight);
 
-    response.headers_mut().insert(X_REQUEST_ID.clone(), id);
+    let headers = response.headers_mut();
+    headers.insert(X_REQUEST_ID.clone(), id);
+    headers.insert(http::header::SERVER, SERVER_HEADER_VALUE);
     let status = response.status();
     // Nothing after this middleware reads them: taken, not copied.
     let served = response
@@ -189,6 +201,7 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
         elapsed,
         error.as_ref(),
     );
+    trace.finish_http(&method, path, status.as_u16(), &served, error.as_ref());
 
     let latency_ms = elapsed.as_secs_f64() * 1e3;
     let _entered = span.enter();
@@ -197,11 +210,11 @@ pub async fn edge(State(_gateway): State<Gateway>, mut request: Request, next: N
     match error {
         Some(e) if e.source != ErrorSource::Client => tracing::warn!(
             %method, path, model = served.model, version, backend = served.backend, route, tenant,
-            status = status.as_u16(), latency_ms, error = e.kind, source = e.source.as_str(), message = e.message, "request failed"
+            status = status.as_u16(), latency_ms, error = e.kind, source = e.source.as_str(), reason = e.message, "request failed"
         ),
         Some(e) => tracing::info!(
             %method, path, model = served.model, version, backend = served.backend, route, tenant,
-            status = status.as_u16(), latency_ms, error = e.kind, message = e.message, "request refused"
+            status = status.as_u16(), latency_ms, error = e.kind, reason = e.message, "request refused"
         ),
         None if is_probe(path) => {
             tracing::debug!(%method, path, status = status.as_u16(), latency_ms, "probe")

@@ -10,8 +10,8 @@ use crate::error::GatewayError;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
 use crate::pipeline::statistics::{self, Statistics};
-use crate::pipeline::{Ask, LeasedBody, ModelRef, Outcome, mirror};
-use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
+use crate::pipeline::{Ask, LeasedBody, ModelRef, Outcome, mirror, replay, sequence};
+use crate::placement::SequenceRef;
 use crate::upstream;
 use axum::Router;
 use axum::extract::rejection::PathRejection;
@@ -41,6 +41,8 @@ pub fn router(gateway: Gateway) -> Router {
             any(version_action),
         )
         .route("/v2/repository/index", post(repository_index))
+        .route("/v2/systemsharedmemory/{*rest}", any(shared_memory))
+        .route("/v2/cudasharedmemory/{*rest}", any(shared_memory))
         .route(
             "/v2/repository/models/{model}/{action}",
             any(repository_action),
@@ -123,13 +125,8 @@ fn admit_admin(
     admit(&gateway.live().auth, &caller, Access::Admin(what))
 }
 
-async fn server_metadata() -> Response {
-    axum::Json(serde_json::json!({
-        "name": SERVER_NAME,
-        "version": SERVER_VERSION,
-        "extensions": EXTENSIONS,
-    }))
-    .into_response()
+async fn server_metadata(State(gateway): State<Gateway>) -> Response {
+    axum::Json(crate::pipeline::server_metadata::server_metadata(&gateway).await).into_response()
 }
 
 /// The gateway's own process is alive.
@@ -140,6 +137,12 @@ async fn live() -> StatusCode {
 /// Ready while at least one backend is, and not once shutdown has begun.
 async fn ready(State(gateway): State<Gateway>) -> Result<StatusCode, GatewayError> {
     gateway.readiness().map(|()| StatusCode::OK)
+}
+
+/// The shared-memory extension (status, register, unregister; system and CUDA): a region is
+/// local to one host, and the gateway and its backends are not one host.
+async fn shared_memory() -> GatewayError {
+    GatewayError::SharedMemoryUnsupported
 }
 
 async fn not_found(request: Request) -> GatewayError {
@@ -177,11 +180,8 @@ async fn version_metadata(
     segments: Result<Path<(String, String)>, PathRejection>,
     request: Request,
 ) -> Response {
-    match path(segments) {
-        Ok((model, version)) => {
-            let model = ModelRef::new(model, Some(version));
-            to_model(&gateway, model, Ask::Metadata, request).await
-        }
+    match path(segments).and_then(|(model, version)| versioned(model, version, &request)) {
+        Ok(model) => to_model(&gateway, model, Ask::Metadata, request).await,
         Err(error) => error.into_response(),
     }
 }
@@ -202,14 +202,25 @@ async fn version_action(
     segments: Result<Path<(String, String, String)>, PathRejection>,
     request: Request,
 ) -> Response {
-    match path(segments)
-        .and_then(|(model, version, action)| Ok((model, version, check_action(&action, &request)?)))
-    {
-        Ok((model, version, ask)) => {
-            to_model(&gateway, ModelRef::new(model, Some(version)), ask, request).await
-        }
+    match path(segments).and_then(|(model, version, action)| {
+        let ask = check_action(&action, &request)?;
+        Ok((versioned(model, version, &request)?, ask))
+    }) {
+        Ok((model, ask)) => to_model(&gateway, model, ask, request).await,
         Err(error) => error.into_response(),
     }
+}
+
+/// The model and version of a `/versions/{v}` URL. Triton's HTTP routes take only digits
+/// there: any other segment is an unknown path (404), as on Triton; digits Triton cannot
+/// read as a version (past 64 bits) are its 400.
+fn versioned(model: String, version: String, request: &Request) -> Result<ModelRef, GatewayError> {
+    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(GatewayError::NotFound {
+            path: request.uri().path().to_owned(),
+        });
+    }
+    ModelRef::requested(model, Some(version))
 }
 
 /// The per-model endpoints, what each asks, and the method each takes (`generate` and
@@ -272,19 +283,34 @@ async fn to_model(gateway: &Gateway, model: ModelRef, ask: Ask, mut request: Req
     if routed.route.is_some() {
         *request.uri_mut() = target_uri(request.uri(), &routed.target);
     }
-    let lease = match routed.place(gateway.placement(), ask).await {
+    let (request, sequence) = match read_sequence(gateway, &routed.target, ask, request).await {
+        Ok(read) => read,
+        Err(error) => {
+            finish(routed.outcome, error.http_status());
+            return error.into_response();
+        }
+    };
+    let mut lease = match routed
+        .place(gateway.placement(), ask, sequence.as_ref())
+        .await
+    {
         Ok(lease) => lease,
         Err(error) => return error.into_response(),
     };
-    let model = routed.target;
     let forwarded = async {
-        let request = limit_body(gateway, request)?;
         let mut request =
-            crate::validate::http_request(gateway, lease.backend(), &model, request).await?;
+            crate::validate::http_request(gateway, lease.backend(), &routed.target, request)
+                .await?;
         if let Some(copy) = copy {
             request = mirror::http(gateway, copy, request, target_uri).await?;
         }
-        upstream::forward(lease.backend(), request).await
+        forward_placed(
+            gateway,
+            (&mut routed, ask, sequence.as_ref()),
+            &mut lease,
+            request,
+        )
+        .await
     }
     .await;
     finish(
@@ -293,6 +319,7 @@ async fn to_model(gateway: &Gateway, model: ModelRef, ask: Ask, mut request: Req
             .as_ref()
             .map_or_else(GatewayError::http_status, |r| r.status()),
     );
+    let model = routed.target;
     let served = Served {
         model: model.name,
         version: model.version,
@@ -342,6 +369,100 @@ fn statistics_response(answer: Statistics) -> Response {
         ),
         Statistics::Refused { status, body } => json_response(status, body),
     }
+}
+
+/// Forwards to the leased copy. When the backend answers that it has no such model (the copy
+/// went between placement and the answer), the request is placed again and sent once more,
+/// with the same body (`pipeline::replay`); `lease` is then the copy that answered.
+async fn forward_placed(
+    gateway: &Gateway,
+    (routed, ask, sequence): (&mut crate::pipeline::Routed, Ask, Option<&SequenceRef>),
+    lease: &mut crate::placement::Lease,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    let (parts, body) = request.into_parts();
+    let (body, replay) = crate::body::replayable(body);
+    let mut again = http::Request::new(());
+    *again.method_mut() = parts.method.clone();
+    *again.uri_mut() = parts.uri.clone();
+    *again.version_mut() = parts.version;
+    *again.headers_mut() = parts.headers.clone();
+    let response = upstream::forward(lease.backend(), Request::from_parts(parts, body)).await?;
+    if !replay::may_be_gone(response.status()) {
+        return Ok(response);
+    }
+    let (parts, body) = response.into_parts();
+    // An error answer is small; past this it is not one of Triton's lookup refusals.
+    let body = match http_body_util::Limited::new(body, 64 << 10).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            return Err(GatewayError::UpstreamFailed {
+                backend: lease.backend().name.clone(),
+                reason: format!("reading the error answer: {error}"),
+            });
+        }
+    };
+    let gone = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("error")?.as_str().map(replay::copy_is_gone))
+        .unwrap_or(false);
+    let retry = if gone { replay.take() } else { None };
+    let Some(body_again) = retry else {
+        return Ok(Response::from_parts(parts, axum::body::Body::from(body)));
+    };
+    *lease = routed
+        .place_again(gateway.placement(), lease, ask, sequence)
+        .await?;
+    let (again, ()) = again.into_parts();
+    upstream::forward(lease.backend(), Request::from_parts(again, body_again)).await
+}
+
+/// Applies the body limit, and for an inference request to a model that may have sequence
+/// batching (`Placement::may_hold_sequences`) reads the sequence it belongs to, which
+/// placement needs: from the whole body for JSON, from the JSON header alone for the binary
+/// extension (its tensors keep streaming). The bytes read are handed on as the body, so
+/// validation reads them again without another copy. Validation on or off alike; a
+/// compressed body is not read (its sequence is not followed).
+async fn read_sequence(
+    gateway: &Gateway,
+    model: &ModelRef,
+    ask: Ask,
+    request: Request,
+) -> Result<(Request, Option<SequenceRef>), GatewayError> {
+    let request = limit_body(gateway, request)?;
+    if ask != Ask::Inference || !gateway.placement().may_hold_sequences(&model.name) {
+        return Ok((request, None));
+    }
+    let headers = request.headers();
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|e| !e.is_empty() && e != "identity")
+    {
+        return Ok((request, None));
+    }
+    let header_length: Option<usize> = headers
+        .get(crate::validate::HEADER_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+    let declared: Option<u64> = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let limit = gateway.config().server.max_body_size.bytes();
+    let (parts, body) = request.into_parts();
+    let (body, sequence) = match header_length {
+        // Raw binary: the whole body is one tensor, no JSON.
+        Some(0) => (body, None),
+        Some(length) => {
+            let (head, rest) = crate::validate::read_head(body, length, limit).await?;
+            let sequence = sequence::from_json(&head[..length.min(head.len())]);
+            (crate::validate::stream_on(head, rest), sequence)
+        }
+        None => {
+            let whole = crate::validate::collect(body, limit, declared).await?;
+            let sequence = sequence::from_json(&whole);
+            (axum::body::Body::from(whole), sequence)
+        }
+    };
+    Ok((Request::from_parts(parts, body), sequence))
 }
 
 /// Counts the answer for a guarded route: a 5xx is a failure of the target.

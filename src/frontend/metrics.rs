@@ -1,5 +1,6 @@
-//! The metrics listener: the gateway's own series at `/metrics`, and every backend's Triton
-//! series, labelled by backend, at `/metrics/backends`.
+//! The metrics listener: the gateway's own series at `/metrics` (with every backend's Triton
+//! series too, labelled by backend, unless `telemetry.merge_backend_metrics` is off), and the
+//! backends' series alone at `/metrics/backends`.
 
 use crate::Gateway;
 use crate::upstream::metrics_scrape;
@@ -20,14 +21,26 @@ pub fn router(gateway: Gateway) -> Router {
 }
 
 async fn own(State(gateway): State<Gateway>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, PROMETHEUS_TEXT)],
-        gateway.metrics().render(),
-    )
+    // The LRU age grows while nothing changes: read the books now, not at the last change.
+    gateway.placement().publish_gauges();
+    let mut text = gateway.metrics().render();
+    if gateway.config().telemetry.merge_backend_metrics {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&scrape(&gateway).await);
+    }
+    ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text)
 }
 
 async fn backends(State(gateway): State<Gateway>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, PROMETHEUS_TEXT)],
+        scrape(&gateway).await,
+    )
+}
+
+async fn scrape(gateway: &Gateway) -> String {
     let timeout = gateway.config().upstream.health_timeout.0;
-    let text = metrics_scrape::scrape_all(gateway.pool(), timeout).await;
-    ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text)
+    metrics_scrape::scrape_all(gateway.pool(), timeout).await
 }

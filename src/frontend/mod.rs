@@ -8,6 +8,8 @@ pub mod http;
 pub mod metrics;
 mod series;
 
-pub(crate) use edge::{InFlightGauge, X_REQUEST_ID, grpc_status_class, record, request_id};
+pub(crate) use edge::{
+    InFlightGauge, SERVER_HEADER_VALUE, X_REQUEST_ID, grpc_status_class, record, request_id,
+};
 pub use edge::{RequestId, Served, Tenant};
 pub use series::Protocol;

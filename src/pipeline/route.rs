@@ -5,6 +5,7 @@
 use super::{Caller, ModelRef};
 use crate::config::{self, StickyKey};
 use crate::error::GatewayError;
+use crate::placement::SequenceRef;
 use crate::routing::{Route, Target};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -50,13 +51,15 @@ impl Routed {
     /// target that cannot be placed has failed the request: a guard counts that against
     /// it. A guard's latency starts once the target is placed: a cold canary's load time is
     /// not its answer time.
+    /// A request that belongs to a sequence (`sequence`) goes to the copy that saw it start.
     pub async fn place(
         &mut self,
         placement: &Arc<crate::placement::Placement>,
         ask: super::Ask,
+        sequence: Option<&SequenceRef>,
     ) -> Result<crate::placement::Lease, GatewayError> {
         let placed = if ask.loads() {
-            placement.acquire(&self.target).await
+            placement.acquire_in(&self.target, sequence).await
         } else {
             placement.lease_loaded(&self.target, ask)
         };
@@ -69,6 +72,21 @@ impl Routed {
             _ => {}
         }
         placed
+    }
+
+    /// Places the request again after the backend of `gone` said it has no such model
+    /// (`super::replay`): that copy comes off the books first, so another is found or loaded.
+    /// A later request of a sequence that ran there is refused then (`SequenceLost`): its
+    /// state went with the copy.
+    pub async fn place_again(
+        &mut self,
+        placement: &Arc<crate::placement::Placement>,
+        gone: &crate::placement::Lease,
+        ask: super::Ask,
+        sequence: Option<&SequenceRef>,
+    ) -> Result<crate::placement::Lease, GatewayError> {
+        placement.copy_gone(gone);
+        self.place(placement, ask, sequence).await
     }
 
     /// The mirror copy of this request, when its route drew mirrors for it: call it once

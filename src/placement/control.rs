@@ -117,16 +117,7 @@ impl Placement {
             }
             return Ok(());
         }
-        let sizing = self.estimator.sizing(model);
-        let view = self.view(model);
-        let plan = self.books().reload_on(
-            &[backend],
-            model,
-            (&Versions::default(), &sizing),
-            &view,
-            true,
-            Instant::now(),
-        )?;
+        let plan = self.plan_reload(backend, model, &Versions::default())?;
         let mut done = plan.done.subscribe();
         self.clone().run_load(plan, Priority::Request).await;
         match done.wait_for(Option::is_some).await.as_deref() {

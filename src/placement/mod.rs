@@ -10,6 +10,7 @@ mod estimate;
 mod load_queue;
 mod located;
 mod model_config;
+pub mod sequences;
 pub mod simulate;
 mod spec;
 mod table;
@@ -18,6 +19,7 @@ mod versions;
 pub use estimate::{Estimate, Estimator, SizeSource, Sizing};
 pub use load_queue::{LoadQueue, Priority};
 pub use model_config::check_override;
+pub use sequences::{SequenceId, SequenceRef};
 pub use table::{BackendView, Decision, Indexed, LoadOutcome, LoadPlan, Narrowed, Policy, Table};
 pub use versions::Versions;
 
@@ -91,6 +93,11 @@ impl Lease {
     /// The backend to send to.
     pub fn backend(&self) -> &Arc<Backend> {
         self.in_flight.backend()
+    }
+
+    /// The backend's place in the pool, as `Placement::route_sequence` names backends.
+    pub fn backend_index(&self) -> usize {
+        self.backend
     }
 }
 
@@ -193,12 +200,51 @@ impl Placement {
 
     /// Finds (or makes) a ready copy of the model and leases it.
     pub async fn acquire(self: &Arc<Self>, model: &ModelRef) -> Result<Lease, GatewayError> {
-        self.acquire_with(model, true).await
+        self.acquire_with(model, None, true).await
+    }
+
+    /// `acquire` for a request that may belong to a sequence: a later request of a live
+    /// sequence gets the copy that saw it start (or `GatewayError::SequenceLost`), a start
+    /// binds its sequence to the copy it gets (`sequences`).
+    pub async fn acquire_in(
+        self: &Arc<Self>,
+        model: &ModelRef,
+        sequence: Option<&SequenceRef>,
+    ) -> Result<Lease, GatewayError> {
+        self.acquire_with(model, sequence, true).await
+    }
+
+    /// Whether requests for the model may belong to sequences: true for a model with
+    /// sequence batching, and for one whose config has not been read yet. Front-ends read a
+    /// request's sequence id only then, so other models' requests cost nothing more.
+    pub fn may_hold_sequences(&self, model: &str) -> bool {
+        self.books().is_sequence_model(model) != Some(false)
+    }
+
+    /// Where a later request of `sequence` must go, for a request sent down a stream
+    /// already open (see `Table::route_sequence`): `Some(backend)` while the sequence is
+    /// live on a copy that is there, `None` when it is not bound.
+    pub fn route_sequence(
+        &self,
+        model: &ModelRef,
+        sequence: &SequenceRef,
+    ) -> Result<Option<usize>, GatewayError> {
+        let view = self.view(&model.name);
+        self.books()
+            .route_sequence(model, sequence, &view, Instant::now())
+    }
+
+    /// Records a request of `sequence` sent to the copy of `model` on backend `b` outside
+    /// `acquire_in` (down a stream already open to it): see `Table::sequence_sent`.
+    pub fn sequence_sent(&self, b: usize, model: &str, sequence: &SequenceRef) {
+        self.books()
+            .sequence_sent(b, model, sequence, Instant::now());
     }
 
     async fn acquire_with(
         self: &Arc<Self>,
         model: &ModelRef,
+        sequence: Option<&SequenceRef>,
         allow_evict: bool,
     ) -> Result<Lease, GatewayError> {
         let mut attempts = 0;
@@ -210,7 +256,7 @@ impl Placement {
             }
             let view = self.view(&model.name);
             // The warm path: one lock, no estimate (the lock is not held while estimating).
-            let hit = self.books().hit(model, &view);
+            let hit = self.books().hit_for(model, sequence, &view, Instant::now());
             let decision = match hit {
                 Some(decision) => decision,
                 None => {
@@ -220,8 +266,14 @@ impl Placement {
                         self.estimator.unread()
                     };
                     let pinned = self.pinned.contains(&model.name);
-                    self.books()
-                        .decide(model, &sizing, &view, pinned, allow_evict, Instant::now())
+                    self.books().decide_for(
+                        model,
+                        sequence,
+                        &sizing,
+                        &view,
+                        (pinned, allow_evict),
+                        Instant::now(),
+                    )
                 }
             };
             let mut waiting = match decision {
@@ -286,18 +338,28 @@ impl Placement {
     /// `max_loading_concurrency` slots on the backend), record the outcome, tell the waiters.
     async fn run_load(self: Arc<Self>, plan: LoadPlan, priority: Priority) {
         let backend = self.pool.backends()[plan.backend].clone();
+        // The decision already changed the books (a loading copy, victims taken off).
+        self.publish_usage(plan.backend);
         let _slot = backend.load_slots.acquire(priority).await;
-        for victim in &plan.evict {
+        let _changing = backend.start_change();
+        // The victims go first, all at once, and the load starts once Triton has let them
+        // go: the backend never holds more than its capacity.
+        let unloads = plan.evict.iter().map(|victim| {
             metrics::counter!(telemetry::PLACEMENT_EVICTIONS, "backend" => backend.name.clone())
                 .increment(1);
             metrics::histogram!(telemetry::PLACEMENT_EVICTED_IDLE)
                 .record(victim.idle.as_secs_f64());
-            self.unload_on(&backend, &victim.model, "evict").await;
-        }
+            self.unload_on(plan.backend, &victim.model, "evict")
+        });
+        futures_util::future::join_all(unloads).await;
         let started = Instant::now();
         let outcome = self.measured_load(&plan, &backend).await;
         let serving = if outcome.is_ok() {
-            self.serving_after_load(&backend, &plan.model).await
+            let (serving, ()) = tokio::join!(
+                self.serving_after_load(&backend, &plan.model),
+                self.learn_sequencing(&backend, &plan.model)
+            );
+            serving
         } else {
             None
         };
@@ -334,6 +396,36 @@ impl Placement {
         let _ = plan.done.send(Some(outcome));
     }
 
+    /// Reads whether the model has sequence batching, and its idle timeout, from its config
+    /// on a backend that serves it: before any request is told of a load, so a sequence
+    /// model's first requests are already read for their sequence ids.
+    async fn learn_sequencing(&self, backend: &Backend, model: &str) {
+        let path = format!("/v2/models/{}/config", path_segment(model));
+        let answer = backend
+            .client
+            .call(
+                backend,
+                Method::GET,
+                &path,
+                Bytes::new(),
+                Duration::from_secs(2),
+            )
+            .await;
+        match answer {
+            Ok((StatusCode::OK, body)) => {
+                if let Some(idle) = sequences::sequencing_of(&body) {
+                    self.books().learn_sequencing(model, idle);
+                }
+            }
+            Ok((status, _)) => {
+                tracing::debug!(model, backend = %backend.name, %status, "model config not read")
+            }
+            Err(error) => {
+                tracing::debug!(model, backend = %backend.name, %error, "model config not read")
+            }
+        }
+    }
+
     /// The versions the backend's index shows READY for the model, read again after a load
     /// so that no request is told of the load before the index knows it.
     async fn serving_after_load(&self, backend: &Backend, model: &str) -> Option<BTreeSet<u64>> {
@@ -349,7 +441,7 @@ impl Placement {
     /// Loads, and where the backend reports memory and no other load ran beside this one,
     /// learns the model's size per version from the rise of the memory metric (new copies
     /// only: a reload's rise is a part of the model, and its old versions go meanwhile).
-    async fn measured_load(&self, plan: &LoadPlan, backend: &Backend) -> Result<(), Arc<str>> {
+    async fn measured_load(&self, plan: &LoadPlan, backend: &Arc<Backend>) -> Result<(), Arc<str>> {
         let model = plan.model.as_str();
         let running = &backend.loads_running;
         let alone_at_start = running.fetch_add(1, Ordering::AcqRel) == 0;
@@ -381,7 +473,7 @@ impl Placement {
 
     /// `POST .../load` for the plan's versions, within `load_timeout`. A new copy whose load
     /// times out is undone; a reloaded one is left serving what it served.
-    async fn load_on(&self, backend: &Backend, plan: &LoadPlan) -> Result<(), Arc<str>> {
+    async fn load_on(&self, backend: &Arc<Backend>, plan: &LoadPlan) -> Result<(), Arc<str>> {
         let model = plan.model.as_str();
         let path = format!("/v2/repository/models/{}/load", path_segment(model));
         let body = self.load_body(plan)?;
@@ -394,7 +486,8 @@ impl Placement {
             Ok((status, body)) => Err(triton_message(status, &body).into()),
             Err(error) => {
                 if matches!(error, GatewayError::UpstreamTimeout { .. }) && plan.reason == "new" {
-                    self.unload_on(backend, model, "abandon").await;
+                    // Never on the books as loaded: nothing departs.
+                    self.send_unload(backend, model, "abandon").await;
                 }
                 Err(error.to_string().into())
             }
@@ -428,8 +521,23 @@ impl Placement {
             .map_err(Arc::from)
     }
 
-    /// `POST .../unload`; failures are logged, the books already say it is gone.
-    async fn unload_on(&self, backend: &Backend, model: &str, reason: &'static str) {
+    /// Unloads a copy the books have taken off (it departs, see `Books::departing`) from
+    /// backend `b`: `POST .../unload`, then Triton's index is followed until the model has
+    /// gone (Triton answers at once and unloads for a second or more), and only then are its
+    /// bytes free on the books. An unload that fails frees them at once: reconciliation
+    /// adopts the copy again if the backend still has it.
+    async fn unload_on(&self, b: usize, model: &str, reason: &'static str) {
+        let backend = self.pool.backends()[b].clone();
+        let _changing = backend.start_change();
+        if self.send_unload(&backend, model, reason).await {
+            self.await_departure(&backend, model).await;
+        }
+        self.books().departed(b, model, Instant::now());
+        let _ = self.events.send(ModelEvent::Unloaded(model.to_string()));
+    }
+
+    /// `POST .../unload`; true when the backend took it. Failures are logged and counted.
+    async fn send_unload(&self, backend: &Backend, model: &str, reason: &'static str) -> bool {
         let path = format!("/v2/repository/models/{}/unload", path_segment(model));
         let answer = backend
             .client
@@ -449,13 +557,38 @@ impl Placement {
             .increment(1);
         match answer {
             Ok((StatusCode::OK, _)) => {
-                tracing::info!(model, backend = %backend.name, reason, "model unloaded")
+                tracing::info!(model, backend = %backend.name, reason, "model unloaded");
+                return true;
             }
             Ok((status, body)) => tracing::warn!(model, backend = %backend.name,
                 error = triton_message(status, &body), "unload failed"),
             Err(error) => tracing::warn!(model, backend = %backend.name, %error, "unload failed"),
         }
-        let _ = self.events.send(ModelEvent::Unloaded(model.to_string()));
+        false
+    }
+
+    /// Reads the backend's index, more and more slowly, until it holds the model no more
+    /// (no version READY, LOADING or UNLOADING), the backend is out of service, or
+    /// `load_timeout` passes.
+    async fn await_departure(&self, backend: &Backend, model: &str) {
+        let deadline = Instant::now() + self.load_timeout;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let read = crate::upstream::refresh_index(backend, Duration::from_secs(2)).await;
+            if read.is_ok() && !backend.index().holds(model) {
+                return;
+            }
+            if !backend.is_ready() || backend.is_retired() {
+                return;
+            }
+            if Instant::now() + pause > deadline {
+                tracing::warn!(model, backend = %backend.name,
+                    "the backend still holds an unloaded model after placement.load_timeout; its room is counted free again");
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(320));
+        }
     }
 
     /// Unloads a model from every backend (in-flight requests finish first: Triton waits for
@@ -469,8 +602,7 @@ impl Placement {
     /// Unloads a model the books no longer hold from each of `backends`, and says so.
     async fn unload_from(&self, backends: &[usize], model: &str, reason: &'static str) {
         for &b in backends {
-            self.unload_on(&self.pool.backends()[b], model, reason)
-                .await;
+            self.unload_on(b, model, reason).await;
             self.publish_usage(b);
         }
     }
@@ -483,6 +615,29 @@ impl Placement {
                 .get(model)
                 .is_some_and(|copy| versions.is_none_or(|v| !copy.versions.pinned.is_disjoint(v)))
         })
+    }
+
+    /// A request's backend said it has no such model (or none ready) before doing any work:
+    /// the books were wrong about that copy. It is taken off (reconciliation adopts it
+    /// again should the backend report it READY after all), so that placing the request
+    /// again finds another copy or loads one.
+    pub fn copy_gone(&self, lease: &Lease) {
+        let dropped = self
+            .books()
+            .copy_gone(lease.backend, &lease.model, Instant::now());
+        let backend = &lease.backend().name;
+        metrics::counter!(telemetry::PLACEMENT_STALE_COPIES, "backend" => backend.clone())
+            .increment(1);
+        tracing::warn!(
+            model = lease.model,
+            backend,
+            dropped,
+            "the backend does not have a copy the books had; placing the request again"
+        );
+        if dropped {
+            let _ = self.events.send(ModelEvent::Unloaded(lease.model.clone()));
+            self.publish_usage(lease.backend);
+        }
     }
 
     /// Unloads every copy of a model no route uses any more, if no request holds one (the
@@ -536,7 +691,7 @@ impl Placement {
         }
         for model in preload {
             match self
-                .acquire_with(&ModelRef::new(model.clone(), None), false)
+                .acquire_with(&ModelRef::new(model.clone(), None), None, false)
                 .await
             {
                 Ok(_) => tracing::info!(model, "preloaded"),
@@ -578,6 +733,8 @@ impl Placement {
     /// last round (free space only, up to `max_copies`), and unloads copies beyond a
     /// model's first (or its `min_copies`) that have been idle for `scale_down_idle`.
     async fn rebalance(self: &Arc<Self>, last: &mut HashMap<String, u64>) {
+        // Sequences idle past their timeout no longer hold their copies.
+        self.books().expire_sequences(Instant::now());
         let seconds = self.scaling.interval.as_secs_f64();
         let demand = self.books().demand();
         let mut hot = Vec::new();
@@ -668,6 +825,24 @@ impl Placement {
         for model in &changed.adopted {
             tracing::info!(model, backend = %backend.name, "adopted a model the backend already had");
         }
+        let unknown: Vec<String> = {
+            let books = self.books();
+            changed
+                .adopted
+                .iter()
+                .filter(|m| books.is_sequence_model(m).is_none())
+                .cloned()
+                .collect()
+        };
+        if !unknown.is_empty() {
+            let placement = self.clone();
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                for model in unknown {
+                    placement.learn_sequencing(&backend, &model).await;
+                }
+            });
+        }
         for model in &changed.dropped {
             tracing::info!(model, backend = %backend.name, "model is gone from the backend");
             let _ = self.events.send(ModelEvent::Unloaded(model.clone()));
@@ -710,6 +885,26 @@ impl Placement {
         });
     }
 
+    /// Plans loading the copy of `model` on a backend again, to serve `versions` (evicting
+    /// for room if need be): what a newer version on disk and a config change both do.
+    fn plan_reload(
+        &self,
+        backend: usize,
+        model: &str,
+        versions: &Versions,
+    ) -> Result<LoadPlan, GatewayError> {
+        let sizing = self.estimator.sizing(model);
+        let view = self.view(model);
+        self.books().reload_on(
+            &[backend],
+            model,
+            (versions, &sizing),
+            &view,
+            true,
+            Instant::now(),
+        )
+    }
+
     /// Plans and starts the reload of `model` on a backend, for a newer version on disk.
     fn reload_newer(
         self: &Arc<Self>,
@@ -718,17 +913,7 @@ impl Placement {
         serving: Option<u64>,
         newest: u64,
     ) {
-        let sizing = self.estimator.sizing(model);
-        let view = self.view(model);
-        let plan = self.books().reload_on(
-            &[backend_index],
-            model,
-            (&Versions::latest(), &sizing),
-            &view,
-            true,
-            Instant::now(),
-        );
-        match plan {
+        match self.plan_reload(backend_index, model, &Versions::latest()) {
             Ok(plan) => {
                 tracing::info!(model, backend = %self.pool.backends()[backend_index].name,
                     from = serving, to = newest, "newer version on disk: reloading");
@@ -783,8 +968,7 @@ impl Placement {
             for model in pinned_here {
                 if self.add_copy(&model, true).await {
                     if self.books().remove_copy(index, &model, Instant::now()) {
-                        self.unload_on(&self.pool.backends()[index], &model, "drain")
-                            .await;
+                        self.unload_on(index, &model, "drain").await;
                     }
                 } else {
                     tracing::warn!(
@@ -799,19 +983,34 @@ impl Placement {
         true
     }
 
+    /// Sets a backend's placement gauges from the books: after every change to what is
+    /// loaded there, and (through `publish_gauges`) at each scrape, since the LRU age grows
+    /// while nothing changes.
     fn publish_usage(&self, backend: usize) {
         let (used, loading, copies, lru) = {
             let books = self.books();
             let (used, loading, copies) = books.usage(backend);
-            (used, loading, copies, books.lru_age(Instant::now()))
+            (
+                used,
+                loading,
+                copies,
+                books.lru_age(backend, Instant::now()),
+            )
         };
         let name = self.pool.backends()[backend].name.clone();
         metrics::gauge!(telemetry::PLACEMENT_USED, "backend" => name.clone()).set(used as f64);
         metrics::gauge!(telemetry::PLACEMENT_LOADING, "backend" => name.clone())
             .set(loading as f64);
-        metrics::gauge!(telemetry::PLACEMENT_MODELS, "backend" => name).set(copies as f64);
-        if let Some(age) = lru {
-            metrics::gauge!(telemetry::PLACEMENT_LRU_AGE).set(age.as_secs_f64());
+        metrics::gauge!(telemetry::PLACEMENT_MODELS, "backend" => name.clone()).set(copies as f64);
+        metrics::gauge!(telemetry::PLACEMENT_LRU_AGE, "backend" => name).set(lru.as_secs_f64());
+    }
+
+    /// Brings every backend's placement gauges up to date, for a scrape.
+    pub fn publish_gauges(&self) {
+        for (index, backend) in self.pool.backends().iter().enumerate() {
+            if !backend.is_retired() {
+                self.publish_usage(index);
+            }
         }
     }
 
@@ -842,19 +1041,23 @@ impl Placement {
                             "latest": c.versions.latest,
                             "idle_seconds": now.saturating_duration_since(c.last_used).as_secs_f64(),
                             "in_flight": c.in_flight,
+                            "sequences": c.sequences,
                             "pinned": c.pinned,
                         })
                     })
                     .collect();
                 models.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+                let mut unloading: Vec<_> = b.departing.keys().collect();
+                unloading.sort();
                 serde_json::json!({
                     "name": backend.name,
                     "ready": backend.is_ready(),
                     "draining": b.draining,
                     "capacity": b.usable,
                     "used": b.committed,
-                    "free": b.usable.saturating_sub(b.committed),
+                    "free": b.free(),
                     "models": models,
+                    "unloading": unloading,
                 })
             })
             .collect();
@@ -871,7 +1074,12 @@ impl Placement {
                 })
             })
             .collect();
-        serde_json::json!({ "backends": backends, "failed_loads": failures })
+        let sequences: serde_json::Map<String, serde_json::Value> = books
+            .live_sequences(now)
+            .into_iter()
+            .map(|(model, live)| (model, live.into()))
+            .collect();
+        serde_json::json!({ "backends": backends, "failed_loads": failures, "live_sequences": sequences })
     }
 }
 

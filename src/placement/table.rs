@@ -4,6 +4,7 @@
 
 use super::estimate::{Estimate, SizeSource, Sizing};
 use super::located::Located;
+use super::sequences::{Affinity, Held, SequenceRef};
 use super::versions::Versions;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
@@ -41,6 +42,9 @@ pub struct BackendView {
 /// One copy of a model on one backend.
 #[derive(Debug)]
 pub struct Copy {
+    /// Tells this copy from any other, before or after it in the same place: a sequence is
+    /// bound to the copy that saw it start, not to whatever copy is there later.
+    pub id: u64,
     /// The model's name (shared with the eviction order).
     pub name: Arc<str>,
     /// Bytes it is counted for.
@@ -68,6 +72,15 @@ pub struct Copy {
     /// The config override its last load sent (`None`: the repository's config); a copy
     /// whose override is not its model's spec is loaded again (`Placement::load`).
     pub config: Option<Arc<str>>,
+    /// Live sequences bound to it (`sequences`): while any is, it is never evicted or
+    /// scaled down.
+    pub sequences: usize,
+}
+
+/// A new copy's id.
+fn next_copy_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Copy {
@@ -124,6 +137,23 @@ pub struct Books {
     /// The copies eviction may take (ready, unused, not pinned), least recently used first:
     /// a miss reads victims off the front instead of sorting every copy.
     idle: BTreeSet<(Instant, Arc<str>)>,
+    /// Copies placement took off the books to unload, until the backend has unloaded them
+    /// (`Table::departed`): Triton answers an unload at once and keeps the model (and its
+    /// memory) for a second or more while it goes, so each is served no more, its bytes
+    /// still count against `usable`, it is not adopted back by reconciliation, and no new
+    /// copy of it is placed here meanwhile.
+    pub departing: HashMap<String, Departing>,
+    /// Sum of the departing copies' bytes.
+    departing_bytes: u64,
+}
+
+/// A copy on its way out of a backend (see `Books::departing`).
+#[derive(Debug)]
+pub struct Departing {
+    /// Bytes it is still counted for.
+    pub bytes: u64,
+    /// Told when it has gone, for requests that wait to load it here again.
+    done: watch::Sender<LoadOutcome>,
 }
 
 impl Books {
@@ -135,12 +165,31 @@ impl Books {
             changed: now,
             copies: HashMap::new(),
             idle: BTreeSet::new(),
+            departing: HashMap::new(),
+            departing_bytes: 0,
         }
+    }
+
+    /// Takes a copy off the books to be unloaded: it departs (see `departing`).
+    fn depart(&mut self, name: &str, at: (&mut Located, usize), now: Instant) -> Option<Copy> {
+        let copy = self.take(name, at)?;
+        self.committed -= copy.size;
+        self.departing_bytes += copy.size;
+        self.changed = now;
+        self.departing
+            .entry(name.to_string())
+            .and_modify(|d| d.bytes += copy.size)
+            .or_insert_with(|| Departing {
+                bytes: copy.size,
+                done: watch::channel(None).0,
+            });
+        Some(copy)
     }
 
     /// The copy's place in the eviction order, when eviction may take it.
     fn idle_key(copy: &Copy) -> Option<(Instant, Arc<str>)> {
-        (matches!(copy.state, CopyState::Ready) && copy.in_flight == 0 && !copy.pinned)
+        let unused = copy.in_flight == 0 && copy.sequences == 0;
+        (matches!(copy.state, CopyState::Ready) && unused && !copy.pinned)
             .then(|| (copy.last_used, copy.name.clone()))
     }
 
@@ -181,8 +230,10 @@ impl Books {
         Some(result)
     }
 
-    fn free(&self) -> u64 {
-        self.usable.saturating_sub(self.committed)
+    /// What is left for new copies: departing copies still hold their bytes.
+    pub fn free(&self) -> u64 {
+        self.usable
+            .saturating_sub(self.committed + self.departing_bytes)
     }
 
     fn loading_bytes(&self) -> u64 {
@@ -266,6 +317,8 @@ pub struct Table {
     located: Located,
     failures: HashMap<(String, usize), Failure>,
     policy: Policy,
+    /// Live sequences and the copies they run on.
+    sequences: Affinity,
 }
 
 impl Table {
@@ -280,6 +333,7 @@ impl Table {
             located: Located::default(),
             failures: HashMap::new(),
             policy,
+            sequences: Affinity::default(),
         }
     }
 
@@ -327,11 +381,24 @@ impl Table {
         allow_evict: bool,
         now: Instant,
     ) -> Decision {
+        self.decide_for(model, None, sizing, view, (pinned, allow_evict), now)
+    }
+
+    /// `decide` for a request of a sequence (`hit_for`).
+    pub fn decide_for(
+        &mut self,
+        model: &ModelRef,
+        sequence: Option<&SequenceRef>,
+        sizing: &Sizing,
+        view: &[BackendView],
+        (pinned, allow_evict): (bool, bool),
+        now: Instant,
+    ) -> Decision {
         let version = match requested_version(model, sizing) {
             Ok(version) => version,
             Err(error) => return Decision::Refuse(error),
         };
-        if let Some(decision) = self.hit(model, view) {
+        if let Some(decision) = self.hit_for(model, sequence, view, now) {
             return decision;
         }
         if !view.iter().any(|v| v.ready) {
@@ -346,12 +413,20 @@ impl Table {
         let placeable =
             |table: &Self, b: usize| view[b].ready && view[b].knows && !table.backends[b].draining;
         let candidates: Vec<usize> = (0..self.backends.len())
-            .filter(|&b| placeable(self, b) && !self.backends[b].copies.contains_key(&model.name))
+            .filter(|&b| placeable(self, b) && self.lacks(b, &model.name))
             .collect();
         if candidates.is_empty() {
             let holders: Vec<usize> = (0..self.backends.len())
                 .filter(|&b| placeable(self, b) && self.is_ready_copy(b, &model.name))
                 .collect();
+            if holders.is_empty()
+                && let Some(departing) = (0..self.backends.len())
+                    .filter(|&b| placeable(self, b))
+                    .find_map(|b| self.backends[b].departing.get(&model.name))
+            {
+                // Its only place is where it is being unloaded: load it there once it has gone.
+                return Decision::Wait(departing.done.subscribe());
+            }
             return match self.reload_on(
                 &holders,
                 &model.name,
@@ -425,6 +500,23 @@ impl Table {
         Ok(plan)
     }
 
+    /// Whether a new copy of `model` may go on `backend`: it has none, and none departing.
+    fn lacks(&self, backend: usize, model: &str) -> bool {
+        let books = &self.backends[backend];
+        !books.copies.contains_key(model) && !books.departing.contains_key(model)
+    }
+
+    /// A departing copy has gone from the backend: its bytes are free, and requests waiting
+    /// to place the model there decide again. Reconciliation ignores index reads from before.
+    pub fn departed(&mut self, backend: usize, model: &str, now: Instant) {
+        let books = &mut self.backends[backend];
+        if let Some(departing) = books.departing.remove(model) {
+            books.departing_bytes -= departing.bytes;
+            books.changed = now;
+            let _ = departing.done.send(Some(Ok(())));
+        }
+    }
+
     fn is_ready_copy(&self, backend: usize, model: &str) -> bool {
         self.backends[backend]
             .copies
@@ -451,17 +543,40 @@ impl Table {
     /// with this; asking it alone first lets a warm request skip what only a load needs (the
     /// size estimate).
     pub fn hit(&mut self, model: &ModelRef, view: &[BackendView]) -> Option<Decision> {
+        self.hit_for(model, None, view, Instant::now())
+    }
+
+    /// `hit` for a request that may belong to a sequence: a later request of a live
+    /// sequence is served by the copy that saw it start, or refused when that copy has gone
+    /// (`GatewayError::SequenceLost`); a sequence's start goes to the copy with the fewest
+    /// live sequences, then requests in flight, and binds the sequence there.
+    pub fn hit_for(
+        &mut self,
+        model: &ModelRef,
+        sequence: Option<&SequenceRef>,
+        view: &[BackendView],
+        now: Instant,
+    ) -> Option<Decision> {
         // A version that is no number is refused by `decide`.
         let version = model.version_number().ok()?;
-        let mut best: Option<(usize, usize)> = None;
+        if let Some(sequence) = sequence.filter(|s| !s.start) {
+            match self.route_sequence(model, sequence, view, now) {
+                Ok(Some(b)) => return Some(self.serve(b, model, version, Some(sequence), now)),
+                Ok(None) => {}
+                Err(lost) => return Some(Decision::Refuse(lost)),
+            }
+        }
+        let starting = sequence.is_some_and(|s| s.start);
+        let mut best: Option<(usize, (usize, usize))> = None;
         let mut loading = None;
         for &b in self.located.of(&model.name) {
             if !view[b].ready {
                 continue;
             }
             let copy = &self.backends[b].copies[&model.name];
-            if copy.serves(version) && best.is_none_or(|(_, n)| copy.in_flight < n) {
-                best = Some((b, copy.in_flight));
+            let load = (if starting { copy.sequences } else { 0 }, copy.in_flight);
+            if copy.serves(version) && best.is_none_or(|(_, n)| load < n) {
+                best = Some((b, load));
             }
             match &copy.state {
                 CopyState::Loading(rx) => loading = Some(rx.clone()),
@@ -470,19 +585,120 @@ impl Table {
             }
         }
         if let Some((b, _)) = best {
-            self.backends[b].modify(&model.name, |copy| {
-                copy.in_flight += 1;
-                copy.served += 1;
-                if let Some(v) = version {
-                    match copy.in_flight_versions.iter_mut().find(|(w, _)| *w == v) {
-                        Some((_, n)) => *n += 1,
-                        None => copy.in_flight_versions.push((v, 1)),
-                    }
-                }
-            });
-            return Some(Decision::Serve(b));
+            return Some(self.serve(b, model, version, sequence, now));
         }
         loading.map(Decision::Wait)
+    }
+
+    /// Serves a request on the copy of `model` on backend `b` (which serves its version):
+    /// one more in flight, and the request's sequence recorded there.
+    fn serve(
+        &mut self,
+        b: usize,
+        model: &ModelRef,
+        version: Option<u64>,
+        sequence: Option<&SequenceRef>,
+        now: Instant,
+    ) -> Decision {
+        self.backends[b].modify(&model.name, |copy| {
+            copy.in_flight += 1;
+            copy.served += 1;
+            if let Some(v) = version {
+                match copy.in_flight_versions.iter_mut().find(|(w, _)| *w == v) {
+                    Some((_, n)) => *n += 1,
+                    None => copy.in_flight_versions.push((v, 1)),
+                }
+            }
+        });
+        if let Some(sequence) = sequence {
+            self.sequence_sent(b, &model.name, sequence, now);
+        }
+        Decision::Serve(b)
+    }
+
+    /// Where a request of a sequence that is not its start must go: `Some(backend)` while
+    /// the sequence is live on a copy that is still there, `None` when it is not bound
+    /// (never started through this gateway, ended, idle past its timeout: placed as any
+    /// request, and Triton judges it), an error when its copy has gone. An end request
+    /// for a lost sequence lets the sequence go.
+    pub fn route_sequence(
+        &mut self,
+        model: &ModelRef,
+        sequence: &SequenceRef,
+        view: &[BackendView],
+        now: Instant,
+    ) -> Result<Option<usize>, GatewayError> {
+        let Some((b, copy)) = self.sequences.bound(&model.name, &sequence.id, now) else {
+            return Ok(None);
+        };
+        let version = model.version_number().ok().flatten();
+        let alive = view.get(b).is_some_and(|v| v.ready)
+            && self.backends[b]
+                .copies
+                .get(&model.name)
+                .is_some_and(|c| c.id == copy && c.serves(version));
+        if alive {
+            return Ok(Some(b));
+        }
+        if sequence.end {
+            self.sequences.record(&model.name, sequence, (b, copy), now);
+        }
+        Err(GatewayError::SequenceLost {
+            model: model.name.clone(),
+            sequence: sequence.id.to_string(),
+        })
+    }
+
+    /// Records a request of `sequence` sent to the copy of `model` on backend `b` (by
+    /// `serve`, or down a stream already open to it): its start binds the sequence there,
+    /// its end lets it go, any request keeps it live for another idle timeout.
+    pub fn sequence_sent(&mut self, b: usize, model: &str, sequence: &SequenceRef, now: Instant) {
+        let Some(copy) = self.backends[b].copies.get(model).map(|c| c.id) else {
+            return;
+        };
+        let (held, released) = self.sequences.record(model, sequence, (b, copy), now);
+        if let Some(held) = held {
+            self.count_sequence(&held, true);
+        }
+        if let Some(released) = released {
+            self.count_sequence(&released, false);
+        }
+    }
+
+    /// Lets go of sequences idle past their model's timeout (Triton has let them go too):
+    /// their copies may be evicted again.
+    pub fn expire_sequences(&mut self, now: Instant) {
+        for released in self.sequences.expire(now) {
+            self.count_sequence(&released, false);
+        }
+    }
+
+    fn count_sequence(&mut self, held: &Held, more: bool) {
+        self.backends[held.backend].modify(&held.model, |copy| {
+            if copy.id == held.copy {
+                copy.sequences = if more {
+                    copy.sequences + 1
+                } else {
+                    copy.sequences.saturating_sub(1)
+                };
+            }
+        });
+    }
+
+    /// What placement knows of a model's sequencing (see `Affinity::is_sequence_model`).
+    pub fn is_sequence_model(&self, model: &str) -> Option<bool> {
+        self.sequences.is_sequence_model(model)
+    }
+
+    /// Records a model's sequencing from its config: its idle timeout, or `None` for a
+    /// model without sequence batching.
+    pub fn learn_sequencing(&mut self, model: &str, idle: Option<Duration>) {
+        self.sequences.learn(model, idle);
+    }
+
+    /// Live sequences per model, for the admin view.
+    pub fn live_sequences(&self, now: Instant) -> Vec<(String, usize)> {
+        self.sequences.live(now)
     }
 
     /// Picks the backend: room without eviction first (most free, then fewest in flight);
@@ -580,6 +796,8 @@ impl Table {
                 versions: versions.clone(),
                 serving: serving.clone(),
                 config: None,
+                id: next_copy_id(),
+                sequences: 0,
             },
             (&mut self.located, backend),
         );
@@ -689,10 +907,7 @@ impl Table {
     ) -> Option<LoadPlan> {
         let lacking: Vec<usize> = (0..self.backends.len())
             .filter(|&b| {
-                view[b].ready
-                    && view[b].knows
-                    && !self.backends[b].draining
-                    && !self.backends[b].copies.contains_key(model)
+                view[b].ready && view[b].knows && !self.backends[b].draining && self.lacks(b, model)
             })
             .collect();
         let allowed = self.not_backing_off(model, &lacking, now);
@@ -736,6 +951,7 @@ impl Table {
             for (name, copy) in &books.copies {
                 if matches!(copy.state, CopyState::Ready) {
                     let removable = copy.in_flight == 0
+                        && copy.sequences == 0
                         && now.saturating_duration_since(copy.last_used) >= idle;
                     by_model
                         .entry(name.clone())
@@ -754,10 +970,9 @@ impl Table {
                     break;
                 }
                 if removable {
-                    let books = &mut self.backends[b];
-                    let copy = books.take(&name, (&mut self.located, b)).expect("present");
-                    books.committed -= copy.size;
-                    books.changed = now;
+                    self.backends[b]
+                        .depart(&name, (&mut self.located, b), now)
+                        .expect("present");
                     removed.push((b, name.clone()));
                     count -= 1;
                 }
@@ -812,10 +1027,9 @@ impl Table {
     /// from, or `None` while it is busy.
     pub fn take_if_idle(&mut self, model: &str, now: Instant) -> Option<Vec<usize>> {
         let busy = self.backends.iter().any(|books| {
-            books
-                .copies
-                .get(model)
-                .is_some_and(|c| c.in_flight > 0 || !matches!(c.state, CopyState::Ready))
+            books.copies.get(model).is_some_and(|c| {
+                c.in_flight > 0 || c.sequences > 0 || !matches!(c.state, CopyState::Ready)
+            })
         });
         (!busy).then(|| self.remove_everywhere(model, now))
     }
@@ -862,9 +1076,9 @@ impl Table {
             };
             if !to.latest && to.pinned.is_empty() {
                 // No request holds it: it served only leaving versions, and none holds one.
-                let copy = books.take(model, (&mut self.located, b)).expect("present");
-                books.committed -= copy.size;
-                books.changed = now;
+                books
+                    .depart(model, (&mut self.located, b), now)
+                    .expect("present");
                 narrowed.push(Narrowed::Unload(b));
                 continue;
             }
@@ -882,17 +1096,36 @@ impl Table {
     pub fn remove_everywhere(&mut self, model: &str, now: Instant) -> Vec<usize> {
         let mut held = Vec::new();
         for (b, books) in self.backends.iter_mut().enumerate() {
-            if let Some(copy) = books.copies.get(model)
-                && matches!(copy.state, CopyState::Ready)
+            if books
+                .copies
+                .get(model)
+                .is_some_and(|copy| matches!(copy.state, CopyState::Ready))
             {
-                let size = copy.size;
-                books.take(model, (&mut self.located, b));
-                books.committed -= size;
-                books.changed = now;
+                books.depart(model, (&mut self.located, b), now);
                 held.push(b);
             }
         }
         held
+    }
+
+    /// Takes off the books a ready copy that the backend, asked to serve it, said it does not
+    /// have (unloaded behind the gateway's back, or lost): requests stop going there at once,
+    /// and reconciliation adopts it again should the backend still report it READY. Returns
+    /// whether there was one.
+    pub fn copy_gone(&mut self, backend: usize, model: &str, now: Instant) -> bool {
+        let books = &mut self.backends[backend];
+        let ready = books
+            .copies
+            .get(model)
+            .is_some_and(|c| matches!(c.state, CopyState::Ready));
+        if ready {
+            let copy = books
+                .take(model, (&mut self.located, backend))
+                .expect("present");
+            books.committed -= copy.size;
+            books.changed = now;
+        }
+        ready
     }
 
     /// Pinned models with a ready copy on a backend.
@@ -913,9 +1146,7 @@ impl Table {
         let books = &mut self.backends[backend];
         match books.copies.get(model) {
             Some(copy) if matches!(copy.state, CopyState::Ready) => {
-                books.committed -= copy.size;
-                books.take(model, (&mut self.located, backend));
-                books.changed = now;
+                books.depart(model, (&mut self.located, backend), now);
                 true
             }
             _ => false,
@@ -967,6 +1198,10 @@ impl Table {
             return result;
         }
         for found in index_ready {
+            if books.departing.contains_key(&found.name) {
+                // Placement is unloading it: READY until Triton has let it go.
+                continue;
+            }
             let adopted = books.modify(&found.name, |copy| {
                 if matches!(copy.state, CopyState::Ready) {
                     copy.serving = found.serving.clone();
@@ -1001,15 +1236,17 @@ impl Table {
         (books.committed, books.loading_bytes(), books.copies.len())
     }
 
-    /// Time since the least recently used idle copy in the pool was used (the pool's LRU
-    /// age): small means the pool is short of memory.
-    pub fn lru_age(&self, now: Instant) -> Option<Duration> {
-        self.backends
-            .iter()
-            .flat_map(|b| b.copies.values())
-            .filter(|c| matches!(c.state, CopyState::Ready))
-            .map(|c| now.saturating_duration_since(c.last_used))
-            .max()
+    /// A backend's LRU age: time since the least recently used copy eviction could take
+    /// there was used. Small means models leave soon after their last use: the backend is
+    /// short of memory. Pinned copies never leave, so their idle time says nothing and is
+    /// left out; copies in use count as just used; with nothing evictable it is 0.
+    pub fn lru_age(&self, backend: usize, now: Instant) -> Duration {
+        self.backends[backend]
+            .idle
+            .first()
+            .map_or(Duration::ZERO, |(used, _)| {
+                now.saturating_duration_since(*used)
+            })
     }
 }
 
@@ -1098,6 +1335,8 @@ fn adopt(found: &Indexed, pinned: bool, now: Instant) -> Copy {
         versions: Versions::latest(),
         serving: found.serving.clone(),
         config: None,
+        id: next_copy_id(),
+        sequences: 0,
     }
 }
 
@@ -1127,7 +1366,6 @@ fn victims(books: &Books, size: u64, model: &str) -> Option<(Vec<String>, Instan
     (free >= size).then(|| (chosen, youngest.expect("at least one victim")))
 }
 
-/// Takes the chosen victims off a backend's books, for the unloads.
 /// Puts the ready copy of `model` on `backend` into `Reloading` towards `to` and books its
 /// new estimate: the one step every reload of a copy takes (a version more, a newer
 /// "latest", versions retired). The plan evicts nothing; the caller adds victims it took.
@@ -1173,6 +1411,7 @@ fn start_reload(
     }
 }
 
+/// Takes the chosen victims off a backend's books, for the unloads: they depart.
 fn take_victims(
     books: &mut Books,
     (located, at): (&mut Located, usize),
@@ -1182,8 +1421,7 @@ fn take_victims(
     victims
         .into_iter()
         .filter_map(|name| {
-            let copy = books.take(&name, (&mut *located, at))?;
-            books.committed -= copy.size;
+            let copy = books.depart(&name, (&mut *located, at), now)?;
             Some(Evicted {
                 model: name,
                 idle: now.saturating_duration_since(copy.last_used),
@@ -1209,19 +1447,19 @@ fn settle(copy: &mut Copy, ok: bool, now: Instant) -> (u64, u64) {
     (before, copy.size)
 }
 
-/// The version a request asks for, as a number; refused when it is not one, or when the
-/// repository is known and has no such version directory.
+/// The version a request asks for, as a number; refused when it is not one (Triton's 400),
+/// or when the repository is known and has no such version directory (Triton's 404 for a
+/// version it does not have: no load, and no retry, can make one).
 pub(super) fn requested_version(
     model: &ModelRef,
     sizing: &Sizing,
 ) -> Result<Option<u64>, GatewayError> {
-    match model.version_number() {
-        Ok(None) => Ok(None),
-        Ok(Some(v)) if sizing.has_version(v) => Ok(Some(v)),
-        _ => Err(GatewayError::ModelNotReady {
+    match model.version_number()? {
+        Some(v) if !sizing.has_version(v) => Err(GatewayError::UnknownVersion {
             model: model.name.clone(),
-            version: model.version.clone(),
+            version: v,
         }),
+        version => Ok(version),
     }
 }
 
@@ -1273,10 +1511,18 @@ mod tests {
             now,
         ) {
             Decision::Load(plan) => {
+                depart_victims(table, &plan, now);
                 table.finish_load(plan.backend, name, &Ok(()), now);
                 plan.backend
             }
             other => panic!("expected a load of {name}, got {other:?}"),
+        }
+    }
+
+    /// The victims' unloads are done, as the gateway's `run_load` sees them done.
+    fn depart_victims(table: &mut Table, plan: &LoadPlan, now: Instant) {
+        for victim in &plan.evict {
+            table.departed(plan.backend, &victim.model, now);
         }
     }
 
@@ -1294,6 +1540,10 @@ mod tests {
             assert_eq!(idle, books.idle, "the eviction order follows the copies");
             let sum: u64 = books.copies.values().map(|c| c.size).sum();
             assert_eq!(sum, books.committed);
+            let departing: u64 = books.departing.values().map(|d| d.bytes).sum();
+            assert_eq!(departing, books.departing_bytes);
+            // Departing copies may overlap the copies that replace them on the books: those
+            // load only once the victims have gone.
             assert!(
                 books.committed <= books.usable,
                 "{} > {}",
@@ -1372,6 +1622,41 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_within_capacity(&table);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lru_age_is_per_backend_and_leaves_out_pinned_and_busy_copies() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), start);
+        let later = start + Duration::from_secs(90);
+        assert_eq!(table.lru_age(0, later), Duration::ZERO, "nothing loaded");
+        let a = load(&mut table, "a", 10, start);
+        let other = 1 - a;
+        assert_eq!(table.lru_age(a, later), Duration::from_secs(90));
+        assert_eq!(table.lru_age(other, later), Duration::ZERO);
+        // A pinned copy, however long idle, is not what eviction would take.
+        match table.decide(&model("p"), &est(10), &view(2), true, true, start) {
+            Decision::Load(plan) => {
+                assert_eq!(plan.backend, other);
+                table.finish_load(plan.backend, "p", &Ok(()), start);
+            }
+            unexpected => panic!("{unexpected:?}"),
+        }
+        assert_eq!(table.lru_age(other, later), Duration::ZERO);
+        // In use: just used. Released: its age starts again from then.
+        assert!(matches!(
+            table.decide(&model("a"), &est(10), &view(2), false, true, later),
+            Decision::Serve(b) if b == a
+        ));
+        assert_eq!(
+            table.lru_age(a, later + Duration::from_secs(5)),
+            Duration::ZERO
+        );
+        table.release(a, "a", later + Duration::from_secs(5));
+        assert_eq!(
+            table.lru_age(a, later + Duration::from_secs(7)),
+            Duration::from_secs(2)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1458,6 +1743,150 @@ mod tests {
         let result = table.reconcile(0, false, &[], None, &|_| false, fresh);
         assert_eq!(result.dropped, ["adopted"]);
         assert_eq!(table.usage(0), (0, 0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_copy_departs_until_the_backend_has_let_it_go() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), start);
+        load(&mut table, "old", 60, start);
+        let later = start + Duration::from_secs(600);
+        let plan = plan_of(table.decide(&model("new"), &est(60), &view(1), false, true, later));
+        assert_eq!(plan.evict[0].model, "old");
+        // Not served, its bytes still held: nothing else fits meanwhile.
+        assert_eq!(table.backends[0].free(), 0);
+        assert!(matches!(
+            table.decide(&model("small"), &est(10), &view(1), false, true, later),
+            Decision::Refuse(GatewayError::NoRoom { .. })
+        ));
+        // A fresh index that still shows it READY does not bring it back.
+        let found = |name: &str| Indexed {
+            name: name.into(),
+            estimate: Estimate {
+                bytes: 60 * MIB,
+                source: SizeSource::Disk,
+            },
+            serving: BTreeSet::from([1]),
+        };
+        let fresh = later + Duration::from_millis(45);
+        let result = table.reconcile(0, true, &[found("old")], Some(fresh), &|_| false, fresh);
+        assert!(result.adopted.is_empty(), "{result:?}");
+        // Asked for again while it goes: the request waits, then it may load again there.
+        let mut waiting = match table.decide(&model("old"), &est(60), &view(1), false, true, fresh)
+        {
+            Decision::Wait(waiting) => waiting,
+            other => panic!("{other:?}"),
+        };
+        table.departed(0, "old", fresh);
+        assert!(waiting.borrow_and_update().is_some());
+        assert_eq!(table.backends[0].free(), 40 * MIB);
+        table.finish_load(0, "new", &Ok(()), fresh);
+        // An index read before it went is stale; one after it is believed.
+        let stale = table.reconcile(0, true, &[found("old")], Some(later), &|_| false, fresh);
+        assert!(stale.adopted.is_empty());
+        assert_within_capacity(&table);
+    }
+
+    fn seq(id: u64, start: bool, end: bool) -> SequenceRef {
+        SequenceRef::new(super::super::sequences::SequenceId::Number(id), start, end).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sequence_stays_on_its_copy_which_is_never_evicted_or_scaled_down() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), start);
+        table.learn_sequencing("s", Some(Duration::from_secs(60)));
+        load(&mut table, "s", 60, start);
+        let plan = table
+            .plan_extra_copy("s", &est(60), &view(2), false, start)
+            .unwrap();
+        table.finish_load(plan.backend, "s", &Ok(()), start);
+        let serve = |table: &mut Table, s: &SequenceRef, now| match table.decide_for(
+            &model("s"),
+            Some(s),
+            &est(60),
+            &view(2),
+            (false, true),
+            now,
+        ) {
+            Decision::Serve(b) => {
+                table.release(b, "s", now);
+                b
+            }
+            other => panic!("{other:?}"),
+        };
+        // Two sequences start, one on each copy (fewest live sequences first); every later
+        // request of each goes where it started, whatever the load.
+        let a = serve(&mut table, &seq(1, true, false), start);
+        let b = serve(&mut table, &seq(2, true, false), start);
+        assert_ne!(a, b);
+        for _ in 0..3 {
+            assert_eq!(serve(&mut table, &seq(1, false, false), start), a);
+            assert_eq!(serve(&mut table, &seq(2, false, false), start), b);
+        }
+        // A copy with a live sequence is neither evicted nor scaled down.
+        let later = start + Duration::from_secs(50);
+        assert!(
+            table
+                .take_idle_extra_copies(Duration::ZERO, &|_| 1, later)
+                .is_empty()
+        );
+        assert!(matches!(
+            table.decide(&model("big"), &est(60), &view(2), false, true, later),
+            Decision::Refuse(GatewayError::NoRoom { .. })
+        ));
+        // Sequence 2 ends: its copy may go now, and sequence 1's may not.
+        assert_eq!(serve(&mut table, &seq(2, false, true), later), b);
+        let removed = table.take_idle_extra_copies(Duration::ZERO, &|_| 1, later);
+        assert_eq!(removed, [(b, "s".to_string())]);
+        // Idle past the model's timeout, sequence 1 lets go of its copy too.
+        let idle = later + Duration::from_secs(61);
+        table.expire_sequences(idle);
+        let evicting = plan_of(table.decide(&model("big"), &est(60), &view(2), false, true, idle));
+        assert_eq!(evicting.evict[0].model, "s");
+        assert_eq!(evicting.backend, a);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sequence_whose_copy_has_gone_is_refused_not_restarted() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB, 100 * MIB], policy(), start);
+        table.learn_sequencing("s", Some(Duration::from_secs(60)));
+        let b = load(&mut table, "s", 10, start);
+        let decide = |table: &mut Table, s: &SequenceRef| {
+            table.decide_for(
+                &model("s"),
+                Some(s),
+                &est(10),
+                &view(2),
+                (false, true),
+                start,
+            )
+        };
+        assert!(matches!(decide(&mut table, &seq(5, true, false)), Decision::Serve(x) if x == b));
+        table.release(b, "s", start);
+        // The copy goes (lost with its backend, or unloaded); a copy loaded again in its
+        // place is another copy.
+        assert!(table.copy_gone(b, "s", start));
+        load(&mut table, "s", 10, start);
+        assert!(matches!(
+            decide(&mut table, &seq(5, false, false)),
+            Decision::Refuse(GatewayError::SequenceLost { .. })
+        ));
+        // Its end lets it go; a new start is served.
+        assert!(matches!(
+            decide(&mut table, &seq(5, false, true)),
+            Decision::Refuse(GatewayError::SequenceLost { .. })
+        ));
+        assert!(matches!(
+            decide(&mut table, &seq(5, false, false)),
+            Decision::Serve(_)
+        ));
+        assert!(matches!(
+            decide(&mut table, &seq(6, true, false)),
+            Decision::Serve(_)
+        ));
+        assert_within_capacity(&table);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1576,12 +2005,14 @@ mod tests {
         );
         assert_within_capacity(&table);
         // Versions that are no number, or not on disk, are refused without a load.
-        for bad in ["7", "x"] {
-            assert!(matches!(
-                decide(&mut table, &versioned("m", bad)),
-                Decision::Refuse(GatewayError::ModelNotReady { .. })
-            ));
-        }
+        assert!(matches!(
+            decide(&mut table, &versioned("m", "7")),
+            Decision::Refuse(GatewayError::UnknownVersion { version: 7, .. })
+        ));
+        assert!(matches!(
+            decide(&mut table, &versioned("m", "x")),
+            Decision::Refuse(GatewayError::BadRequest(_))
+        ));
     }
 
     #[tokio::test(start_paused = true)]
@@ -1713,6 +2144,7 @@ mod tests {
                 ) {
                     Decision::Serve(b) => held.push((b, name)),
                     Decision::Load(plan) => {
+                        depart_victims(&mut table, &plan, now);
                         let ok = !(seed >> 45).is_multiple_of(7);
                         let outcome = if ok { Ok(()) } else { Err("boom".into()) };
                         table.finish_load(plan.backend, &name, &outcome, now);

@@ -1,18 +1,34 @@
 //! The KServe v2 protocol as both front-ends speak it: what infergate says about itself, and
 //! the gRPC types generated from `proto/` by build.rs.
 
-/// The name infergate gives in server metadata (`GET /v2`, `ServerMetadata`).
+/// The gateway's own name (the `server` header, the admin API). Server metadata reports the
+/// backends' name instead (`pipeline::server_metadata`), as clients check for Triton's.
 pub const SERVER_NAME: &str = "infergate";
 
-/// The version infergate gives in server metadata.
+/// The gateway's own version.
 pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The protocol extensions the gateway itself supports end to end, on HTTP and gRPC alike.
-pub const EXTENSIONS: [&str; 6] = [
-    "binary_tensor_data",
+/// The `server` header on every answer of the KServe listeners (HTTP and gRPC), so whoever
+/// looks can tell the gateway answered, while server metadata speaks for the backends.
+pub const SERVER_HEADER: &str = concat!("infergate/", env!("CARGO_PKG_VERSION"));
+
+/// Why shared memory is refused, on both protocols alike: the extension's endpoints, and an
+/// inference whose input or output names a region.
+pub const NO_SHARED_MEMORY: &str = "shared memory cannot cross a gateway: infergate and its \
+    backends do not share memory; send tensors in the request (binary tensor data over HTTP, \
+    raw_input_contents over gRPC)";
+
+/// The protocol extensions that work end to end through the gateway, on HTTP and gRPC alike:
+/// server metadata reports those of a backend's extensions that are in this list. Not in it:
+/// shared memory (a region is local to one host), `trace` and `logging` (settings of each
+/// Triton), `model_repository(unload_dependents)` (unloads go through placement).
+pub const EXTENSIONS: [&str; 8] = [
     "classification",
+    "sequence",
     "model_repository",
+    "schedule_policy",
     "model_configuration",
+    "binary_tensor_data",
     "parameters",
     "statistics",
 ];

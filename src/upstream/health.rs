@@ -1,8 +1,9 @@
-//! Active health checks: each backend's `/v2/health/ready` and repository index are polled on
+//! Active health checks: each backend's `/v2/health/live` and repository index are polled on
 //! an interval, so traffic only goes where a model is actually READY, and a backend that comes
 //! back is readmitted without a restart.
 
 use super::{Backend, ModelIndex, Pool};
+use crate::error::GatewayError;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::sync::Arc;
@@ -62,44 +63,85 @@ impl HealthChecks {
     }
 }
 
-/// One check: the server probe, then the index. A backend takes traffic only when both
-/// answer, so placement never works from an index older than the last good probe.
+/// One check: liveness, then the index. A backend takes traffic only when both answer, so
+/// placement never works from an index older than the last good probe.
 ///
-/// Triton's `/v2/health/ready` turns false for good once any model fails to load (strict
-/// readiness), which would take a whole server out for one broken model. So a server that
-/// is live but not ready still serves the models its index lists READY.
+/// Readiness is read from the index, model by model, not from `/v2/health/ready`: with
+/// Triton's default strict readiness that answers 400 while any model loads and for good
+/// once one failed to load, which says nothing about the models that are READY. And a check
+/// that goes unanswered while placement loads or unloads a model there is Triton busy with
+/// the gateway's own work: the backend keeps its state (and its books) until it answers or
+/// the work ends (within `placement.load_timeout`). A refused connection or a wrong answer
+/// takes it out at once.
 pub async fn check(backend: &Backend, timeout: Duration) {
-    if let Err(reason) = probe(backend, timeout).await {
-        return backend.mark_unhealthy(reason);
-    }
-    match refresh_index(backend, timeout).await {
+    let outcome = match probe(backend, timeout).await {
+        Ok(()) => refresh_index(backend, timeout).await,
+        Err(failure) => Err(failure),
+    };
+    match outcome {
         Ok(()) => backend.mark_healthy(),
-        Err(reason) => backend.mark_unhealthy(reason),
+        Err(failure) if failure.timed_out && backend.is_changing() => {
+            tracing::debug!(backend = %backend.name, reason = failure.reason,
+                "backend is busy with a load or unload; kept as it was");
+        }
+        Err(failure) => backend.mark_unhealthy(failure.reason),
     }
 }
 
-async fn probe(backend: &Backend, timeout: Duration) -> Result<(), String> {
-    let get = |path| {
-        backend
-            .client
-            .call(backend, Method::GET, path, Bytes::new(), timeout)
-    };
-    match get("/v2/health/ready").await {
-        Ok((StatusCode::OK, _)) => Ok(()),
-        Ok((ready_status, _)) => match get("/v2/health/live").await {
-            Ok((StatusCode::OK, _)) => {
-                tracing::debug!(backend = %backend.name, %ready_status, "backend is live but not ready; serving its READY models");
-                Ok(())
-            }
-            Ok((status, _)) => Err(format!("health check answered {status}")),
-            Err(error) => Err(error.to_string()),
-        },
-        Err(error) => Err(error.to_string()),
+/// Why a check failed, and whether it was only the backend not answering in time.
+#[derive(Debug)]
+pub struct CheckFailure {
+    /// For `last_error` and the logs.
+    pub reason: String,
+    /// The backend did not answer within the check's timeout.
+    pub timed_out: bool,
+}
+
+impl From<GatewayError> for CheckFailure {
+    fn from(error: GatewayError) -> Self {
+        Self {
+            timed_out: matches!(error, GatewayError::UpstreamTimeout { .. }),
+            reason: error.to_string(),
+        }
     }
+}
+
+impl CheckFailure {
+    fn answered(reason: String) -> Self {
+        Self {
+            reason,
+            timed_out: false,
+        }
+    }
+}
+
+impl std::fmt::Display for CheckFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+async fn probe(backend: &Backend, timeout: Duration) -> Result<(), CheckFailure> {
+    let (status, _) = backend
+        .client
+        .call(
+            backend,
+            Method::GET,
+            "/v2/health/live",
+            Bytes::new(),
+            timeout,
+        )
+        .await?;
+    if status != StatusCode::OK {
+        return Err(CheckFailure::answered(format!(
+            "liveness check answered {status}"
+        )));
+    }
+    Ok(())
 }
 
 /// Reads the backend's repository index into its state.
-pub async fn refresh_index(backend: &Backend, timeout: Duration) -> Result<(), String> {
+pub async fn refresh_index(backend: &Backend, timeout: Duration) -> Result<(), CheckFailure> {
     let ticket = backend.index_ticket();
     let sent = tokio::time::Instant::now();
     let (status, body) = backend
@@ -111,13 +153,14 @@ pub async fn refresh_index(backend: &Backend, timeout: Duration) -> Result<(), S
             Bytes::from_static(b"{}"),
             timeout,
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     if status != StatusCode::OK {
-        return Err(format!("repository index answered {status}"));
+        return Err(CheckFailure::answered(format!(
+            "repository index answered {status}"
+        )));
     }
     let index = ModelIndex::from_json(&body)
-        .map_err(|e| format!("repository index is not valid JSON: {e}"))?
+        .map_err(|e| CheckFailure::answered(format!("repository index is not valid JSON: {e}")))?
         .with_read_at(sent);
     backend.set_index(ticket, index);
     Ok(())

@@ -75,6 +75,13 @@ impl ModelIndex {
             .collect()
     }
 
+    /// Whether the backend still holds the model in memory: a version of it READY, LOADING
+    /// or UNLOADING (Triton answers an unload at once and reports UNLOADING until it is done).
+    pub fn holds(&self, model: &str) -> bool {
+        self.rows(model)
+            .any(|e| matches!(e.state.as_deref(), Some("READY" | "LOADING" | "UNLOADING")))
+    }
+
     /// Whether the model is in this backend's repository at all.
     pub fn knows(&self, model: &str) -> bool {
         self.by_name.contains_key(model)
@@ -107,6 +114,9 @@ mod tests {
         assert_eq!(index.ready_versions("add_sub"), [1].into());
         assert!(index.ready_versions("old").is_empty());
 
+        assert!(index.holds("add_sub") && !index.holds("old") && !index.holds("never"));
+        let going = br#"[{"name":"m","version":"1","state":"UNLOADING"}]"#;
+        assert!(ModelIndex::from_json(going).unwrap().holds("m"));
         assert!(index.knows("never"));
         assert!(!index.knows("other"));
         assert_eq!(index.entries().len(), 3);

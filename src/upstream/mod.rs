@@ -157,6 +157,8 @@ pub struct Backend {
     pub load_slots: Arc<crate::placement::LoadQueue>,
     /// Loads running here now (holding a slot), for the admin API and scaling decisions.
     pub loads_running: AtomicUsize,
+    /// Loads and unloads placement has under way here (`start_change`).
+    changes: AtomicUsize,
 }
 
 impl Backend {
@@ -202,6 +204,7 @@ impl Backend {
             retired: AtomicBool::new(false),
             load_slots: crate::placement::LoadQueue::new(load_concurrency),
             loads_running: AtomicUsize::new(0),
+            changes: AtomicUsize::new(0),
         })
     }
 
@@ -241,6 +244,20 @@ impl Backend {
     pub fn start_request(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(self.clone())
+    }
+
+    /// Counts a load or unload placement runs here until the guard drops. A busy Triton may
+    /// answer nothing for seconds while it loads or unloads a model (a python stub starting
+    /// on a loaded machine stalls it); a check that goes unanswered then is the gateway's own
+    /// work, not a backend that is down (see `health::check`).
+    pub fn start_change(self: &Arc<Self>) -> Changing {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        Changing(self.clone())
+    }
+
+    /// Whether placement has a load or unload under way here.
+    pub fn is_changing(&self) -> bool {
+        self.changes.load(Ordering::Acquire) > 0
     }
 
     /// Records a successful health check.
@@ -322,6 +339,16 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Keeps a backend counted as changing (`Backend::start_change`) while a load or unload runs.
+#[derive(Debug)]
+pub struct Changing(Arc<Backend>);
+
+impl Drop for Changing {
+    fn drop(&mut self) {
+        self.0.changes.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -377,7 +377,6 @@ fn check_strings(
         )
     };
     match &input.data {
-        TensorData::SharedMemory { .. } => Ok(()),
         TensorData::Arriving { .. } => {
             debug_assert!(false, "http::parse asks for the whole body for BYTES");
             Ok(())

@@ -155,9 +155,9 @@ pub fn parse(
                 }
             }
         } else if parameters.is_some_and(|p| p.find("shared_memory_region").is_some()) {
-            TensorData::SharedMemory {
-                byte_size: shared_memory(parameters)?,
-            }
+            // Where Triton looks the region up (and finds none).
+            shared_memory(parameters)?;
+            return Err(Rejection::shared_memory());
         } else {
             json_data(input, &name, &datatype, &shape)?
         };
@@ -211,6 +211,7 @@ pub fn parse(
             }
             if shm {
                 shared_memory(parameters)?;
+                return Err(Rejection::shared_memory());
             } else if param("binary_data").is_some_and(|b| b.as_bool().is_none()) {
                 return Err(Rejection::new(
                     Reason::Parameters,
@@ -511,9 +512,9 @@ fn json_data(
     })
 }
 
-/// An input or output in shared memory: its region name and numbers must be well-formed;
-/// its byte size (0 when not given) is all the checker can use.
-fn shared_memory(parameters: Option<&Value<'_>>) -> Result<u64, Rejection> {
+/// An input or output in shared memory: its region name and numbers must be well-formed,
+/// as Triton reads them before it looks the region up.
+fn shared_memory(parameters: Option<&Value<'_>>) -> Result<(), Rejection> {
     let param = |key: &str| parameters.and_then(|p| p.find(key));
     if param("shared_memory_region").is_some_and(|r| r.as_bytes().is_none()) {
         return Err(Rejection::new(
@@ -531,9 +532,7 @@ fn shared_memory(parameters: Option<&Value<'_>>) -> Result<u64, Rejection> {
             ));
         }
     }
-    Ok(param("shared_memory_byte_size")
-        .and_then(Value::as_u64)
-        .unwrap_or(0))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -746,10 +745,30 @@ mod tests {
             r#"{"inputs":[{"name":"I","datatype":"FP32","shape":[2],"data":[NaN,-Infinity]}]}"#,
             r#"{"parameters":{"x":1.5,"y":"s","z":true,"priority":1,"sequence_id":"abc","x":null},"inputs":[]}"#,
             r#"{"inputs":[{"name":"I","datatype":"FP32","shape":[4],"data":[1,2,3,4],"parameters":5,"other":{"a":[]}}],"outputs":[{"name":"O","parameters":5}],"unknown":null}"#,
-            r#"{"inputs":[{"name":"I","datatype":"FP32","shape":[4],"parameters":{"shared_memory_region":"r","shared_memory_byte_size":16}}]}"#,
         ] {
             assert!(matches!(read(body), Ok(Parsed::Request(_))), "{body}");
         }
+    }
+
+    /// Where Triton would look a region up and find none, the gateway says why.
+    #[test]
+    fn refuses_shared_memory_where_triton_looks_the_region_up() {
+        let shared = Rejection::shared_memory();
+        for body in [
+            r#"{"inputs":[{"name":"I","datatype":"FP32","shape":[4],"parameters":{"shared_memory_region":"r","shared_memory_byte_size":16}}]}"#,
+            r#"{"inputs":[{"name":"I","datatype":"FP32","shape":[4],"data":[1,2,3,4]}],"outputs":[{"name":"O","parameters":{"shared_memory_region":"r"}}]}"#,
+        ] {
+            assert_eq!(read(body), Err(shared.clone()), "{body}");
+        }
+        // Triton's own checks of the parameters come first.
+        assert_eq!(
+            refused(r#"{"inputs":[{"name":"I","datatype":"FP32","shape":[4],"parameters":{"shared_memory_region":5}}]}"#).1,
+            "Unable to parse 'shared_memory_region': attempt to access JSON non-string as string"
+        );
+        assert_eq!(
+            refused(r#"{"inputs":[],"outputs":[{"name":"O","parameters":{"classification":2,"shared_memory_region":"x"}}]}"#).1,
+            "Output can't set both 'shared_memory_region' and 'classification'"
+        );
     }
 
     #[test]

@@ -773,10 +773,11 @@ impl<'a> Reader<'a> {
     }
 
     /// The bulk of a data array, read in one tight loop: plain numbers each followed by a
-    /// comma and no space. It stops before the first element that is anything else
-    /// (including the last, followed by `]`), where the general walk takes over. The walk's
-    /// per-element dispatch cost about two thirds of the reader's time on 1 MiB of FP32 data
-    /// (benches/validate.rs).
+    /// comma, then any whitespace (`json.dumps` writes `1, 2`, `indent=2` a newline). It
+    /// stops before the first element that is anything else (including the last, followed
+    /// by `]`, and one with whitespace before its comma), where the general walk takes over,
+    /// at the start of a value as the walk expects it. The walk's per-element dispatch cost
+    /// about two thirds of the reader's time on 1 MiB of FP32 data (benches/validate.rs).
     fn plain_run(&mut self, summary: &mut DataSummary) {
         loop {
             let start = self.pos;
@@ -788,6 +789,7 @@ impl<'a> Reader<'a> {
                 return;
             }
             self.pos += 1;
+            self.skip_whitespace();
             summary.add(leaf);
         }
     }
@@ -1117,6 +1119,10 @@ fn strtod_normal_precision(d: f64, p: i32) -> f64 {
 }
 
 #[cfg(test)]
+#[path = "../../tests/support/reformat.rs"]
+mod reformat;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1318,5 +1324,35 @@ mod tests {
     fn first_of_repeated_members_wins() {
         let doc = parse_request(br#"{"inputs":[],"inputs":[1]}"#).unwrap();
         assert_eq!(doc.find("inputs").unwrap().elements().unwrap().len(), 0);
+    }
+
+    /// RFC 8259 allows space, tab, LF and CR before and after every structural character;
+    /// `json.dumps` puts a space after each `,` and `:`, `indent=2` puts newlines. None of
+    /// it may change what is read (Triton's RapidJSON skips it all), nor may `\u` escapes.
+    #[test]
+    fn whitespace_between_tokens_changes_nothing() {
+        let compact = br#"{"id":"a","parameters":{"priority":1},"inputs":[{"name":"INPUT0","shape":[2,2],"datatype":"FP32","data":[[1,2.5],[-3,4]]},{"name":"S","shape":[2],"datatype":"BYTES","data":["x","yz"],"parameters":{"binary_data_size":4}}],"outputs":[{"name":"OUT"},{}],"extra":[1,{"a":[]}]}"#;
+        let expected = parse_request(compact).unwrap();
+        for seed in 0..64 {
+            for style in reformat::styles(seed) {
+                let text = reformat::reformat(compact, style);
+                assert_eq!(
+                    parse_request(&text).as_ref(),
+                    Ok(&expected),
+                    "{style:?}: {:?}",
+                    String::from_utf8_lossy(&text)
+                );
+            }
+        }
+        // Python's `json.dumps` defaults, and `indent=2` after data with one number per line.
+        for text in [
+            r#"{"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}"#,
+            "{\n  \"inputs\": [\n    {\n      \"name\": \"INPUT0\",\n      \"shape\": [\n        4\n      ],\n      \"datatype\": \"FP32\",\n      \"data\": [\n        1,\n        2,\n        3,\n        4\n      ]\n    }\n  ]\n}",
+        ] {
+            let doc = parse_request(text.as_bytes()).unwrap();
+            let compact =
+                br#"{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
+            assert_eq!(doc, parse_request(compact).unwrap(), "{text:?}");
+        }
     }
 }

@@ -40,7 +40,7 @@ use http_body_util::BodyExt;
 use std::sync::Arc;
 
 /// The `Inference-Header-Content-Length` header of the binary tensor extension.
-const HEADER_LENGTH: &str = "inference-header-content-length";
+pub(crate) const HEADER_LENGTH: &str = "inference-header-content-length";
 
 /// Checks an HTTP request to `model` before it is forwarded to `backend`, and returns the
 /// request to forward. Only inference requests with `validation.enabled` are read; anything
@@ -151,7 +151,7 @@ fn streamable(
 
 /// Reads frames until at least `wanted` bytes have arrived: those bytes (one frame kept as
 /// it is, several joined), and the body with the rest.
-async fn read_head(
+pub(crate) async fn read_head(
     mut body: Body,
     wanted: usize,
     limit: u64,
@@ -202,7 +202,7 @@ async fn join(
 }
 
 /// The body to forward: the head already read, then the rest as it arrives.
-fn stream_on(head: Bytes, rest: Body) -> Body {
+pub(crate) fn stream_on(head: Bytes, rest: Body) -> Body {
     use futures_util::StreamExt as _;
     let head = futures_util::stream::once(async move { Ok::<_, axum::Error>(head) });
     let rest = rest.into_data_stream();

@@ -52,8 +52,6 @@ pub enum TensorData {
     /// Bytes in the wire layout (binary tensor extension, gRPC `raw_input_contents`): a
     /// slice of the request body, not a copy.
     Raw(Bytes),
-    /// In a shared-memory region the gateway cannot see: only its declared size.
-    SharedMemory { byte_size: u64 },
     /// Binary tensor bytes still on their way behind the JSON header (the request is checked
     /// from its header and streamed on): only their size. Never a BYTES tensor, whose
     /// strings must be walked.
@@ -64,9 +62,7 @@ impl TensorData {
     /// The data's size in bytes.
     pub fn byte_size(&self) -> u64 {
         match self {
-            Self::Elements { byte_size, .. }
-            | Self::SharedMemory { byte_size }
-            | Self::Arriving { byte_size } => *byte_size,
+            Self::Elements { byte_size, .. } | Self::Arriving { byte_size } => *byte_size,
             Self::Raw(bytes) => bytes.len() as u64,
         }
     }
@@ -105,6 +101,8 @@ pub enum Reason {
     BytesEncoding,
     /// An output the model does not have.
     UnknownOutput,
+    /// An input or output in a shared-memory region, which cannot cross a gateway.
+    SharedMemory,
 }
 
 impl Reason {
@@ -125,6 +123,7 @@ impl Reason {
             Self::BinarySize => "binary_size",
             Self::BytesEncoding => "bytes_encoding",
             Self::UnknownOutput => "unknown_output",
+            Self::SharedMemory => "shared_memory",
         }
     }
 }
@@ -146,6 +145,13 @@ impl Rejection {
             reason,
             message: message.into(),
         }
+    }
+
+    /// An input or output that names a shared-memory region. Triton would look the region
+    /// up and find none (a region is registered on one server, and the gateway takes no
+    /// registrations), so it is refused here, in the words the extension's endpoints use.
+    pub fn shared_memory() -> Self {
+        Self::new(Reason::SharedMemory, crate::protocol::NO_SHARED_MEMORY)
     }
 }
 

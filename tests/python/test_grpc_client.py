@@ -74,12 +74,16 @@ def test_server_live_ready(client):
 
 
 @live_pool
-def test_server_metadata_is_the_gateways(client):
+def test_server_metadata_is_the_backends(client):
     md = client.get_server_metadata()
-    assert md.name == "infergate"
+    assert md.name == "triton"
     assert md.version
     assert "model_repository" in md.extensions
     assert "binary_tensor_data" in md.extensions
+    assert "system_shared_memory" not in md.extensions
+    for url in TRITONS:
+        triton = grpcclient.InferenceServerClient(url).get_server_metadata()
+        assert (md.name, md.version) == (triton.name, triton.version)
 
 
 @live_pool
@@ -443,6 +447,20 @@ def test_shared_memory_and_settings_are_unimplemented(client):
             call()
         assert status_of(err) == "StatusCode.UNIMPLEMENTED"
         assert "infergate" in err.value.message() or "gateway" in err.value.message()
+    with pytest.raises(InferenceServerException) as err:
+        client.get_system_shared_memory_status()
+    unimplemented = err.value.message()
+    # An inference naming a region gets the same words, before any backend sees it.
+    in_region = grpcclient.InferInput("INPUT0", [4], "FP32")
+    in_region.set_shared_memory("r", 16)
+    plain = add_sub_inputs(A, B)
+    out_region = grpcclient.InferRequestedOutput("OUTPUT0")
+    out_region.set_shared_memory("r", 16)
+    for inputs, outputs in [([in_region, plain[1]], None), (plain, [out_region])]:
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("add_sub", inputs, outputs=outputs)
+        assert status_of(err) == "StatusCode.INVALID_ARGUMENT"
+        assert err.value.message() == unimplemented
 
 
 @live_pool

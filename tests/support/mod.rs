@@ -92,7 +92,7 @@ pub fn tritonserver_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// Runs `scripts/setup.sh` once per test process (venv, backend stub, model padding).
-fn ensure_setup() -> anyhow::Result<()> {
+pub fn ensure_setup() -> anyhow::Result<()> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
         let out = Command::new("bash")
@@ -161,7 +161,8 @@ pub struct TritonOptions {
     pub verbose: bool,
     /// Model repository; default [`model_repository()`].
     pub repository: Option<PathBuf>,
-    /// Extra tritonserver arguments, e.g. `--strict-readiness=false`.
+    /// Extra tritonserver arguments, e.g. `--log-verbose=2`. Tests keep Triton's defaults
+    /// otherwise: when a backend's real behaviour trips the gateway, the gateway is wrong.
     pub args: Vec<String>,
 }
 
@@ -496,7 +497,7 @@ fn tail(text: &str, lines: usize) -> String {
 }
 
 /// `N` distinct free loopback ports (all held open together while picking).
-fn free_ports<const N: usize>() -> io::Result<[u16; N]> {
+pub fn free_ports<const N: usize>() -> io::Result<[u16; N]> {
     let listeners = (0..N)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<io::Result<Vec<_>>>()?;
@@ -511,7 +512,7 @@ fn free_ports<const N: usize>() -> io::Result<[u16; N]> {
 ///
 /// The death signal fires when the *thread* that forked exits, so all spawns happen on
 /// one helper thread that lives as long as the test process.
-fn spawn_in_own_group(mut cmd: Command) -> io::Result<Child> {
+pub fn spawn_in_own_group(mut cmd: Command) -> io::Result<Child> {
     type Job = (Command, mpsc::Sender<io::Result<Child>>);
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {

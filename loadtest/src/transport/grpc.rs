@@ -20,6 +20,7 @@ use tonic::{Code, Status};
 
 use crate::body::EncodedBody;
 use crate::outcome::ErrorKind;
+use crate::sequence::{SequenceId, SequenceRequest, SequenceTemplate, first_raw_value};
 use crate::transport::Transport;
 
 /// Triton's protobuf messages, compiled from the repository's `proto/` by build.rs.
@@ -55,6 +56,8 @@ pub struct GrpcTransport {
     channels: Vec<tonic::client::Grpc<Channel>>,
     requests: Vec<Bytes>,
     metadata: MetadataMap,
+    /// Sequence mode: what each request is made from, and the model it names.
+    sequences: Option<(SequenceTemplate, String, String)>,
     check: bool,
 }
 
@@ -100,25 +103,120 @@ impl GrpcTransport {
             channels,
             requests,
             metadata,
+            sequences: None,
             check: options.check,
         })
     }
-}
 
-impl Transport for GrpcTransport {
-    async fn infer(&self, seq: u64) -> Result<(), ErrorKind> {
-        let mut client = self.channels[seq as usize % self.channels.len()].clone();
-        let body = self.requests[seq as usize % self.requests.len()].clone();
+    /// Sequence mode: `infer_sequence` builds each request from `template` (binary
+    /// encoding: tensors as raw contents) for `model` and `version`.
+    pub fn with_sequences(
+        mut self,
+        template: SequenceTemplate,
+        model: &str,
+        version: Option<&str>,
+    ) -> Self {
+        self.sequences = Some((
+            template,
+            model.to_owned(),
+            version.unwrap_or_default().to_owned(),
+        ));
+        self
+    }
+
+    async fn send(&self, channel: usize, body: Bytes) -> Result<Bytes, ErrorKind> {
+        let mut client = self.channels[channel % self.channels.len()].clone();
         let mut request = tonic::Request::new(body);
         *request.metadata_mut() = self.metadata.clone();
         client.ready().await.map_err(|_| ErrorKind::Connect)?;
         let path = http::uri::PathAndQuery::from_static(MODEL_INFER);
         match client.unary(request, path, RawCodec).await {
-            Ok(response) if self.check => check_response(response.get_ref()),
-            Ok(_) => Ok(()),
+            Ok(response) => Ok(response.into_inner()),
             Err(status) => Err(classify(&status)),
         }
     }
+}
+
+impl Transport for GrpcTransport {
+    async fn infer(&self, seq: u64) -> Result<(), ErrorKind> {
+        let body = self.requests[seq as usize % self.requests.len()].clone();
+        let answer = self.send(seq as usize, body).await?;
+        if self.check {
+            check_response(&answer)
+        } else {
+            Ok(())
+        }
+    }
+
+    async fn infer_sequence(&self, request: &SequenceRequest) -> Result<(), ErrorKind> {
+        let (template, model, version) = self.sequences.as_ref().ok_or(ErrorKind::Request)?;
+        let message =
+            sequence_request(template, model, version, request).map_err(|_| ErrorKind::Request)?;
+        // One sequence stays on one channel, as a client keeps one connection.
+        let channel = match &request.id {
+            SequenceId::Number(n) => *n as usize,
+            SequenceId::Text(text) => text.bytes().map(usize::from).sum(),
+        };
+        let answer = self
+            .send(channel, Bytes::from(message.encode_to_vec()))
+            .await?;
+        if !self.check {
+            return Ok(());
+        }
+        let response =
+            pb::ModelInferResponse::decode(answer).map_err(|_| ErrorKind::CheckBadJson)?;
+        let output = response.outputs.first().ok_or(ErrorKind::CheckNoOutputs)?;
+        let value = match response.raw_output_contents.first() {
+            Some(raw) => first_raw_value(&output.datatype, raw),
+            None => output.contents.as_ref().and_then(first_typed_value),
+        };
+        if value == Some(request.sum as f64) {
+            Ok(())
+        } else {
+            Err(ErrorKind::CheckSequenceSum)
+        }
+    }
+}
+
+/// A sequence's `ModelInferRequest`: its tensors as raw contents, and `sequence_id`
+/// (`int64_param`, or `string_param`), `sequence_start` and `sequence_end` (`bool_param`)
+/// among its parameters, as Triton's gRPC clients send them.
+pub fn sequence_request(
+    template: &SequenceTemplate,
+    model: &str,
+    version: &str,
+    request: &SequenceRequest,
+) -> Result<pb::ModelInferRequest> {
+    use pb::infer_parameter::ParameterChoice;
+    let body = template.body(request)?;
+    let mut message = infer_request(model, Some(version), &body)?;
+    let id = match &request.id {
+        SequenceId::Number(n) => ParameterChoice::Int64Param(*n as i64),
+        SequenceId::Text(text) => ParameterChoice::StringParam(text.clone()),
+    };
+    for (name, choice) in [
+        ("sequence_id", id),
+        ("sequence_start", ParameterChoice::BoolParam(request.start)),
+        ("sequence_end", ParameterChoice::BoolParam(request.end)),
+    ] {
+        message.parameters.insert(
+            name.to_owned(),
+            pb::InferParameter {
+                parameter_choice: Some(choice),
+            },
+        );
+    }
+    Ok(message)
+}
+
+/// The first element of an output sent as typed `contents`.
+fn first_typed_value(contents: &pb::InferTensorContents) -> Option<f64> {
+    None.or_else(|| contents.fp32_contents.first().map(|v| *v as f64))
+        .or_else(|| contents.fp64_contents.first().copied())
+        .or_else(|| contents.int_contents.first().map(|v| *v as f64))
+        .or_else(|| contents.int64_contents.first().map(|v| *v as f64))
+        .or_else(|| contents.uint_contents.first().map(|v| *v as f64))
+        .or_else(|| contents.uint64_contents.first().map(|v| *v as f64))
 }
 
 /// A transport failure (tonic made the status from an error: it has a source) is `connect`

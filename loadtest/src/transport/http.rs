@@ -8,14 +8,16 @@
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Request, StatusCode, Uri};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::body::EncodedBody;
 use crate::outcome::{ErrorKind, check_infer_response};
+use crate::sequence::{SequenceRequest, SequenceTemplate, first_http_value};
 use crate::transport::Transport;
 
 /// Header of the binary tensor extension that gives the JSON header's length.
@@ -119,6 +121,10 @@ pub struct HttpTransport {
     uri: Uri,
     /// One (body, headers) pair per request variant.
     variants: Vec<(Bytes, HeaderMap)>,
+    /// Headers every request carries (auth, `--header`), for requests encoded when sent.
+    headers: HeaderMap,
+    /// Sequence mode: what each request is made from.
+    sequences: Option<SequenceTemplate>,
     check: bool,
 }
 
@@ -139,53 +145,99 @@ impl HttpTransport {
         let client = builder.build(connector);
         let variants = bodies
             .iter()
-            .map(|b| {
-                let mut h = endpoint.headers.clone();
-                h.insert(CONTENT_TYPE, HeaderValue::from_static(b.content_type()));
-                if let Some(n) = b.header_len {
-                    h.insert(
-                        HeaderName::from_static(INFERENCE_HEADER_CONTENT_LENGTH),
-                        HeaderValue::from(n),
-                    );
-                }
-                (b.bytes.clone(), h)
-            })
+            .map(|b| (b.bytes.clone(), content_headers(&endpoint.headers, b)))
             .collect();
         Ok(HttpTransport {
             client,
             uri: endpoint.uri.clone(),
             variants,
+            headers: endpoint.headers.clone(),
+            sequences: None,
             check: opts.check,
         })
     }
-}
 
-impl Transport for HttpTransport {
-    async fn infer(&self, seq: u64) -> Result<(), ErrorKind> {
-        let (body, headers) = &self.variants[(seq % self.variants.len() as u64) as usize];
-        let mut req = Request::new(Full::new(body.clone()));
+    /// Sequence mode: `infer_sequence` builds each request from `template`.
+    pub fn with_sequences(mut self, template: SequenceTemplate) -> Self {
+        self.sequences = Some(template);
+        self
+    }
+
+    async fn send(&self, body: Bytes, headers: HeaderMap) -> Result<Response<Incoming>, ErrorKind> {
+        let mut req = Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
         *req.uri_mut() = self.uri.clone();
-        *req.headers_mut() = headers.clone();
-
-        let resp = self.client.request(req).await.map_err(|e| {
+        *req.headers_mut() = headers;
+        self.client.request(req).await.map_err(|e| {
             if e.is_connect() {
                 ErrorKind::Connect
             } else {
                 ErrorKind::Request
             }
-        })?;
+        })
+    }
+}
+
+/// `base` plus the content headers of `body` (type, binary header length).
+fn content_headers(base: &HeaderMap, body: &EncodedBody) -> HeaderMap {
+    let mut h = base.clone();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(body.content_type()));
+    if let Some(n) = body.header_len {
+        h.insert(
+            HeaderName::from_static(INFERENCE_HEADER_CONTENT_LENGTH),
+            HeaderValue::from(n),
+        );
+    }
+    h
+}
+
+/// A response's `Inference-Header-Content-Length`: `Some(Err(()))` when it is not a number.
+fn binary_header_len(resp: &Response<Incoming>) -> Option<Result<usize, ()>> {
+    resp.headers()
+        .get(INFERENCE_HEADER_CONTENT_LENGTH)
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok())
+                .ok_or(())
+        })
+}
+
+impl Transport for HttpTransport {
+    async fn infer_sequence(&self, request: &SequenceRequest) -> Result<(), ErrorKind> {
+        let template = self.sequences.as_ref().ok_or(ErrorKind::Request)?;
+        let body = template.body(request).map_err(|_| ErrorKind::Request)?;
+        let headers = content_headers(&self.headers, &body);
+        let resp = self.send(body.bytes, headers).await?;
+        let status = resp.status();
+        let binary_len = binary_header_len(&resp);
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|_| ErrorKind::Body)?
+            .to_bytes();
+        if status != StatusCode::OK {
+            return Err(ErrorKind::Status(status.as_u16()));
+        }
+        if !self.check {
+            return Ok(());
+        }
+        check_infer_response(&bytes, binary_len)?;
+        let value = first_http_value(&bytes, binary_len.and_then(Result::ok));
+        if value == Some(request.sum as f64) {
+            Ok(())
+        } else {
+            Err(ErrorKind::CheckSequenceSum)
+        }
+    }
+
+    async fn infer(&self, seq: u64) -> Result<(), ErrorKind> {
+        let (body, headers) = &self.variants[(seq % self.variants.len() as u64) as usize];
+        let resp = self.send(body.clone(), headers.clone()).await?;
         let status = resp.status();
         if self.check {
-            let binary_len = resp
-                .headers()
-                .get(INFERENCE_HEADER_CONTENT_LENGTH)
-                .map(|v| {
-                    v.to_str()
-                        .ok()
-                        .and_then(|s| s.parse::<usize>().ok())
-                        .ok_or(())
-                });
+            let binary_len = binary_header_len(&resp);
             let bytes = resp
                 .into_body()
                 .collect()

@@ -8,6 +8,7 @@
 use std::future::Future;
 
 use crate::outcome::ErrorKind;
+use crate::sequence::SequenceRequest;
 
 pub mod grpc;
 pub mod http;
@@ -22,6 +23,14 @@ pub trait Transport: Send + Sync + 'static {
     /// pre-built request variants with it) and waits until the whole
     /// response has been received. Timeouts are applied by the caller.
     fn infer(&self, seq: u64) -> impl Future<Output = Result<(), ErrorKind>> + Send;
+
+    /// Sends one request of a sequence (sequence mode, `crate::sequence`), encoded now with
+    /// its id and flags, and with `--check` requires the answer to carry the sequence's
+    /// running sum.
+    fn infer_sequence(
+        &self,
+        request: &SequenceRequest,
+    ) -> impl Future<Output = Result<(), ErrorKind>> + Send;
 }
 
 /// The wire protocol selected with `--protocol`.

@@ -10,8 +10,10 @@
 use crate::Gateway;
 use crate::error::{ErrorKind, ErrorSource, GatewayError};
 use crate::frontend::{
-    InFlightGauge, Protocol, Served, X_REQUEST_ID, grpc_status_class, record, request_id,
+    InFlightGauge, Protocol, SERVER_HEADER_VALUE, Served, X_REQUEST_ID, grpc_status_class, record,
+    request_id,
 };
+use crate::trace::RequestTrace;
 use crate::upstream::grpc::CallError;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -153,6 +155,8 @@ fn is_too_large_header(value: &[u8]) -> bool {
 pub struct Call {
     rpc: &'static str,
     id: HeaderValue,
+    /// Taken when the call's span ends, in `log`.
+    trace: Option<RequestTrace>,
     deadline: Option<Instant>,
     started: Instant,
     probe: bool,
@@ -169,27 +173,41 @@ impl Call {
     /// Starts the edge of a call: the request id from the client's `x-request-id` metadata
     /// (kept when short printable ASCII) or a new one, the deadline from `grpc_layer`.
     pub fn start<T>(rpc: &'static str, request: &tonic::Request<T>) -> Self {
+        Self::begin(rpc, request, false)
+    }
+
+    /// Starts a health probe's call: logged at debug level, as HTTP's probes are, and
+    /// without a span of its own in the exported traces (a kubelet probes every few seconds).
+    pub fn start_probe<T>(rpc: &'static str, request: &tonic::Request<T>) -> Self {
+        Self::begin(rpc, request, true)
+    }
+
+    fn begin<T>(rpc: &'static str, request: &tonic::Request<T>, probe: bool) -> Self {
         let client = request
             .metadata()
             .get("x-request-id")
             .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
         let id = request_id(client.as_ref());
+        let traceparent = request.metadata().get("traceparent").map(|v| v.as_bytes());
+        let trace = RequestTrace::start(traceparent, !probe);
         let span = tracing::info_span!(
             "request",
             request_id = %id.to_str().unwrap_or_default(),
+            trace_id = %trace.trace_id(),
             peer = tracing::field::Empty
         );
         crate::frontend::edge::record_peer(&span, request.extensions());
         Self {
             rpc,
             id,
+            trace: Some(trace),
             deadline: request.extensions().get::<Deadline>().map(|d| d.0),
             peer: request
                 .extensions()
                 .get::<crate::tls::PeerIdentity>()
                 .map(|p| p.subject.clone()),
             started: Instant::now(),
-            probe: false,
+            probe,
             span,
             served: Mutex::new(Served::default()),
             target: Mutex::new(None),
@@ -198,15 +216,16 @@ impl Call {
         }
     }
 
-    /// Marks a health probe: logged at debug level, as HTTP's probes are.
-    pub fn probe(mut self) -> Self {
-        self.probe = true;
-        self
-    }
-
     /// The request id, as metadata for the backend and the answer.
     pub fn id(&self) -> AsciiMetadataValue {
         AsciiMetadataValue::try_from(self.id.as_bytes()).expect("request ids are ASCII")
+    }
+
+    /// Puts the call's trace on the metadata a backend will receive.
+    pub fn stamp_trace(&self, metadata: &mut MetadataMap) {
+        if let Some(trace) = &self.trace {
+            trace.stamp_metadata(metadata);
+        }
     }
 
     /// The span every log line of the call carries.
@@ -292,7 +311,7 @@ impl Call {
 
     /// Ends a unary call: the request id on the answer, the metrics, the log line.
     pub fn finish<T>(
-        self,
+        mut self,
         outcome: Result<tonic::Response<T>, Failure>,
     ) -> Result<tonic::Response<T>, Status> {
         match outcome {
@@ -307,7 +326,7 @@ impl Call {
     }
 
     /// Ends a call with an error status: logged and counted, the request id attached.
-    pub fn fail(self, failure: Failure, extra: &[(&str, u64)]) -> Status {
+    pub fn fail(mut self, failure: Failure, extra: &[(&str, u64)]) -> Status {
         let (mut status, kind) = failure.into_status();
         self.stamp(status.metadata_mut());
         let message = status.message().to_owned();
@@ -316,12 +335,12 @@ impl Call {
     }
 
     /// Ends a streaming call that closed cleanly.
-    pub fn finish_stream(self, extra: &[(&str, u64)]) {
+    pub fn finish_stream(mut self, extra: &[(&str, u64)]) {
         self.log(Code::Ok, None, None, extra);
     }
 
     fn log(
-        &self,
+        &mut self,
         code: Code,
         error: Option<&ErrorKind>,
         message: Option<&str>,
@@ -336,6 +355,9 @@ impl Call {
             elapsed,
             error,
         );
+        if let Some(trace) = self.trace.take() {
+            trace.finish_grpc(self.rpc, code, &served, error);
+        }
         let latency_ms = elapsed.as_secs_f64() * 1e3;
         let _entered = self.span.enter();
         let rpc = self.rpc;
@@ -361,7 +383,7 @@ impl Call {
                 counts,
                 error = e.kind,
                 source = e.source.as_str(),
-                message = e.message,
+                reason = e.message,
                 "request failed"
             ),
             Some(e) => tracing::info!(
@@ -374,7 +396,7 @@ impl Call {
                 latency_ms,
                 counts,
                 error = e.kind,
-                message = e.message,
+                reason = e.message,
                 "request refused"
             ),
             None if self.probe => {
@@ -389,7 +411,7 @@ impl Call {
                 code = code_name,
                 latency_ms,
                 counts,
-                message = message.unwrap_or(""),
+                reason = message.unwrap_or(""),
                 "request"
             ),
         }
@@ -436,13 +458,30 @@ pub fn parse_timeout(value: &[u8]) -> Option<Duration> {
     })
 }
 
-/// Tower middleware in front of tonic: the deadline, and the size-limit answer (see the
-/// module doc). A request refused by tonic before any handler ran is logged and counted here.
+/// A client gets a compressed answer when it compressed its request (`grpc-encoding`) and
+/// reads the encoding back (`grpc-accept-encoding`). Left alone, tonic compresses the answer
+/// for every client that merely lists encodings it can read, and grpc-core clients (Python's
+/// tritonclient, C++) list `identity, deflate, gzip` on every call: Triton answers them
+/// plain, and deflating every output tensor would spend CPU on the hot path for clients
+/// that never asked.
+fn compress_answers_only_when_asked(headers: &mut http::HeaderMap) {
+    let compressed = headers
+        .get("grpc-encoding")
+        .is_some_and(|encoding| encoding != "identity");
+    if !compressed {
+        headers.remove("grpc-accept-encoding");
+    }
+}
+
+/// Tower middleware in front of tonic: the deadline, when answers are compressed, and the
+/// size-limit answer (see the module doc). A request refused by tonic before any handler
+/// ran is logged and counted here.
 pub async fn grpc_layer(
     State(gateway): State<Gateway>,
     mut request: Request,
     next: Next,
 ) -> Response {
+    compress_answers_only_when_asked(request.headers_mut());
     if let Some(value) = request.headers_mut().remove("grpc-timeout")
         && let Some(timeout) = parse_timeout(value.as_bytes())
     {
@@ -456,6 +495,7 @@ pub async fn grpc_layer(
     let started = Instant::now();
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
+    headers.insert(http::header::SERVER, SERVER_HEADER_VALUE);
     let too_large = headers.get("grpc-status").is_some_and(|s| s == "11")
         && headers
             .get("grpc-message")

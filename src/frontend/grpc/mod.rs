@@ -22,14 +22,13 @@ use crate::frontend::Served;
 use crate::pipeline::auth::{Caller, admit};
 use crate::pipeline::repository::{self, Index};
 use crate::pipeline::statistics::{self, Statistics};
-use crate::pipeline::{Ask, ModelRef, Routed, mirror};
-use crate::placement::Lease;
+use crate::pipeline::{Ask, ModelRef, Routed, mirror, replay, sequence, server_metadata};
+use crate::placement::{Lease, SequenceRef};
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
 };
 use crate::protocol::inference::repository_index_response::ModelIndex;
 use crate::protocol::inference::*;
-use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream::grpc::{self as upstream_grpc, InferenceClient};
 use bytes::Bytes;
 use call::{Call, Failure};
@@ -38,6 +37,7 @@ use std::future::Future;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::codec::CompressionEncoding;
 use tonic::metadata::MetadataMap;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status, Streaming};
@@ -47,13 +47,28 @@ use tonic_health::server::HealthReporter;
 /// The service name load balancers ask `grpc.health.v1` about (the empty name works too).
 const SERVICE_NAME: &str = "inference.GRPCInferenceService";
 
+/// Turns on, for one generated tonic server, the compression Triton's gRPC server takes:
+/// gzip and deflate requests (`grpc-encoding`), and answers in either for a compressed
+/// request whose client reads it (`call::grpc_layer` decides which requests those are).
+/// Every service of the listener gets the same, so a client channel that compresses every
+/// call works for each of them.
+macro_rules! with_compression {
+    ($server:expr) => {
+        $server
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Deflate)
+            .send_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Deflate)
+    };
+}
+
 /// Builds the gRPC router over the gateway state: the inference service, health (kept in
 /// step with readiness by a task on `tasks`) and reflection.
 pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToken) -> axum::Router {
     let limit = gateway.config().server.max_grpc_message_size.bytes();
-    let inference = GrpcInferenceServiceServer::new(InferenceService {
+    let inference = with_compression!(GrpcInferenceServiceServer::new(InferenceService {
         gateway: gateway.clone(),
-    })
+    }))
     .max_decoding_message_size(usize::try_from(limit).unwrap_or(usize::MAX))
     .max_encoding_message_size(usize::MAX);
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -63,8 +78,8 @@ pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToke
         .build_v1()
         .expect("the generated descriptor set is valid");
     Routes::new(inference)
-        .add_service(health)
-        .add_service(reflection)
+        .add_service(with_compression!(health))
+        .add_service(with_compression!(reflection))
         .prepare()
         .into_axum_router()
         .layer(axum::middleware::from_fn_with_state(
@@ -205,12 +220,14 @@ impl InferenceService {
         &self,
         call: &Call,
         requested: ModelRef,
-        metadata: &MetadataMap,
-        caller: &Caller,
+        (metadata, caller): (&MetadataMap, &Caller),
         ask: Ask,
+        sequence: Option<&SequenceRef>,
     ) -> Result<(Lease, Routed), GatewayError> {
         let mut routed = self.route(requested, metadata, caller, ask)?;
-        let lease = routed.place(self.gateway.placement(), ask).await?;
+        let lease = routed
+            .place(self.gateway.placement(), ask, sequence)
+            .await?;
         call.served(Served {
             model: routed.target.name.clone(),
             version: routed.target.version.clone(),
@@ -252,7 +269,7 @@ impl InferenceService {
         lease: &Lease,
         metadata: MetadataMap,
         message: Req,
-        send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
+        send: &impl Fn(InferenceClient, Request<Req>) -> Fut,
     ) -> Result<Response<Res>, Failure>
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
@@ -264,32 +281,81 @@ impl InferenceService {
             .map_err(|error| call.deadline_passed(error.into()))
     }
 
+    /// Forwards to the leased copy; when the backend answers that it has no such model (the
+    /// copy went between placement and the answer), places the call again and sends it once
+    /// more (`pipeline::replay`). The message is kept for that as a clone: tensors in
+    /// `raw_input_contents` are shared, not copied.
+    async fn forward_placed<Req: Clone, Res, Fut>(
+        &self,
+        call: &Call,
+        (routed, ask, sequence): (&mut Routed, Ask, Option<&SequenceRef>),
+        lease: &mut Lease,
+        metadata: MetadataMap,
+        message: Req,
+        send: impl Fn(InferenceClient, Request<Req>) -> Fut,
+    ) -> Result<Response<Res>, Failure>
+    where
+        Fut: Future<Output = Result<Response<Res>, Status>>,
+    {
+        let again = (metadata.clone(), message.clone());
+        match self.forward(call, lease, metadata, message, &send).await {
+            Err(Failure::Backend(status))
+                if matches!(
+                    status.code(),
+                    tonic::Code::NotFound | tonic::Code::Unavailable
+                ) && replay::copy_is_gone(status.message()) =>
+            {
+                *lease = routed
+                    .place_again(self.gateway.placement(), lease, ask, sequence)
+                    .await?;
+                call.served(Served {
+                    model: routed.target.name.clone(),
+                    version: routed.target.version.clone(),
+                    backend: lease.backend().name.clone(),
+                    route: routed.route.clone(),
+                });
+                self.forward(call, lease, again.0, again.1, &send).await
+            }
+            answer => answer,
+        }
+    }
+
     /// Admit, place, then forward: every per-model RPC. The admission (the tenant's
     /// concurrency slot) is held until the backend has answered.
-    async fn to_model<Req: NamesModel, Res, Fut>(
+    async fn to_model<Req: NamesModel + Clone, Res, Fut>(
         &self,
         call: &Call,
         mut metadata: MetadataMap,
         mut message: Req,
         ask: Ask,
-        send: impl FnOnce(InferenceClient, Request<Req>) -> Fut,
+        send: impl Fn(InferenceClient, Request<Req>) -> Fut,
     ) -> Result<Response<Res>, Failure>
     where
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
-        let requested = message.model();
+        let requested = message.model()?;
         let (caller, _admission) = self.admit_model(call, &mut metadata, &requested).await?;
-        let (lease, routed) = self.place(call, requested, &metadata, &caller, ask).await?;
+        let (mut lease, mut routed) = self
+            .place(call, requested, (&metadata, &caller), ask, None)
+            .await?;
         message.retarget(&routed.target);
-        self.forward(call, &lease, metadata, message, send).await
+        self.forward_placed(
+            call,
+            (&mut routed, ask, None),
+            &mut lease,
+            metadata,
+            message,
+            send,
+        )
+        .await
     }
 }
 
 /// A request message that names a model: what it asks for, and how to send it to the
 /// target a route chose instead.
 trait NamesModel {
-    /// The model (and version) the client named.
-    fn model(&self) -> ModelRef;
+    /// The model (and version) the client named; a version Triton cannot read is refused.
+    fn model(&self) -> Result<ModelRef, GatewayError>;
     /// Names `target` instead.
     fn retarget(&mut self, target: &ModelRef);
 }
@@ -297,8 +363,8 @@ trait NamesModel {
 macro_rules! names_model {
     ($($message:ty: $name:ident, $version:ident;)*) => {$(
         impl NamesModel for $message {
-            fn model(&self) -> ModelRef {
-                ModelRef::new(self.$name.clone(), version(&self.$version))
+            fn model(&self) -> Result<ModelRef, GatewayError> {
+                ModelRef::requested(self.$name.clone(), version(&self.$version))
             }
             fn retarget(&mut self, target: &ModelRef) {
                 self.$name.clone_from(&target.name);
@@ -327,6 +393,7 @@ fn upstream_request<T>(
     call::strip_reserved(&mut metadata);
     let mut request = Request::from_parts(metadata, Default::default(), message);
     request.metadata_mut().insert("x-request-id", call.id());
+    call.stamp_trace(request.metadata_mut());
     if let Some(timeout) = timeout {
         request.set_timeout(timeout);
     }
@@ -335,13 +402,7 @@ fn upstream_request<T>(
 
 /// Shared memory names regions on one host; the gateway and its backends are not one host.
 fn no_shared_memory(call: Call) -> Status {
-    call.fail(
-        Failure::Backend(Status::unimplemented(
-            "shared memory cannot cross a gateway: infergate and its backends do not share \
-             memory; send tensors in the request (raw_input_contents)",
-        )),
-        &[],
-    )
+    call.fail(GatewayError::SharedMemoryUnsupported.into(), &[])
 }
 
 /// Trace and log settings belong to each Triton server.
@@ -361,7 +422,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<ServerLiveRequest>,
     ) -> Result<Response<ServerLiveResponse>, Status> {
-        let call = Call::start("ServerLive", &request).probe();
+        let call = Call::start_probe("ServerLive", &request);
         call.finish(Ok(Response::new(ServerLiveResponse { live: true })))
     }
 
@@ -369,7 +430,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<ServerReadyRequest>,
     ) -> Result<Response<ServerReadyResponse>, Status> {
-        let call = Call::start("ServerReady", &request).probe();
+        let call = Call::start_probe("ServerReady", &request);
         // Triton answers "not ready" as `ready: false`, not as an error status.
         let ready = self.gateway.readiness().is_ok();
         call.finish(Ok(Response::new(ServerReadyResponse { ready })))
@@ -383,11 +444,14 @@ impl GrpcInferenceService for InferenceService {
         let mut metadata = request.into_parts().0;
         // As HTTP's `GET /v2`: any verified caller, no admission (no model, no limit).
         let outcome = match authenticate(&self.gateway, &call, &mut metadata).await {
-            Ok(_) => Ok(Response::new(ServerMetadataResponse {
-                name: SERVER_NAME.into(),
-                version: SERVER_VERSION.into(),
-                extensions: EXTENSIONS.iter().map(|e| (*e).to_owned()).collect(),
-            })),
+            Ok(_) => {
+                let ours = server_metadata::server_metadata(&self.gateway).await;
+                Ok(Response::new(ServerMetadataResponse {
+                    name: ours.name,
+                    version: ours.version,
+                    extensions: ours.extensions,
+                }))
+            }
             Err(error) => Err(error.into()),
         };
         call.finish(outcome)
@@ -401,12 +465,12 @@ impl GrpcInferenceService for InferenceService {
         let (mut metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                let requested = message.model();
+                let requested = message.model()?;
                 // Who may ask is decided first: a refusal is an error, not `ready: false`.
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
                 match self
-                    .place(&call, requested, &metadata, &caller, Ask::Ready)
+                    .place(&call, requested, (&metadata, &caller), Ask::Ready, None)
                     .await
                 {
                     // Triton answers an unknown or unloadable model with `ready: false`.
@@ -414,11 +478,16 @@ impl GrpcInferenceService for InferenceService {
                         tracing::debug!(%error, "model is not ready");
                         Ok(Response::new(ModelReadyResponse { ready: false }))
                     }
-                    Ok((lease, routed)) => {
+                    Ok((mut lease, mut routed)) => {
                         message.retarget(&routed.target);
-                        self.forward(&call, &lease, metadata, message, |mut c, r| async move {
-                            c.model_ready(r).await
-                        })
+                        self.forward_placed(
+                            &call,
+                            (&mut routed, Ask::Ready, None),
+                            &mut lease,
+                            metadata,
+                            message,
+                            |mut c, r| async move { c.model_ready(r).await },
+                        )
                         .await
                     }
                 }
@@ -453,11 +522,18 @@ impl GrpcInferenceService for InferenceService {
         let (mut metadata, _, mut message) = request.into_parts();
         let outcome = call
             .run(async {
-                let requested = message.model();
+                let requested = message.model()?;
                 let (caller, _admission) =
                     self.admit_model(&call, &mut metadata, &requested).await?;
-                let (lease, mut routed) = self
-                    .place(&call, requested, &metadata, &caller, Ask::Inference)
+                let sequence = sequence::from_parameters(&message.parameters);
+                let (mut lease, mut routed) = self
+                    .place(
+                        &call,
+                        requested,
+                        (&metadata, &caller),
+                        Ask::Inference,
+                        sequence.as_ref(),
+                    )
                     .await?;
                 message.retarget(&routed.target);
                 let answer = async {
@@ -471,9 +547,14 @@ impl GrpcInferenceService for InferenceService {
                     if let Some(copy) = routed.mirror_copy() {
                         mirror::grpc(&self.gateway, copy, &message);
                     }
-                    self.forward(&call, &lease, metadata, message, |mut c, r| async move {
-                        c.model_infer(r).await
-                    })
+                    self.forward_placed(
+                        &call,
+                        (&mut routed, Ask::Inference, sequence.as_ref()),
+                        &mut lease,
+                        metadata,
+                        message,
+                        |mut c, r| async move { c.model_infer(r).await },
+                    )
                     .await
                 }
                 .await;
@@ -539,7 +620,7 @@ impl GrpcInferenceService for InferenceService {
                         .await?;
                     statistics::of_all(&self.gateway).await?
                 } else {
-                    let requested = message.model();
+                    let requested = message.model()?;
                     let (caller, _admission) =
                         self.admit_model(&call, &mut metadata, &requested).await?;
                     let routed = self.route(requested, &metadata, &caller, Ask::Statistics)?;

@@ -4,7 +4,9 @@
 //! Each request on the client's stream is placed like any model request. The first request
 //! for a model (name and version) leases a copy and opens a stream to that backend; later
 //! requests for the same model go down the same backend stream, so a sequence stays on one
-//! backend and a decoupled model may answer any number of times. The lease is held for as
+//! backend and a decoupled model may answer any number of times. A request of a live
+//! sequence that runs on another copy (started on another stream) goes there, down a second
+//! backend stream (`placement::sequences`). The lease is held for as
 //! long as that backend stream is open. The backends' answers are merged onto the client's
 //! stream as they come (each carries its request `id`).
 //!
@@ -55,12 +57,22 @@ const ROUTE_QUEUE: usize = 16;
 /// Answers waiting to go to the client.
 const OUT_QUEUE: usize = 64;
 
-/// One model's stream to its backend.
+/// One model's stream to one of its backends. A model has one, and another only when a
+/// live sequence runs on a copy elsewhere (it started on another stream, or before a
+/// backend stream ended).
 struct Route {
     backend: Arc<Backend>,
+    /// The backend's place in the pool (`Placement::route_sequence`).
+    index: usize,
     requests: mpsc::Sender<ModelInferRequest>,
     waiting: Waiting,
 }
+
+/// Every backend stream of the client's stream, per model.
+type Routes = HashMap<ModelRef, Vec<Route>>;
+
+/// What ends when a pump ends: its model's route to one backend.
+type Pumps = JoinSet<((ModelRef, usize), Result<u64, Failure>)>;
 
 /// The concurrency slots of requests sent down one backend stream and not yet answered, by
 /// request id, oldest first. Shared by the relay, which adds one before it sends a request,
@@ -136,8 +148,8 @@ async fn relay(
     out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
 ) {
     let mut counts = Counts::default();
-    let mut routes: HashMap<ModelRef, Route> = HashMap::new();
-    let mut pumps: JoinSet<(ModelRef, Result<u64, Failure>)> = JoinSet::new();
+    let mut routes: Routes = HashMap::new();
+    let mut pumps: Pumps = JoinSet::new();
     let limit = gateway.config().server.max_grpc_message_size.bytes();
     let work = async {
         loop {
@@ -154,8 +166,8 @@ async fn relay(
                     Err(status) => return Err(Failure::Backend(status)),
                 },
                 Some(done) = pumps.join_next() => {
-                    let (model, answered) = done.expect("pump tasks do not panic");
-                    routes.remove(&model);
+                    let ((model, index), answered) = done.expect("pump tasks do not panic");
+                    drop_route(&mut routes, &model, index);
                     counts.responses += answered?;
                 }
                 // The client went away.
@@ -184,16 +196,30 @@ async fn relay(
     }
 }
 
+fn drop_route(routes: &mut Routes, model: &ModelRef, index: usize) {
+    if let Some(list) = routes.get_mut(model) {
+        list.retain(|r| r.index != index);
+        if list.is_empty() {
+            routes.remove(model);
+        }
+    }
+}
+
 /// Sends one request down its model's backend stream, opening one if needed. Returns true
 /// when the request was refused (answered on the stream with `error_message`).
+///
+/// A request of a live sequence goes down the stream to the copy its sequence runs on (a
+/// stream opened for it if need be); a sequence's start goes down the model's stream and
+/// binds the sequence there; a request of a sequence whose copy has gone is refused
+/// (`SequenceLost`).
 #[allow(clippy::too_many_arguments)]
 async fn route(
     gateway: &Gateway,
     call: &Call,
     caller: &Caller,
     metadata: &MetadataMap,
-    routes: &mut HashMap<ModelRef, Route>,
-    pumps: &mut JoinSet<(ModelRef, Result<u64, Failure>)>,
+    routes: &mut Routes,
+    pumps: &mut Pumps,
     out: &mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
     mut message: ModelInferRequest,
 ) -> bool {
@@ -201,6 +227,9 @@ async fn route(
     // sticky route keeps one target for the whole stream); the request goes on under the
     // target's name, down the target's backend stream.
     let requested = ModelRef::new(message.model_name.clone(), version(&message.model_version));
+    if let Err(error) = requested.version_number() {
+        return refuse(out, &requested, message, error).await;
+    }
     let live = gateway.live();
     // Each request on the stream is admitted for the model it names and counted against the
     // tenant's rate; its concurrency slot is held until the backend answers it.
@@ -219,12 +248,28 @@ async fn route(
     let model = routed.target;
     message.model_name.clone_from(&model.name);
     message.model_version = model.version.clone().unwrap_or_default();
-    let message = match routes.get(&model) {
+    let sequence = crate::pipeline::sequence::from_parameters(&message.parameters);
+    let placement = gateway.placement();
+    let bound = match sequence.as_ref().filter(|s| !s.start) {
+        Some(sequence) => match placement.route_sequence(&model, sequence) {
+            Ok(bound) => bound,
+            Err(error) => return refuse(out, &model, message, error).await,
+        },
+        None => None,
+    };
+    let open = routes.get(&model).and_then(|list| match bound {
+        Some(index) => list.iter().find(|r| r.index == index),
+        None => list.first(),
+    });
+    let message = match open {
         Some(route) => {
             if let Err(error) =
                 super::validate::infer_request(gateway, &route.backend, &model, &message).await
             {
                 return refuse(out, &model, message, error).await;
+            }
+            if let Some(sequence) = &sequence {
+                placement.sequence_sent(route.index, &model.name, sequence);
             }
             // Held before sending, so that the answer cannot come before the slot is held.
             route.waiting.hold(&message.id, admission);
@@ -233,14 +278,15 @@ async fn route(
                 // The backend stream ended meanwhile: place again.
                 Err(mpsc::error::SendError(message)) => {
                     admission = route.waiting.take_back(&message.id).unwrap_or_default();
-                    routes.remove(&model);
+                    let index = route.index;
+                    drop_route(routes, &model, index);
                     message
                 }
             }
         }
         None => message,
     };
-    let lease = match gateway.placement().acquire(&model).await {
+    let lease = match placement.acquire_in(&model, sequence.as_ref()).await {
         Ok(lease) => lease,
         Err(error) => return refuse(out, &model, message, error).await,
     };
@@ -269,19 +315,18 @@ async fn route(
         .deadline()
         .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now()));
     let request = upstream_request(call, metadata.clone(), ReceiverStream::new(queue), timeout);
-    routes.insert(
-        model.clone(),
-        Route {
-            backend: lease.backend().clone(),
-            requests,
-            waiting: waiting.clone(),
-        },
-    );
+    let index = lease.backend_index();
+    routes.entry(model.clone()).or_default().push(Route {
+        backend: lease.backend().clone(),
+        index,
+        requests,
+        waiting: waiting.clone(),
+    });
     let out = out.clone();
     pumps.spawn(
         async move {
             let answered = pump(lease, request, waiting, out).await;
-            (model, answered)
+            ((model, index), answered)
         }
         .instrument(call.span().clone()),
     );

@@ -4,16 +4,16 @@
 //!
 //! Only what the gateway can describe exactly is checked: tensors in `raw_input_contents`
 //! (what tritonclient and most clients send), as slices of the decoded message. Typed
-//! `contents`, shared-memory inputs, or a count of raw contents that does not match the
-//! inputs are forwarded as they came, and Triton answers them: never refuse what Triton
-//! would accept.
+//! `contents`, or a count of raw contents that does not match the inputs, are forwarded as
+//! they came, and Triton answers them: never refuse what Triton would accept. An input or
+//! output in shared memory is refused, as on HTTP: no Triton behind a gateway has the region.
 
 use crate::Gateway;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
 use crate::protocol::inference::ModelInferRequest;
 use crate::upstream::Backend;
-use crate::validate::{self, InferRequest, InputTensor, TensorData};
+use crate::validate::{self, InferRequest, InputTensor, Rejection, TensorData};
 use std::sync::Arc;
 
 /// Checks an inference request bound for `backend`; `Ok` also when it cannot be checked.
@@ -26,6 +26,7 @@ pub async fn infer_request(
     if !gateway.config().validation.enabled {
         return Ok(());
     }
+    no_shared_memory(message).map_err(|rejection| validate::refuse(rejection, model))?;
     let request = match describe(message) {
         Ok(request) => request,
         Err(why) => {
@@ -37,6 +38,19 @@ pub async fn infer_request(
         return Ok(());
     };
     validate::check(&request, &signature).map_err(|rejection| validate::refuse(rejection, model))
+}
+
+/// Refuses a request whose inputs or outputs name a shared-memory region.
+fn no_shared_memory(message: &ModelInferRequest) -> Result<(), Rejection> {
+    let inputs = message.inputs.iter().map(|i| &i.parameters);
+    let outputs = message.outputs.iter().map(|o| &o.parameters);
+    if inputs
+        .chain(outputs)
+        .any(|parameters| parameters.contains_key("shared_memory_region"))
+    {
+        return Err(Rejection::shared_memory());
+    }
+    Ok(())
 }
 
 /// The request as the checker reads it, or why it is not checked.
@@ -51,13 +65,6 @@ fn describe(message: &ModelInferRequest) -> Result<InferRequest, &'static str> {
         .map(|(input, raw)| {
             if input.contents.is_some() {
                 return Err("an input has both typed and raw contents");
-            }
-            if input
-                .parameters
-                .keys()
-                .any(|k| k.starts_with("shared_memory"))
-            {
-                return Err("an input is in shared memory");
             }
             Ok(InputTensor {
                 name: input.name.clone(),
@@ -127,21 +134,40 @@ mod tests {
             ..Default::default()
         };
         assert!(describe(&typed).is_err());
-        let mut shared = input("INPUT0");
-        shared
-            .parameters
-            .insert("shared_memory_region".into(), Default::default());
-        let shared = ModelInferRequest {
-            inputs: vec![shared],
-            raw_input_contents: vec![Bytes::new()],
-            ..Default::default()
-        };
-        assert!(describe(&shared).is_err());
         let short = ModelInferRequest {
             inputs: vec![input("INPUT0"), input("INPUT1")],
             raw_input_contents: vec![Bytes::new()],
             ..Default::default()
         };
         assert!(describe(&short).is_err());
+    }
+
+    #[test]
+    fn an_input_or_output_in_shared_memory_is_refused() {
+        let mut shared = input("INPUT0");
+        shared
+            .parameters
+            .insert("shared_memory_region".into(), Default::default());
+        let shared_input = ModelInferRequest {
+            inputs: vec![shared],
+            ..Default::default()
+        };
+        let shared_output = ModelInferRequest {
+            inputs: vec![input("INPUT0")],
+            outputs: vec![InferRequestedOutputTensor {
+                name: "OUTPUT0".into(),
+                parameters: [("shared_memory_region".to_owned(), Default::default())].into(),
+            }],
+            raw_input_contents: vec![Bytes::new()],
+            ..Default::default()
+        };
+        for message in [shared_input, shared_output] {
+            assert_eq!(no_shared_memory(&message), Err(Rejection::shared_memory()));
+        }
+        let plain = ModelInferRequest {
+            inputs: vec![input("INPUT0")],
+            ..Default::default()
+        };
+        assert_eq!(no_shared_memory(&plain), Ok(()));
     }
 }

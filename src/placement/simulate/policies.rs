@@ -76,11 +76,17 @@ impl Placer for Real {
                 Step::Serve(backend)
             }
             Decision::Wait(_) => Step::Wait,
-            Decision::Load(plan) => Step::Load {
-                backend: plan.backend,
-                evicted: plan.evict.len(),
-                evicted_idle: plan.evict.iter().map(|e| e.idle).sum(),
-            },
+            Decision::Load(plan) => {
+                // Unloads are instant here: each victim has gone before the load starts.
+                for victim in &plan.evict {
+                    self.table.departed(plan.backend, &victim.model, now);
+                }
+                Step::Load {
+                    backend: plan.backend,
+                    evicted: plan.evict.len(),
+                    evicted_idle: plan.evict.iter().map(|e| e.idle).sum(),
+                }
+            }
             Decision::Refuse(GatewayError::Churn { .. }) => Step::Refuse(Refusal::Churn),
             Decision::Refuse(GatewayError::NoRoom { .. }) => Step::Refuse(Refusal::NoRoom),
             Decision::Refuse(_) => Step::Refuse(Refusal::Other),

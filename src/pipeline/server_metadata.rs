@@ -1,0 +1,147 @@
+//! What the server says about itself (`GET /v2`, gRPC `ServerMetadata`): the backends' own
+//! name and version, because Triton clients (the official health and metadata examples
+//! among them) check that the server is `triton`, with those of the backends' protocol
+//! extensions that work through the gateway. The gateway names itself elsewhere: in the
+//! `server` header and on the admin API.
+
+use crate::Gateway;
+use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a backend's identity is used before it is read again, so a pool upgraded one
+/// Triton at a time reports the new version within a minute.
+const REFRESH_AFTER: Duration = Duration::from_secs(60);
+
+/// A server's name, version and protocol extensions, as server metadata carries them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServerMetadata {
+    /// `triton` from a Triton backend, or `server.name`.
+    pub name: String,
+    /// The backend's version (Triton's release, e.g. `2.51.0`).
+    pub version: String,
+    /// In the backend's order.
+    pub extensions: Vec<String>,
+}
+
+/// The identity last read from a backend, shared by both front-ends.
+#[derive(Default)]
+pub struct IdentityCache(ArcSwapOption<(Instant, ServerMetadata)>);
+
+/// A backend's `GET /v2`.
+#[derive(Deserialize)]
+struct Reported {
+    name: String,
+    version: String,
+    #[serde(default)]
+    extensions: Vec<String>,
+}
+
+/// What `GET /v2` and `ServerMetadata` answer: the backends' identity (`server.name`, when
+/// set, for the name). Before any backend has answered, the gateway's own name, version and
+/// extensions: metadata is answered whenever the gateway is live, as Triton's is.
+pub async fn server_metadata(gateway: &Gateway) -> ServerMetadata {
+    let mut metadata = backends_identity(gateway)
+        .await
+        .unwrap_or_else(|| ServerMetadata {
+            name: SERVER_NAME.into(),
+            version: SERVER_VERSION.into(),
+            extensions: EXTENSIONS.iter().map(|e| (*e).to_owned()).collect(),
+        });
+    if let Some(name) = &gateway.config().server.name {
+        metadata.name.clone_from(name);
+    }
+    metadata
+}
+
+/// The backends' identity: from the cache while it is fresh, else read from the first ready
+/// backend that answers (the stale entry when none does); `None` before any has answered.
+pub async fn backends_identity(gateway: &Gateway) -> Option<ServerMetadata> {
+    let cache = &gateway.server_identity().0;
+    let cached = cache.load_full();
+    if let Some(entry) = &cached
+        && entry.0.elapsed() < REFRESH_AFTER
+    {
+        return Some(entry.1.clone());
+    }
+    match read_from_backends(gateway).await {
+        Some(fresh) => {
+            cache.store(Some(Arc::new((Instant::now(), fresh.clone()))));
+            Some(fresh)
+        }
+        None => cached.map(|entry| entry.1.clone()),
+    }
+}
+
+async fn read_from_backends(gateway: &Gateway) -> Option<ServerMetadata> {
+    let timeout = gateway.config().upstream.health_timeout.0;
+    for backend in gateway.pool().ready() {
+        let answer = backend
+            .client
+            .call(&backend, Method::GET, "/v2", Bytes::new(), timeout)
+            .await;
+        let reported = match answer {
+            Ok((StatusCode::OK, body)) => serde_json::from_slice::<Reported>(&body)
+                .map_err(|e| format!("server metadata is not what Triton sends: {e}")),
+            Ok((status, _)) => Err(format!("server metadata answered {status}")),
+            Err(error) => Err(error.to_string()),
+        };
+        match reported {
+            Ok(reported) => return Some(through_gateway(reported)),
+            Err(reason) => tracing::debug!(backend = backend.name, reason, "no server metadata"),
+        }
+    }
+    None
+}
+
+/// A backend's identity with only the extensions that work through the gateway.
+fn through_gateway(reported: Reported) -> ServerMetadata {
+    ServerMetadata {
+        name: reported.name,
+        version: reported.version,
+        extensions: reported
+            .extensions
+            .into_iter()
+            .filter(|e| EXTENSIONS.contains(&e.as_str()))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_extensions_that_cross_a_gateway_are_reported() {
+        // Triton 2.51's own list, in its order.
+        let triton: Reported = serde_json::from_str(
+            r#"{"name":"triton","version":"2.51.0","extensions":["classification","sequence",
+            "model_repository","model_repository(unload_dependents)","schedule_policy",
+            "model_configuration","system_shared_memory","cuda_shared_memory",
+            "binary_tensor_data","parameters","statistics","trace","logging"]}"#,
+        )
+        .unwrap();
+        let reported = through_gateway(triton);
+        assert_eq!(
+            (reported.name.as_str(), reported.version.as_str()),
+            ("triton", "2.51.0")
+        );
+        assert_eq!(
+            reported.extensions,
+            [
+                "classification",
+                "sequence",
+                "model_repository",
+                "schedule_policy",
+                "model_configuration",
+                "binary_tensor_data",
+                "parameters",
+                "statistics"
+            ]
+        );
+    }
+}

@@ -1,0 +1,422 @@
+//! The deployment kit under `docker/`, checked by the real tools that read it: Debian's
+//! `docker-compose` and `promtool`, PyPI's `kubernetes-validate`, `check-jsonschema` and
+//! `grafana-foundation-sdk` (installed by `scripts/setup.sh`). There is no Docker daemon or
+//! cluster here, so what is checked is what those tools accept, and that the files agree with
+//! each other and with the gateway's own config parser (ports, probes, grace periods, names).
+
+mod support;
+
+use infergate::config::Config;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn kit(path: &str) -> PathBuf {
+    support::repo_root().join("docker").join(path)
+}
+
+fn venv_tool(name: &str) -> PathBuf {
+    support::venv_dir().join("bin").join(name)
+}
+
+/// Runs a command to completion (after `scripts/setup.sh`, which installs the tools).
+fn run(command: &mut Command) -> Output {
+    support::ensure_setup().expect("scripts/setup.sh");
+    command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e} (scripts/setup.sh installs it)"))
+}
+
+fn assert_ok(output: &Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{stdout}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// The YAML documents of `paths` (or of `stdin` text), as JSON values.
+fn yaml(paths: &[&Path], stdin: Option<&str>) -> Vec<Value> {
+    support::ensure_setup().expect("scripts/setup.sh");
+    let script = support::repo_root().join("tests/python/yaml_to_json.py");
+    let mut command = Command::new(support::venv_python());
+    command.arg(&script);
+    let output = match stdin {
+        Some(text) => {
+            use std::io::Write;
+            let mut child = command
+                .arg("-")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("python");
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+            child.wait_with_output().unwrap()
+        }
+        None => run(command.args(paths)),
+    };
+    let text = assert_ok(&output, "yaml_to_json.py");
+    serde_json::from_str::<Vec<Value>>(&text).expect("JSON")
+}
+
+fn compose_config(profiles: &str) -> Output {
+    run(Command::new("docker-compose")
+        .arg("-f")
+        .arg(kit("compose.yaml"))
+        .arg("--env-file")
+        .arg(kit(".env"))
+        .arg("config")
+        .env("COMPOSE_PROFILES", profiles))
+}
+
+fn ports_of(config: &Config) -> BTreeSet<u16> {
+    let listen = &config.listen;
+    [Some(listen.http), listen.grpc, listen.metrics, listen.admin]
+        .into_iter()
+        .flatten()
+        .map(|addr| addr.port())
+        .collect()
+}
+
+fn image_config() -> Config {
+    Config::load(&kit("gateway.toml")).unwrap_or_else(|e| panic!("docker/gateway.toml: {e}"))
+}
+
+#[test]
+fn compose_accepts_the_stack_with_its_env_file_in_every_profile() {
+    for profiles in ["cpu", "gpu", "cpu,replicas"] {
+        let quiet = run(Command::new("docker-compose")
+            .arg("-f")
+            .arg(kit("compose.yaml"))
+            .arg("--env-file")
+            .arg(kit(".env"))
+            .args(["config", "-q"])
+            .env("COMPOSE_PROFILES", profiles));
+        assert_ok(&quiet, &format!("docker-compose config -q ({profiles})"));
+    }
+    let schema = run(Command::new(venv_tool("check-jsonschema"))
+        .args(["--builtin-schema", "vendor.compose-spec"])
+        .arg(kit("compose.yaml")));
+    assert_ok(&schema, "check-jsonschema (compose spec)");
+
+    let resolved = assert_ok(&compose_config("cpu"), "docker-compose config");
+    let stack = &yaml(&[], Some(&resolved))[0]["services"];
+    // Every backend of the gateway's config is a name the stack answers to in both the
+    // CPU and the GPU profile (a service name, or a GPU service's alias).
+    for backend in &image_config().backends {
+        let host = backend.http.trim_start_matches("http://");
+        let host = host.split(':').next().unwrap();
+        assert!(
+            stack[host].is_object(),
+            "no service {host} in the cpu profile"
+        );
+        let gpu = &stack[format!("{host}-gpu")];
+        let aliases = &gpu["networks"]["default"]["aliases"];
+        assert!(
+            aliases
+                .as_array()
+                .is_some_and(|a| a.contains(&Value::from(host))),
+            "the gpu profile's {host}-gpu does not answer to {host}: {gpu}"
+        );
+        assert!(
+            stack[host]["deploy"].is_null(),
+            "the cpu Triton must not reserve a GPU"
+        );
+        let devices = &gpu["deploy"]["resources"]["reservations"]["devices"][0];
+        assert_eq!(devices["driver"], "nvidia", "{gpu}");
+        for triton in [&stack[host], gpu] {
+            let command = triton["command"].to_string();
+            assert!(
+                command.contains("--model-control-mode=explicit"),
+                "{command}"
+            );
+            let volumes = triton["volumes"].to_string();
+            assert!(
+                volumes.contains(":/models:ro"),
+                "read-only models: {volumes}"
+            );
+        }
+    }
+    // The gateway publishes every port its config listens on.
+    for service in ["infergate", "infergate-2"] {
+        let published: BTreeSet<u16> = stack[service]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["target"].as_u64().unwrap() as u16)
+            .collect();
+        assert_eq!(published, ports_of(&image_config()), "{service}");
+    }
+    assert_eq!(stack["infergate-2"]["profiles"][0], "replicas");
+    assert_eq!(stack["etcd"]["profiles"][0], "replicas");
+}
+
+#[test]
+fn the_image_exposes_serves_and_checks_what_its_config_says() {
+    let dockerfile = std::fs::read_to_string(kit("Dockerfile")).unwrap();
+    let runtime = dockerfile.rsplit("\nFROM ").next().unwrap();
+    let exposed: BTreeSet<u16> = runtime
+        .lines()
+        .filter_map(|l| l.strip_prefix("EXPOSE "))
+        .flat_map(|l| l.split_whitespace().map(|p| p.parse::<u16>().unwrap()))
+        .collect();
+    let config = image_config();
+    assert!(
+        config.listen.grpc.is_some(),
+        "the image's config serves gRPC"
+    );
+    assert!(config.backends.iter().all(|b| b.grpc.is_some()));
+    assert_eq!(
+        exposed,
+        ports_of(&config),
+        "EXPOSE against docker/gateway.toml"
+    );
+    let health = runtime
+        .lines()
+        .find(|l| l.contains("INFERGATE_HEALTH_URL=http"))
+        .expect("a health URL");
+    assert!(
+        health.contains(&format!(":{}/v2/health/live", config.listen.http.port())),
+        "{health}"
+    );
+    assert!(runtime.contains("HEALTHCHECK "), "no HEALTHCHECK");
+    let user = runtime
+        .lines()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("a USER");
+    let uid: u32 = user
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("numeric uid");
+    assert_ne!(uid, 0, "runs as root");
+    // The second replica's config is the same gateway (until [cluster] lands).
+    let second = Config::load(&kit("gateway-2.toml")).unwrap();
+    assert_eq!(ports_of(&second), ports_of(&config));
+    assert_eq!(second.backends, config.backends);
+}
+
+#[test]
+fn kubernetes_manifests_validate_and_agree_with_the_gateway_config() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(kit("k8s"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let output = run(Command::new(venv_tool("kubernetes-validate"))
+        .arg("--strict")
+        .args(&files));
+    let report = assert_ok(&output, "kubernetes-validate --strict");
+    let report = format!("{report}{}", String::from_utf8_lossy(&output.stderr));
+    let warnings: Vec<&str> = report.lines().filter(|l| l.starts_with("WARN")).collect();
+    // A CRD has no schema in kubernetes-validate: only the ServiceMonitor may go unchecked.
+    assert_eq!(warnings.len(), 1, "{report}");
+    assert!(warnings[0].contains("kind ServiceMonitor"), "{report}");
+    let passed = report.lines().filter(|l| l.contains(" passed ")).count();
+
+    let documents = yaml(&files.iter().map(|p| p.as_path()).collect::<Vec<_>>(), None);
+    assert_eq!(passed, documents.len() - 1, "{report}");
+    let find = |kind: &str, name: &str| -> &Value {
+        documents
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+    };
+    let text = find("ConfigMap", "infergate-config")["data"]["gateway.toml"]
+        .as_str()
+        .unwrap();
+    let config = Config::parse(text).unwrap_or_else(|e| panic!("ConfigMap gateway.toml: {e}"));
+
+    let deployment = find("Deployment", "infergate");
+    assert!(deployment["spec"]["replicas"].as_u64().unwrap() >= 2);
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let port = |name: &str| -> u16 {
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["containerPort"]
+            .as_u64()
+            .unwrap() as u16
+    };
+    let ports: BTreeSet<u16> = ["http", "grpc", "metrics", "admin"]
+        .iter()
+        .map(|n| port(n))
+        .collect();
+    assert_eq!(ports, ports_of(&config));
+    assert_eq!(port("http"), config.listen.http.port());
+    for (probe, path) in [
+        ("readinessProbe", "/v2/health/ready"),
+        ("livenessProbe", "/v2/health/live"),
+    ] {
+        assert_eq!(container[probe]["httpGet"]["path"], path);
+        assert_eq!(container[probe]["httpGet"]["port"], "http");
+    }
+    // SIGTERM comes after preStop; the drain must end before the grace period does.
+    let pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+        .as_u64()
+        .unwrap();
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    let drain = config.server.drain_timeout.0.as_secs();
+    assert!(
+        pre_stop + drain < grace,
+        "preStop {pre_stop}s + drain {drain}s >= grace {grace}s"
+    );
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert!(container["resources"]["requests"]["memory"].is_string());
+
+    let service = find("Service", "infergate");
+    let names: BTreeSet<&str> = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, BTreeSet::from(["http", "grpc", "metrics"]));
+    let monitor = find("ServiceMonitor", "infergate");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+    assert!(config.telemetry.merge_backend_metrics);
+    let budget = find("PodDisruptionBudget", "infergate");
+    assert_eq!(
+        budget["spec"]["selector"], deployment["spec"]["selector"],
+        "the budget covers the gateway pods"
+    );
+
+    // The autoscaler scales the StatefulSet the gateway lists, within the backends it lists.
+    let hpa = find("HorizontalPodAutoscaler", "triton");
+    assert_eq!(hpa["spec"]["scaleTargetRef"]["kind"], "StatefulSet");
+    find("StatefulSet", "triton");
+    let max = hpa["spec"]["maxReplicas"].as_u64().unwrap() as usize;
+    for i in 0..max {
+        assert!(
+            config
+                .backends
+                .iter()
+                .any(|b| b.http == format!("http://triton-{i}.triton:8000")),
+            "replica triton-{i} is not a backend"
+        );
+    }
+    let rules = std::fs::read_to_string(kit("prometheus/rules.yml")).unwrap();
+    let adapter = find("ConfigMap", "prometheus-adapter-infergate")["data"]["config.yaml"]
+        .as_str()
+        .unwrap();
+    for rule in yaml(&[], Some(adapter))[0]["externalRules"]
+        .as_array()
+        .unwrap()
+    {
+        let series = rule["seriesQuery"].as_str().unwrap();
+        let recorded = series.split('"').nth(1).unwrap();
+        assert!(
+            rules.contains(&format!("record: {recorded}\n")),
+            "{recorded} is not recorded"
+        );
+    }
+}
+
+#[test]
+fn promtool_accepts_the_config_and_rules_and_every_alert_passes_its_tests() {
+    let prometheus = kit("prometheus");
+    for args in [
+        vec!["check", "config", "prometheus.yml"],
+        vec!["check", "rules", "rules.yml"],
+        vec!["test", "rules", "rules_test.yml"],
+    ] {
+        let output = run(Command::new("promtool")
+            .args(&args)
+            .current_dir(&prometheus));
+        assert_ok(&output, &format!("promtool {}", args.join(" ")));
+    }
+    let rules = yaml(&[&prometheus.join("rules.yml")], None);
+    let alerts: Vec<&Value> = rules[0]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .filter(|r| r["alert"].is_string())
+        .collect();
+    assert!(alerts.len() >= 9);
+    let tests = yaml(&[&prometheus.join("rules_test.yml")], None);
+    let readme = std::fs::read_to_string(support::repo_root().join("README.md")).unwrap();
+    for alert in alerts {
+        let name = alert["alert"].as_str().unwrap();
+        assert!(
+            alert["annotations"]["runbook"]
+                .as_str()
+                .is_some_and(|r| r.len() > 40),
+            "{name} has no runbook line"
+        );
+        let cases: Vec<&Value> = tests[0]["tests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|t| t["alert_rule_test"].as_array().unwrap())
+            .filter(|c| c["alertname"] == name)
+            .collect();
+        assert!(
+            cases
+                .iter()
+                .any(|c| c["exp_alerts"].as_array().is_some_and(|a| !a.is_empty())),
+            "no test where {name} fires"
+        );
+        assert!(
+            readme.contains(&format!("`{name}`")),
+            "README does not explain {name}"
+        );
+    }
+}
+
+#[test]
+fn the_dashboard_matches_grafanas_schema_and_its_provisioning() {
+    let dashboard = kit("grafana/dashboards/infergate.json");
+    let output = run(Command::new(support::venv_python())
+        .arg(support::repo_root().join("tests/python/check_dashboard.py"))
+        .arg(&dashboard));
+    assert_ok(&output, "check_dashboard.py (grafana-foundation-sdk)");
+
+    let json: Value = serde_json::from_slice(&std::fs::read(&dashboard).unwrap()).unwrap();
+    let sources = yaml(
+        &[&kit("grafana/provisioning/datasources/prometheus.yml")],
+        None,
+    );
+    let uid = &sources[0]["datasources"][0]["uid"];
+    for panel in json["panels"].as_array().unwrap() {
+        if panel["type"] != "row" {
+            assert_eq!(&panel["datasource"]["uid"], uid, "{}", panel["title"]);
+        }
+    }
+    let variables: Vec<&str> = json["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(variables, ["backend", "model"]);
+    let providers = yaml(
+        &[&kit("grafana/provisioning/dashboards/infergate.yml")],
+        None,
+    );
+    let path = providers[0]["providers"][0]["options"]["path"]
+        .as_str()
+        .unwrap();
+    let compose = std::fs::read_to_string(kit("compose.yaml")).unwrap();
+    assert!(
+        compose.contains(&format!("./grafana/dashboards:{path}:ro")),
+        "the provider reads {path}, which compose does not mount"
+    );
+}

@@ -1,0 +1,393 @@
+//! W3C trace context through the gateway binary to a real Triton, over HTTP and gRPC.
+//!
+//! Triton runs with its own OpenTelemetry tracing (`--trace-config mode=opentelemetry`) and
+//! exports its spans over OTLP/HTTP; the gateway exports its own over OTLP/gRPC
+//! (`telemetry.otlp_endpoint`). Both go to one small stand-in collector in this test (no
+//! OpenTelemetry collector runs here): what Triton files under which parent is what shows
+//! that the `traceparent` reached it. The access-log line must name the same trace id.
+
+mod support;
+
+use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::{Triton, TritonOptions};
+
+/// A span as the collector received it; ids in lowercase hex (empty: none).
+#[derive(Clone, Debug)]
+struct Received {
+    from_gateway: bool,
+    trace_id: String,
+    span_id: String,
+    parent: String,
+    name: String,
+    attributes: BTreeMap<String, String>,
+}
+
+/// The stand-in collector: OTLP/gRPC (the gateway) and OTLP/HTTP JSON (Triton) on one port.
+#[derive(Clone, Default)]
+struct Collector(Arc<Mutex<Vec<Received>>>);
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let mut spans = self.0.lock().unwrap();
+        for resource in request.into_inner().resource_spans {
+            for scope in resource.scope_spans {
+                for span in scope.spans {
+                    let attributes = span
+                        .attributes
+                        .iter()
+                        .map(|kv| {
+                            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                                Some(any_value::Value::StringValue(s)) => s.clone(),
+                                Some(any_value::Value::IntValue(i)) => i.to_string(),
+                                other => format!("{other:?}"),
+                            };
+                            (kv.key.clone(), value)
+                        })
+                        .collect();
+                    spans.push(Received {
+                        from_gateway: true,
+                        trace_id: hex(&span.trace_id),
+                        span_id: hex(&span.span_id),
+                        parent: hex(&span.parent_span_id),
+                        name: span.name,
+                        attributes,
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl Collector {
+    /// Triton's exporter posts OTLP JSON to `/v1/traces`.
+    fn add_json(&self, body: &Value) {
+        let mut spans = self.0.lock().unwrap();
+        for resource in body["resourceSpans"].as_array().into_iter().flatten() {
+            for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
+                for span in scope["spans"].as_array().into_iter().flatten() {
+                    let text = |key: &str| span[key].as_str().unwrap_or_default().to_owned();
+                    spans.push(Received {
+                        from_gateway: false,
+                        trace_id: text("traceId"),
+                        span_id: text("spanId"),
+                        parent: text("parentSpanId"),
+                        name: text("name"),
+                        attributes: BTreeMap::new(),
+                    });
+                }
+            }
+        }
+    }
+
+    async fn start() -> (Self, std::net::SocketAddr) {
+        let collector = Collector::default();
+        let json_sink = collector.clone();
+        let router = tonic::service::Routes::new(TraceServiceServer::new(collector.clone()))
+            .into_axum_router()
+            .route(
+                "/v1/traces",
+                axum::routing::post(move |body: axum::Json<Value>| async move {
+                    json_sink.add_json(&body.0);
+                    axum::Json(json!({}))
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        (collector, addr)
+    }
+
+    fn spans(&self) -> Vec<Received> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Waits until the collector has the gateway's span and Triton's request span of the
+    /// trace; returns (gateway's, Triton's).
+    async fn trace(&self, trace_id: &str) -> (Option<Received>, Received) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let spans: Vec<Received> = self
+                .spans()
+                .into_iter()
+                .filter(|s| s.trace_id == trace_id)
+                .collect();
+            let gateway = spans.iter().find(|s| s.from_gateway).cloned();
+            let triton = spans
+                .iter()
+                .find(|s| !s.from_gateway && s.name == "InferRequest")
+                .cloned();
+            if let Some(triton) = triton
+                && gateway.is_some()
+            {
+                return (gateway, triton);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "trace {trace_id} incomplete: {spans:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Triton's request span of the trace, once it came.
+    async fn triton_span(&self, trace_id: &str) -> Received {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(span) = self
+                .spans()
+                .into_iter()
+                .find(|s| s.trace_id == trace_id && !s.from_gateway && s.name == "InferRequest")
+            {
+                return span;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Triton never exported {trace_id}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The gateway binary with `--log-format json`; SIGKILLed on drop unless stopped.
+struct Gateway {
+    child: Option<Child>,
+    http: String,
+    grpc: String,
+    _config: tempfile::NamedTempFile,
+}
+
+impl Gateway {
+    async fn start(triton: &Triton, telemetry: &str) -> Self {
+        let [http, grpc] = support::free_ports::<2>().unwrap();
+        let mut config = tempfile::NamedTempFile::new().unwrap();
+        use std::io::Write;
+        write!(
+            config,
+            "[listen]\nhttp = \"127.0.0.1:{http}\"\ngrpc = \"127.0.0.1:{grpc}\"\n\
+             [upstream]\nhealth_interval = \"200ms\"\n[telemetry]\n{telemetry}\n\
+             [[backends]]\nname = \"traced\"\nhttp = \"{}\"\ngrpc = \"{}\"\n",
+            triton.http_url(),
+            triton.grpc_url()
+        )
+        .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(["--log-format", "json", "--config"])
+            .arg(config.path())
+            // The SDK's batch delay (default 5s): spans reach the collector quickly.
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let this = Self {
+            child: Some(child),
+            http: format!("http://127.0.0.1:{http}"),
+            grpc: format!("http://127.0.0.1:{grpc}"),
+            _config: config,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = reqwest::get(format!("{}/v2/health/ready", this.http)).await;
+            if ready.is_ok_and(|r| r.status() == 200) {
+                return this;
+            }
+            assert!(Instant::now() < deadline, "the gateway never became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops it with SIGTERM (which also sends the last spans) and returns its log lines.
+    async fn stop(mut self) -> Vec<Value> {
+        let child = self.child.take().unwrap();
+        let pid = child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn add_sub_json() -> Value {
+    json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1, 1, 1, 1]}]})
+}
+
+/// An HTTP inference with this request id and, when given, this `traceparent`.
+async fn http_infer(gateway: &Gateway, id: &str, traceparent: Option<&str>) {
+    let mut request = reqwest::Client::new()
+        .post(format!("{}/v2/models/add_sub/infer", gateway.http))
+        .header("x-request-id", id)
+        .json(&add_sub_json());
+    if let Some(traceparent) = traceparent {
+        request = request.header("traceparent", traceparent);
+    }
+    assert_eq!(request.send().await.unwrap().status(), 200);
+}
+
+async fn grpc_infer(gateway: &Gateway, id: &str, traceparent: Option<&str>) {
+    let mut client = GrpcInferenceServiceClient::connect(gateway.grpc.clone())
+        .await
+        .unwrap();
+    let message = support::grpc::fp32_infer(
+        "add_sub",
+        &[("INPUT0", [1.0, 2.0, 3.0, 4.0]), ("INPUT1", [1.0; 4])],
+    );
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("x-request-id", id.parse().unwrap());
+    if let Some(traceparent) = traceparent {
+        request
+            .metadata_mut()
+            .insert("traceparent", traceparent.parse().unwrap());
+    }
+    client.model_infer(request).await.unwrap();
+}
+
+/// The trace id on the access-log line (the one with the latency) of the request with this id.
+fn logged_trace_id(logs: &[Value], request_id: &str) -> String {
+    logs.iter()
+        .find(|l| l["span"]["request_id"] == request_id && l["latency_ms"].is_number())
+        .unwrap_or_else(|| panic!("no access-log line for {request_id}: {logs:?}"))["span"]
+        ["trace_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+#[tokio::test]
+async fn the_trace_reaches_triton_the_log_and_the_collector_over_http_and_grpc() {
+    let (collector, addr) = Collector::start().await;
+    let triton = Triton::start(TritonOptions {
+        args: [
+            "mode=opentelemetry",
+            "rate=1",
+            "level=TIMESTAMPS",
+            &format!("opentelemetry,url=http://{addr}/v1/traces"),
+            "opentelemetry,bsp_schedule_delay=100",
+        ]
+        .iter()
+        .map(|setting| format!("--trace-config={setting}"))
+        .collect(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let gateway = Gateway::start(&triton, &format!("otlp_endpoint = \"http://{addr}\"")).await;
+
+    let http_parent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let grpc_trace = "0af7651916cd43dd8448eb211c80319c";
+    let grpc_parent = format!("00-{grpc_trace}-b7ad6b7169203331-01");
+    http_infer(&gateway, "http-joined", Some(&http_parent)).await;
+    http_infer(&gateway, "http-new", None).await;
+    grpc_infer(&gateway, "grpc-joined", Some(&grpc_parent)).await;
+    grpc_infer(&gateway, "grpc-new", Some("00-not-a-valid-traceparent-01")).await;
+    let logs = gateway.stop().await;
+
+    // Joined: the gateway's span is the client's child, and Triton's the gateway's.
+    for (id, trace, parent, name) in [
+        (
+            "http-joined",
+            CLIENT_TRACE,
+            CLIENT_SPAN,
+            "POST /v2/models/{model}/infer",
+        ),
+        (
+            "grpc-joined",
+            grpc_trace,
+            "b7ad6b7169203331",
+            "inference.GRPCInferenceService/ModelInfer",
+        ),
+    ] {
+        assert_eq!(logged_trace_id(&logs, id), trace);
+        let (gateway_span, triton_span) = collector.trace(trace).await;
+        let gateway_span = gateway_span.unwrap();
+        assert_eq!(gateway_span.parent, parent, "{gateway_span:?}");
+        assert_eq!(gateway_span.name, name);
+        assert_eq!(gateway_span.attributes["infergate.model"], "add_sub");
+        assert_eq!(gateway_span.attributes["infergate.backend"], "traced");
+        assert_eq!(triton_span.parent, gateway_span.span_id, "{triton_span:?}");
+    }
+    // Started here (none, or an invalid one): the log names the new trace, Triton joined it.
+    for id in ["http-new", "grpc-new"] {
+        let trace = logged_trace_id(&logs, id);
+        assert_eq!(trace.len(), 32);
+        assert_ne!(trace, "0".repeat(32));
+        let (gateway_span, triton_span) = collector.trace(&trace).await;
+        let gateway_span = gateway_span.unwrap();
+        assert_eq!(gateway_span.parent, "", "a root span: {gateway_span:?}");
+        assert_eq!(triton_span.parent, gateway_span.span_id);
+    }
+    let http_status = &collector
+        .spans()
+        .into_iter()
+        .find(|s| s.from_gateway && s.trace_id == CLIENT_TRACE)
+        .unwrap()
+        .attributes["http.response.status_code"];
+    assert_eq!(http_status, "200");
+
+    // Without an exporter the context still travels: Triton files its span under the
+    // gateway's (unrecorded) span in the client's trace, and the log names it.
+    let quiet = Gateway::start(&triton, "").await;
+    let trace = "c0ffee0000000000000000000000beef";
+    http_infer(
+        &quiet,
+        "quiet",
+        Some(&format!("00-{trace}-{CLIENT_SPAN}-01")),
+    )
+    .await;
+    let logs = quiet.stop().await;
+    assert_eq!(logged_trace_id(&logs, "quiet"), trace);
+    let triton_span = collector.triton_span(trace).await;
+    assert_eq!(triton_span.parent.len(), 16);
+    assert_ne!(
+        triton_span.parent, CLIENT_SPAN,
+        "the gateway is a hop of its own"
+    );
+    assert!(
+        !collector
+            .spans()
+            .iter()
+            .any(|s| s.from_gateway && s.trace_id == trace),
+        "nothing is exported without telemetry.otlp_endpoint"
+    );
+}
