@@ -8,6 +8,7 @@
 mod control;
 mod estimate;
 mod load_queue;
+mod located;
 mod model_config;
 pub mod sequences;
 pub mod simulate;

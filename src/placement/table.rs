@@ -3,6 +3,7 @@
 //! these books, taken under one lock that is never held across an await.
 
 use super::estimate::{Estimate, SizeSource, Sizing};
+use super::located::Located;
 use super::sequences::{Affinity, Held, SequenceRef};
 use super::versions::Versions;
 use crate::error::GatewayError;
@@ -131,7 +132,7 @@ pub struct Books {
     /// Last time placement changed what is loaded here; an index read before this is stale.
     pub changed: Instant,
     /// Copies by model name. Change them only through `put`, `take` and `modify`, which keep
-    /// `idle` in step.
+    /// `idle` and the table's index of copies in step.
     pub copies: HashMap<String, Copy>,
     /// The copies eviction may take (ready, unused, not pinned), least recently used first:
     /// a miss reads victims off the front instead of sorting every copy.
@@ -170,8 +171,8 @@ impl Books {
     }
 
     /// Takes a copy off the books to be unloaded: it departs (see `departing`).
-    fn depart(&mut self, name: &str, now: Instant) -> Option<Copy> {
-        let copy = self.take(name)?;
+    fn depart(&mut self, name: &str, at: (&mut Located, usize), now: Instant) -> Option<Copy> {
+        let copy = self.take(name, at)?;
         self.committed -= copy.size;
         self.departing_bytes += copy.size;
         self.changed = now;
@@ -192,11 +193,13 @@ impl Books {
             .then(|| (copy.last_used, copy.name.clone()))
     }
 
-    /// Puts a copy on the books (replacing any of the same model).
-    fn put(&mut self, copy: Copy) {
+    /// Puts a copy on the books of backend `at` (replacing any of the same model), and in
+    /// the index of copies.
+    fn put(&mut self, copy: Copy, (located, at): (&mut Located, usize)) {
         if let Some(key) = Self::idle_key(&copy) {
             self.idle.insert(key);
         }
+        located.add(&copy.name, at);
         if let Some(old) = self.copies.insert(copy.name.to_string(), copy)
             && let Some(key) = Self::idle_key(&old)
         {
@@ -204,9 +207,10 @@ impl Books {
         }
     }
 
-    /// Takes a copy off the books.
-    fn take(&mut self, name: &str) -> Option<Copy> {
+    /// Takes a copy off the books of backend `at`, and out of the index of copies.
+    fn take(&mut self, name: &str, (located, at): (&mut Located, usize)) -> Option<Copy> {
         let copy = self.copies.remove(name)?;
+        located.remove(name, at);
         if let Some(key) = Self::idle_key(&copy) {
             self.idle.remove(&key);
         }
@@ -309,6 +313,8 @@ struct Failure {
 #[derive(Debug)]
 pub struct Table {
     backends: Vec<Books>,
+    /// Which backends hold each model: a warm hit reads this, not every backend's books.
+    located: Located,
     failures: HashMap<(String, usize), Failure>,
     policy: Policy,
     /// Live sequences and the copies they run on.
@@ -324,6 +330,7 @@ impl Table {
             .collect();
         Self {
             backends,
+            located: Located::default(),
             failures: HashMap::new(),
             policy,
             sequences: Affinity::default(),
@@ -487,7 +494,7 @@ impl Table {
         };
         let target = target(backend);
         let books = &mut self.backends[backend];
-        let evict = take_victims(books, evict, now);
+        let evict = take_victims(books, (&mut self.located, backend), evict, now);
         let mut plan = start_reload(books, backend, model, target, sizing, reason, now);
         plan.evict = evict;
         Ok(plan)
@@ -562,13 +569,11 @@ impl Table {
         let starting = sequence.is_some_and(|s| s.start);
         let mut best: Option<(usize, (usize, usize))> = None;
         let mut loading = None;
-        for (b, books) in self.backends.iter().enumerate() {
-            let Some(copy) = books.copies.get(&model.name) else {
-                continue;
-            };
+        for &b in self.located.of(&model.name) {
             if !view[b].ready {
                 continue;
             }
+            let copy = &self.backends[b].copies[&model.name];
             let load = (if starting { copy.sequences } else { 0 }, copy.in_flight);
             if copy.serves(version) && best.is_none_or(|(_, n)| load < n) {
                 best = Some((b, load));
@@ -773,26 +778,29 @@ impl Table {
         now: Instant,
     ) -> LoadPlan {
         let books = &mut self.backends[backend];
-        let evict = take_victims(books, victims, now);
+        let evict = take_victims(books, (&mut self.located, backend), victims, now);
         let estimate = sizing.estimate(&versions);
         let serving = versions.resolve(sizing.newest());
         let (done, waiting) = watch::channel(None);
-        books.put(Copy {
-            name: model.into(),
-            size: estimate.bytes,
-            source: estimate.source,
-            state: CopyState::Loading(waiting),
-            last_used: now,
-            in_flight: 0,
-            in_flight_versions: Vec::new(),
-            pinned,
-            served: 0,
-            versions: versions.clone(),
-            serving: serving.clone(),
-            config: None,
-            id: next_copy_id(),
-            sequences: 0,
-        });
+        books.put(
+            Copy {
+                name: model.into(),
+                size: estimate.bytes,
+                source: estimate.source,
+                state: CopyState::Loading(waiting),
+                last_used: now,
+                in_flight: 0,
+                in_flight_versions: Vec::new(),
+                pinned,
+                served: 0,
+                versions: versions.clone(),
+                serving: serving.clone(),
+                config: None,
+                id: next_copy_id(),
+                sequences: 0,
+            },
+            (&mut self.located, backend),
+        );
         books.committed += estimate.bytes;
         books.changed = now;
         LoadPlan {
@@ -845,7 +853,7 @@ impl Table {
             .get(model)
             .is_some_and(|c| matches!(c.state, CopyState::Reloading(_)));
         if outcome.is_err() && !reloading {
-            if let Some(copy) = books.take(model) {
+            if let Some(copy) = books.take(model, (&mut self.located, backend)) {
                 books.committed -= copy.size;
             }
         } else if let Some((before, after)) =
@@ -962,7 +970,9 @@ impl Table {
                     break;
                 }
                 if removable {
-                    self.backends[b].depart(&name, now).expect("present");
+                    self.backends[b]
+                        .depart(&name, (&mut self.located, b), now)
+                        .expect("present");
                     removed.push((b, name.clone()));
                     count -= 1;
                 }
@@ -1066,7 +1076,9 @@ impl Table {
             };
             if !to.latest && to.pinned.is_empty() {
                 // No request holds it: it served only leaving versions, and none holds one.
-                books.depart(model, now).expect("present");
+                books
+                    .depart(model, (&mut self.located, b), now)
+                    .expect("present");
                 narrowed.push(Narrowed::Unload(b));
                 continue;
             }
@@ -1089,7 +1101,7 @@ impl Table {
                 .get(model)
                 .is_some_and(|copy| matches!(copy.state, CopyState::Ready))
             {
-                books.depart(model, now);
+                books.depart(model, (&mut self.located, b), now);
                 held.push(b);
             }
         }
@@ -1107,7 +1119,9 @@ impl Table {
             .get(model)
             .is_some_and(|c| matches!(c.state, CopyState::Ready));
         if ready {
-            let copy = books.take(model).expect("present");
+            let copy = books
+                .take(model, (&mut self.located, backend))
+                .expect("present");
             books.committed -= copy.size;
             books.changed = now;
         }
@@ -1132,7 +1146,7 @@ impl Table {
         let books = &mut self.backends[backend];
         match books.copies.get(model) {
             Some(copy) if matches!(copy.state, CopyState::Ready) => {
-                books.depart(model, now);
+                books.depart(model, (&mut self.located, backend), now);
                 true
             }
             _ => false,
@@ -1174,7 +1188,9 @@ impl Table {
             .map(|(name, _)| name.clone())
             .collect();
         for name in gone {
-            let copy = books.take(&name).expect("present");
+            let copy = books
+                .take(&name, (&mut self.located, backend))
+                .expect("present");
             books.committed -= copy.size;
             result.dropped.push(name);
         }
@@ -1192,7 +1208,10 @@ impl Table {
                 }
             });
             if adopted.is_none() {
-                books.put(adopt(found, pinned(&found.name), now));
+                books.put(
+                    adopt(found, pinned(&found.name), now),
+                    (&mut self.located, backend),
+                );
                 books.committed += found.estimate.bytes;
                 result.adopted.push(found.name.clone());
             }
@@ -1280,14 +1299,11 @@ impl Table {
         let Ok(version) = model.version_number() else {
             return Vec::new();
         };
-        (0..self.backends.len())
-            .filter(|&b| {
-                view[b].ready
-                    && self.backends[b]
-                        .copies
-                        .get(&model.name)
-                        .is_some_and(|copy| copy.serves(version))
-            })
+        self.located
+            .of(&model.name)
+            .iter()
+            .copied()
+            .filter(|&b| view[b].ready && self.backends[b].copies[&model.name].serves(version))
             .collect()
     }
 }
@@ -1396,11 +1412,16 @@ fn start_reload(
 }
 
 /// Takes the chosen victims off a backend's books, for the unloads: they depart.
-fn take_victims(books: &mut Books, victims: Vec<String>, now: Instant) -> Vec<Evicted> {
+fn take_victims(
+    books: &mut Books,
+    (located, at): (&mut Located, usize),
+    victims: Vec<String>,
+    now: Instant,
+) -> Vec<Evicted> {
     victims
         .into_iter()
         .filter_map(|name| {
-            let copy = books.depart(&name, now)?;
+            let copy = books.depart(&name, (&mut *located, at), now)?;
             Some(Evicted {
                 model: name,
                 idle: now.saturating_duration_since(copy.last_used),
@@ -1506,6 +1527,14 @@ mod tests {
     }
 
     fn assert_within_capacity(table: &Table) {
+        let on_books: BTreeSet<(String, usize)> = (table.backends.iter().enumerate())
+            .flat_map(|(b, books)| books.copies.keys().map(move |name| (name.clone(), b)))
+            .collect();
+        assert_eq!(
+            table.located.pairs(),
+            on_books,
+            "the index of copies follows the books"
+        );
         for books in &table.backends {
             let idle: BTreeSet<_> = books.copies.values().filter_map(Books::idle_key).collect();
             assert_eq!(idle, books.idle, "the eviction order follows the copies");
