@@ -93,7 +93,8 @@ impl Gateway {
         })
     }
 
-    /// The running config.
+    /// The config the gateway started with: listeners, upstream and placement settings,
+    /// which a reload does not change. What a reload changes (routes, auth) is in `live`.
     pub fn config(&self) -> &Config {
         &self.inner.config
     }

@@ -184,6 +184,9 @@ fn classify(
     error: &(dyn std::error::Error + 'static),
     connect_timeout: Duration,
 ) -> GatewayError {
+    if let Some(limit) = crate::body::too_large(error) {
+        return GatewayError::BodyTooLarge { limit };
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     let mut connect = false;
     let mut timed_out = false;
@@ -191,11 +194,6 @@ fn classify(
     while let Some(e) = source {
         if let Some(e) = e.downcast_ref::<std::io::Error>() {
             timed_out |= e.kind() == std::io::ErrorKind::TimedOut;
-        }
-        if let Some(too_large) = e.downcast_ref::<crate::body::BodyTooLarge>() {
-            return GatewayError::BodyTooLarge {
-                limit: too_large.limit,
-            };
         }
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
             connect |= e.is_connect();
