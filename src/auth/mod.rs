@@ -254,11 +254,6 @@ impl Auth {
         self.mode == AuthMode::Required
     }
 
-    /// The admin role's name, for messages.
-    pub fn admin_role(&self) -> &str {
-        &self.admin_role
-    }
-
     /// How often JWKS sources are read again.
     pub fn refresh_interval(&self) -> Duration {
         self.refresh_interval

@@ -115,7 +115,7 @@ pub struct Listen {
     /// KServe v2 gRPC (`inference.GRPCInferenceService`, grpc.health.v1, reflection).
     pub grpc: Option<SocketAddr>,
     /// TLS for the HTTP, gRPC and admin listeners (metrics stays plain: scrapers sit on the
-    /// private side). Absent: every listener is plain TCP, as before.
+    /// private side). Absent: every listener is plain TCP.
     pub tls: Option<ListenTls>,
 }
 

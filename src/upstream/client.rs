@@ -25,8 +25,8 @@ pub struct UpstreamClient {
 impl UpstreamClient {
     /// Builds the pool with the configured timeouts; HTTP/2 only when the URL asks for it,
     /// TLS (verified against `tls_ca`, else the system's roots) for `https://` URIs when `tls`
-    /// (the backend has one: its base or metrics URL). A plain backend's connections are
-    /// plain TCP as before: the connector only wraps `https://`.
+    /// (the backend has one: its base or metrics URL). A plain backend's connections stay
+    /// plain TCP: the connector only wraps `https://`.
     pub fn new(
         url: &BackendUrl,
         config: &config::Upstream,
