@@ -31,14 +31,9 @@ pub(crate) trait Wire {
     /// body, within the body limit; gRPC from the message's parameters).
     async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError>;
 
-    /// The validate phase's reader: the request checked against the signature of `model`
-    /// on `backend` (only an inference, with `validation.enabled`).
-    async fn validate(
-        &mut self,
-        ctx: &RequestCtx,
-        backend: &Arc<Backend>,
-        model: &ModelRef,
-    ) -> Result<(), GatewayError>;
+    /// The validate phase's reader: the request checked against the signature of the model
+    /// on the copy it was placed on (only an inference, with `validation.enabled`).
+    async fn validate(&mut self, ctx: &RequestCtx, on: Placed<'_>) -> Result<(), GatewayError>;
 
     /// Sends copies of the request to the route's mirrors (shadow traffic).
     async fn mirror(
@@ -66,6 +61,15 @@ pub(crate) trait Wire {
     fn unplaced(&mut self, error: GatewayError) -> Result<Self::Answer, GatewayError> {
         Err(error)
     }
+}
+
+/// The copy a request was placed on: its backend, and the model it serves there.
+#[derive(Clone, Copy)]
+pub struct Placed<'a> {
+    /// The backend that holds the copy.
+    pub backend: &'a Arc<Backend>,
+    /// The model (the route's target) as placed.
+    pub model: &'a ModelRef,
 }
 
 /// What became of one send.

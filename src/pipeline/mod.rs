@@ -64,7 +64,11 @@ async fn placed<W: Wire>(ctx: &mut RequestCtx, wire: &mut W) -> Result<W::Answer
     if ctx.ask == Ask::Inference {
         let backend = ctx.lease()?.backend().clone();
         let model = &ctx.routed.as_ref().expect("routed").target;
-        wire.validate(ctx, &backend, model).await?;
+        let on = forward::Placed {
+            backend: &backend,
+            model,
+        };
+        wire.validate(ctx, on).await?;
         if let Some(shadow) = ctx.routed.as_mut().and_then(Routed::shadow) {
             wire.mirror(ctx, shadow).await?;
         }

@@ -5,6 +5,7 @@
 use super::call::Call;
 use super::{upstream_request, version};
 use crate::error::GatewayError;
+use crate::pipeline::forward::Placed;
 use crate::pipeline::mirror::{self, Shadow};
 use crate::pipeline::{ModelRef, RequestCtx, Routed, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
@@ -156,13 +157,8 @@ where
         Ok(self.message.sequence())
     }
 
-    async fn validate(
-        &mut self,
-        ctx: &RequestCtx,
-        backend: &Arc<Backend>,
-        model: &ModelRef,
-    ) -> Result<(), GatewayError> {
-        self.message.validate(ctx, backend, model).await
+    async fn validate(&mut self, ctx: &RequestCtx, on: Placed<'_>) -> Result<(), GatewayError> {
+        self.message.validate(ctx, on.backend, on.model).await
     }
 
     async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {

@@ -5,6 +5,7 @@
 use super::body;
 use super::validate::{self, HEADER_LENGTH};
 use crate::error::GatewayError;
+use crate::pipeline::forward::Placed;
 use crate::pipeline::mirror::{self, Shadow};
 use crate::pipeline::{Ask, ModelRef, RequestCtx, Routed, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
@@ -106,13 +107,8 @@ impl Wire for HttpWire {
         Ok(sequence)
     }
 
-    async fn validate(
-        &mut self,
-        ctx: &RequestCtx,
-        backend: &Arc<Backend>,
-        model: &ModelRef,
-    ) -> Result<(), GatewayError> {
-        let request = validate::infer_request(ctx, backend, model, self.request()?).await?;
+    async fn validate(&mut self, ctx: &RequestCtx, on: Placed<'_>) -> Result<(), GatewayError> {
+        let request = validate::infer_request(ctx, on.backend, on.model, self.request()?).await?;
         self.request = Some(request);
         Ok(())
     }
