@@ -47,8 +47,8 @@ impl UpstreamClient {
     }
 
     /// Sends a small control request (health, index, load) to a path on the backend and
-    /// reads the whole answer.
-    pub async fn call(
+    /// reads the whole answer. Only `TritonClient` calls it: every control call is typed.
+    pub(super) async fn call(
         &self,
         backend: &Backend,
         method: Method,
@@ -65,7 +65,7 @@ impl UpstreamClient {
 
     /// Sends a small request to any URI of this backend (its metrics port, say) and reads the
     /// whole answer within `timeout`.
-    pub async fn fetch(
+    pub(super) async fn fetch(
         &self,
         backend: &str,
         method: Method,
