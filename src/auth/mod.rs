@@ -107,7 +107,7 @@ pub struct Admission {
 }
 
 /// How a refused admission is counted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Decision {
     /// Let through.
     Allowed,
