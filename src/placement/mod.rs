@@ -10,6 +10,7 @@ mod estimate;
 mod load_queue;
 mod located;
 mod model_config;
+mod policy;
 pub mod sequences;
 pub mod simulate;
 mod spec;
@@ -19,6 +20,7 @@ mod versions;
 pub use estimate::{Estimate, Estimator, SizeSource, Sizing};
 pub use load_queue::{LoadQueue, Priority};
 pub use model_config::check_override;
+pub use policy::{EvictionOrder, ModelWeight, Rank};
 pub use sequences::{SequenceId, SequenceRef};
 pub use table::{BackendView, Decision, Indexed, LoadOutcome, LoadPlan, Narrowed, Policy, Table};
 pub use versions::Versions;
@@ -135,7 +137,8 @@ impl Placement {
                 backoff_max: policy.load_failure_backoff_max.0,
             },
             Instant::now(),
-        );
+        )
+        .with_order(eviction_order(policy.policy, &config.models));
         for (backend, bytes) in pool.backends().iter().zip(&usable) {
             metrics::gauge!(telemetry::PLACEMENT_CAPACITY, "backend" => backend.name.clone())
                 .set(*bytes as f64);
@@ -385,8 +388,12 @@ impl Placement {
                     %reason, "model failed to load")
             }
         }
+        let took = started.elapsed();
         {
             let mut books = self.books();
+            if outcome.is_ok() && plan.reason == "new" {
+                books.learn_load_time(&plan.model, took);
+            }
             books.finish_load(plan.backend, &plan.model, &outcome, Instant::now());
             if let Some(serving) = serving {
                 books.set_serving(plan.backend, &plan.model, serving);
@@ -1043,6 +1050,7 @@ impl Placement {
                             "in_flight": c.in_flight,
                             "sequences": c.sequences,
                             "pinned": c.pinned,
+                            "served": c.served,
                         })
                     })
                     .collect();
@@ -1079,7 +1087,12 @@ impl Placement {
             .into_iter()
             .map(|(model, live)| (model, live.into()))
             .collect();
-        serde_json::json!({ "backends": backends, "failed_loads": failures, "live_sequences": sequences })
+        serde_json::json!({
+            "policy": books.eviction_policy(),
+            "backends": backends,
+            "failed_loads": failures,
+            "live_sequences": sequences,
+        })
     }
 }
 
@@ -1092,6 +1105,19 @@ fn triton_message(status: StatusCode, body: &[u8]) -> String {
 }
 
 /// What a backend offers models: its capacity (or the default) less the buffer kept free.
+/// `placement.policy` with each model's `keep` and `cost_weight`.
+fn eviction_order(policy: config::EvictionPolicy, models: &[config::Model]) -> EvictionOrder {
+    let mut order = EvictionOrder::new(policy, Instant::now());
+    for model in models {
+        let weight = ModelWeight {
+            keep: model.keep,
+            cost_weight: model.cost_weight.unwrap_or(1.0),
+        };
+        order.weigh(&model.name, weight);
+    }
+    order
+}
+
 fn usable(backend: &Backend, policy: &config::Placement) -> u64 {
     usable_of(
         backend,

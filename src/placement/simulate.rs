@@ -17,7 +17,7 @@ pub use engine::{Outcome, Placer, Refusal, Setup, Step, run};
 pub use policies::{Baseline, Real, Rule};
 pub use trace::{Request, Rng, Trace, Workload, generate, parse, to_csv};
 
-use crate::config::{ByteSize, HumanDuration};
+use crate::config::{ByteSize, EvictionPolicy, HumanDuration};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -85,6 +85,19 @@ pub struct Args {
     /// How long a burst lasts.
     #[arg(long, default_value = "60s", value_parser = HumanDuration::parse)]
     pub burst_length: HumanDuration,
+    /// Share of the steady stream that goes to one more model, `hot`, of `--hot-size`, which
+    /// stays popular (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub hot_share: f64,
+    /// Size of the `hot` model.
+    #[arg(long, default_value = "6GiB", value_parser = ByteSize::parse)]
+    pub hot_size: ByteSize,
+    /// How often a scan (a batch job requesting every model once) starts; 0s: none.
+    #[arg(long, default_value = "0s", value_parser = HumanDuration::parse)]
+    pub scan_every: HumanDuration,
+    /// Requests per second of a scan.
+    #[arg(long, default_value_t = 50.0)]
+    pub scan_rate: f64,
     /// The real policy's `placement.min_churn_age`.
     #[arg(long, default_value = "60s", value_parser = HumanDuration::parse)]
     pub min_churn_age: HumanDuration,
@@ -128,6 +141,10 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
                 args.models > 0 && args.rate > 0.0,
                 "--models and --rate must be positive"
             );
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&args.hot_share),
+                "--hot-share must be between 0 and 1"
+            );
             generate(&workload(args))
         }
     };
@@ -162,8 +179,18 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the real table and the baselines (plain LRU, LRU placed by instance age, Belady)
-/// over the same trace and pool.
+/// The real table's rows, one per `placement.policy`.
+pub const REAL_ROWS: [(&str, EvictionPolicy); 3] = [
+    ("infergate, lru", EvictionPolicy::Lru),
+    ("infergate, lfu", EvictionPolicy::Lfu),
+    ("infergate, gdsf", EvictionPolicy::Gdsf),
+];
+
+/// The baseline that stands in for ModelMesh, which infergate's policies are measured against.
+pub const MODELMESH_LIKE: &str = "LRU, oldest instance";
+
+/// Runs the real table under every policy and the baselines (plain LRU, LRU placed by
+/// instance age, Belady) over the same trace and pool.
 pub fn compare(trace: &Trace, setup: &Setup) -> Vec<Row> {
     let mut rows = Vec::new();
     let mut timed = |policy: &'static str, placer: &mut dyn Placer| {
@@ -175,10 +202,12 @@ pub fn compare(trace: &Trace, setup: &Setup) -> Vec<Row> {
             wall: started.elapsed(),
         });
     };
-    timed("infergate", &mut Real::new(trace, setup));
+    for (name, policy) in REAL_ROWS {
+        timed(name, &mut Real::new(trace, setup, policy));
+    }
     timed("plain LRU", &mut Baseline::new(Rule::Lru, trace, setup));
     timed(
-        "LRU, oldest instance",
+        MODELMESH_LIKE,
         &mut Baseline::new(Rule::LruOldestInstance, trace, setup),
     );
     timed("Belady", &mut Baseline::new(Rule::Belady, trace, setup));
@@ -200,6 +229,10 @@ fn workload(args: &Args) -> Workload {
         burst_every: args.burst_every.0,
         burst_size: args.burst_size,
         burst_length: args.burst_length.0,
+        hot_size: args.hot_size.bytes(),
+        hot_share: args.hot_share,
+        scan_every: args.scan_every.0,
+        scan_rate: args.scan_rate,
     }
 }
 
@@ -311,22 +344,23 @@ fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration)
         );
     }
     let find = |name: &str| rows.iter().find(|r| r.policy == name).map(|r| &r.outcome);
-    if let Some(real) = find("infergate") {
-        let _ = writeln!(out);
+    let _ = writeln!(out);
+    for (name, _) in REAL_ROWS {
+        let Some(real) = find(name) else { continue };
+        let mut parts = Vec::new();
         for (other, label) in [
-            ("plain LRU", "vs plain LRU"),
-            ("LRU, oldest instance", "vs LRU, oldest instance"),
-            ("Belady", "vs Belady (the gap left)"),
+            (MODELMESH_LIKE, "vs ModelMesh-like"),
+            ("Belady", "vs Belady"),
         ] {
             if let Some(o) = find(other) {
-                let _ = writeln!(
-                    out,
-                    "infergate {label}: hit ratio {:+.2} points, bytes loaded {:+.1}%",
+                parts.push(format!(
+                    "{label} {:+.2} points, bytes loaded {:+.1}%",
                     100.0 * (real.hit_ratio() - o.hit_ratio()),
                     100.0 * (real.bytes_loaded as f64 / o.bytes_loaded.max(1) as f64 - 1.0),
-                );
+                ));
             }
         }
+        let _ = writeln!(out, "{name}: {}", parts.join("; "));
     }
     out
 }
@@ -447,7 +481,7 @@ mod tests {
         assert_eq!(trace.names, ["a", "b", "c", "d"]);
         let setup = setup(&[100], Duration::ZERO);
         let rows = compare(&trace, &setup);
-        assert_eq!(summary(row(&rows, "infergate")), (1, 6, 6, 4, 240, 0));
+        assert_eq!(summary(row(&rows, "infergate, lru")), (1, 6, 6, 4, 240, 0));
         assert_eq!(summary(row(&rows, "plain LRU")), (1, 6, 6, 4, 240, 0));
         assert_eq!(
             summary(row(&rows, "LRU, oldest instance")),
@@ -463,7 +497,7 @@ mod tests {
         }
         // Each cold miss waits exactly its load: 0.5 s + 40 MiB at 1 s/GiB.
         assert!(
-            row(&rows, "infergate")
+            row(&rows, "infergate, lru")
                 .cold_waits_ms
                 .iter()
                 .all(|&w| w == 539)
@@ -476,8 +510,8 @@ mod tests {
     fn churn_guard_refuses_instead_of_evicting() {
         let rows = compare(&tiny(), &setup(&[100], Duration::from_secs(60)));
         // a b load; c refused; a hit; d refused; a hit; b hit.
-        assert_eq!(summary(row(&rows, "infergate")), (3, 2, 2, 0, 80, 2));
-        assert_eq!(row(&rows, "infergate").refusals(), 2);
+        assert_eq!(summary(row(&rows, "infergate, lru")), (3, 2, 2, 0, 80, 2));
+        assert_eq!(row(&rows, "infergate, lru").refusals(), 2);
         // The baselines have no guard.
         assert_eq!(row(&rows, "plain LRU").refused_churn, 0);
     }
@@ -498,7 +532,7 @@ mod tests {
         )
         .unwrap();
         let rows = compare(&trace, &setup(&[100, 95], Duration::ZERO));
-        assert_eq!(summary(row(&rows, "infergate")), (2, 4, 4, 1, 190, 0));
+        assert_eq!(summary(row(&rows, "infergate, lru")), (2, 4, 4, 1, 190, 0));
         assert_eq!(summary(row(&rows, "plain LRU")), (1, 5, 5, 2, 250, 0));
         assert_eq!(
             summary(row(&rows, "LRU, oldest instance")),
@@ -550,6 +584,10 @@ mod tests {
             burst_every: Duration::from_secs(120),
             burst_size: 50,
             burst_length: Duration::from_secs(20),
+            hot_size: 0,
+            hot_share: 0.0,
+            scan_every: Duration::ZERO,
+            scan_rate: 50.0,
         })
     }
 
@@ -561,7 +599,10 @@ mod tests {
         let trace = small_workload();
         let setup = setup(&[4096, 4096, 4096, 3072], Duration::ZERO);
         let rows = compare(&trace, &setup);
-        let (real, twin) = (row(&rows, "infergate"), row(&rows, "LRU, oldest instance"));
+        let (real, twin) = (
+            row(&rows, "infergate, lru"),
+            row(&rows, "LRU, oldest instance"),
+        );
         assert_eq!(summary(real), summary(twin));
         assert_eq!(real.cold_waits_ms, twin.cold_waits_ms);
         assert_eq!(real.peak_committed, twin.peak_committed);

@@ -30,7 +30,8 @@ pub struct Setup {
 }
 
 impl Setup {
-    fn load_time(&self, bytes: u64) -> Micros {
+    /// How long a load of `bytes` takes.
+    pub fn load_time(&self, bytes: u64) -> Micros {
         let per_gib = self.load_per_gib.as_secs_f64() * bytes as f64 / (1u64 << 30) as f64;
         (self.load_base.as_micros() as u64) + (per_gib * 1e6) as u64
     }

@@ -4,9 +4,10 @@
 
 use super::engine::{Micros, Placer, Refusal, Setup, Step};
 use super::trace::Trace;
+use crate::config::EvictionPolicy;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
-use crate::placement::{BackendView, Decision, Estimate, Policy, SizeSource, Table};
+use crate::placement::{BackendView, Decision, Estimate, EvictionOrder, Policy, SizeSource, Table};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -19,19 +20,21 @@ pub struct Real {
     sizes: Vec<u64>,
     view: Vec<BackendView>,
     base: Instant,
+    setup: Setup,
 }
 
 impl Real {
-    /// Empty books over the setup's backends.
-    pub fn new(trace: &Trace, setup: &Setup) -> Self {
+    /// Empty books over the setup's backends, evicting by `policy`.
+    pub fn new(trace: &Trace, setup: &Setup, policy: EvictionPolicy) -> Self {
         let base = Instant::now();
-        let policy = Policy {
+        let order = EvictionOrder::new(policy, base);
+        let rules = Policy {
             min_churn_age: setup.min_churn_age,
             backoff: Duration::from_secs(5),
             backoff_max: Duration::from_secs(300),
         };
         Self {
-            table: Table::new(&setup.usable, policy, base),
+            table: Table::new(&setup.usable, rules, base).with_order(order),
             models: trace
                 .names
                 .iter()
@@ -47,6 +50,7 @@ impl Real {
                 setup.usable.len()
             ],
             base,
+            setup: setup.clone(),
         }
     }
 
@@ -95,8 +99,12 @@ impl Placer for Real {
 
     fn finish_load(&mut self, backend: usize, model: u32, now: Micros) {
         let now = self.at(now);
+        let name = &self.models[model as usize].name;
+        // As `run_load` does: the load's own time (the slot wait is not the model's cost).
+        let took = self.setup.load_time(self.sizes[model as usize]);
         self.table
-            .finish_load(backend, &self.models[model as usize].name, &Ok(()), now);
+            .learn_load_time(name, Duration::from_micros(took));
+        self.table.finish_load(backend, name, &Ok(()), now);
     }
 
     fn release(&mut self, backend: usize, model: u32, now: Micros) {
