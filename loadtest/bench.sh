@@ -266,6 +266,8 @@ stop_pids "$BACKEND_PID"
 if ((REAL)); then
     say "pass 2: real Triton (scripts/triton.sh start 1 $((BASE + 100)) --load-model=add_sub)"
     TRITON_STARTED=1
+    # Preloaded on purpose: the direct run (no gateway) is the baseline, and it has no one to
+    # load the model; the gateway adopts it. This pass measures forwarding, not placement.
     scripts/triton.sh start 1 $((BASE + 100)) --load-model=add_sub >"$TMP/triton-start.log" 2>&1 ||
         { cat "$TMP/triton-start.log" >&2; die "Triton did not start"; }
     BACKEND_PID="$(cat "target/triton-logs/triton-$((BASE + 100)).pid")"

@@ -119,6 +119,8 @@ if [[ "$BACKEND" == fake ]]; then
 else
     say "starting Triton with loadtest/models/$MODEL and two gateways (temp dir $TMP)"
     TRITON_STARTED=1
+    # Preloaded on purpose: requests also go to Triton directly as the baseline, and nothing
+    # else would load the model for them; the gateways adopt it.
     TRITON_MODEL_REPOSITORY="$ROOT/loadtest/models" scripts/triton.sh start 1 "$BASE" --load-model="$MODEL" >"$TMP/triton-start.log" 2>&1 ||
         { cat "$TMP/triton-start.log" >&2; die "Triton did not start"; }
     BACKEND_PID="$(cat "target/triton-logs/triton-$BASE.pid")"

@@ -1,6 +1,6 @@
 //! The official Python `tritonclient.http` talks to the gateway exactly as it would to Triton:
 //! the same conformance suite (tests/python/test_http_client.py) that passes against a plain
-//! Triton runs against infergate over two Tritons.
+//! Triton runs against infergate over two Tritons, started empty with Triton's default flags.
 
 mod support;
 
@@ -9,17 +9,10 @@ use support::{Triton, TritonOptions};
 
 #[tokio::test]
 async fn tritonclient_http_works_through_the_gateway() {
+    // Started empty: the suite loads its models through the gateway's repository API.
     let (t0, t1) = tokio::join!(
-        Triton::start(TritonOptions::with_models(&[
-            "add_sub",
-            "string_echo",
-            "batched_double"
-        ])),
-        Triton::start(TritonOptions::with_models(&[
-            "add_sub",
-            "string_echo",
-            "batched_double"
-        ])),
+        Triton::start(TritonOptions::default()),
+        Triton::start(TritonOptions::default()),
     );
     let (t0, t1) = (t0.unwrap(), t1.unwrap());
     let gateway = TestGateway::start(&config_for("pyclient", &[&t0, &t1], "", "")).await;

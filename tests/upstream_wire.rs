@@ -139,7 +139,7 @@ async fn an_h2c_backend_is_spoken_to_over_http2_and_gets_the_request_id() {
         "a request reached the backend over another version: {seen:?}"
     );
     assert!(
-        seen.iter().any(|s| s.path == "/v2/health/ready")
+        seen.iter().any(|s| s.path == "/v2/health/live")
             && seen.iter().any(|s| s.path == "/v2/repository/index"),
         "{seen:?}"
     );

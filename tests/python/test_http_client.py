@@ -1,11 +1,11 @@
 """KServe v2 HTTP conformance checks with the official tritonclient.http client.
 
 Runs against any server speaking the KServe v2 / Triton HTTP protocol: a plain tritonserver
-or the infergate gateway. The server must already have add_sub, string_echo and
-batched_double (from tests/models) loaded.
+or the infergate gateway, with tests/models as its repository in explicit model-control
+mode. The suite loads add_sub, string_echo and batched_double itself, through the repository
+API, as a user of explicit mode does.
 
-    scripts/triton.sh start 1 18000 --load-model=add_sub --load-model=string_echo \\
-        --load-model=batched_double
+    scripts/triton.sh start 1 18000
     INFERGATE_URL=127.0.0.1:18000 .venv/bin/python -m pytest -q tests/python/test_http_client.py
 
 INFERGATE_URL is host:port without a scheme. Without it every test is skipped. With
@@ -29,6 +29,8 @@ pytestmark = pytest.mark.skipif(not URL, reason="set INFERGATE_URL=host:port of 
 def client():
     tls = {"ssl": True, "ssl_options": {"ca_certs": CA}} if CA else {}
     c = httpclient.InferenceServerClient(URL, connection_timeout=10.0, network_timeout=30.0, **tls)
+    for model in LOADED:
+        c.load_model(model)
     yield c
     c.close()
 
