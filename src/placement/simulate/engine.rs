@@ -115,7 +115,15 @@ pub struct Outcome {
     pub loads_per_backend: Vec<u64>,
     /// Loads waiting for a free load slot, at most, on any backend.
     pub peak_load_queue: usize,
+    /// Requests for models of `LARGE` bytes or more: size-aware policies trade their hits
+    /// for the small models'.
+    pub large_requests: u64,
+    /// Of those, hits.
+    pub large_hits: u64,
 }
+
+/// A model this big or bigger counts as large in `Outcome`.
+pub const LARGE: u64 = 1 << 30;
 
 impl Outcome {
     /// Hits over requests.
@@ -124,6 +132,15 @@ impl Outcome {
             0.0
         } else {
             self.hits as f64 / self.requests as f64
+        }
+    }
+
+    /// Hits over requests, for large models alone.
+    pub fn large_hit_ratio(&self) -> f64 {
+        if self.large_requests == 0 {
+            0.0
+        } else {
+            self.large_hits as f64 / self.large_requests as f64
         }
     }
 
@@ -172,6 +189,7 @@ pub fn run(placer: &mut dyn Placer, trace: &Trace, setup: &Setup) -> Outcome {
         sim.advance(placer, now);
         placer.observe(index, request.model);
         sim.out.requests += 1;
+        sim.out.large_requests += u64::from(sim.sizes[request.model as usize] >= LARGE);
         sim.dispatch(placer, request.model, now, now, true);
     }
     sim.advance(placer, Micros::MAX);
@@ -217,6 +235,7 @@ impl Sim<'_> {
             Step::Serve(backend) => {
                 if fresh {
                     self.out.hits += 1;
+                    self.out.large_hits += u64::from(self.sizes[model as usize] >= LARGE);
                 } else {
                     let waited_ms = (now - arrived) / 1000;
                     self.out
