@@ -54,6 +54,20 @@ impl Real {
         }
     }
 
+    /// The models on each backend's books, sorted: what a test compares with the Tritons'
+    /// indexes after the same trace.
+    pub fn placed(&self) -> Vec<Vec<String>> {
+        self.table
+            .backends()
+            .iter()
+            .map(|books| {
+                let mut names: Vec<String> = books.copies.keys().cloned().collect();
+                names.sort();
+                names
+            })
+            .collect()
+    }
+
     fn at(&self, now: Micros) -> Instant {
         self.base + Duration::from_micros(now)
     }
