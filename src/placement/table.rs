@@ -670,7 +670,7 @@ impl Table {
         let starting = sequence.is_some_and(|s| s.start);
         let mut best: Option<(usize, (usize, usize))> = None;
         let mut loading = None;
-        for &b in self.located.of(&model.name) {
+        for b in self.located.of(&model.name) {
             if !view[b].ready {
                 continue;
             }
@@ -1437,8 +1437,6 @@ impl Table {
         };
         self.located
             .of(&model.name)
-            .iter()
-            .copied()
             .filter(|&b| view[b].ready && self.backends[b].copies[&model.name].serves(version))
             .collect()
     }

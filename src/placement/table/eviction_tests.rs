@@ -183,7 +183,7 @@ async fn kept_models_are_evicted_last() {
         // Then with the other backend's copies in use, only the kept model can make room
         // for an 80 MiB one: it goes, last.
         for name in ["other", "small", "new"] {
-            if table.located.of(name) == [other_on] {
+            if table.located.of(name).eq([other_on]) {
                 serve_and_hold(&mut table, name, t(600));
             }
         }
