@@ -66,6 +66,9 @@ fn predicted(policy: EvictionPolicy) -> Vec<String> {
         load_per_gib: Duration::ZERO,
         service: Duration::from_millis(10),
         max_loading: 2,
+        pinned: 0,
+        failing: 0.0,
+        max_attempts: 3,
     };
     let mut real = Real::new(&trace, &setup, policy);
     let outcome = run(&mut real, &trace, &setup);

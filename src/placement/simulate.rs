@@ -113,6 +113,17 @@ pub struct Args {
     /// Loads at once per backend (`placement.max_loading_concurrency`).
     #[arg(long, default_value_t = 2)]
     pub max_loading: usize,
+    /// Pin this many of the trace's most requested models (`min_copies = 1`): placed before
+    /// the first request, never evicted.
+    #[arg(long, default_value_t = 0)]
+    pub pinned: usize,
+    /// Share of the models whose loads always fail (a broken config): the real table backs
+    /// off, the baselines try again on the next request.
+    #[arg(long, default_value_t = 0.0)]
+    pub failing: f64,
+    /// Failed loads one request waits on before it is refused (`placement.max_load_attempts`).
+    #[arg(long, default_value_t = 3)]
+    pub max_load_attempts: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -133,6 +144,14 @@ pub struct Row {
 pub fn main(args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.backends > 0, "--backends must be at least 1");
     anyhow::ensure!(args.max_loading > 0, "--max-loading must be at least 1");
+    anyhow::ensure!(
+        args.max_load_attempts > 0,
+        "--max-load-attempts must be at least 1"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.failing),
+        "--failing must be between 0 and 1"
+    );
     let started = std::time::Instant::now();
     let trace = match &args.trace {
         Some(path) => read_trace(path, args.sizes.as_deref(), args.default_size.bytes())?,
@@ -166,6 +185,9 @@ pub fn main(args: &Args) -> anyhow::Result<()> {
         load_per_gib: args.load_per_gib.0,
         service: args.service_time.0,
         max_loading: args.max_loading,
+        pinned: args.pinned,
+        failing: args.failing,
+        max_attempts: args.max_load_attempts,
     };
     let rows = compare(&trace, &setup);
     if args.json {
@@ -312,9 +334,18 @@ fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration)
         "min_churn_age {:?}, load {:?} + {:?}/GiB, {} loads at once per backend, service {:?}\n",
         setup.min_churn_age, setup.load_base, setup.load_per_gib, setup.max_loading, setup.service
     );
+    if setup.pinned > 0 || setup.failing > 0.0 {
+        let _ = writeln!(
+            out,
+            "{} most requested models pinned; {:.1}% of models fail every load, a request waits on at most {} failed loads\n",
+            setup.pinned,
+            100.0 * setup.failing,
+            setup.max_attempts
+        );
+    }
     let _ = writeln!(
         out,
-        "| policy | hit ratio | large models | cold misses | loads | loaded | evictions | mean evicted idle | refused (churn / no room) | cold wait mean / p99 | peak committed max / sum | wall |"
+        "| policy | hit ratio | large models | cold misses | loads | loaded | evictions | mean evicted idle | refused (churn / no room / load failed) | cold wait mean / p99 | peak committed max / sum | wall |"
     );
     let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for row in rows {
@@ -326,7 +357,7 @@ fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration)
         };
         let _ = writeln!(
             out,
-            "| {} | {:.2}% | {:.2}% | {} | {} | {} | {} | {:.0}s | {} / {} | {:.2}s / {:.2}s | {} / {} | {:.2}s |",
+            "| {} | {:.2}% | {:.2}% | {} | {} | {} | {} | {:.0}s | {} / {} / {} | {:.2}s / {:.2}s | {} / {} | {:.2}s |",
             row.policy,
             100.0 * o.hit_ratio(),
             100.0 * o.large_hit_ratio(),
@@ -337,6 +368,7 @@ fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration)
             idle,
             o.refused_churn,
             o.refused_no_room + o.refused_other,
+            o.refused_failed,
             mean_ms(&o.cold_waits_ms) / 1000.0,
             f64::from(percentile(&o.cold_waits_ms, 0.99)) / 1000.0,
             human(o.peak_committed.iter().max().copied().unwrap_or(0)),
@@ -360,6 +392,9 @@ fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration)
                     100.0 * (real.bytes_loaded as f64 / o.bytes_loaded.max(1) as f64 - 1.0),
                 ));
             }
+        }
+        if real.failed_loads > 0 {
+            parts.push(format!("{} failed loads", real.failed_loads));
         }
         let _ = writeln!(out, "{name}: {}", parts.join("; "));
     }
@@ -391,7 +426,10 @@ fn json_report(
                 "mean_evicted_idle_seconds": if o.evictions == 0 { 0.0 } else { o.evicted_idle.as_secs_f64() / o.evictions as f64 },
                 "refused_churn": o.refused_churn,
                 "refused_no_room": o.refused_no_room,
+                "refused_failed": o.refused_failed,
                 "refused_other": o.refused_other,
+                "failed_loads": o.failed_loads,
+                "pinned": o.pinned,
                 "cold_wait_mean_seconds": mean_ms(&o.cold_waits_ms) / 1000.0,
                 "cold_wait_p99_seconds": f64::from(percentile(&o.cold_waits_ms, 0.99)) / 1000.0,
                 "peak_committed_bytes": o.peak_committed,
@@ -440,6 +478,9 @@ mod tests {
             load_per_gib: Duration::from_secs(1),
             service: Duration::from_millis(10),
             max_loading: 2,
+            pinned: 0,
+            failing: 0.0,
+            max_attempts: 3,
         }
     }
 
@@ -633,6 +674,50 @@ mod tests {
         assert_eq!(hits_and_loads("infergate, lru"), (18, 10));
         assert_eq!(hits_and_loads("infergate, lfu"), (20, 8));
         assert_eq!(hits_and_loads("infergate, gdsf"), (20, 8));
+    }
+
+    /// The tiny trace with its most requested model, a, pinned: it takes 40 MiB for good and
+    /// every request for it hits (3); b, c and d take turns in the one slot left (4 loads,
+    /// 3 evictions), under every policy, Belady too.
+    #[test]
+    fn pinned_models_stay_and_the_rest_share_what_is_left() {
+        let setup = Setup {
+            pinned: 1,
+            ..setup(&[100], Duration::ZERO)
+        };
+        for row in compare(&tiny(), &setup) {
+            let o = &row.outcome;
+            assert_eq!(o.pinned, 1, "{}", row.policy);
+            assert_eq!(summary(o), (3, 4, 4, 3, 160, 0), "{}", row.policy);
+            assert_eq!(o.peak_committed, [80 * MIB], "{}", row.policy);
+        }
+    }
+
+    /// A model whose loads always fail, asked for at 0, 3, 6 and 20 s on two backends. The
+    /// real table tries each backend once per request and then backs off per backend (5 s,
+    /// then 10 s): the request at 3 s is refused without a load, the one at 6 s finds both
+    /// pauses over. 6 loads. The baselines try again at once: every request waits on three
+    /// failed loads (12).
+    #[test]
+    fn failing_loads_back_off_in_the_real_table() {
+        let trace = parse("0,bad\n3000,bad\n6000,bad\n20000,bad\n", None, 40 * MIB).unwrap();
+        let setup = Setup {
+            failing: 1.0,
+            ..setup(&[100, 100], Duration::ZERO)
+        };
+        let rows = compare(&trace, &setup);
+        for row in &rows {
+            let o = &row.outcome;
+            assert_eq!((o.hits, o.cold_misses), (0, 0), "{}", row.policy);
+            assert_eq!(o.refused_failed, 4, "{}", row.policy);
+            assert_eq!(o.failed_loads, o.loads, "{}", row.policy);
+            let expected = if row.policy.starts_with("infergate") {
+                6
+            } else {
+                12
+            };
+            assert_eq!(o.loads, expected, "{}", row.policy);
+        }
     }
 
     /// What the README's tables show at full size, on a small generated trace: LFU and GDSF

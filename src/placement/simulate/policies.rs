@@ -107,18 +107,45 @@ impl Placer for Real {
             }
             Decision::Refuse(GatewayError::Churn { .. }) => Step::Refuse(Refusal::Churn),
             Decision::Refuse(GatewayError::NoRoom { .. }) => Step::Refuse(Refusal::NoRoom),
+            Decision::Refuse(GatewayError::LoadFailed { .. }) => Step::Refuse(Refusal::LoadFailed),
             Decision::Refuse(_) => Step::Refuse(Refusal::Other),
         }
     }
 
-    fn finish_load(&mut self, backend: usize, model: u32, now: Micros) {
+    fn finish_load(&mut self, backend: usize, model: u32, ok: bool, now: Micros) {
         let now = self.at(now);
         let name = &self.models[model as usize].name;
-        // As `run_load` does: the load's own time (the slot wait is not the model's cost).
-        let took = self.setup.load_time(self.sizes[model as usize]);
+        let outcome = if ok {
+            // As `run_load` does: the load's own time (the slot wait is not the model's cost).
+            let took = self.setup.load_time(self.sizes[model as usize]);
+            self.table
+                .learn_load_time(name, Duration::from_micros(took));
+            Ok(())
+        } else {
+            Err("load failed".into())
+        };
+        self.table.finish_load(backend, name, &outcome, now);
+    }
+
+    /// As `Placement::warm_up` places a `min_copies` model: a pinned copy, evicting if need
+    /// be, ready at once.
+    fn pin(&mut self, model: u32) -> Option<usize> {
+        let estimate = Estimate {
+            bytes: self.sizes[model as usize],
+            source: SizeSource::Config,
+        };
+        let now = self.at(0);
+        let model = &self.models[model as usize];
+        let decision = (self.table).decide(model, &estimate.into(), &self.view, true, true, now);
+        let Decision::Load(plan) = decision else {
+            return None;
+        };
+        for victim in &plan.evict {
+            self.table.departed(plan.backend, &victim.model, now);
+        }
         self.table
-            .learn_load_time(name, Duration::from_micros(took));
-        self.table.finish_load(backend, name, &Ok(()), now);
+            .finish_load(plan.backend, &model.name, &Ok(()), now);
+        Some(plan.backend)
     }
 
     fn release(&mut self, backend: usize, model: u32, now: Micros) {
@@ -176,6 +203,8 @@ pub struct Baseline {
     next: Vec<u64>,
     /// Belady: each model's next request index (as of the last arrival).
     next_use: Vec<u64>,
+    /// Never filed as evictable.
+    pinned: Vec<bool>,
 }
 
 impl Baseline {
@@ -209,6 +238,7 @@ impl Baseline {
             filed: vec![None; n],
             next,
             next_use: vec![NEVER; n],
+            pinned: vec![false; n],
         }
     }
 
@@ -221,6 +251,9 @@ impl Baseline {
     }
 
     fn file(&mut self, backend: usize, model: u32) {
+        if self.pinned[model as usize] {
+            return;
+        }
         let priority = self.priority(model);
         self.evictable[backend].insert((priority, model));
         self.evictable_bytes[backend] += self.sizes[model as usize];
@@ -335,13 +368,33 @@ impl Placer for Baseline {
         }
     }
 
-    fn finish_load(&mut self, backend: usize, model: u32, now: Micros) {
+    fn finish_load(&mut self, backend: usize, model: u32, ok: bool, now: Micros) {
         let m = model as usize;
         self.loading[m] = false;
+        if !ok {
+            // Gone, and tried again by the next request that wants it: no backoff.
+            self.placed[m] = NOT_PLACED;
+            self.committed[backend] -= self.sizes[m];
+            return;
+        }
         self.last_used[m] = now;
         if self.copy_in_flight[m] == 0 {
             self.file(backend, model);
         }
+    }
+
+    fn pin(&mut self, model: u32) -> Option<usize> {
+        let m = model as usize;
+        let (backend, victims) = self.choose(self.sizes[m])?;
+        for &victim in &victims {
+            self.unfile(backend, victim);
+            self.placed[victim as usize] = NOT_PLACED;
+            self.committed[backend] -= self.sizes[victim as usize];
+        }
+        self.pinned[m] = true;
+        self.placed[m] = backend as u32;
+        self.committed[backend] += self.sizes[m];
+        Some(backend)
     }
 
     fn release(&mut self, backend: usize, model: u32, now: Micros) {
