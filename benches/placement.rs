@@ -16,10 +16,9 @@
 //! Later per-request hot paths (routing, JWT, validation) get a file of their own beside this.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use infergate::config::EvictionPolicy;
-use infergate::pipeline::ModelRef;
-use infergate::placement::{
-    BackendView, Decision, Estimate, EvictionOrder, Policy, SizeSource, Table,
+use infergate::internals::{
+    BackendView, Decision, Estimate, EvictionOrder, EvictionPolicy, ModelRef, Policy, SizeSource,
+    Table,
 };
 use std::hint::black_box;
 use std::time::Duration;

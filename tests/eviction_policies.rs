@@ -1,5 +1,5 @@
 //! `placement.policy` against real Triton: the same skewed workload under `lru`, `lfu` and
-//! `gdsf` evicts the model each policy should, the one `infergate simulate`'s replay of the
+//! `gdsf` evicts the model each policy should, the one `infergate-simulate`'s replay of the
 //! same trace predicts, and Triton's index always matches the gateway's books within
 //! capacity.
 //!
@@ -12,7 +12,7 @@
 mod support;
 
 use infergate::config::EvictionPolicy;
-use infergate::placement::simulate::{Real, Setup, parse, run};
+use infergate_simulator::{Real, Setup, parse, run};
 use serde_json::json;
 use std::path::Path;
 use std::time::Duration;

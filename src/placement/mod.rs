@@ -6,23 +6,24 @@
 //! single truth, kept in line with each backend's repository index by `reconcile`.
 
 mod control;
-mod estimate;
+pub(crate) mod estimate;
 mod load_queue;
 mod located;
 mod model_config;
-mod policy;
+pub(crate) mod policy;
 pub mod sequences;
-pub mod simulate;
 mod spec;
-mod table;
+pub(crate) mod table;
 mod versions;
 
-pub use estimate::{Estimate, Estimator, SizeSource, Sizing};
+// The books and the eviction order are internal: the simulator and the benches reach them
+// through `crate::internals`.
+use estimate::Estimator;
 pub use load_queue::{LoadQueue, Priority};
 pub use model_config::check_override;
-pub use policy::{EvictionOrder, ModelWeight, Rank};
+use policy::{EvictionOrder, ModelWeight};
 pub use sequences::{SequenceId, SequenceRef};
-pub use table::{BackendView, Decision, Indexed, LoadOutcome, LoadPlan, Narrowed, Policy, Table};
+use table::{BackendView, Decision, Indexed, LoadPlan, Narrowed, Policy, Table};
 pub use versions::Versions;
 
 use crate::config;

@@ -1,4 +1,4 @@
-//! `infergate simulate`: replays a request trace against the real placement table with a
+//! `infergate-simulate`: replays a request trace against the real placement table with a
 //! virtual clock and fake backends, beside per-instance LRU baselines (what ModelMesh does)
 //! and Belady's oracle, so a policy change can be judged on a million requests in seconds
 //! instead of on a GPU pool in days.
@@ -17,12 +17,17 @@ pub use engine::{Outcome, Placer, Refusal, Setup, Step, run};
 pub use policies::{Baseline, Real, Rule};
 pub use trace::{Request, Rng, Trace, Workload, generate, parse, to_csv};
 
-use crate::config::{ByteSize, EvictionPolicy, HumanDuration};
+use infergate::internals::{ByteSize, EvictionPolicy, HumanDuration};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Command-line options of `infergate simulate`.
-#[derive(Clone, Debug, clap::Args)]
+/// Command-line options of `infergate-simulate`.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(
+    name = "infergate-simulate",
+    version,
+    about = "Replay a request trace against infergate's placement policies, LRU baselines and Belady"
+)]
 pub struct Args {
     /// Models in the generated trace.
     #[arg(long, default_value_t = 10_000)]
@@ -140,8 +145,8 @@ pub struct Row {
     pub wall: Duration,
 }
 
-/// Builds or reads the trace, replays it against the three policies, prints the report.
-pub fn main(args: &Args) -> anyhow::Result<()> {
+/// Builds or reads the trace, replays it against every policy, prints the report.
+pub fn simulate(args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.backends > 0, "--backends must be at least 1");
     anyhow::ensure!(args.max_loading > 0, "--max-loading must be at least 1");
     anyhow::ensure!(
@@ -506,8 +511,8 @@ mod tests {
 
     fn tiny() -> Trace {
         parse(
-            include_str!("../../tests/traces/tiny.csv"),
-            Some(include_str!("../../tests/traces/tiny.sizes.csv")),
+            include_str!("../traces/tiny.csv"),
+            Some(include_str!("../traces/tiny.sizes.csv")),
             1,
         )
         .unwrap()

@@ -4,10 +4,10 @@
 
 use super::engine::{Micros, Placer, Refusal, Setup, Step};
 use super::trace::Trace;
-use crate::config::EvictionPolicy;
-use crate::error::GatewayError;
-use crate::pipeline::ModelRef;
-use crate::placement::{BackendView, Decision, Estimate, EvictionOrder, Policy, SizeSource, Table};
+use infergate::internals::{
+    BackendView, Decision, Estimate, EvictionOrder, EvictionPolicy, GatewayError, ModelRef, Policy,
+    SizeSource, Table,
+};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::Instant;

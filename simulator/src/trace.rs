@@ -5,7 +5,7 @@
 //! Sizes file: `model,bytes`, where bytes may be spelt like the config (`256MiB`). A model the
 //! sizes file does not name gets the default size.
 
-use crate::config::ByteSize;
+use infergate::internals::ByteSize;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
