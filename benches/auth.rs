@@ -7,8 +7,7 @@
 //! Run: `cargo bench --bench auth`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use infergate::auth::{Auth, Credentials, hash_key};
-use infergate::config::Config;
+use infergate::internals::{Auth, Config, Credentials, hash_key};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use std::hint::black_box;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -7,14 +7,19 @@
 //! - `miss_evict`: the pool is full; a model nobody has is requested, so `decide` chooses a
 //!   backend and its least recently used victims, and `finish_load` marks the new copy ready
 //!   (what a cold request pays before the load itself starts).
+//! - `miss_evict_gdsf`: the same under `placement.policy = "gdsf"`, whose victims are ranked
+//!   by worth instead of age (a hit costs the same under every policy: ranking happens on
+//!   misses).
 //!
 //! Each runs with 100 backends and 1,000, 10,000 and 100,000 models, to show how the cost
 //! scales in the number of models. Run: `cargo bench --bench placement`.
 //! Later per-request hot paths (routing, JWT, validation) get a file of their own beside this.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use infergate::pipeline::ModelRef;
-use infergate::placement::{BackendView, Decision, Estimate, Policy, SizeSource, Table};
+use infergate::internals::{
+    BackendView, Decision, Estimate, EvictionOrder, EvictionPolicy, ModelRef, Policy, SizeSource,
+    Table,
+};
 use std::hint::black_box;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -42,8 +47,8 @@ fn view() -> Vec<BackendView> {
 }
 
 /// A pool whose every backend is exactly full with `models` models of the same size, all
-/// loaded at `start` (so every one is old enough to be evicted later).
-fn full_pool(models: usize, start: Instant) -> (Table, Vec<ModelRef>) {
+/// loaded at `start` (so every one is old enough to be evicted later), evicting by `order`.
+fn full_pool(models: usize, start: Instant, order: EvictionPolicy) -> (Table, Vec<ModelRef>) {
     assert_eq!(models % BACKENDS, 0);
     let usable = vec![(models / BACKENDS) as u64 * MODEL_BYTES; BACKENDS];
     let policy = Policy {
@@ -51,7 +56,7 @@ fn full_pool(models: usize, start: Instant) -> (Table, Vec<ModelRef>) {
         backoff: Duration::from_secs(5),
         backoff_max: Duration::from_secs(300),
     };
-    let mut table = Table::new(&usable, policy, start);
+    let mut table = Table::new(&usable, policy, start).with_order(EvictionOrder::new(order, start));
     let view = view();
     let names: Vec<ModelRef> = (0..models)
         .map(|i| ModelRef::new(format!("model-{i}"), None))
@@ -73,7 +78,7 @@ fn hit(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for models in POOL_SIZES {
         let start = Instant::now();
-        let (mut table, names) = full_pool(models, start);
+        let (mut table, names) = full_pool(models, start, EvictionPolicy::Lru);
         let view = view();
         let mut now = start + Duration::from_secs(1);
         // Requests spread over the whole pool (a stride co-prime with the pool size), so
@@ -104,13 +109,18 @@ fn hit(c: &mut Criterion) {
 }
 
 fn miss_evict(c: &mut Criterion) {
-    let mut group = c.benchmark_group("placement/miss_evict");
+    miss_evict_under(c, "placement/miss_evict", EvictionPolicy::Lru);
+    miss_evict_under(c, "placement/miss_evict_gdsf", EvictionPolicy::Gdsf);
+}
+
+fn miss_evict_under(c: &mut Criterion, name: &str, order: EvictionPolicy) {
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(1));
     // Eviction work grows with the pool; fewer samples keep the 100,000 case short.
     group.sample_size(20);
     for models in POOL_SIZES {
         let start = Instant::now();
-        let (mut table, _) = full_pool(models, start);
+        let (mut table, _) = full_pool(models, start, order);
         let view = view();
         // Each cold request comes one second after the last, an hour after the pool filled:
         // the least recently used copies are always past min_churn_age.

@@ -10,8 +10,7 @@
 //! `cargo bench --bench routing`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use infergate::config::Config;
-use infergate::pipeline::{Caller, ModelRef, PIN_HEADER, RouteTable};
+use infergate::internals::{Caller, Config, ModelRef, PIN_HEADER, RouteTable};
 use std::hint::black_box;
 
 const ROUTES: usize = 1_000;

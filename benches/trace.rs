@@ -5,7 +5,7 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue};
-use infergate::trace::{RequestTrace, TRACEPARENT};
+use infergate::internals::{RequestTrace, TRACEPARENT};
 use std::hint::black_box;
 
 fn start_and_stamp(c: &mut Criterion) {

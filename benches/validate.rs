@@ -14,8 +14,7 @@
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use infergate::validate::http::{BodyView, Parsed, parse};
-use infergate::validate::{DataType, InputSpec, Signature, check};
+use infergate::internals::{BodyView, DataType, InputSpec, Parsed, Signature, check, parse};
 use std::hint::black_box;
 
 const SIZES: [(&str, usize); 3] = [("1KB", 1 << 10), ("1MB", 1 << 20), ("16MB", 16 << 20)];

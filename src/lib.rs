@@ -20,6 +20,24 @@ pub mod trace;
 pub mod upstream;
 pub mod validate;
 
+/// Gateway internals for this workspace's own tools, and for nothing else: the placement
+/// simulator (`simulator/`, the `infergate-simulate` binary) replays traces against the real
+/// placement table, and the criterion benches (`benches/`) time the hot paths. One facade, so
+/// what they reach is listed in one place; no stability promise, hidden from the docs.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::auth::{Auth, Credentials, hash_key};
+    pub use crate::config::{ByteSize, Config, EvictionPolicy, HumanDuration};
+    pub use crate::error::GatewayError;
+    pub use crate::pipeline::{Caller, ModelRef, PIN_HEADER, RouteTable};
+    pub use crate::placement::estimate::{Estimate, SizeSource};
+    pub use crate::placement::policy::EvictionOrder;
+    pub use crate::placement::table::{BackendView, Decision, Policy, Table};
+    pub use crate::trace::{RequestTrace, TRACEPARENT};
+    pub use crate::validate::http::{BodyView, Parsed, parse};
+    pub use crate::validate::{DataType, InputSpec, Signature, check};
+}
+
 use config::Config;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;

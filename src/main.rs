@@ -1,5 +1,5 @@
-//! The `infergate` command: run the gateway, check a config file, simulate placement, or
-//! hash an API key.
+//! The `infergate` command: run the gateway, check a config file, or hash an API key. (The
+//! placement simulator is a binary of its own, `infergate-simulate`, in `simulator/`.)
 
 use clap::{Parser, Subcommand};
 use infergate::config::Config;
@@ -36,8 +36,6 @@ enum Command {
     Run,
     /// Validate a config file and print every error with its key; exit 1 on error.
     Check,
-    /// Replay a request trace against the placement policy, LRU baselines and Belady.
-    Simulate(Box<infergate::placement::simulate::Args>),
     /// Print the SHA-256 of an API key, for `[[auth.api_keys]] sha256`. Reads the key from
     /// standard input (one line) when not given, so it stays out of shell history.
     HashKey {
@@ -50,13 +48,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => check(&cli.config),
-        Command::Simulate(args) => match infergate::placement::simulate::main(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("simulate: {error:#}");
-                ExitCode::FAILURE
-            }
-        },
         Command::HashKey { key } => hash_key(key),
         Command::Run => {
             let code = run(&cli.config, cli.log_format);

@@ -146,7 +146,12 @@ async fn a_route_splits_by_weight_sticks_by_key_and_names_its_target() {
 
 /// Sends one infer; returns the status and the model that answered (or the error).
 async fn infer_status(client: &reqwest::Client, url: &str) -> (u16, String) {
-    let response = client.post(url).json(&request()).send().await.unwrap();
+    infer_status_of(client, url, &request()).await
+}
+
+/// `infer_status` with a body of the caller's.
+async fn infer_status_of(client: &reqwest::Client, url: &str, body: &Value) -> (u16, String) {
+    let response = client.post(url).json(body).send().await.unwrap();
     let status = response.status().as_u16();
     let body: Value = response.json().await.unwrap();
     let said = body["model_name"].as_str().or(body["error"].as_str());
@@ -449,21 +454,28 @@ targets = [{ model = "versioned", version = "1", weight = 50 }, { model = "versi
 #[tokio::test]
 async fn a_cold_canary_is_not_switched_off_for_its_load_time() {
     let triton = Triton::start(TritonOptions::default()).await.unwrap();
-    // The canary (sized_b) answers as fast as the stable target, but its first request
-    // waits about a second for its load: counted as latency, that alone is a p95 hundreds
-    // of times the stable target's (about 1 ms) once the canary has min_requests answers.
-    // Its first answer after the load is still slower than the rest (the python stub warms
-    // up: tens of ms), which a ratio of 100 allows.
+    // The canary (sized_b) is faster than the stable target (slow_model, told to sleep
+    // 20 ms), but its first request waits about 1.5 s for its load: counted as latency, that
+    // alone is the canary's p95 until it has 20 answers, over 70 times the stable target's.
+    // Its first answer after the load is slower than the rest (the python stub warms up:
+    // about 20 ms, several times that on a busy machine), which a ratio of 20 allows. The
+    // stable target sleeps so that the ratio's denominator is not a 1 ms figure that machine
+    // load moves tenfold: this test once tripped on a busy machine with the canary's first
+    // answer at 94 ms against the stable target's 0.93 ms.
     let routes = r#"
 [[routes]]
 model = "cold"
-targets = [{ model = "sized_a", weight = 50 }, { model = "sized_b", weight = 50 }]
-guard = { max_p95_ratio = 100.0, window = "60s", min_requests = 10 }
+targets = [{ model = "slow_model", weight = 50 }, { model = "sized_b", weight = 50 }]
+guard = { max_p95_ratio = 20.0, window = "60s", min_requests = 10 }
 "#;
     let gateway = TestGateway::start(&routes_config("cold", &[&triton], routes)).await;
     let client = reqwest::Client::new();
-    let stable = format!("{}/v2/models/sized_a/infer", gateway.url());
-    assert_eq!(infer_status(&client, &stable).await.0, 200);
+    let body = json!({
+        "parameters": {"delay_ms": 20},
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}],
+    });
+    let stable = format!("{}/v2/models/slow_model/infer", gateway.url());
+    assert_eq!(infer_status_of(&client, &stable, &body).await.0, 200);
     let url = format!("{}/v2/models/cold/infer", gateway.url());
     let mut canary = 0;
     for sent in 0.. {
@@ -471,7 +483,7 @@ guard = { max_p95_ratio = 100.0, window = "60s", min_requests = 10 }
             break;
         }
         assert!(sent < 1000, "{}", admin_routes(&gateway).await);
-        let (status, model) = infer_status(&client, &url).await;
+        let (status, model) = infer_status_of(&client, &url, &body).await;
         assert_eq!(status, 200, "{model}");
         canary += usize::from(model == "sized_b");
     }

@@ -11,7 +11,7 @@ mod routes;
 mod units;
 
 pub use auth::{ApiKey, Auth, AuthMode, JwtKey, Tenant, algorithm_family};
-pub use placement::{Model, Placement};
+pub use placement::{EvictionPolicy, Model, Placement};
 pub use routes::{Guard, RouteConfig, RouteTarget, StickyKey};
 pub use units::{ByteSize, HumanDuration};
 
@@ -517,6 +517,30 @@ mod tests {
         // The image starts with this file (docker/Dockerfile); nothing else reads it.
         let text = include_str!("../../docker/gateway.toml");
         Config::parse(text).unwrap_or_else(|e| panic!("docker/gateway.toml: {e}"));
+    }
+
+    #[test]
+    fn eviction_policy_and_model_weights_are_read_and_checked() {
+        let config = Config::parse(&format!(
+            "{MINIMAL}[placement]\npolicy = \"gdsf\"\n[[models]]\nname = \"m\"\nkeep = true\ncost_weight = 2.5\n"
+        ))
+        .unwrap();
+        assert_eq!(config.placement.policy, EvictionPolicy::Gdsf);
+        assert!(config.models[0].keep);
+        assert_eq!(config.models[0].cost_weight, Some(2.5));
+        assert_eq!(
+            Config::parse(MINIMAL).unwrap().placement.policy,
+            EvictionPolicy::Lru
+        );
+        let found = errors(&format!("{MINIMAL}[placement]\npolicy = \"fifo\"\n"));
+        assert!(
+            found[0].starts_with("placement.policy") && found[0].contains("`lru`, `lfu`, `gdsf`"),
+            "{found:?}"
+        );
+        let found = errors(&format!(
+            "{MINIMAL}[[models]]\nname = \"m\"\ncost_weight = 0\n"
+        ));
+        assert_eq!(found, ["models[0].cost_weight: must be a positive number"]);
     }
 
     #[test]

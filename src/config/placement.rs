@@ -50,6 +50,27 @@ pub struct Placement {
     /// Backend metric whose rise during a load is the model's learned size (summed over its
     /// series, e.g. one per GPU). Read from each backend's `metrics` URL.
     pub memory_metric: String,
+    /// Which idle copy a backend gives up first when a load needs room.
+    pub policy: EvictionPolicy,
+}
+
+/// `placement.policy`: the order in which idle copies are evicted. Users pick the rule that
+/// suits their traffic (see README, "Choosing a policy"); every rule keeps the capacity
+/// invariant, never evicts a copy in use, loading or pinned, and honours `min_churn_age`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvictionPolicy {
+    /// Least recently used first (ModelMesh's rule).
+    #[default]
+    Lru,
+    /// Least frequently used first, with dynamic ageing (LFU-DA): a copy's worth is its uses
+    /// plus the worth of the last copy evicted when it was ranked, so a model that was hot
+    /// yesterday falls behind the models in use today.
+    Lfu,
+    /// GreedyDual-Size-Frequency: uses × reload cost (learned load time, × the model's
+    /// `cost_weight`) / size, with the same ageing clock: small, often used, slow to load
+    /// models stay; big, rarely used ones go first.
+    Gdsf,
 }
 
 impl Default for Placement {
@@ -67,6 +88,7 @@ impl Default for Placement {
             load_failure_backoff: HumanDuration(Duration::from_secs(5)),
             load_failure_backoff_max: HumanDuration(Duration::from_secs(300)),
             memory_metric: "nv_gpu_memory_used_bytes".into(),
+            policy: EvictionPolicy::Lru,
             scale_up_rps: 50.0,
             max_copies: 2,
             scale_down_idle: HumanDuration(Duration::from_secs(300)),
@@ -93,6 +115,13 @@ pub struct Model {
     /// Loaded at start into free space (never evicting anything), then evictable.
     #[serde(default)]
     pub preload: bool,
+    /// Evicted last, under every policy: only when no backend can make room without evicting
+    /// a kept copy. For the model a team cannot afford to cold-start but need not pin.
+    #[serde(default)]
+    pub keep: bool,
+    /// Multiplies what a use of this model is worth under `lfu` and `gdsf` (2: it stays as
+    /// if used twice as often); `lru` orders by time alone and ignores it.
+    pub cost_weight: Option<f64>,
 }
 
 impl Model {
@@ -157,6 +186,14 @@ impl Placement {
                 error(
                     format!("models[{i}].max_copies"),
                     "must be at least 1 and at least min_copies".into(),
+                );
+            }
+            if let Some(weight) = model.cost_weight
+                && !(weight.is_finite() && weight > 0.0)
+            {
+                error(
+                    format!("models[{i}].cost_weight"),
+                    "must be a positive number".into(),
                 );
             }
             if model.name.trim().is_empty() {

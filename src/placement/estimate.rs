@@ -310,6 +310,8 @@ mod tests {
             min_copies: 0,
             max_copies: None,
             preload: false,
+            keep: false,
+            cost_weight: None,
         }];
         let estimator = Estimator::new(&placement, &models);
         assert_eq!(

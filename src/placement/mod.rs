@@ -6,21 +6,24 @@
 //! single truth, kept in line with each backend's repository index by `reconcile`.
 
 mod control;
-mod estimate;
+pub(crate) mod estimate;
 mod load_queue;
 mod located;
 mod model_config;
+pub(crate) mod policy;
 pub mod sequences;
-pub mod simulate;
 mod spec;
-mod table;
+pub(crate) mod table;
 mod versions;
 
-pub use estimate::{Estimate, Estimator, SizeSource, Sizing};
+// The books and the eviction order are internal: the simulator and the benches reach them
+// through `crate::internals`.
+use estimate::Estimator;
 pub use load_queue::{LoadQueue, Priority};
 pub use model_config::check_override;
+use policy::{EvictionOrder, ModelWeight};
 pub use sequences::{SequenceId, SequenceRef};
-pub use table::{BackendView, Decision, Indexed, LoadOutcome, LoadPlan, Narrowed, Policy, Table};
+use table::{BackendView, Decision, Indexed, LoadPlan, Narrowed, Policy, Table};
 pub use versions::Versions;
 
 use crate::config;
@@ -134,7 +137,8 @@ impl Placement {
                 backoff_max: policy.load_failure_backoff_max.0,
             },
             Instant::now(),
-        );
+        )
+        .with_order(eviction_order(policy.policy, &config.models));
         for (backend, bytes) in pool.backends().iter().zip(&usable) {
             metrics::gauge!(telemetry::PLACEMENT_CAPACITY, "backend" => backend.name.clone())
                 .set(*bytes as f64);
@@ -384,8 +388,12 @@ impl Placement {
                     %reason, "model failed to load")
             }
         }
+        let took = started.elapsed();
         {
             let mut books = self.books();
+            if outcome.is_ok() && plan.reason == "new" {
+                books.learn_load_time(&plan.model, took);
+            }
             books.finish_load(plan.backend, &plan.model, &outcome, Instant::now());
             if let Some(serving) = serving {
                 books.set_serving(plan.backend, &plan.model, serving);
@@ -1020,6 +1028,7 @@ impl Placement {
                             "in_flight": c.in_flight,
                             "sequences": c.sequences,
                             "pinned": c.pinned,
+                            "served": c.served,
                         })
                     })
                     .collect();
@@ -1056,11 +1065,29 @@ impl Placement {
             .into_iter()
             .map(|(model, live)| (model, live.into()))
             .collect();
-        serde_json::json!({ "backends": backends, "failed_loads": failures, "live_sequences": sequences })
+        serde_json::json!({
+            "policy": books.eviction_policy(),
+            "backends": backends,
+            "failed_loads": failures,
+            "live_sequences": sequences,
+        })
     }
 }
 
 /// What a backend offers models: its capacity (or the default) less the buffer kept free.
+/// `placement.policy` with each model's `keep` and `cost_weight`.
+fn eviction_order(policy: config::EvictionPolicy, models: &[config::Model]) -> EvictionOrder {
+    let mut order = EvictionOrder::new(policy, Instant::now());
+    for model in models {
+        let weight = ModelWeight {
+            keep: model.keep,
+            cost_weight: model.cost_weight.unwrap_or(1.0),
+        };
+        order.weigh(&model.name, weight);
+    }
+    order
+}
+
 fn usable(backend: &Backend, policy: &config::Placement) -> u64 {
     usable_of(
         backend,

@@ -4,8 +4,10 @@
 
 use super::estimate::{Estimate, SizeSource, Sizing};
 use super::located::Located;
+use super::policy::{EvictionOrder, Rank, Usage};
 use super::sequences::{Affinity, Held, SequenceRef};
 use super::versions::Versions;
+use crate::config::EvictionPolicy;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
 use std::collections::{BTreeSet, HashMap};
@@ -75,6 +77,8 @@ pub struct Copy {
     /// Live sequences bound to it (`sequences`): while any is, it is never evicted or
     /// scaled down.
     pub sequences: usize,
+    /// Its place in the eviction order, while it is ranked (see `Idle`).
+    pub rank: Option<Rank>,
 }
 
 /// A new copy's id.
@@ -134,9 +138,10 @@ pub struct Books {
     /// Copies by model name. Change them only through `put`, `take` and `modify`, which keep
     /// `idle` and the table's index of copies in step.
     pub copies: HashMap<String, Copy>,
-    /// The copies eviction may take (ready, unused, not pinned), least recently used first:
-    /// a miss reads victims off the front instead of sorting every copy.
-    idle: BTreeSet<(Instant, Arc<str>)>,
+    /// The copies eviction may take (ready, unused, not pinned), in the policy's order once
+    /// they are past `min_churn_age`: a miss reads victims off the front instead of sorting
+    /// every copy.
+    idle: Idle,
     /// Copies placement took off the books to unload, until the backend has unloaded them
     /// (`Table::departed`): Triton answers an unload at once and keeps the model (and its
     /// memory) for a second or more while it goes, so each is served no more, its bytes
@@ -145,6 +150,54 @@ pub struct Books {
     pub departing: HashMap<String, Departing>,
     /// Sum of the departing copies' bytes.
     departing_bytes: u64,
+}
+
+/// One backend's idle copies (ready, no request or live sequence on them, not pinned), in
+/// two stages. A copy that becomes idle is `cooling`, by last use; at the next cold miss that
+/// looks at the backend, those idle for `min_churn_age` are ranked by the policy and move to
+/// `ranked`, the eviction order. So victims come off the front of `ranked` under every
+/// policy, the churn guard is which copies have been ranked, and both cost O(log n).
+#[derive(Debug, Default)]
+struct Idle {
+    cooling: BTreeSet<(Instant, Arc<str>)>,
+    cooling_bytes: u64,
+    ranked: BTreeSet<(Rank, Arc<str>)>,
+    ranked_bytes: u64,
+}
+
+impl Idle {
+    /// Whether eviction may take the copy (once past `min_churn_age`).
+    fn evictable(copy: &Copy) -> bool {
+        let unused = copy.in_flight == 0 && copy.sequences == 0;
+        matches!(copy.state, CopyState::Ready) && unused && !copy.pinned
+    }
+
+    /// Files the copy as cooling, if it is idle.
+    fn file(&mut self, copy: &mut Copy) {
+        copy.rank = None;
+        if Self::evictable(copy) {
+            self.cooling.insert((copy.last_used, copy.name.clone()));
+            self.cooling_bytes += copy.size;
+        }
+    }
+
+    /// Files an idle copy in the eviction order.
+    fn file_ranked(&mut self, copy: &mut Copy, rank: Rank) {
+        copy.rank = Some(rank);
+        self.ranked.insert((rank, copy.name.clone()));
+        self.ranked_bytes += copy.size;
+    }
+
+    /// Takes the copy out of wherever `file` or `file_ranked` put it.
+    fn unfile(&mut self, copy: &mut Copy) {
+        if let Some(rank) = copy.rank.take() {
+            self.ranked.remove(&(rank, copy.name.clone()));
+            self.ranked_bytes -= copy.size;
+        } else if Self::evictable(copy) {
+            self.cooling.remove(&(copy.last_used, copy.name.clone()));
+            self.cooling_bytes -= copy.size;
+        }
+    }
 }
 
 /// A copy on its way out of a backend (see `Books::departing`).
@@ -164,7 +217,7 @@ impl Books {
             draining: false,
             changed: now,
             copies: HashMap::new(),
-            idle: BTreeSet::new(),
+            idle: Idle::default(),
             departing: HashMap::new(),
             departing_bytes: 0,
         }
@@ -186,48 +239,63 @@ impl Books {
         Some(copy)
     }
 
-    /// The copy's place in the eviction order, when eviction may take it.
-    fn idle_key(copy: &Copy) -> Option<(Instant, Arc<str>)> {
-        let unused = copy.in_flight == 0 && copy.sequences == 0;
-        (matches!(copy.state, CopyState::Ready) && unused && !copy.pinned)
-            .then(|| (copy.last_used, copy.name.clone()))
-    }
-
     /// Puts a copy on the books of backend `at` (replacing any of the same model), and in
     /// the index of copies.
-    fn put(&mut self, copy: Copy, (located, at): (&mut Located, usize)) {
-        if let Some(key) = Self::idle_key(&copy) {
-            self.idle.insert(key);
-        }
+    fn put(&mut self, mut copy: Copy, (located, at): (&mut Located, usize)) {
+        self.idle.file(&mut copy);
         located.add(&copy.name, at);
-        if let Some(old) = self.copies.insert(copy.name.to_string(), copy)
-            && let Some(key) = Self::idle_key(&old)
-        {
-            self.idle.remove(&key);
+        if let Some(mut old) = self.copies.insert(copy.name.to_string(), copy) {
+            self.idle.unfile(&mut old);
         }
     }
 
     /// Takes a copy off the books of backend `at`, and out of the index of copies.
     fn take(&mut self, name: &str, (located, at): (&mut Located, usize)) -> Option<Copy> {
-        let copy = self.copies.remove(name)?;
+        let mut copy = self.copies.remove(name)?;
         located.remove(name, at);
-        if let Some(key) = Self::idle_key(&copy) {
-            self.idle.remove(&key);
-        }
+        self.idle.unfile(&mut copy);
         Some(copy)
     }
 
-    /// Changes a copy, keeping its place in the eviction order right.
+    /// Changes a copy, keeping its place in the eviction order right (a changed copy is
+    /// ranked again).
     fn modify<R>(&mut self, name: &str, change: impl FnOnce(&mut Copy) -> R) -> Option<R> {
         let copy = self.copies.get_mut(name)?;
-        if let Some(key) = Self::idle_key(copy) {
-            self.idle.remove(&key);
-        }
+        self.idle.unfile(copy);
         let result = change(copy);
-        if let Some(key) = Self::idle_key(copy) {
-            self.idle.insert(key);
-        }
+        self.idle.file(copy);
         Some(result)
+    }
+
+    /// Ranks the idle copies last used at or before `before` (past `min_churn_age`), so
+    /// eviction may take them in the order's turn.
+    fn rank_idle(&mut self, order: &EvictionOrder, before: Instant) {
+        while let Some((last_used, name)) = self.idle.cooling.first()
+            && *last_used <= before
+        {
+            let name = name.clone();
+            let copy = self
+                .copies
+                .get_mut(&*name)
+                .expect("idle copies are on the books");
+            self.idle.unfile(copy);
+            let rank = order.rank(Usage {
+                model: &name,
+                bytes: copy.size,
+                uses: copy.served,
+                last_used: copy.last_used,
+            });
+            self.idle.file_ranked(copy, rank);
+        }
+    }
+
+    /// Since the least recently used idle copy was used.
+    fn oldest_idle(&self) -> Option<Instant> {
+        let cooling = self.idle.cooling.first().map(|(used, _)| *used);
+        let ranked = (self.idle.ranked.iter())
+            .map(|(_, name)| self.copies[&**name].last_used)
+            .min();
+        cooling.into_iter().chain(ranked).min()
     }
 
     /// What is left for new copies: departing copies still hold their bytes.
@@ -319,6 +387,8 @@ pub struct Table {
     policy: Policy,
     /// Live sequences and the copies they run on.
     sequences: Affinity,
+    /// Which idle copy goes first (`placement.policy`).
+    order: EvictionOrder,
 }
 
 impl Table {
@@ -334,6 +404,33 @@ impl Table {
             failures: HashMap::new(),
             policy,
             sequences: Affinity::default(),
+            order: EvictionOrder::new(EvictionPolicy::Lru, now),
+        }
+    }
+
+    /// The same books, evicting in `order` (LRU by default).
+    pub fn with_order(self, order: EvictionOrder) -> Self {
+        Self { order, ..self }
+    }
+
+    /// The eviction policy the books follow (for the admin view).
+    pub fn eviction_policy(&self) -> EvictionPolicy {
+        self.order.policy()
+    }
+
+    /// Records how long a load of `model` took: its reload cost, for `gdsf`.
+    pub fn learn_load_time(&mut self, model: &str, took: Duration) {
+        self.order.learn_load_time(model, took);
+    }
+
+    /// Ranks, on each of `backends`, the idle copies past `min_churn_age`: what eviction
+    /// may take is then `Idle::ranked` (a step every cold miss takes before `choose`).
+    fn rank_idle(&mut self, backends: &[usize], now: Instant) {
+        let Some(before) = now.checked_sub(self.policy.min_churn_age) else {
+            return;
+        };
+        for &b in backends {
+            self.backends[b].rank_idle(&self.order, before);
         }
     }
 
@@ -444,6 +541,7 @@ impl Table {
             return Decision::Refuse(self.refusal_after_failures(&model.name, &candidates, now));
         }
         let estimate = sizing.estimate(&wanted);
+        self.rank_idle(&allowed, now);
         match self.choose(
             &allowed,
             &model.name,
@@ -452,11 +550,11 @@ impl Table {
             allow_evict,
             now,
         ) {
-            Ok((backend, evict)) => Decision::Load(self.commit(
+            Ok((backend, evict, top)) => Decision::Load(self.commit(
                 backend,
                 &model.name,
                 (wanted, sizing),
-                evict,
+                (evict, top),
                 pinned,
                 now,
             )),
@@ -481,12 +579,15 @@ impl Table {
         if allowed.is_empty() {
             return Err(self.refusal_after_failures(model, holders, now));
         }
+        self.rank_idle(&allowed, now);
         let target = |b: usize| self.backends[b].copies[model].versions.union(wanted);
         let growth = |b: usize| {
             let copy = &self.backends[b].copies[model];
             sizing.estimate(&target(b)).bytes.saturating_sub(copy.size)
         };
-        let (backend, evict) = self.choose(&allowed, model, &growth, view, allow_evict, now)?;
+        let (backend, evict, top) =
+            self.choose(&allowed, model, &growth, view, allow_evict, now)?;
+        self.order.evicted(top);
         let reason = if self.backends[backend].copies[model].versions.covers(wanted) {
             "reload"
         } else {
@@ -569,7 +670,7 @@ impl Table {
         let starting = sequence.is_some_and(|s| s.start);
         let mut best: Option<(usize, (usize, usize))> = None;
         let mut loading = None;
-        for &b in self.located.of(&model.name) {
+        for b in self.located.of(&model.name) {
             if !view[b].ready {
                 continue;
             }
@@ -712,7 +813,7 @@ impl Table {
         view: &[BackendView],
         allow_evict: bool,
         now: Instant,
-    ) -> Result<(usize, Vec<String>), GatewayError> {
+    ) -> Result<(usize, Vec<String>, Option<Rank>), GatewayError> {
         let roomy = allowed
             .iter()
             .copied()
@@ -724,7 +825,7 @@ impl Table {
                 )
             });
         if let Some(b) = roomy {
-            return Ok((b, Vec::new()));
+            return Ok((b, Vec::new(), None));
         }
         let model_too_big = || GatewayError::NoRoom {
             reason: format!(
@@ -735,36 +836,71 @@ impl Table {
         if !allow_evict {
             return Err(model_too_big());
         }
-        // (youngest victim's last use, free space, in flight) — the oldest youngest victim wins.
-        let mut best: Option<(usize, Vec<String>, Instant)> = None;
+        // (most valuable victim, free space, in flight): the least valuable wins. Under LRU the
+        // most valuable victim is the most recently used one.
+        let mut best: Option<(usize, Vec<String>, Rank)> = None;
         for &b in allowed {
             let books = &self.backends[b];
-            let Some((victims, youngest)) = victims(books, size(b), model) else {
+            let Some((victims, top)) = victims(books, size(b), model) else {
                 continue;
             };
             let better = match &best {
                 None => true,
-                Some((other, _, other_youngest)) => {
-                    (youngest, std::cmp::Reverse(books.free()), view[b].in_flight)
+                Some((other, _, other_top)) => {
+                    (top, std::cmp::Reverse(books.free()), view[b].in_flight)
                         < (
-                            *other_youngest,
+                            *other_top,
                             std::cmp::Reverse(self.backends[*other].free()),
                             view[*other].in_flight,
                         )
                 }
             };
             if better {
-                best = Some((b, victims, youngest));
+                best = Some((b, victims, top));
             }
         }
-        let (backend, victims, youngest) = best.ok_or_else(model_too_big)?;
-        let idle = now.saturating_duration_since(youngest);
-        if idle < self.policy.min_churn_age {
-            return Err(GatewayError::Churn {
-                retry_after: self.policy.min_churn_age - idle,
-            });
+        match best {
+            Some((backend, victims, top)) => Ok((backend, victims, Some(top))),
+            None => Err(self
+                .churn(allowed, model, size, now)
+                .unwrap_or_else(model_too_big)),
         }
-        Ok((backend, victims))
+    }
+
+    /// Why no backend among `allowed` can make room from its ranked copies, when it is the
+    /// churn guard: copies used within `min_churn_age` would make room. The retry is when
+    /// the first backend's would all be old enough.
+    fn churn(
+        &self,
+        allowed: &[usize],
+        model: &str,
+        size: &dyn Fn(usize) -> u64,
+        now: Instant,
+    ) -> Option<GatewayError> {
+        let min_age = self.policy.min_churn_age;
+        let retry = allowed
+            .iter()
+            .filter_map(|&b| {
+                let books = &self.backends[b];
+                let own = books.copies.get(model).filter(|c| Idle::evictable(c));
+                let own_ranked = own.filter(|c| c.rank.is_some()).map_or(0, |c| c.size);
+                let own_cooling = own.filter(|c| c.rank.is_none()).map_or(0, |c| c.size);
+                let mut room = books.free() + books.idle.ranked_bytes - own_ranked;
+                if room + books.idle.cooling_bytes - own_cooling < size(b) {
+                    return None;
+                }
+                let cooling = books.idle.cooling.iter().filter(|(_, n)| &**n != model);
+                for (last_used, name) in cooling {
+                    room += books.copies[&**name].size;
+                    if room >= size(b) {
+                        let idle = now.saturating_duration_since(*last_used);
+                        return Some(min_age.saturating_sub(idle));
+                    }
+                }
+                None
+            })
+            .min()?;
+        Some(GatewayError::Churn { retry_after: retry })
     }
 
     /// Takes victims off the books and puts the new copy on as loading.
@@ -773,10 +909,11 @@ impl Table {
         backend: usize,
         model: &str,
         (versions, sizing): (Versions, &Sizing),
-        victims: Vec<String>,
+        (victims, top): (Vec<String>, Option<Rank>),
         pinned: bool,
         now: Instant,
     ) -> LoadPlan {
+        self.order.evicted(top);
         let books = &mut self.backends[backend];
         let evict = take_victims(books, (&mut self.located, backend), victims, now);
         let estimate = sizing.estimate(&versions);
@@ -798,6 +935,7 @@ impl Table {
                 config: None,
                 id: next_copy_id(),
                 sequences: 0,
+                rank: None,
             },
             (&mut self.located, backend),
         );
@@ -912,14 +1050,15 @@ impl Table {
             .collect();
         let allowed = self.not_backing_off(model, &lacking, now);
         let bytes = sizing.estimate(&Versions::latest()).bytes;
-        let (backend, victims) = self
+        self.rank_idle(&allowed, now);
+        let (backend, victims, top) = self
             .choose(&allowed, model, &|_| bytes, view, pinned, now)
             .ok()?;
         Some(self.commit(
             backend,
             model,
             (Versions::latest(), sizing),
-            victims,
+            (victims, top),
             pinned,
             now,
         ))
@@ -1242,11 +1381,8 @@ impl Table {
     /// left out; copies in use count as just used; with nothing evictable it is 0.
     pub fn lru_age(&self, backend: usize, now: Instant) -> Duration {
         self.backends[backend]
-            .idle
-            .first()
-            .map_or(Duration::ZERO, |(used, _)| {
-                now.saturating_duration_since(*used)
-            })
+            .oldest_idle()
+            .map_or(Duration::ZERO, |used| now.saturating_duration_since(used))
     }
 }
 
@@ -1301,8 +1437,6 @@ impl Table {
         };
         self.located
             .of(&model.name)
-            .iter()
-            .copied()
             .filter(|&b| view[b].ready && self.backends[b].copies[&model.name].serves(version))
             .collect()
     }
@@ -1337,6 +1471,7 @@ fn adopt(found: &Indexed, pinned: bool, now: Instant) -> Copy {
         config: None,
         id: next_copy_id(),
         sequences: 0,
+        rank: None,
     }
 }
 
@@ -1349,21 +1484,29 @@ pub struct Reconciled {
     pub dropped: Vec<String>,
 }
 
-/// Least recently used evictable copies (never one of `model`) whose removal frees `size`,
-/// and the last use of the youngest of them; `None` if even all of them would not do.
-fn victims(books: &Books, size: u64, model: &str) -> Option<(Vec<String>, Instant)> {
+/// The first ranked copies in the eviction order (never one of `model`) whose removal frees
+/// `size`, and the rank of the last of them; `None` if even all of them would not do.
+fn victims(books: &Books, size: u64, model: &str) -> Option<(Vec<String>, Rank)> {
     let mut free = books.free();
+    if free + books.idle.ranked_bytes < size {
+        return None;
+    }
     let mut chosen = Vec::new();
-    let mut youngest = None;
-    for (last_used, name) in books.idle.iter().filter(|(_, name)| &**name != model) {
+    let mut top = None;
+    for (rank, name) in books
+        .idle
+        .ranked
+        .iter()
+        .filter(|(_, name)| &**name != model)
+    {
         if free >= size {
             break;
         }
         free += books.copies[&**name].size;
         chosen.push(name.to_string());
-        youngest = Some(*last_used);
+        top = Some(*rank);
     }
-    (free >= size).then(|| (chosen, youngest.expect("at least one victim")))
+    (free >= size).then(|| (chosen, top.expect("at least one victim")))
 }
 
 /// Puts the ready copy of `model` on `backend` into `Reloading` towards `to` and books its
@@ -1464,12 +1607,15 @@ pub(super) fn requested_version(
 }
 
 #[cfg(test)]
+mod eviction_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
-    const MIB: u64 = 1 << 20;
+    pub(super) const MIB: u64 = 1 << 20;
 
-    fn policy() -> Policy {
+    pub(super) fn policy() -> Policy {
         Policy {
             min_churn_age: Duration::from_secs(60),
             backoff: Duration::from_secs(5),
@@ -1477,7 +1623,7 @@ mod tests {
         }
     }
 
-    fn view(n: usize) -> Vec<BackendView> {
+    pub(super) fn view(n: usize) -> Vec<BackendView> {
         vec![
             BackendView {
                 ready: true,
@@ -1488,7 +1634,7 @@ mod tests {
         ]
     }
 
-    fn est(mib: u64) -> Sizing {
+    pub(super) fn est(mib: u64) -> Sizing {
         Estimate {
             bytes: mib * MIB,
             source: SizeSource::Disk,
@@ -1496,12 +1642,12 @@ mod tests {
         .into()
     }
 
-    fn model(name: &str) -> ModelRef {
+    pub(super) fn model(name: &str) -> ModelRef {
         ModelRef::new(name, None)
     }
 
     /// Loads a model to completion and returns the backend it went to.
-    fn load(table: &mut Table, name: &str, mib: u64, now: Instant) -> usize {
+    pub(super) fn load(table: &mut Table, name: &str, mib: u64, now: Instant) -> usize {
         match table.decide(
             &model(name),
             &est(mib),
@@ -1520,13 +1666,13 @@ mod tests {
     }
 
     /// The victims' unloads are done, as the gateway's `run_load` sees them done.
-    fn depart_victims(table: &mut Table, plan: &LoadPlan, now: Instant) {
+    pub(super) fn depart_victims(table: &mut Table, plan: &LoadPlan, now: Instant) {
         for victim in &plan.evict {
             table.departed(plan.backend, &victim.model, now);
         }
     }
 
-    fn assert_within_capacity(table: &Table) {
+    pub(super) fn assert_within_capacity(table: &Table) {
         let on_books: BTreeSet<(String, usize)> = (table.backends.iter().enumerate())
             .flat_map(|(b, books)| books.copies.keys().map(move |name| (name.clone(), b)))
             .collect();
@@ -1536,8 +1682,7 @@ mod tests {
             "the index of copies follows the books"
         );
         for books in &table.backends {
-            let idle: BTreeSet<_> = books.copies.values().filter_map(Books::idle_key).collect();
-            assert_eq!(idle, books.idle, "the eviction order follows the copies");
+            assert_idle_follows_the_copies(books);
             let sum: u64 = books.copies.values().map(|c| c.size).sum();
             assert_eq!(sum, books.committed);
             let departing: u64 = books.departing.values().map(|d| d.bytes).sum();
@@ -1551,6 +1696,44 @@ mod tests {
                 books.usable
             );
         }
+    }
+
+    /// Every idle copy is filed once, cooling or ranked, with the bytes summed; nothing
+    /// else is.
+    fn assert_idle_follows_the_copies(books: &Books) {
+        let idle = || books.copies.values().filter(|c| Idle::evictable(c));
+        let cooling: BTreeSet<_> = idle()
+            .filter(|c| c.rank.is_none())
+            .map(|c| (c.last_used, c.name.clone()))
+            .collect();
+        let ranked: BTreeSet<_> = idle()
+            .filter_map(|c| Some((c.rank?, c.name.clone())))
+            .collect();
+        assert_eq!(
+            cooling, books.idle.cooling,
+            "cooling copies follow the books"
+        );
+        assert_eq!(
+            ranked, books.idle.ranked,
+            "the eviction order follows the books"
+        );
+        let bytes =
+            |names: Vec<&Arc<str>>| -> u64 { names.iter().map(|n| books.copies[&***n].size).sum() };
+        assert_eq!(
+            bytes(books.idle.cooling.iter().map(|(_, n)| n).collect()),
+            books.idle.cooling_bytes
+        );
+        assert_eq!(
+            bytes(books.idle.ranked.iter().map(|(_, n)| n).collect()),
+            books.idle.ranked_bytes
+        );
+        assert!(
+            books
+                .copies
+                .values()
+                .all(|c| Idle::evictable(c) || c.rank.is_none()),
+            "only idle copies are ranked"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1945,7 +2128,7 @@ mod tests {
         ModelRef::new(name, Some(version.into()))
     }
 
-    fn plan_of(decision: Decision) -> LoadPlan {
+    pub(super) fn plan_of(decision: Decision) -> LoadPlan {
         match decision {
             Decision::Load(plan) => plan,
             other => panic!("expected a load, got {other:?}"),

@@ -27,10 +27,19 @@ pub struct Setup {
     pub service: Duration,
     /// Loads running at once per backend.
     pub max_loading: usize,
+    /// The most requested models of the trace, this many, are pinned (`min_copies = 1`):
+    /// placed before the first request and never evicted.
+    pub pinned: usize,
+    /// Share of the models (every `1/share`-th by a hash of its index) whose loads always
+    /// fail, as a model with a broken config does.
+    pub failing: f64,
+    /// Loads one request waits on before it is refused (`placement.max_load_attempts`).
+    pub max_attempts: usize,
 }
 
 impl Setup {
-    fn load_time(&self, bytes: u64) -> Micros {
+    /// How long a load of `bytes` takes.
+    pub fn load_time(&self, bytes: u64) -> Micros {
         let per_gib = self.load_per_gib.as_secs_f64() * bytes as f64 / (1u64 << 30) as f64;
         (self.load_base.as_micros() as u64) + (per_gib * 1e6) as u64
     }
@@ -43,6 +52,8 @@ pub enum Refusal {
     Churn,
     /// No backend can free enough (the model is too big, or everything is busy or loading).
     NoRoom,
+    /// The model's loads failed (or it is backing off after they did).
+    LoadFailed,
     /// Anything else the table answered (should not happen with fake backends).
     Other,
 }
@@ -75,8 +86,11 @@ pub trait Placer {
     fn observe(&mut self, _index: usize, _model: u32) {}
     /// What a request for `model` should do now.
     fn decide(&mut self, model: u32, now: Micros) -> Step;
-    /// The load of `model` on `backend` has finished (always successfully here).
-    fn finish_load(&mut self, backend: usize, model: u32, now: Micros);
+    /// The load of `model` on `backend` has finished, successfully or not.
+    fn finish_load(&mut self, backend: usize, model: u32, ok: bool, now: Micros);
+    /// Places a pinned copy of `model` before the trace starts (ready at once); its backend,
+    /// or `None` when nothing has room.
+    fn pin(&mut self, model: u32) -> Option<usize>;
     /// A request served by `backend` is done with its copy of `model`.
     fn release(&mut self, backend: usize, model: u32, now: Micros);
     /// Bytes committed (loaded or loading) on a backend.
@@ -90,7 +104,8 @@ pub struct Outcome {
     pub requests: u64,
     /// Served at once by a ready copy.
     pub hits: u64,
-    /// Found no ready copy and waited for a load (their own or one already running).
+    /// Found no ready copy, waited for a load (their own or one already running), and were
+    /// served.
     pub cold_misses: u64,
     /// Loads started.
     pub loads: u64,
@@ -104,8 +119,15 @@ pub struct Outcome {
     pub refused_churn: u64,
     /// Refused for want of room.
     pub refused_no_room: u64,
+    /// Refused because the model's loads failed: after `max_attempts` failed loads, or at
+    /// once while the table backs off.
+    pub refused_failed: u64,
     /// Refused for another reason.
     pub refused_other: u64,
+    /// Loads that failed.
+    pub failed_loads: u64,
+    /// Pinned copies placed before the trace.
+    pub pinned: u64,
     /// Each cold miss's wait until served, in milliseconds.
     pub cold_waits_ms: Vec<u32>,
     /// Highest committed bytes per backend.
@@ -114,7 +136,15 @@ pub struct Outcome {
     pub loads_per_backend: Vec<u64>,
     /// Loads waiting for a free load slot, at most, on any backend.
     pub peak_load_queue: usize,
+    /// Requests for models of `LARGE` bytes or more: size-aware policies trade their hits
+    /// for the small models'.
+    pub large_requests: u64,
+    /// Of those, hits.
+    pub large_hits: u64,
 }
+
+/// A model this big or bigger counts as large in `Outcome`.
+pub const LARGE: u64 = 1 << 30;
 
 impl Outcome {
     /// Hits over requests.
@@ -126,9 +156,18 @@ impl Outcome {
         }
     }
 
+    /// Hits over requests, for large models alone.
+    pub fn large_hit_ratio(&self) -> f64 {
+        if self.large_requests == 0 {
+            0.0
+        } else {
+            self.large_hits as f64 / self.large_requests as f64
+        }
+    }
+
     /// All refusals.
     pub fn refusals(&self) -> u64 {
-        self.refused_churn + self.refused_no_room + self.refused_other
+        self.refused_churn + self.refused_no_room + self.refused_failed + self.refused_other
     }
 }
 
@@ -137,7 +176,7 @@ enum Event {
     // Releases sort before load completions at the same instant: a request that ends as a
     // load ends has already let go of its copy.
     Release { backend: u32, model: u32 },
-    LoadDone { backend: u32, model: u32 },
+    LoadDone { backend: u32, model: u32, ok: bool },
 }
 
 struct Sim<'a> {
@@ -146,7 +185,9 @@ struct Sim<'a> {
     events: BinaryHeap<Reverse<(Micros, Event)>>,
     queued: Vec<VecDeque<u32>>,
     running: Vec<usize>,
-    waiters: Vec<Vec<Micros>>,
+    /// Per model, the requests waiting for its load: when each arrived, loads it waited on.
+    waiters: Vec<Vec<(Micros, usize)>>,
+    failing: Vec<bool>,
     out: Outcome,
 }
 
@@ -160,18 +201,27 @@ pub fn run(placer: &mut dyn Placer, trace: &Trace, setup: &Setup) -> Outcome {
         queued: vec![VecDeque::new(); backends],
         running: vec![0; backends],
         waiters: vec![Vec::new(); trace.names.len()],
+        failing: failing_models(trace.names.len(), setup.failing),
         out: Outcome {
             peak_committed: vec![0; backends],
             loads_per_backend: vec![0; backends],
             ..Outcome::default()
         },
     };
+    for model in most_requested(trace, setup.pinned) {
+        if let Some(backend) = placer.pin(model) {
+            sim.out.pinned += 1;
+            let committed = placer.committed(backend);
+            sim.out.peak_committed[backend] = sim.out.peak_committed[backend].max(committed);
+        }
+    }
     for (index, request) in trace.requests.iter().enumerate() {
         let now = request.at_ms * 1000;
         sim.advance(placer, now);
         placer.observe(index, request.model);
         sim.out.requests += 1;
-        sim.dispatch(placer, request.model, now, now, true);
+        sim.out.large_requests += u64::from(sim.sizes[request.model as usize] >= LARGE);
+        sim.dispatch(placer, request.model, (now, 0), now, true);
     }
     sim.advance(placer, Micros::MAX);
     sim.out
@@ -187,28 +237,36 @@ impl Sim<'_> {
             self.events.pop();
             match event {
                 Event::Release { backend, model } => placer.release(backend as usize, model, at),
-                Event::LoadDone { backend, model } => {
+                Event::LoadDone { backend, model, ok } => {
                     let backend = backend as usize;
-                    placer.finish_load(backend, model, at);
+                    placer.finish_load(backend, model, ok, at);
+                    self.out.failed_loads += u64::from(!ok);
                     self.running[backend] -= 1;
                     if let Some(next) = self.queued[backend].pop_front() {
                         self.start_load(backend, next, at);
                     }
-                    // Everyone who waited on this load decides again, as `acquire` does.
-                    for arrived in std::mem::take(&mut self.waiters[model as usize]) {
-                        self.dispatch(placer, model, arrived, at, false);
+                    // Everyone who waited on this load decides again, as `acquire` does,
+                    // until one has waited on `max_attempts` failed loads.
+                    for (arrived, failed) in std::mem::take(&mut self.waiters[model as usize]) {
+                        let failed = failed + usize::from(!ok);
+                        if failed >= self.setup.max_attempts {
+                            self.out.refused_failed += 1;
+                        } else {
+                            self.dispatch(placer, model, (arrived, failed), at, false);
+                        }
                     }
                 }
             }
         }
     }
 
-    /// One decision for a request that arrived at `arrived`; `fresh` is its first.
+    /// One decision for a request that arrived at `arrived` and has waited on `failed`
+    /// failed loads; `fresh` is its first.
     fn dispatch(
         &mut self,
         placer: &mut dyn Placer,
         model: u32,
-        arrived: Micros,
+        (arrived, failed): (Micros, usize),
         now: Micros,
         fresh: bool,
     ) {
@@ -216,7 +274,9 @@ impl Sim<'_> {
             Step::Serve(backend) => {
                 if fresh {
                     self.out.hits += 1;
+                    self.out.large_hits += u64::from(self.sizes[model as usize] >= LARGE);
                 } else {
+                    self.out.cold_misses += 1;
                     let waited_ms = (now - arrived) / 1000;
                     self.out
                         .cold_waits_ms
@@ -232,19 +292,13 @@ impl Sim<'_> {
                 )));
             }
             Step::Wait => {
-                if fresh {
-                    self.out.cold_misses += 1;
-                }
-                self.waiters[model as usize].push(arrived);
+                self.waiters[model as usize].push((arrived, failed));
             }
             Step::Load {
                 backend,
                 evicted,
                 evicted_idle,
             } => {
-                if fresh {
-                    self.out.cold_misses += 1;
-                }
                 self.out.loads += 1;
                 self.out.loads_per_backend[backend] += 1;
                 self.out.bytes_loaded += self.sizes[model as usize];
@@ -253,7 +307,7 @@ impl Sim<'_> {
                 let committed = placer.committed(backend);
                 let peak = &mut self.out.peak_committed[backend];
                 *peak = (*peak).max(committed);
-                self.waiters[model as usize].push(arrived);
+                self.waiters[model as usize].push((arrived, failed));
                 if self.running[backend] < self.setup.max_loading {
                     self.start_load(backend, model, now);
                 } else {
@@ -265,6 +319,7 @@ impl Sim<'_> {
             Step::Refuse(why) => match why {
                 Refusal::Churn => self.out.refused_churn += 1,
                 Refusal::NoRoom => self.out.refused_no_room += 1,
+                Refusal::LoadFailed => self.out.refused_failed += 1,
                 Refusal::Other => self.out.refused_other += 1,
             },
         }
@@ -278,7 +333,31 @@ impl Sim<'_> {
             Event::LoadDone {
                 backend: backend as u32,
                 model,
+                ok: !self.failing[model as usize],
             },
         )));
     }
+}
+
+/// The `count` models with the most requests in the trace (ties to the lower index).
+fn most_requested(trace: &Trace, count: usize) -> Vec<u32> {
+    let mut requests = vec![0u64; trace.names.len()];
+    for request in &trace.requests {
+        requests[request.model as usize] += 1;
+    }
+    let mut models: Vec<u32> = (0..trace.names.len() as u32).collect();
+    models.sort_by_key(|&m| std::cmp::Reverse(requests[m as usize]));
+    models.truncate(count);
+    models
+}
+
+/// Which models always fail to load: a share of them, spread by a hash of the index so
+/// that neither popularity nor size decides.
+fn failing_models(models: usize, share: f64) -> Vec<bool> {
+    (0..models as u64)
+        .map(|m| {
+            let hash = m.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11;
+            (hash as f64 / (1u64 << 53) as f64) < share
+        })
+        .collect()
 }

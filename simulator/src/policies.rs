@@ -4,9 +4,10 @@
 
 use super::engine::{Micros, Placer, Refusal, Setup, Step};
 use super::trace::Trace;
-use crate::error::GatewayError;
-use crate::pipeline::ModelRef;
-use crate::placement::{BackendView, Decision, Estimate, Policy, SizeSource, Table};
+use infergate::internals::{
+    BackendView, Decision, Estimate, EvictionOrder, EvictionPolicy, GatewayError, ModelRef, Policy,
+    SizeSource, Table,
+};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -19,19 +20,21 @@ pub struct Real {
     sizes: Vec<u64>,
     view: Vec<BackendView>,
     base: Instant,
+    setup: Setup,
 }
 
 impl Real {
-    /// Empty books over the setup's backends.
-    pub fn new(trace: &Trace, setup: &Setup) -> Self {
+    /// Empty books over the setup's backends, evicting by `policy`.
+    pub fn new(trace: &Trace, setup: &Setup, policy: EvictionPolicy) -> Self {
         let base = Instant::now();
-        let policy = Policy {
+        let order = EvictionOrder::new(policy, base);
+        let rules = Policy {
             min_churn_age: setup.min_churn_age,
             backoff: Duration::from_secs(5),
             backoff_max: Duration::from_secs(300),
         };
         Self {
-            table: Table::new(&setup.usable, policy, base),
+            table: Table::new(&setup.usable, rules, base).with_order(order),
             models: trace
                 .names
                 .iter()
@@ -47,7 +50,22 @@ impl Real {
                 setup.usable.len()
             ],
             base,
+            setup: setup.clone(),
         }
+    }
+
+    /// The models on each backend's books, sorted: what a test compares with the Tritons'
+    /// indexes after the same trace.
+    pub fn placed(&self) -> Vec<Vec<String>> {
+        self.table
+            .backends()
+            .iter()
+            .map(|books| {
+                let mut names: Vec<String> = books.copies.keys().cloned().collect();
+                names.sort();
+                names
+            })
+            .collect()
     }
 
     fn at(&self, now: Micros) -> Instant {
@@ -89,14 +107,45 @@ impl Placer for Real {
             }
             Decision::Refuse(GatewayError::Churn { .. }) => Step::Refuse(Refusal::Churn),
             Decision::Refuse(GatewayError::NoRoom { .. }) => Step::Refuse(Refusal::NoRoom),
+            Decision::Refuse(GatewayError::LoadFailed { .. }) => Step::Refuse(Refusal::LoadFailed),
             Decision::Refuse(_) => Step::Refuse(Refusal::Other),
         }
     }
 
-    fn finish_load(&mut self, backend: usize, model: u32, now: Micros) {
+    fn finish_load(&mut self, backend: usize, model: u32, ok: bool, now: Micros) {
         let now = self.at(now);
+        let name = &self.models[model as usize].name;
+        let outcome = if ok {
+            // As `run_load` does: the load's own time (the slot wait is not the model's cost).
+            let took = self.setup.load_time(self.sizes[model as usize]);
+            self.table
+                .learn_load_time(name, Duration::from_micros(took));
+            Ok(())
+        } else {
+            Err("load failed".into())
+        };
+        self.table.finish_load(backend, name, &outcome, now);
+    }
+
+    /// As `Placement::warm_up` places a `min_copies` model: a pinned copy, evicting if need
+    /// be, ready at once.
+    fn pin(&mut self, model: u32) -> Option<usize> {
+        let estimate = Estimate {
+            bytes: self.sizes[model as usize],
+            source: SizeSource::Config,
+        };
+        let now = self.at(0);
+        let model = &self.models[model as usize];
+        let decision = (self.table).decide(model, &estimate.into(), &self.view, true, true, now);
+        let Decision::Load(plan) = decision else {
+            return None;
+        };
+        for victim in &plan.evict {
+            self.table.departed(plan.backend, &victim.model, now);
+        }
         self.table
-            .finish_load(backend, &self.models[model as usize].name, &Ok(()), now);
+            .finish_load(plan.backend, &model.name, &Ok(()), now);
+        Some(plan.backend)
     }
 
     fn release(&mut self, backend: usize, model: u32, now: Micros) {
@@ -154,6 +203,8 @@ pub struct Baseline {
     next: Vec<u64>,
     /// Belady: each model's next request index (as of the last arrival).
     next_use: Vec<u64>,
+    /// Never filed as evictable.
+    pinned: Vec<bool>,
 }
 
 impl Baseline {
@@ -187,6 +238,7 @@ impl Baseline {
             filed: vec![None; n],
             next,
             next_use: vec![NEVER; n],
+            pinned: vec![false; n],
         }
     }
 
@@ -199,6 +251,9 @@ impl Baseline {
     }
 
     fn file(&mut self, backend: usize, model: u32) {
+        if self.pinned[model as usize] {
+            return;
+        }
         let priority = self.priority(model);
         self.evictable[backend].insert((priority, model));
         self.evictable_bytes[backend] += self.sizes[model as usize];
@@ -313,13 +368,33 @@ impl Placer for Baseline {
         }
     }
 
-    fn finish_load(&mut self, backend: usize, model: u32, now: Micros) {
+    fn finish_load(&mut self, backend: usize, model: u32, ok: bool, now: Micros) {
         let m = model as usize;
         self.loading[m] = false;
+        if !ok {
+            // Gone, and tried again by the next request that wants it: no backoff.
+            self.placed[m] = NOT_PLACED;
+            self.committed[backend] -= self.sizes[m];
+            return;
+        }
         self.last_used[m] = now;
         if self.copy_in_flight[m] == 0 {
             self.file(backend, model);
         }
+    }
+
+    fn pin(&mut self, model: u32) -> Option<usize> {
+        let m = model as usize;
+        let (backend, victims) = self.choose(self.sizes[m])?;
+        for &victim in &victims {
+            self.unfile(backend, victim);
+            self.placed[victim as usize] = NOT_PLACED;
+            self.committed[backend] -= self.sizes[victim as usize];
+        }
+        self.pinned[m] = true;
+        self.placed[m] = backend as u32;
+        self.committed[backend] += self.sizes[m];
+        Some(backend)
     }
 
     fn release(&mut self, backend: usize, model: u32, now: Micros) {

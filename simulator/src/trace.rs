@@ -5,7 +5,7 @@
 //! Sizes file: `model,bytes`, where bytes may be spelt like the config (`256MiB`). A model the
 //! sizes file does not name gets the default size.
 
-use crate::config::ByteSize;
+use infergate::internals::ByteSize;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -60,6 +60,16 @@ pub struct Workload {
     pub burst_size: usize,
     /// A burst's requests are spread uniformly over this long.
     pub burst_length: Duration,
+    /// One more model, `hot`, of this size, takes `hot_share` of the steady stream (no drift:
+    /// a large model that stays popular). Off at share 0.
+    pub hot_size: u64,
+    /// Share of the steady stream that goes to `hot` (0 to 1).
+    pub hot_share: f64,
+    /// A scan (a batch job touching every model once, in random order, at `scan_rate` a
+    /// second) starts this often; zero turns scans off.
+    pub scan_every: Duration,
+    /// Requests per second of a scan.
+    pub scan_rate: f64,
 }
 
 /// A small, fast, seedable generator: xoshiro256++ seeded through SplitMix64 (the same
@@ -133,17 +143,22 @@ pub fn generate(w: &Workload) -> Trace {
     );
     let n = w.models;
     let width = (n - 1).max(1).to_string().len();
-    let names = (0..n).map(|i| format!("m{i:0width$}")).collect();
+    let mut names: Vec<String> = (0..n).map(|i| format!("m{i:0width$}")).collect();
 
     // Sizes: log-normal around the median, clamped, rounded to whole MiB.
     let mut rng = Rng::new(w.seed ^ 0x5153_4553);
-    let sizes = (0..n)
+    let mut sizes: Vec<u64> = (0..n)
         .map(|_| {
             let bytes = w.size_median as f64 * (w.size_sigma * rng.normal()).exp();
             let bytes = bytes.clamp(w.size_min as f64, w.size_max as f64) as u64;
             (bytes >> 20).max(1) << 20
         })
         .collect();
+    let hot = (w.hot_share > 0.0).then(|| {
+        names.push("hot".into());
+        sizes.push(w.hot_size);
+        n as u32
+    });
 
     // Popularity: rank r has weight 1/(r+1)^s; which model holds a rank is a random
     // permutation, so popularity is independent of size and of the model's name.
@@ -162,6 +177,7 @@ pub fn generate(w: &Workload) -> Trace {
     // The steady stream: Poisson arrivals, each for a Zipf-drawn rank mapped through the
     // drifting permutation.
     let mut rng = Rng::new(w.seed ^ 0x5354_4541);
+    let mut hot_rng = Rng::new(w.seed ^ 0x484F_5421);
     let mut requests = Vec::with_capacity(w.requests + w.burst_size);
     let mut t = 0.0f64;
     for _ in 0..w.requests {
@@ -169,17 +185,42 @@ pub fn generate(w: &Workload) -> Trace {
         let u = rng.unit() * total;
         let rank = cdf.partition_point(|&c| c <= u).min(n - 1);
         let shift = ((t / 3600.0) * w.drift_per_hour) as usize % n;
-        let model = order[(rank + n - shift) % n];
+        let mut model = order[(rank + n - shift) % n];
+        if let Some(hot) = hot
+            && hot_rng.unit() < w.hot_share
+        {
+            model = hot;
+        }
         requests.push(Request {
             at_ms: (t * 1000.0) as u64,
             model,
         });
     }
 
-    // Bursts on top, over the same span; the merged stream is cut back to `requests`.
+    // Bursts and scans on top, over the same span; the merged stream is cut back to
+    // `requests`.
+    let end = t;
+    let mut extra = false;
+    if !w.scan_every.is_zero() && w.scan_rate > 0.0 {
+        let mut rng = Rng::new(w.seed ^ 0x5343_414E);
+        let mut at = w.scan_every.as_secs_f64();
+        while at < end {
+            let mut models: Vec<u32> = (0..n as u32).collect();
+            for i in (1..n).rev() {
+                models.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            for (i, model) in models.into_iter().enumerate() {
+                requests.push(Request {
+                    at_ms: ((at + i as f64 / w.scan_rate) * 1000.0) as u64,
+                    model,
+                });
+            }
+            at += w.scan_every.as_secs_f64();
+        }
+        extra = true;
+    }
     if !w.burst_every.is_zero() && w.burst_size > 0 {
         let mut rng = Rng::new(w.seed ^ 0x4255_5253);
-        let end = t;
         let mut at = rng.exponential(w.burst_every.as_secs_f64());
         while at < end {
             let model = rng.below(n as u64) as u32;
@@ -192,6 +233,9 @@ pub fn generate(w: &Workload) -> Trace {
             }
             at += rng.exponential(w.burst_every.as_secs_f64());
         }
+        extra = true;
+    }
+    if extra {
         requests.sort_by_key(|r| r.at_ms);
         requests.truncate(w.requests);
     }
@@ -305,6 +349,10 @@ mod tests {
             burst_every: Duration::from_secs(60),
             burst_size: 50,
             burst_length: Duration::from_secs(10),
+            hot_size: 0,
+            hot_share: 0.0,
+            scan_every: Duration::ZERO,
+            scan_rate: 50.0,
         }
     }
 
@@ -327,6 +375,37 @@ mod tests {
             counts[r.model as usize] += 1;
         }
         assert!(*counts.iter().max().unwrap() > 20_000 / 50);
+    }
+
+    #[test]
+    fn a_hot_model_and_scans_come_on_top_of_the_stream() {
+        let plain = generate(&workload(5));
+        let hot = generate(&Workload {
+            hot_size: 4 << 30,
+            hot_share: 0.25,
+            ..workload(5)
+        });
+        assert_eq!(hot.names.last().map(String::as_str), Some("hot"));
+        assert_eq!(hot.sizes.last(), Some(&(4 << 30)));
+        let share = hot.requests.iter().filter(|r| r.model == 500).count() as f64 / 20_000.0;
+        assert!((0.2..0.3).contains(&share), "{share}");
+        assert_eq!(plain.names.len(), 500, "no hot model unless asked for");
+        // A scan every 5 minutes of the ~17 minutes the stream lasts: each touches every
+        // model once, 50 a second.
+        let scanned = generate(&Workload {
+            scan_every: Duration::from_secs(300),
+            burst_every: Duration::ZERO,
+            ..workload(5)
+        });
+        assert_eq!(scanned.requests.len(), 20_000);
+        let first_scan: Vec<u32> = scanned
+            .requests
+            .iter()
+            .filter(|r| (300_000..310_000).contains(&r.at_ms))
+            .map(|r| r.model)
+            .collect();
+        let distinct: std::collections::HashSet<_> = first_scan.iter().collect();
+        assert!(distinct.len() >= 490, "{}", distinct.len());
     }
 
     #[test]
