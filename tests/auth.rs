@@ -239,9 +239,9 @@ targets = [{{ model = "sized_a", weight = 50 }}, {{ model = "sized_b", weight = 
         ec384 = keys.public("ec384").display(),
         ed = keys.public("ed").display(),
         jwks = jwks.display(),
-        ops = infergate::auth::hash_key(OPS_KEY),
-        acme = infergate::auth::hash_key(ACME_KEY),
-        slow = infergate::auth::hash_key(SLOW_KEY),
+        ops = infergate::hash_key(OPS_KEY),
+        acme = infergate::hash_key(ACME_KEY),
+        slow = infergate::hash_key(SLOW_KEY),
     )
 }
 
@@ -1043,7 +1043,7 @@ async fn keys_taken_out_of_the_config_stop_working_on_reload() {
         .replace(
             &format!(
                 "[[auth.api_keys]]\nname = \"acme-batch\"\ntenant = \"acme\"\nsha256 = \"{}\"\n",
-                infergate::auth::hash_key(ACME_KEY)
+                infergate::hash_key(ACME_KEY)
             ),
             "",
         );
@@ -1274,7 +1274,7 @@ name = "ops"
 sha256 = "{ops}"
 roles = ["admin"]
 "#,
-        ops = infergate::auth::hash_key(OPS_KEY),
+        ops = infergate::hash_key(OPS_KEY),
     ));
     let gateway = TestGateway::start_with_admin_key(&config, OPS_KEY).await;
     let good = claims(json!({}));

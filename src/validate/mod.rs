@@ -27,7 +27,7 @@ pub mod triton_order;
 
 pub use check::check;
 pub use datatype::DataType;
-pub use request::{InferRequest, InputTensor, Reason, Rejection, TensorData};
+pub use request::{InferRequest, InputTensor, Rejection, TensorData};
 pub use signature::{InputSpec, Signature, SignatureCache};
 
 use crate::error::GatewayError;

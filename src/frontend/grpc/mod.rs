@@ -203,17 +203,19 @@ impl InferenceService {
     }
 }
 
-/// A request to a backend: the client's metadata without hop headers, our request id, and a
-/// `grpc-timeout` when there is a time budget.
+/// A request to a backend: the client's metadata without hop headers, the request's id, the
+/// call's trace, and a `grpc-timeout` when there is a time budget.
 fn upstream_request<T>(
-    call: &Call,
+    (call, ctx): (&Call, &RequestCtx),
     mut metadata: MetadataMap,
     message: T,
     timeout: Option<Duration>,
 ) -> Request<T> {
     call::strip_reserved(&mut metadata);
     let mut request = Request::from_parts(metadata, Default::default(), message);
-    request.metadata_mut().insert("x-request-id", call.id());
+    if let Ok(id) = tonic::metadata::AsciiMetadataValue::try_from(ctx.id.as_bytes()) {
+        request.metadata_mut().insert("x-request-id", id);
+    }
     call.stamp_trace(request.metadata_mut());
     if let Some(timeout) = timeout {
         request.set_timeout(timeout);

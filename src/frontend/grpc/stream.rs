@@ -359,7 +359,7 @@ impl Relay<'_> {
             .deadline
             .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now()));
         let request = upstream_request(
-            self.call,
+            (self.call, &ctx),
             self.metadata.clone(),
             ReceiverStream::new(queue),
             timeout,

@@ -177,7 +177,7 @@ where
     ) -> Result<Response<Res>, GatewayError> {
         let timeout = ctx.budget(ctx.gateway.config().upstream.request_timeout.0);
         let request = upstream_request(
-            self.call,
+            (self.call, ctx),
             self.metadata.clone(),
             self.message.clone(),
             Some(timeout),
