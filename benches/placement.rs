@@ -41,6 +41,7 @@ fn view() -> Vec<BackendView> {
             ready: true,
             knows: true,
             in_flight: 0,
+            queued: 0,
         };
         BACKENDS
     ]

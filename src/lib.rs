@@ -285,6 +285,7 @@ pub async fn serve(
         tasks: tasks.clone(),
         shutdown: shutdown.clone(),
         after_check: Arc::new(move |backend| placement.reconcile(backend)),
+        read_queues: !gateway.config().placement.queue_max_age.0.is_zero(),
     };
     health.spawn_all(gateway.pool());
     let _ = gateway.inner.health.set(health);

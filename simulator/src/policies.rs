@@ -46,6 +46,7 @@ impl Real {
                     ready: true,
                     knows: true,
                     in_flight: 0,
+                    queued: 0,
                 };
                 setup.usable.len()
             ],

@@ -52,6 +52,14 @@ pub struct Placement {
     pub memory_metric: String,
     /// Which idle copy a backend gives up first when a load needs room.
     pub policy: EvictionPolicy,
+    /// How old a backend's queue reading (Triton's `nv_inference_pending_request_count`,
+    /// read from its `metrics` URL with each health check) may be and still steer a request
+    /// to the copy with the shorter queue; 0 turns queue readings off (copies are then chosen
+    /// by this gateway's own requests in flight alone).
+    pub queue_max_age: HumanDuration,
+    /// Requests waiting per copy in the backends' own queues (by fresh readings) above which
+    /// a model gets another copy, like `scale_up_rps`; 0 turns it off.
+    pub scale_up_queue: f64,
 }
 
 /// `placement.policy`: the order in which idle copies are evicted. Users pick the rule that
@@ -89,6 +97,8 @@ impl Default for Placement {
             load_failure_backoff_max: HumanDuration(Duration::from_secs(300)),
             memory_metric: "nv_gpu_memory_used_bytes".into(),
             policy: EvictionPolicy::Lru,
+            queue_max_age: HumanDuration(Duration::from_secs(5)),
+            scale_up_queue: 8.0,
             scale_up_rps: 50.0,
             max_copies: 2,
             scale_down_idle: HumanDuration(Duration::from_secs(300)),
@@ -161,11 +171,13 @@ impl Placement {
                 format!("{} is not a directory", repository.display()),
             );
         }
-        if !(self.scale_up_rps.is_finite() && self.scale_up_rps >= 0.0) {
-            error(
-                "placement.scale_up_rps".into(),
-                "must be 0 (off) or a positive number".into(),
-            );
+        for (key, value) in [
+            ("placement.scale_up_rps", self.scale_up_rps),
+            ("placement.scale_up_queue", self.scale_up_queue),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                error(key.into(), "must be 0 (off) or a positive number".into());
+            }
         }
         if self.max_copies == 0 {
             error("placement.max_copies".into(), "must be at least 1".into());

@@ -58,6 +58,11 @@ pub struct Placement {
     max_copies: HashMap<String, usize>,
     scaling: Scaling,
     memory_metric: String,
+    /// `placement.queue_max_age`: how old a backend's queue reading may be to count.
+    queue_max_age: Duration,
+    /// `placement.scale_up_queue`: requests waiting per copy above which a model gets
+    /// another copy (0: off).
+    scale_up_queue: f64,
     /// `placement.default_capacity` and `mem_buffer`, for backends a reload adds.
     sizes: (u64, u64),
     load_timeout: Duration,
@@ -146,6 +151,8 @@ impl Placement {
         Self {
             table: Mutex::new(table),
             memory_metric: policy.memory_metric.clone(),
+            queue_max_age: policy.queue_max_age.0,
+            scale_up_queue: policy.scale_up_queue,
             sizes,
             pool,
             estimator: Estimator::new(policy, &config.models),
@@ -197,6 +204,9 @@ impl Placement {
                 ready: backend.is_ready(),
                 knows: backend.index().knows(model),
                 in_flight: backend.in_flight(),
+                queued: backend
+                    .pending(model, self.queue_max_age)
+                    .map_or(0, |n| n as usize),
             })
             .collect()
     }
@@ -715,8 +725,10 @@ impl Placement {
     }
 
     /// Gives a model another copy when each copy served more than `scale_up_rps` since the
-    /// last round (free space only, up to `max_copies`), and unloads copies beyond a
-    /// model's first (or its `min_copies`) that have been idle for `scale_down_idle`.
+    /// last round, or when more than `scale_up_queue` requests wait per copy in the
+    /// backends' own queues (what other replicas send counts too); free space only, up to
+    /// `max_copies`. Unloads copies beyond a model's first (or its `min_copies`) that have
+    /// been idle for `scale_down_idle`.
     async fn rebalance(self: &Arc<Self>, last: &mut HashMap<String, u64>) {
         // Sequences idle past their timeout no longer hold their copies.
         self.books().expire_sequences(Instant::now());
@@ -731,13 +743,21 @@ impl Placement {
                 .get(model)
                 .copied()
                 .unwrap_or(self.scaling.max_copies);
-            if self.scaling.up_rps > 0.0 && rate > self.scaling.up_rps && *copies < max {
-                hot.push((model.clone(), rate));
+            let busy = self.scaling.up_rps > 0.0 && rate > self.scaling.up_rps;
+            let queued = self.queued(model) / *copies as f64;
+            let backed_up = self.scale_up_queue > 0.0 && queued > self.scale_up_queue;
+            if (busy || backed_up) && *copies < max {
+                hot.push((model.clone(), rate, queued));
             }
         }
         last.retain(|model, _| demand.contains_key(model));
-        for (model, rate) in hot {
-            tracing::info!(model, rps_per_copy = rate, "model is busy: adding a copy");
+        for (model, rate, queued) in hot {
+            tracing::info!(
+                model,
+                rps_per_copy = rate,
+                queued_per_copy = queued,
+                "model is busy: adding a copy"
+            );
             if !self.add_copy(&model, false).await {
                 tracing::debug!(model, "no backend has free space for another copy");
             }
@@ -749,6 +769,15 @@ impl Placement {
         for (b, model) in idle {
             self.unload_from(&[b], &model, "idle").await;
         }
+    }
+
+    /// Requests waiting for `model` in the backends' own queues, by their fresh readings.
+    fn queued(&self, model: &str) -> f64 {
+        let backends = self.pool.backends();
+        let waiting = backends
+            .iter()
+            .filter_map(|b| b.pending(model, self.queue_max_age));
+        waiting.sum::<u64>() as f64
     }
 
     /// Runs reconciliation on start and every `reconcile_interval` until `shutdown`: each

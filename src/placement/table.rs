@@ -39,6 +39,9 @@ pub struct BackendView {
     pub knows: bool,
     /// Requests in flight on the backend, for tie-breaking.
     pub in_flight: usize,
+    /// Requests waiting for the model in the backend's own queue, by its Triton's last fresh
+    /// reading (0 when unknown): what other replicas and direct clients have sent there.
+    pub queued: usize,
 }
 
 /// One copy of a model on one backend.
@@ -675,7 +678,11 @@ impl Table {
                 continue;
             }
             let copy = &self.backends[b].copies[&model.name];
-            let load = (if starting { copy.sequences } else { 0 }, copy.in_flight);
+            // This gateway's own requests, plus what waits there that it did not send.
+            let load = (
+                if starting { copy.sequences } else { 0 },
+                copy.in_flight + view[b].queued,
+            );
             if copy.serves(version) && best.is_none_or(|(_, n)| load < n) {
                 best = Some((b, load));
             }
@@ -1628,7 +1635,8 @@ mod tests {
             BackendView {
                 ready: true,
                 knows: true,
-                in_flight: 0
+                in_flight: 0,
+                queued: 0
             };
             n
         ]

@@ -26,6 +26,9 @@ pub struct HealthChecks {
     pub shutdown: CancellationToken,
     /// Runs after a check that found a backend not ready or brought it back, with its index.
     pub after_check: Arc<dyn Fn(usize) + Send + Sync>,
+    /// Whether each check of a ready backend with a `metrics` URL also reads its queues
+    /// (`placement.queue_max_age` above 0).
+    pub read_queues: bool,
 }
 
 impl HealthChecks {
@@ -54,10 +57,22 @@ impl HealthChecks {
                         if !backend.is_ready() || !was_ready {
                             (this.after_check)(i);
                         }
+                        if this.read_queues && backend.is_ready() {
+                            read_queues(&backend, this.timeout).await;
+                        }
                     }
                 }
             }
         });
+    }
+}
+
+/// Reads a backend's queue per model from its metrics; a backend without a metrics URL,
+/// or one that does not answer, keeps its last reading (which ages out).
+async fn read_queues(backend: &Backend, timeout: Duration) {
+    let started = tokio::time::Instant::now();
+    if let Some(Ok(text)) = TritonClient::new(backend, timeout).metrics_text().await {
+        backend.set_queues(super::Queues::parse(&text, started));
     }
 }
 

@@ -6,11 +6,13 @@ pub mod grpc;
 mod health;
 mod index;
 pub mod metrics_scrape;
+mod queues;
 mod triton;
 
 pub use client::{UpstreamClient, forward};
 pub use health::{HealthChecks, refresh_index};
 pub use index::{ModelEntry, ModelIndex};
+pub use queues::Queues;
 pub use triton::{TritonClient, TritonError, path_segment};
 
 use crate::config;
@@ -136,6 +138,8 @@ pub struct Backend {
     eject_after: u32,
     in_flight: AtomicUsize,
     index: ArcSwap<ModelIndex>,
+    /// Its Triton's queue per model at the last reading (`health`).
+    queues: arc_swap::ArcSwapOption<Queues>,
     /// Refreshes are numbered when they start; only a newer one may replace the index, so a
     /// slow poll that began before a load cannot overwrite what a refresh after it saw.
     index_requests: AtomicU64,
@@ -187,6 +191,7 @@ impl Backend {
             eject_after: upstream.eject_after_failures,
             in_flight: AtomicUsize::new(0),
             index: ArcSwap::from_pointee(ModelIndex::default()),
+            queues: arc_swap::ArcSwapOption::empty(),
             index_requests: AtomicU64::new(0),
             index_applied: Mutex::new(0),
             last_error: Mutex::new(None),
@@ -222,6 +227,20 @@ impl Backend {
     /// The models it reported at its last index refresh.
     pub fn index(&self) -> Arc<ModelIndex> {
         self.index.load_full()
+    }
+
+    /// Requests waiting for `model` in its Triton's queue, by the last reading when it is
+    /// younger than `max_age` (`None`: no reading to trust).
+    pub fn pending(&self, model: &str, max_age: std::time::Duration) -> Option<u64> {
+        let queues = self.queues.load();
+        queues
+            .as_ref()?
+            .pending(model, max_age, tokio::time::Instant::now())
+    }
+
+    /// Keeps a new reading of its queues.
+    pub fn set_queues(&self, queues: Queues) {
+        self.queues.store(Some(Arc::new(queues)));
     }
 
     /// Why it last failed, for the admin API.
