@@ -307,10 +307,11 @@ async fn hold_the_backend(gateway: &TestGateway, delay_ms: u64) -> tokio::task::
 /// seconds waits for it (`placement.room_wait`) instead of an immediate 503: it is placed
 /// as soon as that request lets go, and a second waiter is placed after the first, in the
 /// order they came. With a wait shorter than the copy stays busy, the answer is 503 with
-/// Retry-After once the wait is over, not before.
+/// Retry-After once the wait is over, not before. A gRPC deadline ends the wait sooner, and
+/// the request leaves the queue: it is never placed after its client has gone.
 #[tokio::test]
 async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
-    let t0 = empty_triton(false).await;
+    let t0 = empty_triton(true).await;
     let gateway = TestGateway::start(&one_at_a_time("roomwait", &t0, "15s")).await;
     let slow = hold_the_backend(&gateway, 2000).await;
     let started = Instant::now();
@@ -368,6 +369,43 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
         counter(&gateway, "infergate_placement_room_waits_total", "refused").await,
         1.0
     );
+    drop(gateway);
+
+    // A long wait, and a gRPC client whose deadline comes first.
+    let gateway = TestGateway::start(&one_at_a_time("roomgrpc", &t0, "15s")).await;
+    let slow = hold_the_backend(&gateway, 2500).await;
+    let loads_of_a = triton_load_calls(&t0, "sized_a");
+    // By hand, not with a gRPC client: the only timer is the grpc-timeout header, so what
+    // ends the wait is the gateway's.
+    let message = support::grpc::fp32_infer("sized_a", &[("INPUT0", [1.0, 2.0, 3.0, 4.0])]);
+    let asked = Instant::now();
+    let refused = support::grpc::raw_unary(
+        gateway.grpc,
+        "ModelInfer",
+        &message,
+        &[("grpc-timeout", "700m")],
+    )
+    .await;
+    assert_eq!(
+        refused.status, "4",
+        "DEADLINE_EXCEEDED: {}",
+        refused.message
+    );
+    let took = asked.elapsed();
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_millis(2000),
+        "{took:?}"
+    );
+    // The next waiter gets the room when slow_model lets go: the one that went is not placed.
+    let (status, _, body) = timed_infer(&gateway.url(), "sized_b").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(
+        triton_load_calls(&t0, "sized_a"),
+        loads_of_a,
+        "placed after its deadline"
+    );
+    assert_eq!(gateway.placed().await, [["sized_b"]]);
 }
 
 /// One inference on `model` at the gateway `url`: status, time taken, body (with the
