@@ -7,7 +7,8 @@
 //! Run: `cargo bench --bench auth`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use infergate::internals::{Auth, Config, Credentials, hash_key};
+use infergate::hash_key;
+use infergate::internals::{Auth, Config, Credentials};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use std::hint::black_box;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -21,6 +21,19 @@ pub struct BodyTooLarge {
     pub limit: u64,
 }
 
+/// The limit a body passed, when `BodyTooLarge` is anywhere in an error's chain (a read of a
+/// limited body, or a backend send that streamed one): the one place that digs it out.
+pub fn too_large(error: &(dyn std::error::Error + 'static)) -> Option<u64> {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if let Some(too_large) = e.downcast_ref::<BodyTooLarge>() {
+            return Some(too_large.limit);
+        }
+        source = e.source();
+    }
+    None
+}
+
 /// Wraps a body so that reading past `limit` bytes fails with `BodyTooLarge`.
 pub fn limited(body: Body, limit: u64) -> Body {
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
@@ -59,6 +72,12 @@ pub fn replayable(body: Body) -> (Body, Replay) {
 pub struct Replay(Arc<Mutex<Kept>>);
 
 impl Replay {
+    /// Whether the body was sent to its end and kept, so `take` will give it.
+    pub fn ready(&self) -> bool {
+        let kept = self.0.lock().expect("replay lock");
+        kept.sent && !kept.dropped
+    }
+
     /// The same bytes as a new body, when the first was sent to its end and kept.
     pub fn take(&self) -> Option<Body> {
         let mut kept = self.0.lock().expect("replay lock");
@@ -181,10 +200,8 @@ mod tests {
         ];
         let body = Body::from_stream(futures_util::stream::iter(chunks));
         let error = limited(body, 6).collect().await.unwrap_err();
-        let too_large = std::error::Error::source(&error)
-            .and_then(|e| e.downcast_ref::<BodyTooLarge>())
-            .expect("BodyTooLarge in the chain");
-        assert_eq!(too_large.limit, 6);
+        assert_eq!(too_large(&error), Some(6));
+        assert_eq!(too_large(&std::io::Error::other("unrelated")), None);
 
         let fits = limited(Body::from("0123"), 6).collect().await.unwrap();
         assert_eq!(fits.to_bytes(), "0123");

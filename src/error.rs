@@ -6,9 +6,9 @@
 //! carries the same message, so Triton clients show our messages exactly as they would show
 //! Triton's.
 
-use axum::response::{IntoResponse, Response};
-use http::{HeaderValue, StatusCode, header};
+use http::{HeaderValue, StatusCode};
 use std::time::Duration;
+use tonic::Code;
 
 /// Who caused a failure: decides the log level and the `source` metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +66,19 @@ pub enum GatewayError {
     /// The body exceeds `server.max_body_size`.
     #[error("request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: u64 },
+    /// A gRPC request message over `server.max_grpc_message_size`.
+    #[error(
+        "request message is larger than the limit of {limit} bytes (server.max_grpc_message_size)"
+    )]
+    MessageTooLarge { limit: u64 },
+    /// The client's deadline passed while the gateway was still working on the request.
+    #[error("deadline exceeded: the client's deadline of {}ms passed in the gateway", .after.as_millis())]
+    DeadlineExceeded { after: Duration },
+    /// A backend's own failure answer, passed through as the backend wrote it (as HTTP
+    /// passes Triton's error bodies through): the backend's code and message, not the
+    /// gateway's, so it is neither logged nor counted as the gateway's error.
+    #[error("{}", .0.message())]
+    Backend(tonic::Status),
     /// The request is malformed in a way the gateway can tell.
     #[error("{0}")]
     BadRequest(String),
@@ -164,14 +177,16 @@ fn version_suffix(version: &Option<String>) -> String {
 }
 
 impl GatewayError {
-    /// Who caused it.
-    pub fn source(&self) -> ErrorSource {
+    /// Who caused it: the log level and the `source` metric label.
+    pub fn origin(&self) -> ErrorSource {
         match self {
             Self::UnknownModel { .. }
             | Self::NotLoaded { .. }
             | Self::UnknownModelLoad { .. }
             | Self::UnknownVersion { .. }
             | Self::BodyTooLarge { .. }
+            | Self::MessageTooLarge { .. }
+            | Self::DeadlineExceeded { .. }
             | Self::BadRequest(_)
             | Self::InvalidInput { .. }
             | Self::NotFound { .. }
@@ -190,7 +205,8 @@ impl GatewayError {
             | Self::UpstreamUnreachable { .. }
             | Self::UpstreamTimeout { .. }
             | Self::UpstreamFailed { .. }
-            | Self::SequenceLost { .. } => ErrorSource::Upstream,
+            | Self::SequenceLost { .. }
+            | Self::Backend(_) => ErrorSource::Upstream,
             Self::ShuttingDown => ErrorSource::Gateway,
         }
     }
@@ -204,7 +220,8 @@ impl GatewayError {
             Self::NotLoaded { .. } => "model_not_loaded",
             Self::UnknownModelLoad { .. } => "unknown_model",
             Self::NoBackendReady => "no_backend",
-            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::BodyTooLarge { .. } | Self::MessageTooLarge { .. } => "body_too_large",
+            Self::DeadlineExceeded { .. } => "deadline_exceeded",
             Self::BadRequest(_) => "bad_request",
             Self::InvalidInput { .. } => "invalid_input",
             Self::NotFound { .. } => "not_found",
@@ -223,96 +240,88 @@ impl GatewayError {
             Self::Unauthenticated { .. } => "unauthenticated",
             Self::Forbidden { .. } => "forbidden",
             Self::RateLimited { .. } => "rate_limited",
+            Self::Backend(_) => "backend",
         }
     }
 
-    /// The HTTP status this failure is answered with.
-    pub fn http_status(&self) -> StatusCode {
+    /// The one table: the HTTP status and the gRPC code each failure is answered with, side
+    /// by side (Triton's own where Triton has the same failure). `http_status` and
+    /// `grpc_code` read it; nothing else maps a failure to a status.
+    pub fn classify(&self) -> (StatusCode, Code) {
+        use crate::pipeline::Ask;
         match self {
-            Self::BadRequest(_) | Self::InvalidInput { .. } => StatusCode::BAD_REQUEST,
+            Self::BadRequest(_) | Self::InvalidInput { .. } => {
+                (StatusCode::BAD_REQUEST, Code::InvalidArgument)
+            }
             // Triton answers an unknown model or version with 404 and this very message.
             Self::UnknownModel { .. } | Self::UnknownVersion { .. } | Self::NotFound { .. } => {
-                StatusCode::NOT_FOUND
+                (StatusCode::NOT_FOUND, Code::NotFound)
             }
             Self::NotLoaded { ask, version, .. } => match (ask, version) {
-                (crate::pipeline::Ask::Ready | crate::pipeline::Ask::Statistics, _) => {
-                    StatusCode::BAD_REQUEST
+                (Ask::Ready | Ask::Statistics, _) => {
+                    (StatusCode::BAD_REQUEST, Code::InvalidArgument)
                 }
-                (_, None) => StatusCode::NOT_FOUND,
-                (_, Some(_)) => StatusCode::SERVICE_UNAVAILABLE,
+                (_, None) => (StatusCode::NOT_FOUND, Code::NotFound),
+                (_, Some(_)) => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
             },
-            Self::UnknownModelLoad { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::UnknownModelLoad { .. } => (StatusCode::INTERNAL_SERVER_ERROR, Code::Internal),
+            Self::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, Code::Unimplemented),
             // gRPC's UNIMPLEMENTED, in HTTP: no retry will make it work.
-            Self::SharedMemoryUnsupported => StatusCode::NOT_IMPLEMENTED,
-            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::SharedMemoryUnsupported => (StatusCode::NOT_IMPLEMENTED, Code::Unimplemented),
+            // What a gRPC server says of a message over its limit.
+            Self::BodyTooLarge { .. } | Self::MessageTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, Code::ResourceExhausted)
+            }
+            // The pool's memory is spoken for: no retry soon will change that.
+            Self::NoRoom { .. } => (StatusCode::SERVICE_UNAVAILABLE, Code::ResourceExhausted),
             Self::ModelNotReady { .. }
             | Self::NoBackendReady
             | Self::RouteUnavailable { .. }
-            | Self::NoRoom { .. }
             | Self::Churn { .. }
             | Self::LoadFailed { .. }
-            | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            | Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
             Self::UpstreamUnreachable { .. } | Self::UpstreamFailed { .. } => {
-                StatusCode::BAD_GATEWAY
+                (StatusCode::BAD_GATEWAY, Code::Unavailable)
             }
-            Self::UpstreamTimeout { .. } | Self::LoadTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
-            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
-            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::UpstreamTimeout { .. } | Self::LoadTimeout { .. } => {
+                (StatusCode::GATEWAY_TIMEOUT, Code::DeadlineExceeded)
+            }
+            Self::DeadlineExceeded { .. } => (StatusCode::GATEWAY_TIMEOUT, Code::DeadlineExceeded),
+            Self::Unauthenticated { .. } => (StatusCode::UNAUTHORIZED, Code::Unauthenticated),
+            Self::Forbidden { .. } => (StatusCode::FORBIDDEN, Code::PermissionDenied),
+            Self::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, Code::ResourceExhausted),
             // gRPC's ABORTED in HTTP's words: retrying this request cannot work, the client
             // must start over one level up (a new sequence).
-            Self::SequenceLost { .. } => StatusCode::CONFLICT,
+            Self::SequenceLost { .. } => (StatusCode::CONFLICT, Code::Aborted),
+            Self::Backend(status) => (http_status_of(status.code()), status.code()),
         }
     }
 
+    /// The HTTP status this failure is answered with (`classify`).
+    pub fn http_status(&self) -> StatusCode {
+        self.classify().0
+    }
+
+    /// The gRPC status code this failure is answered with (`classify`).
+    pub fn grpc_code(&self) -> Code {
+        self.classify().1
+    }
+
+    /// Whether a route's guard counts this against the target that was chosen: a failure on
+    /// the server's side (5xx). The client's own deadline is not the target's failure.
+    pub fn fails_target(&self) -> bool {
+        self.origin() != ErrorSource::Client && self.http_status().is_server_error()
+    }
+
     /// Whether the answer tells the client when to retry (`Retry-After` on HTTP,
-    /// `retry-after` metadata on gRPC): every 503 and 429 but a model that is not loaded,
-    /// which no wait will change (Triton sends none either).
+    /// `retry-after` metadata on gRPC): every 503 and 429 the gateway answers itself but a
+    /// model that is not loaded, which no wait will change (Triton sends none either).
     pub fn retries_after(&self) -> bool {
-        !matches!(self, Self::NotLoaded { .. })
+        !matches!(self, Self::NotLoaded { .. } | Self::Backend(_))
             && matches!(
                 self.http_status(),
                 StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
             )
-    }
-}
-
-impl GatewayError {
-    /// The gRPC status code this failure is answered with: the same classification as
-    /// `http_status`, in gRPC's terms (Triton's own codes where Triton has the same failure).
-    pub fn grpc_code(&self) -> tonic::Code {
-        use tonic::Code;
-        match self {
-            Self::BadRequest(_) | Self::InvalidInput { .. } => Code::InvalidArgument,
-            Self::UnknownModel { .. } | Self::UnknownVersion { .. } | Self::NotFound { .. } => {
-                Code::NotFound
-            }
-            Self::NotLoaded { .. } => match self.http_status() {
-                StatusCode::BAD_REQUEST => Code::InvalidArgument,
-                StatusCode::NOT_FOUND => Code::NotFound,
-                _ => Code::Unavailable,
-            },
-            Self::UnknownModelLoad { .. } => Code::Internal,
-            Self::MethodNotAllowed { .. } | Self::SharedMemoryUnsupported => Code::Unimplemented,
-            // What a gRPC server says of a message over its limit.
-            Self::BodyTooLarge { .. } => Code::ResourceExhausted,
-            // The pool's memory is spoken for: no retry soon will change that.
-            Self::NoRoom { .. } => Code::ResourceExhausted,
-            Self::ModelNotReady { .. }
-            | Self::NoBackendReady
-            | Self::RouteUnavailable { .. }
-            | Self::Churn { .. }
-            | Self::LoadFailed { .. }
-            | Self::ShuttingDown
-            | Self::UpstreamUnreachable { .. }
-            | Self::UpstreamFailed { .. } => Code::Unavailable,
-            Self::UpstreamTimeout { .. } | Self::LoadTimeout { .. } => Code::DeadlineExceeded,
-            Self::Unauthenticated { .. } => Code::Unauthenticated,
-            Self::Forbidden { .. } => Code::PermissionDenied,
-            Self::RateLimited { .. } => Code::ResourceExhausted,
-            Self::SequenceLost { .. } => Code::Aborted,
-        }
     }
 
     /// Seconds a client should wait before retrying a 503.
@@ -324,6 +333,79 @@ impl GatewayError {
             _ => 1,
         }
     }
+
+    /// What the log line and the error counter say of a failure the gateway answered
+    /// itself; `None` for a backend's own answer passed through, which is the backend's.
+    pub fn report(&self) -> Option<ErrorKind> {
+        if let Self::Backend(_) = self {
+            return None;
+        }
+        Some(ErrorKind {
+            kind: self.kind(),
+            source: self.origin(),
+            message: self.to_string(),
+        })
+    }
+
+    /// A backend's error answer over HTTP (`{"error": "..."}` with its status), passed
+    /// through to a gRPC client as the status Triton's gRPC server gives the same failure.
+    pub fn from_backend_http(status: StatusCode, body: &[u8]) -> Self {
+        let message = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+        Self::Backend(tonic::Status::new(grpc_code_of(status), message))
+    }
+}
+
+/// Triton's HTTP status for a gRPC code, as the gRPC specification maps them: what the
+/// status class of a gRPC answer is counted as, so one `status=~"5.."` alert covers both
+/// protocols.
+pub fn http_status_of(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::Cancelled => StatusCode::from_u16(499).expect("valid status"),
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The gRPC code Triton's gRPC server gives a failure its HTTP server answers with `status`.
+fn grpc_code_of(status: StatusCode) -> Code {
+    match status {
+        StatusCode::BAD_REQUEST => Code::InvalidArgument,
+        StatusCode::NOT_FOUND => Code::NotFound,
+        StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
+        StatusCode::GATEWAY_TIMEOUT => Code::DeadlineExceeded,
+        _ => Code::Internal,
+    }
+}
+
+/// The status class label (`2xx`...) of an HTTP status: the `status` label of the request
+/// metrics, and what route guards count (a 5xx is a failure of the target).
+pub fn status_class(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// The status class of a gRPC code (through `http_status_of`).
+pub fn grpc_status_class(code: Code) -> &'static str {
+    status_class(http_status_of(code))
 }
 
 /// RFC 6750's challenge for a refused bearer credential; the description is the reason
@@ -346,54 +428,13 @@ pub fn error_body(message: &str) -> String {
     serde_json::json!({ "error": message }).to_string()
 }
 
-impl IntoResponse for GatewayError {
-    fn into_response(self) -> Response {
-        let status = self.http_status();
-        let message = self.to_string();
-        let mut response = (status, error_body(&message)).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if self.retries_after() {
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(self.retry_after_secs()),
-            );
-        }
-        if let Self::Unauthenticated { reason } = &self {
-            headers.insert(header::WWW_AUTHENTICATE, www_authenticate(reason));
-        }
-        response.extensions_mut().insert(ErrorKind {
-            kind: self.kind(),
-            source: self.source(),
-            message,
-        });
-        response
-    }
-}
-
-/// The gRPC status: the same message as on HTTP, and `retry-after` metadata where HTTP sends
-/// a `Retry-After` header.
-impl From<GatewayError> for tonic::Status {
-    fn from(error: GatewayError) -> Self {
-        let mut status = tonic::Status::new(error.grpc_code(), error.to_string());
-        if error.retries_after() {
-            status
-                .metadata_mut()
-                .insert("retry-after", error.retry_after_secs().into());
-        }
-        status
-    }
-}
-
-/// Left on an error response so the edge middleware can count and log it once.
+/// What `finish` counts and logs of a failure the gateway answered itself (on HTTP it rides
+/// on the error response to the edge).
 #[derive(Clone, Debug)]
 pub struct ErrorKind {
     /// `GatewayError::kind`.
     pub kind: &'static str,
-    /// `GatewayError::source`.
+    /// `GatewayError::origin`.
     pub source: ErrorSource,
     /// The message the client was sent (never a payload or a credential).
     pub message: String,
@@ -561,6 +602,32 @@ mod tests {
             ),
             (GatewayError::ShuttingDown, 503, Unavailable, Gateway),
             (
+                GatewayError::MessageTooLarge { limit: 1 },
+                413,
+                ResourceExhausted,
+                Client,
+            ),
+            (
+                GatewayError::DeadlineExceeded {
+                    after: Duration::from_millis(300),
+                },
+                504,
+                DeadlineExceeded,
+                Client,
+            ),
+            (
+                GatewayError::Backend(tonic::Status::invalid_argument("bad shape")),
+                400,
+                InvalidArgument,
+                Upstream,
+            ),
+            (
+                GatewayError::Backend(tonic::Status::unavailable("gone")),
+                503,
+                Unavailable,
+                Upstream,
+            ),
+            (
                 GatewayError::Unauthenticated {
                     reason: "token expired".into(),
                 },
@@ -589,15 +656,18 @@ mod tests {
         for (error, status, code, source) in table {
             assert_eq!(error.http_status().as_u16(), status, "{error:?}");
             assert_eq!(error.grpc_code(), code, "{error:?}");
-            assert_eq!(error.source(), source, "{error:?}");
-            let message = error.to_string();
-            let answered = tonic::Status::from(error);
-            assert_eq!(answered.code(), code, "{message}");
-            assert_eq!(answered.message(), message);
+            assert_eq!(error.origin(), source, "{error:?}");
+            let passed_through = matches!(error, GatewayError::Backend(_));
             assert_eq!(
-                answered.metadata().get("retry-after").is_some(),
-                status == 503 || status == 429,
-                "{message}"
+                error.retries_after(),
+                (status == 503 || status == 429) && !passed_through,
+                "{error:?}"
+            );
+            assert_eq!(error.report().is_none(), passed_through, "{error:?}");
+            assert_eq!(
+                error.fails_target(),
+                status >= 500 && source != Client,
+                "{error:?}"
             );
         }
     }
@@ -647,26 +717,47 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_credential_is_challenged_without_echoing_it() {
-        let response = GatewayError::Unauthenticated {
-            reason: "token expired".into(),
-        }
-        .into_response();
-        assert_eq!(response.status(), 401);
-        assert_eq!(
-            response.headers()[header::WWW_AUTHENTICATE],
-            "Bearer realm=\"infergate\", error=\"invalid_token\", error_description=\"token expired\""
-        );
-        let response = GatewayError::RateLimited {
-            message: "tenant 'a' is over its limit".into(),
-            retry_after: Duration::from_millis(1500),
-        }
-        .into_response();
-        assert_eq!(response.status(), 429);
-        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+    fn a_challenge_never_breaks_its_quoted_string() {
         assert_eq!(
             www_authenticate("a \"quoted\"\nline"),
             "Bearer realm=\"infergate\", error=\"invalid_token\", error_description=\"a quotedline\""
+        );
+    }
+
+    /// Every gRPC code has the status class of the HTTP status the gRPC specification maps
+    /// it to, and a backend's HTTP refusal reaches gRPC clients with Triton's own code.
+    #[test]
+    fn codes_and_statuses_meet_in_one_table() {
+        use tonic::Code::*;
+        for (code, class) in [
+            (Ok, "2xx"),
+            (Cancelled, "4xx"),
+            (InvalidArgument, "4xx"),
+            (NotFound, "4xx"),
+            (AlreadyExists, "4xx"),
+            (PermissionDenied, "4xx"),
+            (ResourceExhausted, "4xx"),
+            (FailedPrecondition, "4xx"),
+            (Aborted, "4xx"),
+            (OutOfRange, "4xx"),
+            (Unauthenticated, "4xx"),
+            (Unknown, "5xx"),
+            (DeadlineExceeded, "5xx"),
+            (Unimplemented, "5xx"),
+            (Internal, "5xx"),
+            (Unavailable, "5xx"),
+            (DataLoss, "5xx"),
+        ] {
+            assert_eq!(grpc_status_class(code), class, "{code:?}");
+        }
+        let refused =
+            GatewayError::from_backend_http(StatusCode::BAD_REQUEST, br#"{"error":"bad index"}"#);
+        assert_eq!(refused.grpc_code(), InvalidArgument);
+        assert_eq!(refused.to_string(), "bad index");
+        let refused = GatewayError::from_backend_http(StatusCode::BAD_GATEWAY, b"oops");
+        assert_eq!(
+            (refused.grpc_code(), refused.to_string()),
+            (Internal, "oops".into())
         );
     }
 

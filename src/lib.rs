@@ -4,38 +4,45 @@
 //! the caller bound (so tests can bind port 0) until shutdown, then drains.
 #![forbid(unsafe_code)]
 
-pub mod auth;
-pub mod body;
+mod auth;
+mod body;
 pub mod config;
-pub mod error;
-pub mod frontend;
-pub mod pipeline;
-pub mod placement;
+mod error;
+mod frontend;
+mod pipeline;
+mod placement;
 pub mod protocol;
-pub mod reload;
-pub mod routing;
-pub mod telemetry;
-pub mod tls;
-pub mod trace;
-pub mod upstream;
-pub mod validate;
+mod reload;
+mod routing;
+mod telemetry;
+mod tls;
+mod trace;
+mod upstream;
+mod validate;
+
+pub use auth::hash_key;
+pub use telemetry::{LogFormat, flush_logs, init_logging};
 
 /// Gateway internals for this workspace's own tools, and for nothing else: the placement
 /// simulator (`simulator/`, the `infergate-simulate` binary) replays traces against the real
-/// placement table, and the criterion benches (`benches/`) time the hot paths. One facade, so
+/// placement table, the criterion benches (`benches/`) time the hot paths, `infergate check`
+/// builds what a config names, and the integration tests reach a few parts directly. One facade, so
 /// what they reach is listed in one place; no stability promise, hidden from the docs.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::auth::{Auth, Credentials, hash_key};
+    pub use crate::auth::{Auth, Credentials};
     pub use crate::config::{ByteSize, Config, EvictionPolicy, HumanDuration};
     pub use crate::error::GatewayError;
     pub use crate::pipeline::{Caller, ModelRef, PIN_HEADER, RouteTable};
     pub use crate::placement::estimate::{Estimate, SizeSource};
     pub use crate::placement::policy::EvictionOrder;
     pub use crate::placement::table::{BackendView, Decision, Policy, Table};
+    pub use crate::tls::{ServerTls, certificate_identity};
     pub use crate::trace::{RequestTrace, TRACEPARENT};
+    pub use crate::upstream::{Backend, Pool};
     pub use crate::validate::http::{BodyView, Parsed, parse};
     pub use crate::validate::{DataType, InputSpec, Signature, check};
+    pub use crate::validate::{SignatureCache, json};
 }
 
 use config::Config;
@@ -111,7 +118,8 @@ impl Gateway {
         })
     }
 
-    /// The running config.
+    /// The config the gateway started with: listeners, upstream and placement settings,
+    /// which a reload does not change. What a reload changes (routes, auth) is in `live`.
     pub fn config(&self) -> &Config {
         &self.inner.config
     }

@@ -2,8 +2,8 @@
 //! placement simulator is a binary of its own, `infergate-simulate`, in `simulator/`.)
 
 use clap::{Parser, Subcommand};
+use infergate::LogFormat;
 use infergate::config::Config;
-use infergate::telemetry::{self, LogFormat};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
@@ -51,7 +51,7 @@ fn main() -> ExitCode {
         Command::HashKey { key } => hash_key(key),
         Command::Run => {
             let code = run(&cli.config, cli.log_format);
-            telemetry::flush_logs();
+            infergate::flush_logs();
             code
         }
     }
@@ -73,7 +73,7 @@ fn hash_key(key: Option<String>) -> ExitCode {
         eprintln!("hash-key: the key is empty");
         return ExitCode::FAILURE;
     }
-    println!("{}", infergate::auth::hash_key(&key));
+    println!("{}", infergate::hash_key(&key));
     ExitCode::SUCCESS
 }
 
@@ -81,7 +81,7 @@ fn check(path: &std::path::Path) -> ExitCode {
     // Certificate files, key files, secrets and JWKS files are read too: a gateway that
     // would not start fails the check.
     let checked = Config::load(path).and_then(check_files).and_then(|config| {
-        infergate::auth::Auth::new(&config.auth)
+        infergate::internals::Auth::new(&config.auth)
             .map(|_| config)
             .map_err(infergate::config::ConfigErrors)
     });
@@ -107,12 +107,12 @@ fn check(path: &std::path::Path) -> ExitCode {
 fn check_files(config: Config) -> Result<Config, infergate::config::ConfigErrors> {
     let mut errors = Vec::new();
     if let Some(tls) = &config.listen.tls
-        && let Err(error) = infergate::tls::ServerTls::new(tls)
+        && let Err(error) = infergate::internals::ServerTls::new(tls)
     {
         errors.push(error);
     }
     for (i, backend) in config.backends.iter().enumerate() {
-        if let Err(message) = infergate::upstream::Pool::build(backend, &config) {
+        if let Err(message) = infergate::internals::Pool::build(backend, &config) {
             let key = if backend.tls_ca.is_some() {
                 format!("backends[{i}].tls_ca")
             } else {
@@ -142,7 +142,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn run(path: &std::path::Path, log_format: LogFormat) -> ExitCode {
-    telemetry::init_logging(log_format);
+    infergate::init_logging(log_format);
     let gateway = match infergate::Gateway::from_file(path) {
         Ok(gateway) => gateway,
         Err(errors) => {

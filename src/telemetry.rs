@@ -26,9 +26,10 @@ pub const VALIDATION_REJECTIONS: &str = "infergate_validation_rejections_total";
 pub const PLACEMENT_COLD_MISSES: &str = "infergate_placement_cold_misses_total";
 /// How long cold requests waited for their model to load.
 pub const PLACEMENT_COLD_WAIT: &str = "infergate_placement_cold_wait_seconds";
-/// Loads by backend, reason (`new`, `version`, `reload`) and result.
+/// Loads by backend, reason (`new`, `version`, `reload`, `retire`) and result.
 pub const PLACEMENT_LOADS: &str = "infergate_placement_loads_total";
-/// Unloads by backend, reason (evict, request, abandon) and result.
+/// Unloads by backend, reason (`evict`, `idle`, `request`, `drain`, `abandon`, `unrouted`)
+/// and result.
 pub const PLACEMENT_UNLOADS: &str = "infergate_placement_unloads_total";
 /// How long loads took.
 pub const PLACEMENT_LOAD_DURATION: &str = "infergate_placement_load_duration_seconds";

@@ -9,7 +9,7 @@
 //! two random ids and one header.
 
 use crate::error::ErrorKind;
-use crate::frontend::Served;
+use crate::pipeline::Served;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
@@ -124,13 +124,7 @@ impl RequestTrace {
     }
 
     /// Ends a gRPC call's span (when recorded): `inference.GRPCInferenceService/ModelInfer`.
-    pub fn finish_grpc(
-        self,
-        rpc: &'static str,
-        code: tonic::Code,
-        served: &Served,
-        error: Option<&ErrorKind>,
-    ) {
+    pub fn finish_grpc(self, rpc: &str, code: i32, served: &Served, error: Option<&ErrorKind>) {
         if self.span.is_none() {
             return;
         }
@@ -138,10 +132,10 @@ impl RequestTrace {
         let attributes = [
             KeyValue::new("rpc.system", "grpc"),
             KeyValue::new("rpc.service", SERVICE),
-            KeyValue::new("rpc.method", rpc),
-            KeyValue::new("rpc.grpc.status_code", code as i64),
+            KeyValue::new("rpc.method", rpc.to_owned()),
+            KeyValue::new("rpc.grpc.status_code", i64::from(code)),
         ];
-        let server_error = crate::frontend::grpc_status_class(code) == "5xx";
+        let server_error = crate::error::grpc_status_class(tonic::Code::from_i32(code)) == "5xx";
         self.finish(
             format!("{SERVICE}/{rpc}"),
             attributes,

@@ -239,9 +239,9 @@ targets = [{{ model = "sized_a", weight = 50 }}, {{ model = "sized_b", weight = 
         ec384 = keys.public("ec384").display(),
         ed = keys.public("ed").display(),
         jwks = jwks.display(),
-        ops = infergate::auth::hash_key(OPS_KEY),
-        acme = infergate::auth::hash_key(ACME_KEY),
-        slow = infergate::auth::hash_key(SLOW_KEY),
+        ops = infergate::hash_key(OPS_KEY),
+        acme = infergate::hash_key(ACME_KEY),
+        slow = infergate::hash_key(SLOW_KEY),
     )
 }
 
@@ -1043,7 +1043,7 @@ async fn keys_taken_out_of_the_config_stop_working_on_reload() {
         .replace(
             &format!(
                 "[[auth.api_keys]]\nname = \"acme-batch\"\ntenant = \"acme\"\nsha256 = \"{}\"\n",
-                infergate::auth::hash_key(ACME_KEY)
+                infergate::hash_key(ACME_KEY)
             ),
             "",
         );
@@ -1274,7 +1274,7 @@ name = "ops"
 sha256 = "{ops}"
 roles = ["admin"]
 "#,
-        ops = infergate::auth::hash_key(OPS_KEY),
+        ops = infergate::hash_key(OPS_KEY),
     ));
     let gateway = TestGateway::start_with_admin_key(&config, OPS_KEY).await;
     let good = claims(json!({}));
@@ -1464,4 +1464,135 @@ async fn streams_and_grpc_repository_calls_are_authorized() {
         "the slot came back with the answer: {message}"
     );
     drop(requests);
+}
+
+/// A stand-in JWKS endpoint that answers its first fetch (the gateway's at start) at once,
+/// with no keys, and holds every later fetch until `release`, then answers with `jwks`.
+/// `asked` fires when a held fetch has come in.
+async fn held_jwks(
+    jwks: String,
+) -> (
+    String,
+    std::sync::Arc<tokio::sync::Notify>,
+    std::sync::Arc<tokio::sync::Notify>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+    let (asked, release) = (
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+    );
+    let (asked_here, release_here) = (asked.clone(), release.clone());
+    tokio::spawn(async move {
+        let released = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for fetch in 0.. {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut byte).await.unwrap();
+                head.extend_from_slice(&byte[..n]);
+            }
+            let body = if fetch == 0 {
+                r#"{"keys":[]}"#.to_string()
+            } else {
+                if !released.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    asked_here.notify_one();
+                    release_here.notified().await;
+                }
+                jwks.clone()
+            };
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            socket.write_all(answer.as_bytes()).await.unwrap();
+        }
+    });
+    (url, asked, release)
+}
+
+/// The config snapshot is taken once per request, at the edge. A request whose token names
+/// a key the gateway must fetch first waits inside authentication; a reload that lands then
+/// (the route now sends its traffic elsewhere) does not reach that request: it is routed by
+/// the config it was authenticated with, and the next request by the new one.
+#[tokio::test]
+async fn a_reload_between_authentication_and_routing_cannot_mix_two_configs() {
+    set_secret();
+    let keys = Keys::generate();
+    let jwks_file = keys.dir.path().join("jwks.json");
+    std::fs::write(&jwks_file, keys.jwks(&["j1"])).unwrap();
+    let (url, asked, release) = held_jwks(keys.jwks(&["j2"])).await;
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let config = |target: &str| {
+        let mut text = support::gateway::pool_config("snapshot", &[&triton], "1GiB", "", "");
+        text.push_str(&auth_config(
+            &keys,
+            &jwks_file,
+            &format!(
+                "[[routes]]\nmodel = \"add_sub_r\"\ntargets = [{{ model = \"{target}\", weight = 1 }}]\n\
+                 [[auth.jwt_keys]]\njwks_url = \"{url}\"\n"
+            ),
+        ));
+        text
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, config("sized_a")).unwrap();
+    let gateway = TestGateway::start_from_file_with_admin_key(&path, OPS_KEY).await;
+    let token = sign(
+        Algorithm::ES256,
+        Some("j2"),
+        &keys.encoding("j2"),
+        &claims(json!({})),
+    );
+    let infer = |token: String| {
+        let url = format!("{}/v2/models/add_sub_r/infer", gateway.url());
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .header("authorization", bearer(&token))
+                .json(&json!({"inputs": [
+                    {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}
+                ]}))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let target = response
+                .headers()
+                .get("infergate-target")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (status, target, response.text().await.unwrap())
+        }
+    };
+    let held = tokio::spawn(infer(token.clone()));
+    tokio::time::timeout(Duration::from_secs(20), asked.notified())
+        .await
+        .expect("the request asks for its key");
+
+    std::fs::write(&path, config("sized_b")).unwrap();
+    let reloaded = reqwest::Client::new()
+        .post(format!("http://{}/admin/reload", gateway.admin))
+        .header("x-api-key", OPS_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reloaded.status(), 200, "{}", reloaded.text().await.unwrap());
+    release.notify_one();
+
+    let (status, target, body) = held.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        target.as_deref(),
+        Some("sized_a"),
+        "routed by the config it was authenticated with: {body}"
+    );
+    let (status, target, body) = infer(token).await;
+    assert_eq!(
+        (status, target.as_deref()),
+        (200, Some("sized_b")),
+        "{body}"
+    );
 }

@@ -342,7 +342,7 @@ tenant = "globex"
 sha256 = "{hash}"
 "#,
         triton = triton.http_url(),
-        hash = infergate::auth::hash_key(API_KEY),
+        hash = infergate::hash_key(API_KEY),
     );
     let gateway = Running::start(&config, &[("INFERGATE_CLI_SECRET", SECRET)]).await;
     let now = std::time::SystemTime::now()

@@ -613,7 +613,7 @@ async fn the_gateway_honours_the_clients_deadline_and_passes_it_on() {
          [[auth.api_keys]]\nname = \"ops\"\ntenant = \"everyone\"\nsha256 = \"{}\"\nroles = [\"admin\"]\n\
          [[auth.tenants]]\nname = \"everyone\"\nmodels = [\"*\"]\n\
          [[routes]]\nmodel = \"deadline_route\"\ntargets = [{{ model = \"slow_model\", weight = 1 }}]\n",
-        infergate::auth::hash_key(KEY)
+        infergate::hash_key(KEY)
     ));
     let gateway = TestGateway::start_with_admin_key(&config, KEY).await;
     // The metrics are the process's, and other tests here run out of their deadlines on

@@ -230,6 +230,67 @@ guard = { max_error_rate = 0.2, window = "30s", min_requests = 10 }
     );
 }
 
+/// A route's guard counts what comes back on a gRPC stream too: each request on the stream
+/// is routed by itself, the canary's failed answers (`error_message`) trip the guard, and
+/// the stream's later requests go to the stable target.
+#[tokio::test]
+async fn a_streams_failures_reach_the_canary_guard() {
+    use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = r#"
+[[routes]]
+model = "guarded"
+targets = [{ model = "sized_a", weight = 50 }, { model = "error_model", weight = 50 }]
+guard = { max_error_rate = 0.2, window = "30s", min_requests = 10 }
+"#;
+    let gateway = TestGateway::start(&routes_config("streamguard", &[&triton], routes)).await;
+    let mut client = GrpcInferenceServiceClient::connect(gateway.grpc_url())
+        .await
+        .unwrap();
+    let (requests, queue) = tokio::sync::mpsc::channel(1);
+    let mut answers = client
+        .model_stream_infer(tokio_stream::wrappers::ReceiverStream::new(queue))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut served = Vec::new();
+    for i in 0..120 {
+        let mut request = support::grpc::fp32_infer("guarded", &[("INPUT0", [1.0, 2.0, 3.0, 4.0])]);
+        request.id = format!("r{i}");
+        requests.send(request).await.unwrap();
+        let answer = answers
+            .message()
+            .await
+            .unwrap()
+            .expect("an answer per request");
+        let model = answer
+            .infer_response
+            .map(|r| r.model_name)
+            .unwrap_or_default();
+        served.push((answer.error_message, model));
+    }
+    drop(requests);
+    let failed: Vec<_> = served
+        .iter()
+        .filter(|(error, _)| !error.is_empty())
+        .collect();
+    assert_eq!(failed.len(), 10, "{failed:?}");
+    assert!(failed[0].0.contains("injected failure"), "{failed:?}");
+    let last = served
+        .iter()
+        .rposition(|(error, _)| !error.is_empty())
+        .unwrap();
+    assert!(
+        served[last + 1..]
+            .iter()
+            .all(|(_, model)| model == "sized_a"),
+        "after the trip every request on the stream goes to the stable target"
+    );
+    let view = admin_routes(&gateway).await;
+    assert_eq!(view[0]["targets"][1]["current_weight"], 0, "{view}");
+    assert_eq!(view[0]["trips"][0]["reason"], "error_rate", "{view}");
+}
+
 #[tokio::test]
 async fn a_mirror_gets_copies_and_the_client_only_sees_the_primary() {
     let triton = Triton::start(TritonOptions::default()).await.unwrap();

@@ -196,7 +196,7 @@ fn served_certificate(response: &reqwest::Response) -> String {
         .get::<reqwest::tls::TlsInfo>()
         .expect("TLS info");
     let der = info.peer_certificate().expect("server certificate");
-    infergate::tls::certificate_identity(der, ClientIdentity::Cn).unwrap()
+    infergate::internals::certificate_identity(der, ClientIdentity::Cn).unwrap()
 }
 
 /// A rustls client config trusting the test CA, with an optional client certificate.
@@ -714,7 +714,7 @@ async fn a_client_certificate_names_the_tenant_when_auth_is_on() {
             &pki,
             &format!("client_ca = \"{}\"", pki.path("ca.pem").display()),
         ),
-        infergate::auth::hash_key("ops-key"),
+        infergate::hash_key("ops-key"),
     );
     let gateway = start(&config, admin).await;
 

@@ -14,9 +14,9 @@ mod support;
 
 use axum::body::Bytes;
 use infergate::config::{Config, Validation};
-use infergate::pipeline::ModelRef;
-use infergate::upstream::Backend;
-use infergate::validate::SignatureCache;
+use infergate::internals::Backend;
+use infergate::internals::ModelRef;
+use infergate::internals::SignatureCache;
 use reformat::{Style, reformat, styles};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -1017,14 +1017,14 @@ fn safe_for_triton(case: &Case) -> bool {
         .and_then(|l| l.trim().parse::<usize>().ok())
         .unwrap_or(case.body.len())
         .min(case.body.len());
-    let Ok(doc) = infergate::validate::json::parse_request(&case.body[..length]) else {
+    let Ok(doc) = infergate::internals::json::parse_request(&case.body[..length]) else {
         return true;
     };
     let Some(inputs) = doc.find("inputs").and_then(|i| i.elements()) else {
         return true;
     };
     inputs.iter().all(|input| match input.find("shape") {
-        Some(infergate::validate::json::Value::Shape(shape)) => {
+        Some(infergate::internals::json::Value::Shape(shape)) => {
             shape.too_long
                 || shape
                     .dims

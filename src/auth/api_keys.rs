@@ -67,11 +67,6 @@ impl ApiKeys {
         bucket.push((digest, identity));
     }
 
-    /// Whether any key is configured.
-    pub fn is_empty(&self) -> bool {
-        self.by_prefix.is_empty()
-    }
-
     /// The identity of a presented key, if it is one of ours.
     pub fn find(&self, key: &[u8]) -> Option<&Arc<Identity>> {
         let presented = digest(key);

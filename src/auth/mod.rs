@@ -107,8 +107,8 @@ pub struct Admission {
 }
 
 /// How a refused admission is counted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Decision {
     /// Let through.
     Allowed,
     /// No valid credential.
@@ -121,7 +121,7 @@ pub enum Outcome {
     ConcurrencyLimited,
 }
 
-impl Outcome {
+impl Decision {
     /// Label value for `infergate_auth_decisions_total`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -254,11 +254,6 @@ impl Auth {
         self.mode == AuthMode::Required
     }
 
-    /// The admin role's name, for messages.
-    pub fn admin_role(&self) -> &str {
-        &self.admin_role
-    }
-
     /// How often JWKS sources are read again.
     pub fn refresh_interval(&self) -> Duration {
         self.refresh_interval
@@ -377,12 +372,12 @@ impl Auth {
         &self,
         identity: &Identity,
         access: Access<'_>,
-    ) -> Result<Admission, (Outcome, GatewayError)> {
+    ) -> Result<Admission, (Decision, GatewayError)> {
         let policy = self.tenants.get(&identity.tenant);
         match access {
             Access::Admin(what) if !identity.admin => {
                 return Err((
-                    Outcome::Forbidden,
+                    Decision::Forbidden,
                     GatewayError::Forbidden {
                         message: format!(
                             "tenant '{}' may not use {what}: it needs the '{}' role",
@@ -399,7 +394,7 @@ impl Auth {
                     .unwrap_or(&self.default_models);
                 if !allowed.allows(model) {
                     return Err((
-                        Outcome::Forbidden,
+                        Decision::Forbidden,
                         GatewayError::Forbidden {
                             message: format!(
                                 "tenant '{}' may not use model '{model}'",
@@ -418,7 +413,7 @@ impl Auth {
                 Some(slot) => Some(slot),
                 None => {
                     return Err((
-                        Outcome::ConcurrencyLimited,
+                        Decision::ConcurrencyLimited,
                         GatewayError::RateLimited {
                             message: format!(
                                 "tenant '{}' has {} requests in progress, its limit",
@@ -436,7 +431,7 @@ impl Auth {
             && let Err(wait) = bucket.take(Instant::now())
         {
             return Err((
-                Outcome::RateLimited,
+                Decision::RateLimited,
                 GatewayError::RateLimited {
                     message: format!(
                         "tenant '{}' is over its limit of {} requests per second",
@@ -565,7 +560,7 @@ mod tests {
         );
         let acme = auth.authenticate(key("acme-key")).await.unwrap();
         let (outcome, error) = auth.admit(&acme, Access::Model("secret")).unwrap_err();
-        assert_eq!(outcome, Outcome::Forbidden);
+        assert_eq!(outcome, Decision::Forbidden);
         assert_eq!(
             error.to_string(),
             "tenant 'acme' may not use model 'secret'"
@@ -573,14 +568,14 @@ mod tests {
         let (outcome, _) = auth
             .admit(&acme, Access::Admin("the repository API"))
             .unwrap_err();
-        assert_eq!(outcome, Outcome::Forbidden);
+        assert_eq!(outcome, Decision::Forbidden);
         let first = auth.admit(&acme, Access::Model("ranker_a")).unwrap();
         let (outcome, _) = auth.admit(&acme, Access::Model("ranker_a")).unwrap_err();
-        assert_eq!(outcome, Outcome::ConcurrencyLimited);
+        assert_eq!(outcome, Decision::ConcurrencyLimited);
         drop(first);
         drop(auth.admit(&acme, Access::Model("ranker_a")).unwrap());
         let (outcome, error) = auth.admit(&acme, Access::Model("ranker_a")).unwrap_err();
-        assert_eq!(outcome, Outcome::RateLimited);
+        assert_eq!(outcome, Decision::RateLimited);
         assert_eq!(error.http_status(), 429);
         // A tenant without a policy gets the default models, no limits.
         let ops = auth.authenticate(key("ops-key")).await.unwrap();

@@ -12,7 +12,7 @@ mod units;
 
 pub use auth::{ApiKey, Auth, AuthMode, JwtKey, Tenant, algorithm_family};
 pub use placement::{EvictionPolicy, Model, Placement};
-pub use routes::{Guard, Route, RouteTarget, StickyKey};
+pub use routes::{Guard, RouteConfig, RouteTarget, StickyKey};
 pub use units::{ByteSize, HumanDuration};
 
 use serde::{Deserialize, Serialize};
@@ -48,7 +48,7 @@ pub struct Config {
     pub validation: Validation,
     /// Model names split across targets by weight (canary rollouts).
     #[serde(default)]
-    pub routes: Vec<Route>,
+    pub routes: Vec<RouteConfig>,
     /// Authentication, tenants and their limits.
     #[serde(default)]
     pub auth: Auth,
@@ -115,7 +115,7 @@ pub struct Listen {
     /// KServe v2 gRPC (`inference.GRPCInferenceService`, grpc.health.v1, reflection).
     pub grpc: Option<SocketAddr>,
     /// TLS for the HTTP, gRPC and admin listeners (metrics stays plain: scrapers sit on the
-    /// private side). Absent: every listener is plain TCP, as before.
+    /// private side). Absent: every listener is plain TCP.
     pub tls: Option<ListenTls>,
 }
 

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 /// A route as written in the config file.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct Route {
+pub struct RouteConfig {
     /// The name clients call.
     pub model: String,
     /// Where the sticky key comes from: `header:NAME` (or, with auth, `claim:NAME`); absent
@@ -98,7 +98,7 @@ impl StickyKey {
 }
 
 /// Checks routes: unique names, targets present, weights usable, sticky keys well-formed.
-pub(super) fn validate(routes: &[Route], errors: &mut Vec<ConfigError>) {
+pub(super) fn validate(routes: &[RouteConfig], errors: &mut Vec<ConfigError>) {
     let mut error = |key: String, message: String| errors.push(ConfigError { key, message });
     let mut names = HashSet::new();
     for (i, route) in routes.iter().enumerate() {

@@ -1,8 +1,10 @@
 //! The admin API, on its own listener so it can stay private: what the gateway believes about
 //! its backends and placement, as JSON, and the operator's levers (load, unload, drain).
+//! It has the same edge as the KServe listener: request ids and one access-log line each.
 
 use crate::Gateway;
 use crate::error::GatewayError;
+use crate::pipeline::admit;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::{get, post};
@@ -25,6 +27,10 @@ pub fn router(gateway: Gateway) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
             require_admin,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            super::http::edge,
         ))
         .with_state(gateway)
 }
@@ -50,25 +56,22 @@ async fn server(State(gateway): State<Gateway>) -> axum::Json<serde_json::Value>
 }
 
 /// Every admin endpoint needs the admin role when auth is on (the listener being private
-/// is a second fence, not the only one).
+/// is a second fence, not the only one), checked against the request's own snapshot.
 async fn require_admin(
     State(gateway): State<Gateway>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let auth = gateway.live().auth.clone();
+    let mut ctx = super::http::request_ctx(&gateway, &request);
     let credentials = super::http::credentials(&request);
-    let admitted = match crate::pipeline::auth::authenticate(&auth, credentials).await {
-        Ok(caller) => crate::pipeline::auth::admit(
-            &auth,
-            &caller,
-            crate::auth::Access::Admin("the admin API"),
-        ),
-        Err(error) => Err(error),
-    };
+    let admitted = async {
+        admit::authenticate(&mut ctx, credentials).await?;
+        admit::admin(&mut ctx, "the admin API")
+    }
+    .await;
     match admitted {
-        Ok(_admission) => next.run(request).await,
+        Ok(()) => next.run(request).await,
         Err(error) => error.into_response(),
     }
 }

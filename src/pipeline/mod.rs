@@ -1,23 +1,92 @@
-//! The walk every model request takes, whatever its wire format: check the caller (`auth`),
-//! resolve the route to a target model (`route`), find or load a copy of it
-//! (`Placement::acquire`), check the input (`validate`), then forward. Each stage is a plain function over the gateway state and the
-//! request, so HTTP and gRPC share every rule.
+//! The pipeline: the walk every request about a model takes, whatever its wire format, as
+//! named phases over one per-request context (`RequestCtx`):
+//!
+//! ```text
+//! edge ─▶ admit ─▶ route ─▶ place ─▶ validate ─▶ forward ─▶ finish
+//!         (auth,    (route    (a copy,  (the input   (to the    (guard, metrics,
+//!         limits)   → target) loaded    against the  copy, once  span, access log)
+//!                             on demand) signature)  more if gone)
+//! ```
+//!
+//! Each phase is a plain function over `&mut RequestCtx`; `serve` runs them in order. A
+//! front-end decodes its wire format into the context and implements `Wire`, the small
+//! trait for the phases that touch bytes (reading the sequence, the validation reader,
+//! mirroring, sending); no rule lives in a front-end that the other would have to repeat.
+//! Streams run the same phases per message.
 
-pub mod auth;
+pub mod admit;
+mod ctx;
+pub mod finish;
+pub mod forward;
 pub mod mirror;
 mod place;
-pub mod replay;
 pub mod repository;
 mod route;
 pub mod sequence;
+pub mod series;
 pub mod server_metadata;
 pub mod statistics;
 
-pub use auth::Caller;
+pub use admit::Caller;
+pub use ctx::{RequestCtx, Served, request_id};
+pub(crate) use forward::{Sent, Wire};
+pub use place::place;
+pub use route::{PIN_HEADER, RouteTable, Routed, Tally, route};
 
 use crate::error::GatewayError;
-pub use place::LeasedBody;
-pub use route::{Outcome, PIN_HEADER, RouteTable, Routed};
+
+/// Every request about one model, in order: admit it for the model it names, route it,
+/// read what placement needs, place it, validate an inference and copy it to the route's
+/// mirrors, forward it; then the guard counts the answer. Statistics are read from every
+/// copy instead (`statistics`).
+pub(crate) async fn serve<W: Wire>(
+    ctx: &mut RequestCtx,
+    wire: &mut W,
+) -> Result<W::Answer, GatewayError> {
+    admit::model(ctx)?;
+    route(ctx, |name| wire.header(name))?;
+    wire.retarget(ctx.routed.as_ref().expect("routed"));
+    let answer = placed(ctx, wire).await;
+    let failed = match &answer {
+        Ok(answer) => W::failed(answer),
+        Err(error) => error.fails_target(),
+    };
+    finish::settle(ctx, failed);
+    answer
+}
+
+/// The phases from reading the request to the backend's answer.
+async fn placed<W: Wire>(ctx: &mut RequestCtx, wire: &mut W) -> Result<W::Answer, GatewayError> {
+    ctx.sequence = wire.sequence(ctx).await?;
+    if let Err(error) = place(ctx).await {
+        return wire.unplaced(error);
+    }
+    if ctx.ask == Ask::Inference {
+        let backend = ctx.lease()?.backend().clone();
+        let model = &ctx.routed.as_ref().expect("routed").target;
+        let on = forward::Placed {
+            backend: &backend,
+            model,
+        };
+        wire.validate(ctx, on).await?;
+        if let Some(shadow) = ctx.routed.as_mut().and_then(Routed::shadow) {
+            wire.mirror(ctx, shadow).await?;
+        }
+    }
+    forward::forward(ctx, wire).await
+}
+
+/// A model's statistics: admitted and routed like any model request, then summed over the
+/// copies that serve the target (`statistics::of_model`).
+pub async fn model_statistics<'h>(
+    ctx: &mut RequestCtx,
+    header: impl Fn(&str) -> Option<&'h [u8]>,
+) -> Result<statistics::Statistics, GatewayError> {
+    admit::model(ctx)?;
+    route(ctx, header)?;
+    let target = &ctx.routed.as_ref().expect("routed").target;
+    statistics::of_model(&ctx.gateway, target).await
+}
 
 /// What a model request asks. Only an inference may load the model (on its first request);
 /// readiness, metadata, config and statistics are answered from the copies loaded now, as
@@ -181,6 +250,5 @@ mod tests {
         }
         let refused = ModelRef::requested("add_sub", Some("wrong".into())).unwrap_err();
         assert_eq!(refused.http_status(), http::StatusCode::BAD_REQUEST);
-        assert_eq!(refused.grpc_code(), tonic::Code::InvalidArgument);
     }
 }

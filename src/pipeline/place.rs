@@ -1,49 +1,45 @@
-//! Keeping a placement lease for as long as the answer streams back.
+//! `place`: a copy of the routed target to serve the request. Only an inference may load
+//! the model (`Placement::acquire_in`, on its first request); any other ask leases a copy
+//! loaded now (`Placement::lease_loaded`). A request of a sequence goes to the copy that saw
+//! the sequence start. A target that cannot be placed has failed the request, and a guard
+//! counts that against it; a guard's latency starts once the target is placed.
 
-use crate::auth::Admission;
-use crate::placement::Lease;
-use axum::body::Body;
-use bytes::Bytes;
-use http_body::{Body as HttpBody, Frame, SizeHint};
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use super::{RequestCtx, finish};
+use crate::error::GatewayError;
 
-/// A response body that holds its lease until the last byte is sent (or the client goes),
-/// so a model is never evicted while its answer is still streaming; and the caller's
-/// admission, so the tenant's concurrency slot is busy for just as long.
-pub struct LeasedBody {
-    inner: Body,
-    _lease: Lease,
-    _admission: Admission,
-}
-
-impl LeasedBody {
-    /// Ties `lease` and `admission` to the lifetime of `inner`.
-    pub fn wrap(inner: Body, lease: Lease, admission: Admission) -> Body {
-        Body::new(Self {
-            inner,
-            _lease: lease,
-            _admission: admission,
-        })
+/// The place phase: the lease goes on the context.
+pub async fn place(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
+    let routed = ctx.routed.as_mut().expect("placed after route");
+    let placement = ctx.gateway.placement();
+    let placed = if ctx.ask.loads() {
+        placement
+            .acquire_in(&routed.target, ctx.sequence.as_ref())
+            .await
+    } else {
+        placement.lease_loaded(&routed.target, ctx.ask)
+    };
+    match placed {
+        Ok(lease) => {
+            if let Some(tally) = &mut routed.tally {
+                tally.placed();
+            }
+            ctx.lease = Some(lease);
+            Ok(())
+        }
+        Err(error) => {
+            finish::settle(ctx, error.fails_target());
+            Err(error)
+        }
     }
 }
 
-impl HttpBody for LeasedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+/// Places the request again after the backend of its copy said it has no such model
+/// (`forward`): that copy comes off the books first, so another is found or loaded. A later
+/// request of a sequence that ran there is refused then (`SequenceLost`): its state went
+/// with the copy.
+pub async fn again(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
+    if let Some(gone) = ctx.lease.take() {
+        ctx.gateway.placement().copy_gone(&gone);
     }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
+    place(ctx).await
 }

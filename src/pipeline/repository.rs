@@ -3,9 +3,9 @@
 
 use crate::Gateway;
 use crate::error::GatewayError;
-use crate::upstream::{Backend, ModelEntry};
+use crate::upstream::{Backend, ModelEntry, TritonClient, TritonError};
 use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
@@ -63,27 +63,21 @@ pub fn ready_backends(gateway: &Gateway) -> Result<Vec<Arc<Backend>>, GatewayErr
     }
 }
 
-/// Asks every backend in `backends` the same control question (over its HTTP API),
-/// concurrently, within `upstream.request_timeout`.
-pub async fn ask_all(
+/// Asks every backend in `backends` the same control question (`ask`, over its Triton
+/// API), concurrently, each within `upstream.request_timeout`; the answers in their order.
+pub async fn ask_all<'a, T, F, Fut>(
     gateway: &Gateway,
-    backends: &[Arc<Backend>],
-    method: Method,
-    path: &str,
-    body: Bytes,
-) -> Vec<(Arc<Backend>, Result<(StatusCode, Bytes), GatewayError>)> {
+    backends: &'a [Arc<Backend>],
+    ask: F,
+) -> Vec<Result<T, TritonError>>
+where
+    F: Fn(TritonClient<'a>) -> Fut,
+    Fut: Future<Output = Result<T, TritonError>>,
+{
     let timeout = gateway.config().upstream.request_timeout.0;
-    let calls = backends.iter().map(|backend| {
-        let body = body.clone();
-        let method = method.clone();
-        async move {
-            let answer = backend
-                .client
-                .call(backend, method, path, body, timeout)
-                .await;
-            (backend.clone(), answer)
-        }
-    });
+    let calls = backends
+        .iter()
+        .map(|backend| ask(TritonClient::new(backend, timeout)));
     futures_util::future::join_all(calls).await
 }
 
@@ -106,25 +100,18 @@ pub enum Index {
 pub async fn index(gateway: &Gateway, body: Bytes) -> Result<Index, GatewayError> {
     let backends = ready_backends(gateway)?;
     let mut indexes = Vec::with_capacity(backends.len());
-    for (backend, answer) in ask_all(
-        gateway,
-        &backends,
-        Method::POST,
-        "/v2/repository/index",
-        body,
-    )
-    .await
-    {
-        let (status, body) = answer?;
-        if status != StatusCode::OK {
-            return Ok(Index::Refused { status, body });
+    let asked = ask_all(gateway, &backends, |triton| {
+        let body = body.clone();
+        async move { triton.repository_index(body).await }
+    });
+    for answer in asked.await {
+        match answer {
+            Ok(index) => indexes.push(index.into_entries()),
+            Err(error) => {
+                let (status, body) = error.refusal()?;
+                return Ok(Index::Refused { status, body });
+            }
         }
-        let entries: Vec<ModelEntry> =
-            serde_json::from_slice(&body).map_err(|e| GatewayError::UpstreamFailed {
-                backend: backend.name.clone(),
-                reason: format!("repository index is not valid JSON: {e}"),
-            })?;
-        indexes.push(entries);
     }
     Ok(Index::Merged(merge(indexes)))
 }

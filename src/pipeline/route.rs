@@ -2,10 +2,9 @@
 //! is split across its targets by weight, sticky by a key when the route says so; any other
 //! name is its own target.
 
-use super::{Caller, ModelRef};
+use super::{Ask, Caller, ModelRef, RequestCtx};
 use crate::config::{self, StickyKey};
 use crate::error::GatewayError;
-use crate::placement::SequenceRef;
 use crate::routing::{Route, Target};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -18,6 +17,20 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 /// the same name the answer uses to say which target served it.
 pub const PIN_HEADER: &str = crate::protocol::TARGET_HEADER;
 
+/// The route phase: resolves the model the client named against the request's snapshot of
+/// the route table. `header(name)` reads a request header or metadata entry (sticky keys,
+/// the pin).
+pub fn route<'h>(
+    ctx: &mut RequestCtx,
+    header: impl Fn(&str) -> Option<&'h [u8]>,
+) -> Result<(), GatewayError> {
+    let requested = ctx.requested.take().expect("the decoder names the model");
+    let mut routed = ctx.live.routes.resolve(requested, header, &ctx.caller)?;
+    routed.for_inference(ctx.ask == Ask::Inference);
+    ctx.routed = Some(routed);
+    Ok(())
+}
+
 /// Where a request goes.
 #[derive(Debug)]
 pub struct Routed {
@@ -27,8 +40,8 @@ pub struct Routed {
     pub target: ModelRef,
     /// `model[/version]` of the chosen target, when routed.
     pub label: Option<String>,
-    /// For a guarded route: where the answer is to be counted.
-    pub outcome: Option<Outcome>,
+    /// For a guarded route: where the answer is to be counted (`finish::settle`).
+    pub tally: Option<Tally>,
     /// Mirror targets that get a copy of this request (shadow traffic).
     pub mirrors: Vec<ModelRef>,
     /// Held while a routed request may still place its target: a reload waits for the
@@ -41,61 +54,18 @@ impl Routed {
     /// config and readiness calls would blur both. Call it once the kind of request is known.
     pub fn for_inference(&mut self, inference: bool) {
         if !inference {
-            self.outcome = None;
+            self.tally = None;
             self.mirrors.clear();
         }
     }
 
-    /// Finds or loads a copy of the target (`Placement::acquire`); only an inference may
-    /// load it, any other `ask` leases a copy loaded now (`Placement::lease_loaded`). A
-    /// target that cannot be placed has failed the request: a guard counts that against
-    /// it. A guard's latency starts once the target is placed: a cold canary's load time is
-    /// not its answer time.
-    /// A request that belongs to a sequence (`sequence`) goes to the copy that saw it start.
-    pub async fn place(
-        &mut self,
-        placement: &Arc<crate::placement::Placement>,
-        ask: super::Ask,
-        sequence: Option<&SequenceRef>,
-    ) -> Result<crate::placement::Lease, GatewayError> {
-        let placed = if ask.loads() {
-            placement.acquire_in(&self.target, sequence).await
-        } else {
-            placement.lease_loaded(&self.target, ask)
-        };
-        match (&placed, &mut self.outcome) {
-            (Ok(_), Some(outcome)) => outcome.started = Instant::now(),
-            (Err(error), outcome @ Some(_)) => {
-                let failed = error.http_status().is_server_error();
-                outcome.take().expect("matched Some").finish(failed);
-            }
-            _ => {}
-        }
-        placed
-    }
-
-    /// Places the request again after the backend of `gone` said it has no such model
-    /// (`super::replay`): that copy comes off the books first, so another is found or loaded.
-    /// A later request of a sequence that ran there is refused then (`SequenceLost`): its
-    /// state went with the copy.
-    pub async fn place_again(
-        &mut self,
-        placement: &Arc<crate::placement::Placement>,
-        gone: &crate::placement::Lease,
-        ask: super::Ask,
-        sequence: Option<&SequenceRef>,
-    ) -> Result<crate::placement::Lease, GatewayError> {
-        placement.copy_gone(gone);
-        self.place(placement, ask, sequence).await
-    }
-
-    /// The mirror copy of this request, when its route drew mirrors for it: call it once
+    /// The shadow copies of this request, when its route drew mirrors for it: call it once
     /// the request is known to be an inference (`for_inference`).
-    pub fn mirror_copy(&mut self) -> Option<super::mirror::Copy> {
+    pub fn shadow(&mut self) -> Option<super::mirror::Shadow> {
         if self.mirrors.is_empty() {
             return None;
         }
-        Some(super::mirror::Copy {
+        Some(super::mirror::Shadow {
             route: self.route.clone()?,
             mirrors: std::mem::take(&mut self.mirrors),
             resolved: self._resolved.clone(),
@@ -107,7 +77,7 @@ impl Routed {
             route: None,
             target,
             label: None,
-            outcome: None,
+            tally: None,
             mirrors: Vec::new(),
             _resolved: None,
         }
@@ -116,13 +86,19 @@ impl Routed {
 
 /// Counts a guarded route's answer for the target that gave it (automatic rollback).
 #[derive(Debug)]
-pub struct Outcome {
+pub struct Tally {
     route: Arc<Route>,
     target: usize,
     started: Instant,
 }
 
-impl Outcome {
+impl Tally {
+    /// The target was placed: its latency counts from now, so a cold canary's load time is
+    /// not its answer time.
+    pub fn placed(&mut self) {
+        self.started = Instant::now();
+    }
+
     /// The answer came: `failed` for a server-side failure (5xx, or no answer at all).
     pub fn finish(self, failed: bool) {
         self.route
@@ -140,7 +116,7 @@ pub struct RouteTable {
 
 #[derive(Debug)]
 struct Entry {
-    config: config::Route,
+    config: config::RouteConfig,
     route: Arc<Route>,
     sticky: Option<StickyKey>,
 }
@@ -149,7 +125,7 @@ impl RouteTable {
     /// Builds the table from (validated) config. A route whose config is the same as in
     /// `previous` keeps its state there (its guard's window and trips), so a reload that
     /// does not touch a route does not bring back a canary its guard switched off.
-    pub fn new(routes: &[config::Route], previous: Option<&RouteTable>) -> Self {
+    pub fn new(routes: &[config::RouteConfig], previous: Option<&RouteTable>) -> Self {
         let routes = routes
             .iter()
             .map(|r| {
@@ -247,7 +223,7 @@ impl RouteTable {
             route: Some(route.name.clone()),
             target: model_ref(chosen),
             label: Some(route.label(chosen).to_string()),
-            outcome: route.guard().map(|_| Outcome {
+            tally: route.guard().map(|_| Tally {
                 route: route.clone(),
                 target: chosen,
                 started: Instant::now(),
@@ -259,7 +235,7 @@ impl RouteTable {
 }
 
 /// The routing form of a configured route.
-fn build(config: &config::Route) -> Route {
+fn build(config: &config::RouteConfig) -> Route {
     let targets = config
         .targets
         .iter()
@@ -388,7 +364,7 @@ mod tests {
             .resolve(ModelRef::new("shadowed", None), |_| None, &Caller::Open)
             .unwrap();
         routed.for_inference(true);
-        let copy = routed.mirror_copy().expect("a mirror at 100%");
+        let copy = routed.shadow().expect("a mirror at 100%");
         assert_eq!(copy.mirrors, [ModelRef::new("s", None)]);
         drop(routed);
         assert!(!table.settled(wait).await, "a mirror copy may still place");
@@ -396,7 +372,7 @@ mod tests {
         assert!(table.settled(wait).await);
     }
 
-    fn guarded(error_rate: f64) -> Vec<config::Route> {
+    fn guarded(error_rate: f64) -> Vec<config::RouteConfig> {
         let text = format!(
             r#"
             [listen]
@@ -425,7 +401,7 @@ mod tests {
                 )
                 .unwrap()
         };
-        canary().outcome.unwrap().finish(true);
+        canary().tally.unwrap().finish(true);
         let trips = |t: &RouteTable| t.routes().next().unwrap().guard().unwrap().trips().len();
         assert_eq!(trips(&table), 1);
         let unchanged = RouteTable::new(&guarded(0.5), Some(&table));

@@ -6,9 +6,8 @@
 
 use crate::Gateway;
 use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
+use crate::upstream::TritonClient;
 use arc_swap::ArcSwapOption;
-use bytes::Bytes;
-use http::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,19 +79,15 @@ pub async fn backends_identity(gateway: &Gateway) -> Option<ServerMetadata> {
 async fn read_from_backends(gateway: &Gateway) -> Option<ServerMetadata> {
     let timeout = gateway.config().upstream.health_timeout.0;
     for backend in gateway.pool().ready() {
-        let answer = backend
-            .client
-            .call(&backend, Method::GET, "/v2", Bytes::new(), timeout)
+        let answer = TritonClient::new(&backend, timeout)
+            .server_metadata::<Reported>()
             .await;
-        let reported = match answer {
-            Ok((StatusCode::OK, body)) => serde_json::from_slice::<Reported>(&body)
-                .map_err(|e| format!("server metadata is not what Triton sends: {e}")),
-            Ok((status, _)) => Err(format!("server metadata answered {status}")),
-            Err(error) => Err(error.to_string()),
-        };
-        match reported {
+        match answer {
             Ok(reported) => return Some(through_gateway(reported)),
-            Err(reason) => tracing::debug!(backend = backend.name, reason, "no server metadata"),
+            Err(error) => {
+                let reason = error.describe("server metadata");
+                tracing::debug!(backend = backend.name, reason, "no server metadata")
+            }
         }
     }
     None

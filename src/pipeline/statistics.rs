@@ -12,9 +12,9 @@ use crate::Gateway;
 use crate::error::GatewayError;
 use crate::pipeline::repository::{ask_all, ready_backends};
 use crate::pipeline::{Ask, ModelRef};
-use crate::upstream::{Backend, path_segment};
+use crate::upstream::Backend;
 use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -38,39 +38,31 @@ pub enum Statistics {
 /// serves it. A model with no copy loaded is `NotLoaded`: nothing is loaded to answer.
 pub async fn of_model(gateway: &Gateway, model: &ModelRef) -> Result<Statistics, GatewayError> {
     let backends = gateway.placement().holders(model, Ask::Statistics)?;
-    let mut path = format!("/v2/models/{}", path_segment(&model.name));
-    if let Some(version) = &model.version {
-        path.push_str("/versions/");
-        path.push_str(&path_segment(version));
-    }
-    path.push_str("/stats");
-    gather(gateway, &backends, &path).await
+    let model = Some((model.name.as_str(), model.version.as_deref()));
+    gather(gateway, &backends, model).await
 }
 
 /// The statistics of every model on every ready backend.
 pub async fn of_all(gateway: &Gateway) -> Result<Statistics, GatewayError> {
     let backends = ready_backends(gateway)?;
-    gather(gateway, &backends, "/v2/models/stats").await
+    gather(gateway, &backends, None).await
 }
 
 async fn gather(
     gateway: &Gateway,
     backends: &[Arc<Backend>],
-    path: &str,
+    model: Option<(&str, Option<&str>)>,
 ) -> Result<Statistics, GatewayError> {
     let mut answers = Vec::with_capacity(backends.len());
     let mut refused = None;
-    for (backend, answer) in ask_all(gateway, backends, Method::GET, path, Bytes::new()).await {
-        match answer? {
-            (StatusCode::OK, body) => {
-                let parsed: Value =
-                    serde_json::from_slice(&body).map_err(|e| GatewayError::UpstreamFailed {
-                        backend: backend.name.clone(),
-                        reason: format!("statistics are not valid JSON: {e}"),
-                    })?;
-                answers.push(parsed);
-            }
-            (status, body) => {
+    let asked = ask_all(gateway, backends, |triton| async move {
+        triton.model_statistics(model).await
+    });
+    for answer in asked.await {
+        match answer {
+            Ok(parsed) => answers.push(parsed),
+            Err(error) => {
+                let (status, body) = error.refusal()?;
                 refused.get_or_insert(Statistics::Refused { status, body });
             }
         }

@@ -31,9 +31,8 @@ use crate::config;
 use crate::error::GatewayError;
 use crate::pipeline::ModelRef;
 use crate::telemetry;
-use crate::upstream::{Backend, InFlight, Pool, metrics_scrape, path_segment};
+use crate::upstream::{Backend, InFlight, Pool, TritonClient, TritonError, metrics_scrape};
 use bytes::Bytes;
-use http::{Method, StatusCode};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -450,24 +449,16 @@ impl Placement {
     /// on a backend that serves it: before any request is told of a load, so a sequence
     /// model's first requests are already read for their sequence ids.
     async fn learn_sequencing(&self, backend: &Backend, model: &str) {
-        let path = format!("/v2/models/{}/config", path_segment(model));
-        let answer = backend
-            .client
-            .call(
-                backend,
-                Method::GET,
-                &path,
-                Bytes::new(),
-                Duration::from_secs(2),
-            )
+        let answer = TritonClient::new(backend, Duration::from_secs(2))
+            .model_config(model, None)
             .await;
         match answer {
-            Ok((StatusCode::OK, body)) => {
+            Ok(body) => {
                 if let Some(idle) = sequences::sequencing_of(&body) {
                     self.books().learn_sequencing(model, idle);
                 }
             }
-            Ok((status, _)) => {
+            Err(TritonError::Refused { status, .. }) => {
                 tracing::debug!(model, backend = %backend.name, %status, "model config not read")
             }
             Err(error) => {
@@ -525,23 +516,18 @@ impl Placement {
     /// times out is undone; a reloaded one is left serving what it served.
     async fn load_on(&self, backend: &Arc<Backend>, plan: &LoadPlan) -> Result<(), Arc<str>> {
         let model = plan.model.as_str();
-        let path = format!("/v2/repository/models/{}/load", path_segment(model));
         let body = self.load_body(plan)?;
-        let answer = backend
-            .client
-            .call(backend, Method::POST, &path, body, self.load_timeout)
+        let answer = TritonClient::new(backend, self.load_timeout)
+            .load(model, body)
             .await;
-        match answer {
-            Ok((StatusCode::OK, _)) => Ok(()),
-            Ok((status, body)) => Err(triton_message(status, &body).into()),
-            Err(error) => {
-                if matches!(error, GatewayError::UpstreamTimeout { .. }) && plan.reason == "new" {
-                    // Never on the books as loaded: nothing departs.
-                    self.send_unload(backend, model, "abandon").await;
-                }
-                Err(error.to_string().into())
-            }
+        if let Err(error) = &answer
+            && error.timed_out()
+            && plan.reason == "new"
+        {
+            // Never on the books as loaded: nothing departs.
+            self.send_unload(backend, model, "abandon").await;
         }
+        answer.map_err(|error| error.reason().into())
     }
 
     /// The body of a load: the model's config override when it has one (with the versions
@@ -588,31 +574,22 @@ impl Placement {
 
     /// `POST .../unload`; true when the backend took it. Failures are logged and counted.
     async fn send_unload(&self, backend: &Backend, model: &str, reason: &'static str) -> bool {
-        let path = format!("/v2/repository/models/{}/unload", path_segment(model));
-        let answer = backend
-            .client
-            .call(
-                backend,
-                Method::POST,
-                &path,
-                Bytes::from_static(b"{}"),
-                self.load_timeout,
-            )
+        let answer = TritonClient::new(backend, self.load_timeout)
+            .unload(model)
             .await;
         let result = match &answer {
-            Ok((StatusCode::OK, _)) => "success",
-            _ => "failure",
+            Ok(()) => "success",
+            Err(_) => "failure",
         };
         metrics::counter!(telemetry::PLACEMENT_UNLOADS, "backend" => backend.name.clone(), "reason" => reason, "result" => result)
             .increment(1);
         match answer {
-            Ok((StatusCode::OK, _)) => {
+            Ok(()) => {
                 tracing::info!(model, backend = %backend.name, reason, "model unloaded");
                 return true;
             }
-            Ok((status, body)) => tracing::warn!(model, backend = %backend.name,
-                error = triton_message(status, &body), "unload failed"),
-            Err(error) => tracing::warn!(model, backend = %backend.name, %error, "unload failed"),
+            Err(error) => tracing::warn!(model, backend = %backend.name,
+                error = error.reason(), "unload failed"),
         }
         false
     }
@@ -1137,14 +1114,6 @@ impl Placement {
             "live_sequences": sequences,
         })
     }
-}
-
-/// Triton's `{"error": "..."}` message, or the status when the body has none.
-fn triton_message(status: StatusCode, body: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
-        .unwrap_or_else(|| format!("backend answered {status}"))
 }
 
 /// What a backend offers models: its capacity (or the default) less the buffer kept free.

@@ -10,7 +10,6 @@ use axum::response::Response;
 use axum::serve::{IncomingStream, Listener};
 use std::convert::Infallible;
 use std::future::{Ready, ready};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -25,12 +24,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Finished handshakes waiting for axum to take them.
 const BACKLOG: usize = 128;
 
-/// What axum learns about a TLS connection: where it came from and who the client
-/// certificate says it is.
+/// What axum learns about a TLS connection: who the client certificate says it is.
 #[derive(Clone, Debug)]
 pub struct TlsPeer {
-    /// The client's address.
-    pub remote: SocketAddr,
     /// From a verified client certificate (mTLS), if one was presented.
     pub identity: Option<PeerIdentity>,
 }
@@ -38,7 +34,6 @@ pub struct TlsPeer {
 /// Accepts TLS connections on a bound TCP socket.
 pub struct TlsListener {
     incoming: mpsc::Receiver<(TlsStream<TcpStream>, TlsPeer)>,
-    local: SocketAddr,
 }
 
 impl TlsListener {
@@ -46,10 +41,9 @@ impl TlsListener {
     /// handshake-failure metric (`http`, `grpc`, `admin`). The accept task ends when this
     /// listener is dropped (axum drops it when graceful shutdown begins).
     pub fn new(tcp: TcpListener, tls: Arc<ServerTls>, name: &'static str) -> std::io::Result<Self> {
-        let local = tcp.local_addr()?;
         let (sender, incoming) = mpsc::channel(BACKLOG);
         tokio::spawn(accept_loop(tcp, tls, sender, name));
-        Ok(Self { incoming, local })
+        Ok(Self { incoming })
     }
 }
 
@@ -66,10 +60,7 @@ impl Listener for TlsListener {
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(TlsPeer {
-            remote: self.local,
-            identity: None,
-        })
+        Ok(TlsPeer { identity: None })
     }
 }
 
@@ -103,7 +94,7 @@ async fn accept_loop(
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(stream)) => {
                         let identity = tls.peer_identity(stream.get_ref().1);
-                        let _ = sender.send((stream, TlsPeer { remote, identity })).await;
+                        let _ = sender.send((stream, TlsPeer { identity })).await;
                         return;
                     }
                     Ok(Err(error)) => error.to_string(),

@@ -25,8 +25,8 @@ pub struct UpstreamClient {
 impl UpstreamClient {
     /// Builds the pool with the configured timeouts; HTTP/2 only when the URL asks for it,
     /// TLS (verified against `tls_ca`, else the system's roots) for `https://` URIs when `tls`
-    /// (the backend has one: its base or metrics URL). A plain backend's connections are
-    /// plain TCP as before: the connector only wraps `https://`.
+    /// (the backend has one: its base or metrics URL). A plain backend's connections stay
+    /// plain TCP: the connector only wraps `https://`.
     pub fn new(
         url: &BackendUrl,
         config: &config::Upstream,
@@ -47,8 +47,8 @@ impl UpstreamClient {
     }
 
     /// Sends a small control request (health, index, load) to a path on the backend and
-    /// reads the whole answer.
-    pub async fn call(
+    /// reads the whole answer. Only `TritonClient` calls it: every control call is typed.
+    pub(super) async fn call(
         &self,
         backend: &Backend,
         method: Method,
@@ -65,7 +65,7 @@ impl UpstreamClient {
 
     /// Sends a small request to any URI of this backend (its metrics port, say) and reads the
     /// whole answer within `timeout`.
-    pub async fn fetch(
+    pub(super) async fn fetch(
         &self,
         backend: &str,
         method: Method,
@@ -184,6 +184,9 @@ fn classify(
     error: &(dyn std::error::Error + 'static),
     connect_timeout: Duration,
 ) -> GatewayError {
+    if let Some(limit) = crate::body::too_large(error) {
+        return GatewayError::BodyTooLarge { limit };
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     let mut connect = false;
     let mut timed_out = false;
@@ -191,11 +194,6 @@ fn classify(
     while let Some(e) = source {
         if let Some(e) = e.downcast_ref::<std::io::Error>() {
             timed_out |= e.kind() == std::io::ErrorKind::TimedOut;
-        }
-        if let Some(too_large) = e.downcast_ref::<crate::body::BodyTooLarge>() {
-            return GatewayError::BodyTooLarge {
-                limit: too_large.limit,
-            };
         }
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
             connect |= e.is_connect();

@@ -111,21 +111,6 @@ impl GrpcUpstream {
     }
 }
 
-/// How a call to a backend failed.
-#[derive(Debug)]
-pub enum CallError {
-    /// The gateway could not get an answer (unreachable, broken, too slow).
-    Gateway(GatewayError),
-    /// The backend answered with an error status: passed through to the client as it is.
-    Backend(Status),
-}
-
-impl From<GatewayError> for CallError {
-    fn from(error: GatewayError) -> Self {
-        Self::Gateway(error)
-    }
-}
-
 /// The backend's gRPC client, or an error saying that this backend has no gRPC endpoint.
 pub fn client(backend: &Backend) -> Result<InferenceClient, GatewayError> {
     backend
@@ -144,7 +129,7 @@ pub async fn unary<R, Fut>(
     backend: &Arc<Backend>,
     timeout: Duration,
     call: impl FnOnce(InferenceClient) -> Fut,
-) -> Result<tonic::Response<R>, CallError>
+) -> Result<tonic::Response<R>, GatewayError>
 where
     Fut: Future<Output = Result<tonic::Response<R>, Status>>,
 {
@@ -157,10 +142,10 @@ where
             Ok(response)
         }
         Ok(Err(status)) => Err(classify(backend, status, Some(timeout))),
-        Err(_) => Err(CallError::Gateway(GatewayError::UpstreamTimeout {
+        Err(_) => Err(GatewayError::UpstreamTimeout {
             backend: backend.name.clone(),
             after: timeout,
-        })),
+        }),
     }
 }
 
@@ -168,10 +153,10 @@ where
 /// source) from the backend's own answer (no source), and counts connection failures.
 /// `timeout` is the `grpc-timeout` the call was sent with: tonic's client enforces it too,
 /// and its expiry (which tonic calls CANCELLED) is the backend being too slow.
-pub fn classify(backend: &Backend, status: Status, timeout: Option<Duration>) -> CallError {
+pub fn classify(backend: &Backend, status: Status, timeout: Option<Duration>) -> GatewayError {
     let Some(source) = std::error::Error::source(&status) else {
         backend.record_success();
-        return CallError::Backend(status);
+        return GatewayError::Backend(status);
     };
     let mut connect = false;
     let mut expired = false;
@@ -184,22 +169,22 @@ pub fn classify(backend: &Backend, status: Status, timeout: Option<Duration>) ->
         next = error.source();
     }
     if expired {
-        return CallError::Gateway(GatewayError::UpstreamTimeout {
+        return GatewayError::UpstreamTimeout {
             backend: backend.name.clone(),
             after: timeout.unwrap_or_default(),
-        });
+        };
     }
     if connect {
         backend.record_connect_failure(&innermost);
-        CallError::Gateway(GatewayError::UpstreamUnreachable {
+        GatewayError::UpstreamUnreachable {
             backend: backend.name.clone(),
             reason: innermost,
-        })
+        }
     } else {
-        CallError::Gateway(GatewayError::UpstreamFailed {
+        GatewayError::UpstreamFailed {
             backend: backend.name.clone(),
             reason: format!("{}: {innermost}", status.message()),
-        })
+        }
     }
 }
 
@@ -239,13 +224,13 @@ mod tests {
     fn answers_pass_through_and_failures_are_named() {
         let backend = backend();
         match classify(&backend, Status::invalid_argument("bad shape"), None) {
-            CallError::Backend(status) => assert_eq!(status.message(), "bad shape"),
+            GatewayError::Backend(status) => assert_eq!(status.message(), "bad shape"),
             other => panic!("{other:?}"),
         }
         // tonic's own expiry of the grpc-timeout it sent: the backend was too slow.
         let expired = Status::from_error(Box::new(tonic::TimeoutExpired(())));
         match classify(&backend, expired, Some(Duration::from_millis(300))) {
-            CallError::Gateway(error @ GatewayError::UpstreamTimeout { .. }) => {
+            error @ GatewayError::UpstreamTimeout { .. } => {
                 assert_eq!(error.grpc_code(), tonic::Code::DeadlineExceeded);
                 assert_eq!(error.to_string(), "backend 'b' did not answer within 300ms");
             }
@@ -269,7 +254,7 @@ mod tests {
         .await;
         assert!(started.elapsed() < Duration::from_secs(2));
         match answer {
-            Err(CallError::Gateway(error @ GatewayError::UpstreamUnreachable { .. })) => {
+            Err(error @ GatewayError::UpstreamUnreachable { .. }) => {
                 assert_eq!(error.grpc_code(), tonic::Code::Unavailable);
             }
             other => panic!("expected unreachable, got {other:?}"),

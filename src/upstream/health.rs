@@ -2,10 +2,8 @@
 //! an interval, so traffic only goes where a model is actually READY, and a backend that comes
 //! back is readmitted without a restart.
 
-use super::{Backend, ModelIndex, Pool};
-use crate::error::GatewayError;
+use super::{Backend, Pool, TritonClient, TritonError};
 use bytes::Bytes;
-use http::{Method, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -97,20 +95,12 @@ pub struct CheckFailure {
     pub timed_out: bool,
 }
 
-impl From<GatewayError> for CheckFailure {
-    fn from(error: GatewayError) -> Self {
-        Self {
-            timed_out: matches!(error, GatewayError::UpstreamTimeout { .. }),
-            reason: error.to_string(),
-        }
-    }
-}
-
 impl CheckFailure {
-    fn answered(reason: String) -> Self {
+    /// A failed call named `what` ("liveness check"), as the admin API and the logs show it.
+    fn of(what: &str, error: &TritonError) -> Self {
         Self {
-            reason,
-            timed_out: false,
+            reason: error.describe(what),
+            timed_out: error.timed_out(),
         }
     }
 }
@@ -122,46 +112,20 @@ impl std::fmt::Display for CheckFailure {
 }
 
 async fn probe(backend: &Backend, timeout: Duration) -> Result<(), CheckFailure> {
-    let (status, _) = backend
-        .client
-        .call(
-            backend,
-            Method::GET,
-            "/v2/health/live",
-            Bytes::new(),
-            timeout,
-        )
-        .await?;
-    if status != StatusCode::OK {
-        return Err(CheckFailure::answered(format!(
-            "liveness check answered {status}"
-        )));
-    }
-    Ok(())
+    TritonClient::new(backend, timeout)
+        .live()
+        .await
+        .map_err(|e| CheckFailure::of("liveness check", &e))
 }
 
 /// Reads the backend's repository index into its state.
 pub async fn refresh_index(backend: &Backend, timeout: Duration) -> Result<(), CheckFailure> {
     let ticket = backend.index_ticket();
     let sent = tokio::time::Instant::now();
-    let (status, body) = backend
-        .client
-        .call(
-            backend,
-            Method::POST,
-            "/v2/repository/index",
-            Bytes::from_static(b"{}"),
-            timeout,
-        )
-        .await?;
-    if status != StatusCode::OK {
-        return Err(CheckFailure::answered(format!(
-            "repository index answered {status}"
-        )));
-    }
-    let index = ModelIndex::from_json(&body)
-        .map_err(|e| CheckFailure::answered(format!("repository index is not valid JSON: {e}")))?
-        .with_read_at(sent);
-    backend.set_index(ticket, index);
+    let index = TritonClient::new(backend, timeout)
+        .repository_index(Bytes::from_static(b"{}"))
+        .await
+        .map_err(|e| CheckFailure::of("repository index", &e))?;
+    backend.set_index(ticket, index.with_read_at(sent));
     Ok(())
 }

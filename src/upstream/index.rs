@@ -55,6 +55,11 @@ impl ModelIndex {
         }
     }
 
+    /// The rows, as Triton listed them, for the repository API to merge.
+    pub fn into_entries(self) -> Vec<ModelEntry> {
+        self.entries
+    }
+
     /// Stamps when the request that produced this index was sent: placement ignores an index
     /// read before its own last change to that backend.
     pub fn with_read_at(mut self, at: tokio::time::Instant) -> Self {

@@ -1,9 +1,7 @@
 //! `/metrics/backends`: every backend's own Triton metrics in one scrape, each sample labelled
 //! with `backend`, so one Prometheus target covers the whole pool.
 
-use super::{Backend, Pool};
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use super::{Backend, Pool, TritonClient};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -11,32 +9,24 @@ use std::time::Duration;
 /// merges the texts. A backend that fails to answer is left out and named in a comment.
 pub async fn scrape_all(pool: &Pool, timeout: Duration) -> String {
     let backends = pool.backends();
-    let scrapes = backends.iter().filter_map(|backend| {
-        let url = backend.metrics_url.as_ref()?;
-        Some(async move {
-            let uri = url
-                .parse()
-                .map_err(|e| format!("invalid metrics URL: {e}"))?;
-            match backend
-                .client
-                .fetch(&backend.name, Method::GET, uri, Bytes::new(), timeout)
-                .await
-            {
-                Ok((StatusCode::OK, body)) => Ok((backend.name.clone(), body)),
-                Ok((status, _)) => Err(format!(
-                    "backend '{}' metrics answered {status}",
-                    backend.name
-                )),
-                Err(error) => Err(error.to_string()),
-            }
-        })
+    let scrapes = backends.iter().map(|backend| async move {
+        let answer = TritonClient::new(backend, timeout).metrics_text().await?;
+        let name = backend.name.as_str();
+        Some(
+            answer
+                .map(|text| (name, text))
+                .map_err(|error| error.describe(&format!("backend '{name}' metrics"))),
+        )
     });
-    let results = futures_util::future::join_all(scrapes).await;
+    let results = futures_util::future::join_all(scrapes)
+        .await
+        .into_iter()
+        .flatten();
     let mut merged = Merged::default();
     let mut failures = Vec::new();
     for result in results {
         match result {
-            Ok((name, body)) => merged.add(&name, &String::from_utf8_lossy(&body)),
+            Ok((name, text)) => merged.add(name, &text),
             Err(reason) => failures.push(reason),
         }
     }
@@ -54,16 +44,11 @@ pub async fn scrape_all(pool: &Pool, timeout: Duration) -> String {
 /// its GPUs), or `None` when the backend has no metrics URL, does not answer, or has no such
 /// series (a CPU-only Triton has no `nv_gpu_memory_used_bytes`).
 pub async fn read_sum(backend: &Backend, metric: &str, timeout: Duration) -> Option<f64> {
-    let uri = backend.metrics_url.as_ref()?.parse().ok()?;
-    let (status, body) = backend
-        .client
-        .fetch(&backend.name, Method::GET, uri, Bytes::new(), timeout)
-        .await
+    let text = TritonClient::new(backend, timeout)
+        .metrics_text()
+        .await?
         .ok()?;
-    if status != StatusCode::OK {
-        return None;
-    }
-    sum_of(&String::from_utf8_lossy(&body), metric)
+    sum_of(&text, metric)
 }
 
 fn sum_of(text: &str, metric: &str) -> Option<f64> {

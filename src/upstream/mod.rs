@@ -6,10 +6,12 @@ pub mod grpc;
 mod health;
 mod index;
 pub mod metrics_scrape;
+mod triton;
 
 pub use client::{UpstreamClient, forward};
 pub use health::{HealthChecks, refresh_index};
 pub use index::{ModelEntry, ModelIndex};
+pub use triton::{TritonClient, TritonError, path_segment};
 
 use crate::config;
 use arc_swap::ArcSwap;
@@ -18,19 +20,6 @@ use http::{HeaderValue, Uri};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-
-/// Percent-encodes a model name for use as one URL path segment.
-pub fn path_segment(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for byte in name.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
 
 /// A backend's base URL, whether it speaks HTTP/2 with prior knowledge (`h2c://`), and
 /// whether it is reached over TLS (`https://`).

@@ -1039,11 +1039,7 @@ enum Piece<'a, 'b> {
     Escaped(&'b [u8], &'a [u8]),
 }
 
-/// What is kept of the member `name` of an object at `place` (`None`: skipped).
-/// Where the run of ASCII digits starting at `from` ends. Eight bytes at a time: in each
-/// byte of `word - '0'` or `word + (0x80 - ':')` the high bit is set exactly when the byte is
-/// not a digit. A borrow or carry only crosses into a byte from a non-digit below it, so
-/// the lowest flagged byte is the first non-digit.
+/// Where the run of ASCII digits starting at `from` ends.
 fn digits_end(text: &[u8], mut from: usize) -> usize {
     while text.get(from).is_some_and(u8::is_ascii_digit) {
         from += 1;
@@ -1051,6 +1047,7 @@ fn digits_end(text: &[u8], mut from: usize) -> usize {
     from
 }
 
+/// What is kept of the member `name` of an object at `place` (`None`: skipped).
 fn member_place(place: Place, name: &[u8]) -> Option<Place> {
     match (place, name) {
         (Place::Root, b"id") => Some(Place::Scalar),

@@ -1,8 +1,8 @@
 //! The protocol-neutral inference request the checker reads, and how a refusal is told.
 //!
 //! A front-end decodes its wire format into an `InferRequest`: HTTP from the JSON header and
-//! the binary tensor extension (`validate::http`), gRPC (later) from the protobuf message,
-//! with `raw_input_contents` as `TensorData::Raw`. The checker never sees JSON or protobuf.
+//! the binary tensor extension, gRPC from the protobuf message, with `raw_input_contents` as
+//! `TensorData::Raw`. The checker never sees JSON or protobuf.
 
 use bytes::Bytes;
 use std::fmt;

@@ -4,9 +4,7 @@
 use super::datatype::DataType;
 use crate::config;
 use crate::pipeline::ModelRef;
-use crate::upstream::Backend;
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use crate::upstream::{Backend, TritonClient, TritonError};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -293,44 +291,14 @@ async fn fetch(
     model: &ModelRef,
     timeout: Duration,
 ) -> Result<Signature, String> {
-    let mut base = format!("/v2/models/{}", encode_segment(&model.name));
-    if let Some(version) = &model.version {
-        base.push_str("/versions/");
-        base.push_str(&encode_segment(version));
-    }
-    let config_path = format!("{base}/config");
-    let call = |path: &str| {
-        let path = path.to_owned();
-        async move {
-            match backend
-                .client
-                .call(backend, Method::GET, &path, Bytes::new(), timeout)
-                .await
-            {
-                Ok((StatusCode::OK, body)) => Ok(body),
-                Ok((status, body)) => Err(format!(
-                    "GET {path} answered {status}: {}",
-                    String::from_utf8_lossy(&body[..body.len().min(200)])
-                )),
-                Err(error) => Err(format!("GET {path}: {error}")),
-            }
-        }
-    };
-    let (metadata, config) = tokio::join!(call(&base), call(&config_path));
-    Signature::from_triton(&metadata?, &config?)
-}
-
-/// Percent-encodes a path segment (model names are usually plain, but need not be).
-fn encode_segment(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for byte in segment.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
+    let triton = TritonClient::new(backend, timeout);
+    let version = model.version.as_deref();
+    let (metadata, config) = tokio::join!(
+        triton.model_metadata(&model.name, version),
+        triton.model_config(&model.name, version)
+    );
+    let failed = |error: TritonError| error.to_string();
+    Signature::from_triton(&metadata.map_err(failed)?, &config.map_err(failed)?)
 }
 
 #[cfg(test)]
@@ -368,11 +336,5 @@ mod tests {
         assert!(Signature::from_triton(METADATA.as_bytes(), other.as_bytes()).is_err());
         assert!(Signature::from_triton(b"{}", CONFIG.as_bytes()).is_err());
         assert!(Signature::from_triton(METADATA.as_bytes(), b"not json").is_err());
-    }
-
-    #[test]
-    fn encodes_path_segments() {
-        assert_eq!(encode_segment("add_sub-1.x"), "add_sub-1.x");
-        assert_eq!(encode_segment("a b/c"), "a%20b%2Fc");
     }
 }

@@ -1,6 +1,7 @@
-//! The edge of every gRPC call, once, as `frontend::edge` is for HTTP: the request id (taken
-//! or made, sent to the backend, returned), the span, the in-flight gauge, the client's
-//! deadline, the shared request metrics with `protocol="grpc"`, and one access-log line.
+//! The edge of every gRPC call, once, as `frontend::http::edge` is for HTTP: the request id
+//! (taken or made, sent to the backend, returned), the config snapshot, the span, the
+//! in-flight gauge, the client's deadline, and at the end the finish phase
+//! (`pipeline::finish::record`) with `protocol="grpc"`.
 //!
 //! `grpc_layer` runs before tonic sees a request: it takes `grpc-timeout` off the headers into
 //! a `Deadline` (so the gateway answers DEADLINE_EXCEEDED itself, where tonic's server would
@@ -8,19 +9,19 @@
 //! RESOURCE_EXHAUSTED with a message naming the setting.
 
 use crate::Gateway;
-use crate::error::{ErrorKind, ErrorSource, GatewayError};
-use crate::frontend::{
-    InFlightGauge, Protocol, SERVER_HEADER_VALUE, Served, X_REQUEST_ID, grpc_status_class, record,
-    request_id,
-};
+use crate::error::{ErrorKind, GatewayError, grpc_status_class};
+use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
+use crate::pipeline::finish::{self, Answered, Ending};
+use crate::pipeline::series::{InFlightGauge, Protocol};
+use crate::pipeline::{RequestCtx, Served, request_id};
+use crate::reload::Live;
 use crate::trace::RequestTrace;
-use crate::upstream::grpc::CallError;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use http::HeaderValue;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
@@ -31,89 +32,22 @@ use tracing::{Instrument, Span};
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline(pub Instant);
 
-/// How a call failed, as far as the log and metrics care.
-#[derive(Debug)]
-pub enum Failure {
-    /// The gateway answered the failure itself.
-    Gateway(GatewayError),
-    /// The backend's own answer, passed through as it is (as HTTP passes Triton's errors).
-    Backend(Status),
-    /// The client's deadline passed while the gateway was still working on the call.
-    Deadline(Duration),
-    /// A request message larger than `server.max_grpc_message_size`.
-    TooLarge(u64),
-}
-
-impl From<GatewayError> for Failure {
+/// The gRPC status of a failure: the backend's own status as it came, or the gateway's
+/// (`GatewayError::classify`) with the same message as on HTTP, and `retry-after` metadata
+/// where HTTP sends a `Retry-After` header.
+impl From<GatewayError> for Status {
     fn from(error: GatewayError) -> Self {
-        Self::Gateway(error)
-    }
-}
-
-impl From<CallError> for Failure {
-    fn from(error: CallError) -> Self {
-        match error {
-            CallError::Gateway(error) => Self::Gateway(error),
-            CallError::Backend(status) => Self::Backend(status),
+        if let GatewayError::Backend(status) = error {
+            return status;
         }
-    }
-}
-
-impl Failure {
-    /// A failure on the server's side (what a 5xx is in HTTP): what route guards count.
-    pub fn is_server_error(&self) -> bool {
-        match self {
-            Self::Gateway(error) => error.http_status().is_server_error(),
-            Self::Backend(status) => {
-                crate::frontend::edge::grpc_status_class(status.code()) == "5xx"
-            }
-            Self::Deadline(_) | Self::TooLarge(_) => false,
+        let mut status = Status::new(error.grpc_code(), error.to_string());
+        if error.retries_after() {
+            status
+                .metadata_mut()
+                .insert("retry-after", error.retry_after_secs().into());
         }
+        status
     }
-
-    /// The status sent to the client, and what the log and the error counter say of it.
-    fn into_status(self) -> (Status, Option<ErrorKind>) {
-        match self {
-            Self::Gateway(error) => {
-                let kind = ErrorKind {
-                    kind: error.kind(),
-                    source: error.source(),
-                    message: error.to_string(),
-                };
-                (error.into(), Some(kind))
-            }
-            Self::Backend(status) => (status, None),
-            Self::Deadline(after) => {
-                let message = format!(
-                    "deadline exceeded: the client's deadline of {}ms passed in the gateway",
-                    after.as_millis()
-                );
-                let kind = ErrorKind {
-                    kind: "deadline_exceeded",
-                    source: ErrorSource::Client,
-                    message: message.clone(),
-                };
-                (Status::deadline_exceeded(message), Some(kind))
-            }
-            Self::TooLarge(limit) => {
-                let error = GatewayError::BodyTooLarge { limit };
-                let message = too_large_message(limit);
-                let kind = ErrorKind {
-                    kind: error.kind(),
-                    source: error.source(),
-                    message: message.clone(),
-                };
-                (Status::new(error.grpc_code(), message), Some(kind))
-            }
-        }
-    }
-}
-
-/// What a client is told when its message is over the limit.
-pub fn too_large_message(limit: u64) -> String {
-    format!(
-        "request message is larger than the limit of {limit} bytes (server.max_grpc_message_size)"
-    )
 }
 
 /// Tonic's own words for a message over the decoding limit (it answers OUT_OF_RANGE).
@@ -151,10 +85,14 @@ fn is_too_large_header(value: &[u8]) -> bool {
     decoded == TONIC_TOO_LARGE.as_bytes()
 }
 
-/// One gRPC call from start to its one log line.
+/// One gRPC call from start to its one log line: the edge of a call, as
+/// `frontend::http::edge` is for an HTTP request.
 pub struct Call {
+    gateway: Gateway,
     rpc: &'static str,
     id: HeaderValue,
+    /// The config snapshot the call sees throughout.
+    live: Arc<Live>,
     /// Taken when the call's span ends, in `log`.
     trace: Option<RequestTrace>,
     deadline: Option<Instant>,
@@ -165,24 +103,34 @@ pub struct Call {
     target: Mutex<Option<String>>,
     /// The subject of the client's verified certificate (mTLS), a credential for auth.
     peer: Option<String>,
-    tenant: std::sync::OnceLock<std::sync::Arc<str>>,
+    tenant: std::sync::OnceLock<Arc<str>>,
     _in_flight: InFlightGauge,
 }
 
 impl Call {
     /// Starts the edge of a call: the request id from the client's `x-request-id` metadata
-    /// (kept when short printable ASCII) or a new one, the deadline from `grpc_layer`.
-    pub fn start<T>(rpc: &'static str, request: &tonic::Request<T>) -> Self {
-        Self::begin(rpc, request, false)
+    /// (kept when short printable ASCII) or a new one, the deadline from `grpc_layer`, and
+    /// the config snapshot.
+    pub fn start<T>(gateway: &Gateway, rpc: &'static str, request: &tonic::Request<T>) -> Self {
+        Self::begin(gateway, rpc, request, false)
     }
 
     /// Starts a health probe's call: logged at debug level, as HTTP's probes are, and
     /// without a span of its own in the exported traces (a kubelet probes every few seconds).
-    pub fn start_probe<T>(rpc: &'static str, request: &tonic::Request<T>) -> Self {
-        Self::begin(rpc, request, true)
+    pub fn start_probe<T>(
+        gateway: &Gateway,
+        rpc: &'static str,
+        request: &tonic::Request<T>,
+    ) -> Self {
+        Self::begin(gateway, rpc, request, true)
     }
 
-    fn begin<T>(rpc: &'static str, request: &tonic::Request<T>, probe: bool) -> Self {
+    fn begin<T>(
+        gateway: &Gateway,
+        rpc: &'static str,
+        request: &tonic::Request<T>,
+        probe: bool,
+    ) -> Self {
         let client = request
             .metadata()
             .get("x-request-id")
@@ -190,16 +138,12 @@ impl Call {
         let id = request_id(client.as_ref());
         let traceparent = request.metadata().get("traceparent").map(|v| v.as_bytes());
         let trace = RequestTrace::start(traceparent, !probe);
-        let span = tracing::info_span!(
-            "request",
-            request_id = %id.to_str().unwrap_or_default(),
-            trace_id = %trace.trace_id(),
-            peer = tracing::field::Empty
-        );
-        crate::frontend::edge::record_peer(&span, request.extensions());
+        let span = crate::frontend::request_span(&id, &trace, request.extensions());
         Self {
+            gateway: gateway.clone(),
             rpc,
             id,
+            live: gateway.live(),
             trace: Some(trace),
             deadline: request.extensions().get::<Deadline>().map(|d| d.0),
             peer: request
@@ -214,6 +158,18 @@ impl Call {
             tenant: std::sync::OnceLock::new(),
             _in_flight: InFlightGauge::start(Protocol::Grpc),
         }
+    }
+
+    /// The call's request context: its snapshot, id and deadline.
+    pub fn ctx(&self) -> RequestCtx {
+        self.ctx_with(self.live.clone())
+    }
+
+    /// A context for one request of a stream: the stream's id and deadline, and `live`.
+    pub fn ctx_with(&self, live: Arc<Live>) -> RequestCtx {
+        let mut ctx = RequestCtx::new(&self.gateway, live, self.id.clone(), self.deadline);
+        ctx.started = self.started;
+        ctx
     }
 
     /// The request id, as metadata for the backend and the answer.
@@ -240,14 +196,23 @@ impl Call {
     }
 
     /// Records the caller's tenant for the log line.
-    pub fn tenant(&self, tenant: std::sync::Arc<str>) {
+    pub fn tenant(&self, tenant: Arc<str>) {
         let _ = self.tenant.set(tenant);
     }
 
-    /// Records the route target (`model[/version]`) that serves the call: returned to the
-    /// client in `infergate-target` metadata, as HTTP returns it in a header.
-    pub fn routed_to(&self, label: String) {
-        *self.target.lock().expect("target lock") = Some(label);
+    /// Takes over what a request's context learned: what served it, the tenant and the
+    /// route target (returned in `infergate-target` metadata, as HTTP returns it in a
+    /// header).
+    pub fn learn(&self, ctx: &RequestCtx) {
+        if ctx.lease.is_some() {
+            self.served(ctx.served());
+        }
+        if let Some(tenant) = ctx.tenant() {
+            self.tenant(tenant.clone());
+        }
+        if let Some(label) = ctx.target_label() {
+            *self.target.lock().expect("target lock") = Some(label.to_owned());
+        }
     }
 
     /// Adds the call's own metadata to an answer: the request id, the route target.
@@ -265,54 +230,54 @@ impl Call {
         self.peer.as_deref()
     }
 
-    /// The client's deadline, if it set one.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
-    }
-
-    /// Time left for a call to a backend: the configured cap, or less when the client's
-    /// deadline comes first.
-    pub fn budget(&self, cap: Duration) -> Duration {
-        match self.deadline {
-            Some(deadline) => cap.min(deadline.saturating_duration_since(Instant::now())),
-            None => cap,
-        }
-    }
-
     /// Runs the call's work in its span, within the client's deadline.
     pub async fn run<T>(
         &self,
-        work: impl Future<Output = Result<T, Failure>>,
-    ) -> Result<T, Failure> {
+        ctx: &mut RequestCtx,
+        work: impl AsyncFnOnce(&mut RequestCtx) -> Result<T, GatewayError>,
+    ) -> Result<T, GatewayError> {
+        let deadline = self.deadline;
+        let outcome = {
+            let work = work(ctx).instrument(self.span.clone());
+            match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, work).await.ok(),
+                None => Some(work.await),
+            }
+        };
+        self.learn(ctx);
+        match (outcome, deadline) {
+            (Some(outcome), _) => outcome.map_err(|error| ctx.deadline_passed(error)),
+            (None, Some(deadline)) => Err(ctx.deadline_exceeded(deadline)),
+            (None, None) => unreachable!("only a deadline times out"),
+        }
+    }
+
+    /// Runs a stream's work in its span, within the client's deadline.
+    pub async fn run_stream(
+        &self,
+        work: impl Future<Output = Result<(), GatewayError>>,
+    ) -> Result<(), GatewayError> {
         let work = work.instrument(self.span.clone());
         match self.deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline, work).await {
-                Ok(outcome) => outcome.map_err(|failure| self.deadline_passed(failure)),
-                Err(_) => Err(Failure::Deadline(deadline - self.started)),
+                Ok(outcome) => outcome,
+                Err(_) => Err(GatewayError::DeadlineExceeded {
+                    after: deadline - self.started,
+                }),
             },
             None => work.await,
         }
     }
 
-    /// A backend call given only what was left of the client's deadline ends with the
-    /// gateway's own timer at about the moment the deadline passes, and races the timer in
-    /// `run`. When the deadline has passed, it is the client's deadline, not a slow backend:
-    /// answered and counted as `deadline_exceeded`, and not counted by route guards.
-    pub fn deadline_passed(&self, failure: Failure) -> Failure {
-        match (failure, self.deadline) {
-            (Failure::Gateway(GatewayError::UpstreamTimeout { .. }), Some(deadline))
-                if Instant::now() >= deadline =>
-            {
-                Failure::Deadline(deadline - self.started)
-            }
-            (failure, _) => failure,
-        }
+    /// The gateway the call is served by.
+    pub fn gateway(&self) -> &Gateway {
+        &self.gateway
     }
 
     /// Ends a unary call: the request id on the answer, the metrics, the log line.
     pub fn finish<T>(
         mut self,
-        outcome: Result<tonic::Response<T>, Failure>,
+        outcome: Result<tonic::Response<T>, GatewayError>,
     ) -> Result<tonic::Response<T>, Status> {
         match outcome {
             Ok(mut response) => {
@@ -321,16 +286,17 @@ impl Call {
                 self.log(Code::Ok, None, None, &[]);
                 Ok(response)
             }
-            Err(failure) => Err(self.fail(failure, &[])),
+            Err(error) => Err(self.fail(error, &[])),
         }
     }
 
     /// Ends a call with an error status: logged and counted, the request id attached.
-    pub fn fail(mut self, failure: Failure, extra: &[(&str, u64)]) -> Status {
-        let (mut status, kind) = failure.into_status();
+    pub fn fail(mut self, error: GatewayError, extra: &[(&str, u64)]) -> Status {
+        let report = error.report();
+        let mut status = Status::from(error);
         self.stamp(status.metadata_mut());
         let message = status.message().to_owned();
-        self.log(status.code(), kind.as_ref(), Some(&message), extra);
+        self.log(status.code(), report.as_ref(), Some(&message), extra);
         status
     }
 
@@ -346,75 +312,31 @@ impl Call {
         message: Option<&str>,
         extra: &[(&str, u64)],
     ) {
-        let elapsed = self.started.elapsed();
         let served = self.served.lock().expect("served lock").clone();
-        record(
-            Protocol::Grpc,
-            &served,
-            grpc_status_class(code),
-            elapsed,
-            error,
-        );
-        if let Some(trace) = self.trace.take() {
-            trace.finish_grpc(self.rpc, code, &served, error);
-        }
-        let latency_ms = elapsed.as_secs_f64() * 1e3;
-        let _entered = self.span.enter();
-        let rpc = self.rpc;
-        let tenant = self.tenant.get().map_or("", |t| &**t);
-        // A string, so the text log quotes it as before (`code="Ok"`).
+        // A string, so the text log quotes it (`code="Ok"`).
         let code_name = format!("{code:?}");
-        let version = served.version.as_deref().unwrap_or("");
         // Stream counters (messages, responses) as one field, so each line has one shape.
         let counts = extra
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(" ");
-        match error {
-            Some(e) if e.source != ErrorSource::Client => tracing::warn!(
-                rpc,
-                model = served.model,
-                version,
-                tenant,
-                backend = served.backend,
-                code = code_name,
-                latency_ms,
-                counts,
-                error = e.kind,
-                source = e.source.as_str(),
-                reason = e.message,
-                "request failed"
-            ),
-            Some(e) => tracing::info!(
-                rpc,
-                model = served.model,
-                version,
-                tenant,
-                backend = served.backend,
-                code = code_name,
-                latency_ms,
-                counts,
-                error = e.kind,
-                reason = e.message,
-                "request refused"
-            ),
-            None if self.probe => {
-                tracing::debug!(rpc, code = code_name, latency_ms, "probe")
-            }
-            None => tracing::info!(
-                rpc,
-                model = served.model,
-                version,
-                tenant,
-                backend = served.backend,
-                code = code_name,
-                latency_ms,
-                counts,
-                reason = message.unwrap_or(""),
-                "request"
-            ),
-        }
+        let ending = Ending {
+            answered: Answered::Grpc {
+                rpc: self.rpc,
+                code: (code as i32, &code_name),
+                class: grpc_status_class(code),
+                message,
+                counts: &counts,
+            },
+            served: &served,
+            tenant: self.tenant.get().map_or("", |t| &**t),
+            elapsed: self.started.elapsed(),
+            error,
+            probe: self.probe,
+        };
+        let _entered = self.span.enter();
+        finish::record(&ending, self.trace.take());
     }
 }
 
@@ -501,41 +423,35 @@ pub async fn grpc_layer(
             .get("grpc-message")
             .is_some_and(|m| is_too_large_header(m.as_bytes()));
     if too_large {
-        let limit = gateway.config().server.max_grpc_message_size.bytes();
-        let message = too_large_message(limit);
+        let error = GatewayError::MessageTooLarge {
+            limit: gateway.config().server.max_grpc_message_size.bytes(),
+        };
         let id = request_id(client_id.as_ref());
-        headers.insert(
-            "grpc-status",
-            HeaderValue::from(Code::ResourceExhausted as i32),
-        );
+        headers.insert("grpc-status", HeaderValue::from(error.grpc_code() as i32));
         headers.insert(
             "grpc-message",
-            HeaderValue::from_str(&message).expect("ASCII message"),
+            HeaderValue::from_str(&error.to_string()).expect("ASCII message"),
         );
         headers.insert(X_REQUEST_ID.clone(), id.clone());
-        let error = ErrorKind {
-            kind: GatewayError::BodyTooLarge { limit }.kind(),
-            source: ErrorSource::Client,
-            message,
+        let report = error.report();
+        let code_name = format!("{:?}", error.grpc_code());
+        let ending = Ending {
+            answered: Answered::Grpc {
+                rpc: "",
+                code: (error.grpc_code() as i32, &code_name),
+                class: grpc_status_class(error.grpc_code()),
+                message: None,
+                counts: "",
+            },
+            served: &Served::default(),
+            tenant: "",
+            elapsed: started.elapsed(),
+            error: report.as_ref(),
+            probe: false,
         };
-        let elapsed = started.elapsed();
-        record(
-            Protocol::Grpc,
-            &Served::default(),
-            grpc_status_class(Code::ResourceExhausted),
-            elapsed,
-            Some(&error),
-        );
-        let span = tracing::info_span!("request", request_id = %id.to_str().unwrap_or_default());
+        let span = tracing::info_span!("request", request_id = %id.to_str().unwrap_or_default(), rpc = uri.path());
         let _entered = span.enter();
-        tracing::info!(
-            rpc = uri.path(),
-            code = "ResourceExhausted",
-            latency_ms = elapsed.as_secs_f64() * 1e3,
-            error = error.kind,
-            message = error.message,
-            "request refused"
-        );
+        finish::record(&ending, None);
     }
     response
 }
@@ -594,21 +510,39 @@ mod tests {
         assert_eq!(names, ["authorization", "x-tenant"]);
     }
 
+    fn gateway() -> Gateway {
+        let config = crate::config::Config::parse(
+            "[listen]\nhttp = \"127.0.0.1:0\"\n[[backends]]\nname = \"b\"\nhttp = \"http://127.0.0.1:1\"",
+        )
+        .unwrap();
+        Gateway::new(config).unwrap()
+    }
+
+    fn with_deadline(after: Duration) -> (tonic::Request<()>, Instant) {
+        let mut request = tonic::Request::new(());
+        let deadline = Instant::now() + after;
+        request.extensions_mut().insert(Deadline(deadline));
+        (request, deadline)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_clients_deadline_ends_the_work_with_deadline_exceeded() {
-        let mut request = tonic::Request::new(());
-        let deadline = Instant::now() + Duration::from_millis(300);
-        request.extensions_mut().insert(Deadline(deadline));
-        let call = Call::start("ModelInfer", &request);
+        let (request, deadline) = with_deadline(Duration::from_millis(300));
+        let call = Call::start(&gateway(), "ModelInfer", &request);
+        let mut ctx = call.ctx();
         assert_eq!(
-            call.budget(Duration::from_secs(60)),
+            ctx.budget(Duration::from_secs(60)),
             Duration::from_millis(300)
         );
-        let outcome: Result<(), Failure> = call.run(std::future::pending()).await;
+        let outcome: Result<(), GatewayError> = call
+            .run(&mut ctx, async |_| std::future::pending().await)
+            .await;
         assert_eq!(Instant::now(), deadline);
-        let failure = outcome.unwrap_err();
-        assert!(matches!(failure, Failure::Deadline(after) if after == Duration::from_millis(300)));
-        let status = call.fail(failure, &[]);
+        let error = outcome.unwrap_err();
+        assert!(
+            matches!(error, GatewayError::DeadlineExceeded { after } if after == Duration::from_millis(300))
+        );
+        let status = call.fail(error, &[]);
         assert_eq!(status.code(), Code::DeadlineExceeded);
         assert!(status.message().contains("300ms"));
         assert!(status.metadata().get("x-request-id").is_some());
@@ -616,23 +550,20 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_backend_out_of_the_clients_time_is_the_clients_deadline() {
-        let mut request = tonic::Request::new(());
-        let deadline = Instant::now() + Duration::from_millis(300);
-        request.extensions_mut().insert(Deadline(deadline));
-        let call = Call::start("ModelInfer", &request);
-        let timeout = || {
-            Failure::Gateway(GatewayError::UpstreamTimeout {
-                backend: "b".into(),
-                after: Duration::from_millis(300),
-            })
+        let (request, _) = with_deadline(Duration::from_millis(300));
+        let call = Call::start(&gateway(), "ModelInfer", &request);
+        let mut ctx = call.ctx();
+        let timeout = || GatewayError::UpstreamTimeout {
+            backend: "b".into(),
+            after: Duration::from_millis(300),
         };
         // Before the deadline, the backend's own timeout (upstream.request_timeout) is its.
         assert!(matches!(
-            call.deadline_passed(timeout()),
-            Failure::Gateway(GatewayError::UpstreamTimeout { .. })
+            ctx.deadline_passed(timeout()),
+            GatewayError::UpstreamTimeout { .. }
         ));
         tokio::time::advance(Duration::from_millis(300)).await;
-        let outcome: Result<(), Failure> = call.run(async { Err(timeout()) }).await;
+        let outcome: Result<(), GatewayError> = call.run(&mut ctx, async |_| Err(timeout())).await;
         let status = call.fail(outcome.unwrap_err(), &[]);
         assert_eq!(status.code(), Code::DeadlineExceeded);
         assert!(
@@ -642,16 +573,18 @@ mod tests {
     }
 
     #[test]
-    fn failures_map_to_codes() {
-        let (status, kind) = Failure::TooLarge(10).into_status();
+    fn failures_map_to_statuses() {
+        let status = Status::from(GatewayError::MessageTooLarge { limit: 10 });
         assert_eq!(status.code(), Code::ResourceExhausted);
         assert!(status.message().contains("server.max_grpc_message_size"));
-        assert_eq!(kind.unwrap().kind, "body_too_large");
-        let (status, kind) = Failure::Deadline(Duration::from_millis(5)).into_status();
-        assert_eq!(status.code(), Code::DeadlineExceeded);
-        assert_eq!(kind.unwrap().source, ErrorSource::Client);
-        let (status, kind) = Failure::Backend(Status::invalid_argument("shape")).into_status();
-        assert_eq!(status.code(), Code::InvalidArgument);
-        assert!(kind.is_none());
+        let passed = Status::from(GatewayError::Backend(Status::invalid_argument("shape")));
+        assert_eq!(
+            (passed.code(), passed.message()),
+            (Code::InvalidArgument, "shape")
+        );
+        let busy = Status::from(GatewayError::Churn {
+            retry_after: Duration::from_secs(3),
+        });
+        assert_eq!(busy.metadata().get("retry-after").unwrap(), "3");
     }
 }

@@ -26,13 +26,12 @@
 //! breaks (the backend went away) ends the client's stream with that status (UNAVAILABLE),
 //! since requests in flight on it are lost and the client must know.
 
-use super::call::{Call, Failure, is_too_large};
-use super::{upstream_request, version};
-use crate::Gateway;
-use crate::auth::{Access, Admission};
-use crate::frontend::Served;
-use crate::pipeline::ModelRef;
-use crate::pipeline::auth::{Caller, admit};
+use super::call::{Call, is_too_large};
+use super::upstream_request;
+use super::wire::ModelMessage;
+use crate::auth::Admission;
+use crate::error::GatewayError;
+use crate::pipeline::{self, Ask, Caller, ModelRef, RequestCtx, Tally, admit, finish};
 use crate::placement::Lease;
 use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
 use crate::upstream::Backend;
@@ -60,7 +59,7 @@ const OUT_QUEUE: usize = 64;
 /// One model's stream to one of its backends. A model has one, and another only when a
 /// live sequence runs on a copy elsewhere (it started on another stream, or before a
 /// backend stream ended).
-struct Route {
+struct BackendStream {
     backend: Arc<Backend>,
     /// The backend's place in the pool (`Placement::route_sequence`).
     index: usize,
@@ -69,46 +68,66 @@ struct Route {
 }
 
 /// Every backend stream of the client's stream, per model.
-type Routes = HashMap<ModelRef, Vec<Route>>;
+type Streams = HashMap<ModelRef, Vec<BackendStream>>;
 
-/// What ends when a pump ends: its model's route to one backend.
-type Pumps = JoinSet<((ModelRef, usize), Result<u64, Failure>)>;
+/// What ends when a pump ends: its model's stream to one backend.
+type Pumps = JoinSet<((ModelRef, usize), Result<u64, GatewayError>)>;
 
-/// The concurrency slots of requests sent down one backend stream and not yet answered, by
-/// request id, oldest first. Shared by the relay, which adds one before it sends a request,
-/// and the pump, which releases one with the backend's answer to it.
+/// What a request sent down a backend stream holds until its answer: the tenant's
+/// concurrency slot, and the route guard's count of it.
+#[derive(Default)]
+struct Held {
+    _admission: Admission,
+    tally: Option<Tally>,
+}
+
+/// The requests sent down one backend stream and not yet answered, by request id, oldest
+/// first. Shared by the relay, which adds one before it sends a request, and the pump, which
+/// releases one with the backend's answer to it.
 #[derive(Clone, Default)]
-struct Waiting(Arc<Mutex<HashMap<String, VecDeque<Admission>>>>);
+struct Waiting(Arc<Mutex<HashMap<String, VecDeque<Held>>>>);
 
 impl Waiting {
-    /// Holds a request's slot until its answer.
-    fn hold(&self, id: &str, admission: Admission) {
+    /// Holds a request's slot and count until its answer.
+    fn hold(&self, id: &str, held: Held) {
         let mut waiting = self.0.lock().expect("waiting lock");
-        waiting
-            .entry(id.to_owned())
-            .or_default()
-            .push_back(admission);
+        waiting.entry(id.to_owned()).or_default().push_back(held);
     }
 
-    /// Takes back the newest slot held for `id` (its request was not sent after all).
-    fn take_back(&self, id: &str) -> Option<Admission> {
+    /// Takes back the newest held for `id` (its request was not sent after all).
+    fn take_back(&self, id: &str) -> Option<Held> {
         let mut waiting = self.0.lock().expect("waiting lock");
-        let admission = waiting.get_mut(id)?.pop_back();
+        let held = waiting.get_mut(id)?.pop_back();
         if waiting.get(id).is_some_and(VecDeque::is_empty) {
             waiting.remove(id);
         }
-        admission
+        held
     }
 
-    /// Releases the oldest slot held for `id`: the backend has answered that request.
-    fn answered(&self, id: &str) {
+    /// The backend has answered the oldest request of `id`: its slot is released and its
+    /// guard counts the answer (`failed`: Triton answered it with an error).
+    fn answered(&self, id: &str, failed: bool) {
         let released = self
             .0
             .lock()
             .expect("waiting lock")
             .get_mut(id)
             .and_then(VecDeque::pop_front);
-        drop(released);
+        if let Some(tally) = released.and_then(|held| held.tally) {
+            tally.finish(failed);
+        }
+    }
+
+    /// The backend stream broke: every request still waiting on it failed.
+    fn broke(&self) {
+        let waiting = std::mem::take(&mut *self.0.lock().expect("waiting lock"));
+        for tally in waiting
+            .into_values()
+            .flatten()
+            .filter_map(|held| held.tally)
+        {
+            tally.finish(true);
+        }
     }
 }
 
@@ -123,7 +142,6 @@ struct Counts {
 /// Starts relaying: returns the client's response stream at once; a task does the work and
 /// writes the call's log line when the stream ends.
 pub fn start(
-    gateway: Gateway,
     call: Call,
     caller: Caller,
     request: Request<Streaming<ModelInferRequest>>,
@@ -132,15 +150,24 @@ pub fn start(
     let id = call.id();
     let span = call.span().clone();
     let (metadata, _, inbound) = request.into_parts();
-    tokio::spawn(relay(gateway, call, caller, metadata, inbound, out).instrument(span));
+    tokio::spawn(relay(call, caller, metadata, inbound, out).instrument(span));
     let mut response: Response<ResponseStream> =
         Response::new(Box::pin(ReceiverStream::new(answers)));
     response.metadata_mut().insert("x-request-id", id);
     response
 }
 
+/// The stream's state that every request on it shares.
+struct Relay<'a> {
+    call: &'a Call,
+    caller: &'a Caller,
+    metadata: &'a MetadataMap,
+    streams: Streams,
+    pumps: Pumps,
+    out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
+}
+
 async fn relay(
-    gateway: Gateway,
     call: Call,
     caller: Caller,
     metadata: MetadataMap,
@@ -148,40 +175,47 @@ async fn relay(
     out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
 ) {
     let mut counts = Counts::default();
-    let mut routes: Routes = HashMap::new();
-    let mut pumps: Pumps = JoinSet::new();
-    let limit = gateway.config().server.max_grpc_message_size.bytes();
+    let limit = call.gateway().config().server.max_grpc_message_size.bytes();
+    let mut relay = Relay {
+        call: &call,
+        caller: &caller,
+        metadata: &metadata,
+        streams: HashMap::new(),
+        pumps: JoinSet::new(),
+        out: out.clone(),
+    };
     let work = async {
         loop {
             tokio::select! {
                 next = inbound.message() => match next {
                     Ok(Some(message)) => {
                         counts.requests += 1;
-                        let refused = route(&gateway, &call, &caller, &metadata, &mut routes, &mut pumps, &out, message).await;
-                        counts.refused += u64::from(refused);
+                        counts.refused += u64::from(relay.request(message).await);
                     }
                     // The client is done sending: let the backends finish answering.
                     Ok(None) => break,
-                    Err(status) if is_too_large(&status) => return Err(Failure::TooLarge(limit)),
-                    Err(status) => return Err(Failure::Backend(status)),
+                    Err(status) if is_too_large(&status) => {
+                        return Err(GatewayError::MessageTooLarge { limit });
+                    }
+                    Err(status) => return Err(GatewayError::Backend(status)),
                 },
-                Some(done) = pumps.join_next() => {
+                Some(done) = relay.pumps.join_next() => {
                     let ((model, index), answered) = done.expect("pump tasks do not panic");
-                    drop_route(&mut routes, &model, index);
+                    relay.drop_stream(&model, index);
                     counts.responses += answered?;
                 }
                 // The client went away.
-                () = out.closed() => return Ok(()),
+                () = relay.out.closed() => return Ok(()),
             }
         }
-        routes.clear();
-        while let Some(done) = pumps.join_next().await {
+        relay.streams.clear();
+        while let Some(done) = relay.pumps.join_next().await {
             counts.responses += done.expect("pump tasks do not panic").1?;
         }
         Ok(())
     };
-    let outcome = call.run(work).await;
-    pumps.abort_all();
+    let outcome = call.run_stream(work).await;
+    relay.pumps.abort_all();
     let extra = [
         ("requests", counts.requests),
         ("responses", counts.responses),
@@ -189,181 +223,224 @@ async fn relay(
     ];
     match outcome {
         Ok(()) => call.finish_stream(&extra),
-        Err(failure) => {
-            let status = call.fail(failure, &extra);
+        Err(error) => {
+            let status = call.fail(error, &extra);
             let _ = out.send(Err(status)).await;
         }
     }
 }
 
-fn drop_route(routes: &mut Routes, model: &ModelRef, index: usize) {
-    if let Some(list) = routes.get_mut(model) {
-        list.retain(|r| r.index != index);
-        if list.is_empty() {
-            routes.remove(model);
+impl Relay<'_> {
+    fn drop_stream(&mut self, model: &ModelRef, index: usize) {
+        if let Some(list) = self.streams.get_mut(model) {
+            list.retain(|r| r.index != index);
+            if list.is_empty() {
+                self.streams.remove(model);
+            }
         }
     }
-}
 
-/// Sends one request down its model's backend stream, opening one if needed. Returns true
-/// when the request was refused (answered on the stream with `error_message`).
-///
-/// A request of a live sequence goes down the stream to the copy its sequence runs on (a
-/// stream opened for it if need be); a sequence's start goes down the model's stream and
-/// binds the sequence there; a request of a sequence whose copy has gone is refused
-/// (`SequenceLost`).
-#[allow(clippy::too_many_arguments)]
-async fn route(
-    gateway: &Gateway,
-    call: &Call,
-    caller: &Caller,
-    metadata: &MetadataMap,
-    routes: &mut Routes,
-    pumps: &mut Pumps,
-    out: &mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
-    mut message: ModelInferRequest,
-) -> bool {
-    // A route name is resolved per request (sticky keys from the stream's metadata, so a
-    // sticky route keeps one target for the whole stream); the request goes on under the
-    // target's name, down the target's backend stream.
-    let requested = ModelRef::new(message.model_name.clone(), version(&message.model_version));
-    if let Err(error) = requested.version_number() {
-        return refuse(out, &requested, message, error).await;
-    }
-    let live = gateway.live();
-    // Each request on the stream is admitted for the model it names and counted against the
-    // tenant's rate; its concurrency slot is held until the backend answers it.
-    let mut admission = match admit(&live.auth, caller, Access::Model(&requested.name)) {
-        Ok(admission) => admission,
-        Err(error) => return refuse(out, &requested, message, error).await,
-    };
-    let routed = match live.routes.resolve(
-        requested.clone(),
-        |name| metadata.get(name).map(|v| v.as_bytes()),
-        caller,
-    ) {
-        Ok(routed) => routed,
-        Err(error) => return refuse(out, &requested, message, error).await,
-    };
-    let model = routed.target;
-    message.model_name.clone_from(&model.name);
-    message.model_version = model.version.clone().unwrap_or_default();
-    let sequence = crate::pipeline::sequence::from_parameters(&message.parameters);
-    let placement = gateway.placement();
-    let bound = match sequence.as_ref().filter(|s| !s.start) {
-        Some(sequence) => match placement.route_sequence(&model, sequence) {
-            Ok(bound) => bound,
-            Err(error) => return refuse(out, &model, message, error).await,
-        },
-        None => None,
-    };
-    let open = routes.get(&model).and_then(|list| match bound {
-        Some(index) => list.iter().find(|r| r.index == index),
-        None => list.first(),
-    });
-    let message = match open {
-        Some(route) => {
-            if let Err(error) =
-                super::validate::infer_request(gateway, &route.backend, &model, &message).await
-            {
-                return refuse(out, &model, message, error).await;
-            }
-            if let Some(sequence) = &sequence {
-                placement.sequence_sent(route.index, &model.name, sequence);
-            }
-            // Held before sending, so that the answer cannot come before the slot is held.
-            route.waiting.hold(&message.id, admission);
-            match route.requests.send(message).await {
-                Ok(()) => return false,
-                // The backend stream ended meanwhile: place again.
-                Err(mpsc::error::SendError(message)) => {
-                    admission = route.waiting.take_back(&message.id).unwrap_or_default();
-                    let index = route.index;
-                    drop_route(routes, &model, index);
-                    message
+    /// One request on the stream, through the pipeline's phases with a context of its own
+    /// (a fresh config snapshot each: a long stream follows reloads): admit, route, place
+    /// (or the backend stream already open to its copy), validate, then down the backend
+    /// stream. Returns true when the request was refused (answered on the stream with
+    /// `error_message`).
+    ///
+    /// A request of a live sequence goes down the stream to the copy its sequence runs on (a
+    /// stream opened for it if need be); a sequence's start goes down the model's stream and
+    /// binds the sequence there; a request of a sequence whose copy has gone is refused
+    /// (`SequenceLost`).
+    async fn request(&mut self, mut message: ModelInferRequest) -> bool {
+        let mut ctx = self.call.ctx_with(self.call.gateway().live());
+        ctx.caller = self.caller.clone();
+        match self.admitted(&mut ctx, &mut message) {
+            Ok(()) => {}
+            Err(error) => return self.refuse(&mut ctx, message, error).await,
+        }
+        let (model, sequence) = (
+            ctx.routed.as_ref().expect("routed").target.clone(),
+            ctx.sequence.clone(),
+        );
+        let placement = ctx.gateway.placement().clone();
+        let bound = match sequence.as_ref().filter(|s| !s.start) {
+            Some(sequence) => match placement.route_sequence(&model, sequence) {
+                Ok(bound) => bound,
+                Err(error) => return self.refuse(&mut ctx, message, error).await,
+            },
+            None => None,
+        };
+        let open = self.streams.get(&model).and_then(|list| match bound {
+            Some(index) => list.iter().find(|r| r.index == index),
+            None => list.first(),
+        });
+        let message = match open {
+            Some(open) => {
+                let (backend, index, requests, waiting) = (
+                    open.backend.clone(),
+                    open.index,
+                    open.requests.clone(),
+                    open.waiting.clone(),
+                );
+                if let Err(error) = message.validate(&ctx, &backend, &model).await {
+                    return self.refuse(&mut ctx, message, error).await;
+                }
+                if let Some(sequence) = &sequence {
+                    placement.sequence_sent(index, &model.name, sequence);
+                }
+                // Held before sending, so that the answer cannot come before it is held.
+                waiting.hold(&message.id, held(&mut ctx));
+                match requests.send(message).await {
+                    Ok(()) => return false,
+                    // The backend stream ended meanwhile: place again.
+                    Err(mpsc::error::SendError(message)) => {
+                        let taken = waiting.take_back(&message.id).unwrap_or_default();
+                        ctx.admission = taken._admission;
+                        if let (Some(routed), Some(tally)) = (&mut ctx.routed, taken.tally) {
+                            routed.tally = Some(tally);
+                        }
+                        self.drop_stream(&model, index);
+                        message
+                    }
                 }
             }
+            None => message,
+        };
+        if let Err(error) = pipeline::place(&mut ctx).await {
+            return self.refuse(&mut ctx, message, error).await;
         }
-        None => message,
-    };
-    let lease = match placement.acquire_in(&model, sequence.as_ref()).await {
-        Ok(lease) => lease,
-        Err(error) => return refuse(out, &model, message, error).await,
-    };
-    if let Err(error) =
-        super::validate::infer_request(gateway, lease.backend(), &model, &message).await
-    {
-        return refuse(out, &model, message, error).await;
-    }
-    if routes.is_empty() && pumps.is_empty() {
-        // The first model of the stream names it in the metrics and the log line.
-        call.served(Served {
-            model: model.name.clone(),
-            version: model.version.clone(),
-            backend: lease.backend().name.clone(),
-            route: routed.route,
-        });
-    }
-    let (requests, queue) = mpsc::channel(ROUTE_QUEUE);
-    let waiting = Waiting::default();
-    waiting.hold(&message.id, admission);
-    requests
-        .send(message)
-        .await
-        .expect("the receiver is alive until the pump starts");
-    let timeout = call
-        .deadline()
-        .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now()));
-    let request = upstream_request(call, metadata.clone(), ReceiverStream::new(queue), timeout);
-    let index = lease.backend_index();
-    routes.entry(model.clone()).or_default().push(Route {
-        backend: lease.backend().clone(),
-        index,
-        requests,
-        waiting: waiting.clone(),
-    });
-    let out = out.clone();
-    pumps.spawn(
-        async move {
-            let answered = pump(lease, request, waiting, out).await;
-            ((model, index), answered)
+        if self.streams.is_empty() && self.pumps.is_empty() {
+            // The first model of the stream names it in the metrics and the log line.
+            self.call.served(ctx.served());
         }
-        .instrument(call.span().clone()),
-    );
-    false
+        let lease = ctx.lease.take().expect("placed");
+        if let Err(error) = message.validate(&ctx, lease.backend(), &model).await {
+            return self.refuse(&mut ctx, message, error).await;
+        }
+        self.open(ctx, model, lease, message).await;
+        false
+    }
+
+    /// The admit and route phases for one request, and what placement needs of it.
+    fn admitted(
+        &self,
+        ctx: &mut RequestCtx,
+        message: &mut ModelInferRequest,
+    ) -> Result<(), GatewayError> {
+        ctx.about(message.model()?, Ask::Inference);
+        // Each request is admitted for the model it names and counted against the tenant's
+        // rate; its concurrency slot is held until the backend answers it.
+        admit::model(ctx)?;
+        // Sticky keys from the stream's metadata, so a sticky route keeps one target for
+        // the whole stream; the request goes on under the target's name.
+        let metadata = self.metadata;
+        pipeline::route(ctx, |name| metadata.get(name).map(|v| v.as_bytes()))?;
+        message.retarget(&ctx.routed.as_ref().expect("routed").target);
+        ctx.sequence = message.sequence();
+        Ok(())
+    }
+
+    /// Opens a backend stream to the copy `lease` holds, sends `message` down it, and
+    /// relays its answers in a task of its own (`pump`).
+    async fn open(
+        &mut self,
+        mut ctx: RequestCtx,
+        model: ModelRef,
+        lease: Lease,
+        message: ModelInferRequest,
+    ) {
+        let (requests, queue) = mpsc::channel(ROUTE_QUEUE);
+        let waiting = Waiting::default();
+        waiting.hold(&message.id, held(&mut ctx));
+        requests
+            .send(message)
+            .await
+            .expect("the receiver is alive until the pump starts");
+        let timeout = ctx
+            .deadline
+            .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now()));
+        let request = upstream_request(
+            (self.call, &ctx),
+            self.metadata.clone(),
+            ReceiverStream::new(queue),
+            timeout,
+        );
+        let index = lease.backend_index();
+        self.streams
+            .entry(model.clone())
+            .or_default()
+            .push(BackendStream {
+                backend: lease.backend().clone(),
+                index,
+                requests,
+                waiting: waiting.clone(),
+            });
+        let out = self.out.clone();
+        self.pumps.spawn(
+            async move {
+                let answered = pump(lease, request, waiting, out).await;
+                ((model, index), answered)
+            }
+            .instrument(self.call.span().clone()),
+        );
+    }
+
+    /// Answers a request the gateway refuses on the stream, as Triton answers a failed
+    /// request on a stream: `error_message`, and the stream goes on; the route's guard counts
+    /// it. Returns true (refused).
+    async fn refuse(
+        &self,
+        ctx: &mut RequestCtx,
+        message: ModelInferRequest,
+        error: GatewayError,
+    ) -> bool {
+        finish::settle(ctx, error.fails_target());
+        let model = ctx.model().map_or("", |m| m.name.as_str());
+        tracing::info!(model, error = error.kind(), %error, "stream request refused");
+        let answer = ModelStreamInferResponse {
+            error_message: error.to_string(),
+            infer_response: Some(ModelInferResponse {
+                model_name: message.model_name,
+                model_version: message.model_version,
+                id: message.id,
+                ..Default::default()
+            }),
+        };
+        let _ = self.out.send(Ok(answer)).await;
+        true
+    }
 }
 
-/// Answers a request the gateway refuses on the stream, as Triton answers a failed request
-/// on a stream: `error_message`, and the stream goes on. Returns true (refused).
-async fn refuse(
-    out: &mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
-    model: &ModelRef,
-    message: ModelInferRequest,
-    error: crate::error::GatewayError,
-) -> bool {
-    tracing::info!(model = model.name, error = error.kind(), %error, "stream request refused");
-    let answer = ModelStreamInferResponse {
-        error_message: error.to_string(),
-        infer_response: Some(ModelInferResponse {
-            model_name: message.model_name,
-            model_version: message.model_version,
-            id: message.id,
-            ..Default::default()
-        }),
-    };
-    let _ = out.send(Ok(answer)).await;
-    true
+/// What a request's context hands to the backend stream it goes down.
+fn held(ctx: &mut RequestCtx) -> Held {
+    Held {
+        _admission: std::mem::take(&mut ctx.admission),
+        tally: ctx.routed.as_mut().and_then(|r| r.tally.take()),
+    }
 }
 
 /// Relays one backend stream's answers to the client until it ends, releasing each answered
-/// request's slot; holds the lease so the copy stays loaded while the stream is open (and the
-/// slots of unanswered requests until it ends). Returns how many answers were relayed.
+/// request's slot and counting it for its guard; holds the lease so the copy stays loaded
+/// while the stream is open. Returns how many answers were relayed; a stream that breaks
+/// fails every request still waiting on it.
 async fn pump(
     lease: Lease,
     request: Request<ReceiverStream<ModelInferRequest>>,
     waiting: Waiting,
     out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
-) -> Result<u64, Failure> {
+) -> Result<u64, GatewayError> {
+    let relayed = relay_answers(&lease, request, &waiting, out).await;
+    if relayed.is_err() {
+        waiting.broke();
+    }
+    relayed
+}
+
+async fn relay_answers(
+    lease: &Lease,
+    request: Request<ReceiverStream<ModelInferRequest>>,
+    waiting: &Waiting,
+    out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
+) -> Result<u64, GatewayError> {
     let backend = lease.backend();
     let timeout = request
         .metadata()
@@ -372,7 +449,7 @@ async fn pump(
     let mut client = upstream_grpc::client(backend)?;
     let mut answers = match client.model_stream_infer(request).await {
         Ok(response) => response.into_inner(),
-        Err(status) => return Err(upstream_grpc::classify(backend, status, timeout).into()),
+        Err(status) => return Err(upstream_grpc::classify(backend, status, timeout)),
     };
     backend.record_success();
     let mut relayed = 0;
@@ -381,14 +458,14 @@ async fn pump(
             Ok(Some(answer)) => {
                 relayed += 1;
                 if let Some(response) = &answer.infer_response {
-                    waiting.answered(&response.id);
+                    waiting.answered(&response.id, !answer.error_message.is_empty());
                 }
                 if out.send(Ok(answer)).await.is_err() {
                     return Ok(relayed);
                 }
             }
             Ok(None) => return Ok(relayed),
-            Err(status) => return Err(upstream_grpc::classify(backend, status, timeout).into()),
+            Err(status) => return Err(upstream_grpc::classify(backend, status, timeout)),
         }
     }
 }

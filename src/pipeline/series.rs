@@ -133,6 +133,24 @@ impl Seen {
     }
 }
 
+/// Counts a request in `infergate_requests_in_flight` until dropped.
+pub struct InFlightGauge(&'static Gauge);
+
+impl InFlightGauge {
+    /// Starts counting one request of `protocol`.
+    pub fn start(protocol: Protocol) -> Self {
+        let gauge = protocol.in_flight();
+        gauge.increment(1.0);
+        Self(gauge)
+    }
+}
+
+impl Drop for InFlightGauge {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,217 @@
+//! The gRPC front-end's side of the pipeline (`pipeline::Wire`): one unary call about a model,
+//! its message and metadata as the phases need them. Every per-model RPC is a `Unary` over
+//! its message type (`ModelMessage`) and the backend method that answers it.
+
+use super::call::Call;
+use super::{upstream_request, version};
+use crate::error::GatewayError;
+use crate::pipeline::forward::Placed;
+use crate::pipeline::mirror::{self, Shadow};
+use crate::pipeline::{ModelRef, RequestCtx, Routed, Sent, Wire, forward, sequence};
+use crate::placement::SequenceRef;
+use crate::protocol::inference::*;
+use crate::upstream::Backend;
+use crate::upstream::grpc::{self as upstream_grpc, InferenceClient};
+use std::future::Future;
+use std::sync::Arc;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+/// A request message that names a model, and what the phases need of it beyond the name.
+pub(crate) trait ModelMessage: Clone + Send + Sync + 'static {
+    /// The model (and version) the client named; a version Triton cannot read is refused.
+    fn model(&self) -> Result<ModelRef, GatewayError>;
+    /// Names `target` instead.
+    fn retarget(&mut self, target: &ModelRef);
+    /// The sequence the request belongs to (only an inference has one).
+    fn sequence(&self) -> Option<SequenceRef> {
+        None
+    }
+    /// The validate phase (only an inference is checked).
+    async fn validate(
+        &self,
+        _ctx: &RequestCtx,
+        _backend: &Arc<Backend>,
+        _model: &ModelRef,
+    ) -> Result<(), GatewayError> {
+        Ok(())
+    }
+    /// Sends copies to the route's mirrors (only an inference is mirrored).
+    fn mirror(&self, _ctx: &RequestCtx, _shadow: Shadow) {}
+}
+
+macro_rules! names_model {
+    ($message:ty: $name:ident, $version:ident) => {
+        fn model(&self) -> Result<ModelRef, GatewayError> {
+            ModelRef::requested(self.$name.clone(), version(&self.$version))
+        }
+        fn retarget(&mut self, target: &ModelRef) {
+            self.$name.clone_from(&target.name);
+            self.$version = target.version.clone().unwrap_or_default();
+        }
+    };
+}
+
+impl ModelMessage for ModelReadyRequest {
+    names_model!(ModelReadyRequest: name, version);
+}
+
+impl ModelMessage for ModelMetadataRequest {
+    names_model!(ModelMetadataRequest: name, version);
+}
+
+impl ModelMessage for ModelConfigRequest {
+    names_model!(ModelConfigRequest: name, version);
+}
+
+impl ModelMessage for ModelStatisticsRequest {
+    names_model!(ModelStatisticsRequest: name, version);
+}
+
+impl ModelMessage for ModelInferRequest {
+    names_model!(ModelInferRequest: model_name, model_version);
+
+    fn sequence(&self) -> Option<SequenceRef> {
+        sequence::from_parameters(&self.parameters)
+    }
+
+    async fn validate(
+        &self,
+        ctx: &RequestCtx,
+        backend: &Arc<Backend>,
+        model: &ModelRef,
+    ) -> Result<(), GatewayError> {
+        super::validate::infer_request(&ctx.gateway, backend, model, self).await
+    }
+
+    fn mirror(&self, ctx: &RequestCtx, shadow: Shadow) {
+        let message = self.clone();
+        let timeout = ctx.gateway.config().upstream.request_timeout.0;
+        mirror::spawn(&ctx.gateway, shadow, move |backend, target| {
+            let mut message = message.clone();
+            message.retarget(&target);
+            async move {
+                upstream_grpc::unary(&backend, timeout, |mut client| async move {
+                    client.model_infer(message).await
+                })
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+            }
+        })
+    }
+}
+
+/// The answer when no copy could be placed, for RPCs that answer that themselves.
+pub(super) type Unplaced<Res> = fn(GatewayError) -> Result<Response<Res>, GatewayError>;
+
+/// One unary call about a model: its metadata and message, and `send`, the backend method.
+pub(super) struct Unary<'c, M, Res, F> {
+    call: &'c Call,
+    metadata: MetadataMap,
+    message: M,
+    send: F,
+    unplaced: Option<Unplaced<Res>>,
+}
+
+impl<'c, M, Res, F, Fut> Unary<'c, M, Res, F>
+where
+    M: ModelMessage,
+    F: Fn(InferenceClient, Request<M>) -> Fut,
+    Fut: Future<Output = Result<Response<Res>, Status>>,
+{
+    pub(super) fn new(call: &'c Call, metadata: MetadataMap, message: M, send: F) -> Self {
+        Self {
+            call,
+            metadata,
+            message,
+            send,
+            unplaced: None,
+        }
+    }
+
+    /// Answers `unplaced` instead of the failure when no copy can be placed.
+    pub(super) fn when_unplaced(mut self, unplaced: Unplaced<Res>) -> Self {
+        self.unplaced = Some(unplaced);
+        self
+    }
+}
+
+impl<M, Res, F, Fut> Wire for Unary<'_, M, Res, F>
+where
+    M: ModelMessage,
+    F: Fn(InferenceClient, Request<M>) -> Fut,
+    Fut: Future<Output = Result<Response<Res>, Status>>,
+{
+    type Answer = Response<Res>;
+
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.metadata.get(name).map(|v| v.as_bytes())
+    }
+
+    fn retarget(&mut self, routed: &Routed) {
+        self.message.retarget(&routed.target);
+    }
+
+    async fn sequence(&mut self, _ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
+        Ok(self.message.sequence())
+    }
+
+    async fn validate(&mut self, ctx: &RequestCtx, on: Placed<'_>) -> Result<(), GatewayError> {
+        self.message.validate(ctx, on.backend, on.model).await
+    }
+
+    async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
+        self.message.mirror(ctx, shadow);
+        Ok(())
+    }
+
+    /// Sends the client's metadata (less what belongs to one hop), the request id, and the
+    /// time left before the client's deadline (capped by `upstream.request_timeout`) as the
+    /// backend's `grpc-timeout`. The message is sent as a clone, kept for a second send:
+    /// tensors in `raw_input_contents` are shared, not copied.
+    async fn send(
+        &mut self,
+        ctx: &RequestCtx,
+        backend: &Arc<Backend>,
+    ) -> Result<Response<Res>, GatewayError> {
+        let timeout = ctx.budget(ctx.gateway.config().upstream.request_timeout.0);
+        let request = upstream_request(
+            (self.call, ctx),
+            self.metadata.clone(),
+            self.message.clone(),
+            Some(timeout),
+        );
+        upstream_grpc::unary(backend, timeout, |client| (self.send)(client, request))
+            .await
+            .map_err(|error| ctx.deadline_passed(error))
+    }
+
+    async fn gone(&mut self, answer: Result<Response<Res>, GatewayError>) -> Sent<Response<Res>> {
+        match answer {
+            Err(GatewayError::Backend(status))
+                if matches!(
+                    status.code(),
+                    tonic::Code::NotFound | tonic::Code::Unavailable
+                ) && forward::copy_is_gone(status.message()) =>
+            {
+                Sent::Again
+            }
+            answer => Sent::Answer(answer),
+        }
+    }
+
+    fn failed(_answer: &Response<Res>) -> bool {
+        false
+    }
+
+    fn unplaced(&mut self, error: GatewayError) -> Result<Response<Res>, GatewayError> {
+        match self.unplaced {
+            Some(answer) => {
+                tracing::debug!(%error, "model is not ready");
+                answer(error)
+            }
+            None => Err(error),
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! Request and response bodies on the HTTP front-end: the body limit as a body streams in
+//! (`limit`), reading a body whole or its first bytes (`collect`, `read_head`, `stream_on`),
+//! each copying at most once, and the lease a response body holds while it streams out
+//! (`LeasedBody`).
+
+use crate::auth::Admission;
+use crate::error::GatewayError;
+use crate::placement::Lease;
+use axum::body::Body;
+use axum::extract::Request;
+use bytes::{Bytes, BytesMut};
+use http::header;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// A request's declared `Content-Length`.
+pub(super) fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+}
+
+/// Refuses a declared length over the limit at once, and cuts off a chunked body that grows
+/// past it.
+pub(super) fn limit(request: Request, limit: u64) -> Result<Request, GatewayError> {
+    let declared = declared_length(request.headers());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(GatewayError::BodyTooLarge { limit });
+    }
+    // HTTP/1 delivers exactly the declared length (hyper refuses a body that differs), so
+    // only a chunked body (or HTTP/2's) needs counting as it streams.
+    if declared.is_some() && request.version() <= http::Version::HTTP_11 {
+        return Ok(request);
+    }
+    Ok(request.map(|body| crate::body::limited(body, limit)))
+}
+
+/// Reads frames until at least `wanted` bytes have arrived: those bytes (one frame kept as
+/// it is, several joined), and the body with the rest.
+pub(super) async fn read_head(
+    mut body: Body,
+    wanted: usize,
+    limit: u64,
+) -> Result<(Bytes, Body), GatewayError> {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut arrived = 0;
+    while arrived < wanted {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        if let Ok(data) = frame
+            .map_err(|error| read_error(&error, limit))?
+            .into_data()
+        {
+            arrived += data.len();
+            chunks.push(data);
+        }
+    }
+    let head = match chunks.len() {
+        1 => chunks.pop().expect("one chunk"),
+        _ => {
+            let mut head = BytesMut::with_capacity(arrived);
+            chunks
+                .iter()
+                .for_each(|chunk| head.extend_from_slice(chunk));
+            head.freeze()
+        }
+    };
+    Ok((head, body))
+}
+
+/// The whole body, when the head read first is not enough.
+pub(super) async fn join(
+    head: Bytes,
+    rest: Body,
+    limit: u64,
+    declared: Option<u64>,
+) -> Result<Bytes, GatewayError> {
+    let rest = collect(rest, limit, None).await?;
+    if rest.is_empty() {
+        return Ok(head);
+    }
+    let mut whole =
+        BytesMut::with_capacity(declared.map_or(head.len() + rest.len(), |n| n as usize));
+    whole.extend_from_slice(&head);
+    whole.extend_from_slice(&rest);
+    Ok(whole.freeze())
+}
+
+/// The body to forward: the head already read, then the rest as it arrives.
+pub(super) fn stream_on(head: Bytes, rest: Body) -> Body {
+    use futures_util::StreamExt as _;
+    let head = futures_util::stream::once(async move { Ok::<_, axum::Error>(head) });
+    let rest = rest.into_data_stream();
+    Body::from_stream(head.chain(rest))
+}
+
+/// The whole body, read within the body limit (a body that is already limited answers with
+/// `BodyTooLarge` once it passes it). A body that arrives in one chunk is kept as it is; one
+/// in several is copied once into a buffer sized by `Content-Length`, so a request never
+/// holds much more than its own size.
+pub(super) async fn collect(
+    mut body: Body,
+    limit: u64,
+    declared: Option<u64>,
+) -> Result<Bytes, GatewayError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| read_error(&error, limit))?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        match (&mut joined, first.take()) {
+            (Some(buffer), _) => buffer.extend_from_slice(&data),
+            (None, None) => first = Some(data),
+            (None, Some(head)) => {
+                let capacity = declared.unwrap_or(0).min(limit) as usize;
+                let mut buffer = BytesMut::with_capacity(capacity.max(head.len() + data.len()));
+                buffer.extend_from_slice(&head);
+                buffer.extend_from_slice(&data);
+                joined = Some(buffer);
+            }
+        }
+    }
+    Ok(match joined {
+        Some(buffer) => buffer.freeze(),
+        None => first.unwrap_or_default(),
+    })
+}
+
+/// A small control body (repository requests), read whole within the body limit.
+pub(super) async fn read_small(request: Request, max: u64) -> Result<Bytes, GatewayError> {
+    let request = limit(request, max)?;
+    let declared = declared_length(request.headers());
+    collect(request.into_body(), max, declared).await
+}
+
+fn read_error(error: &axum::Error, limit: u64) -> GatewayError {
+    match crate::body::too_large(error) {
+        Some(_) => GatewayError::BodyTooLarge { limit },
+        None => GatewayError::BadRequest(format!("could not read request body: {error}")),
+    }
+}
+
+/// A response body that holds its lease until the last byte is sent (or the client goes),
+/// so a model is never evicted while its answer is still streaming; and the caller's
+/// admission, so the tenant's concurrency slot is busy for just as long.
+pub(super) struct LeasedBody {
+    inner: Body,
+    _lease: Lease,
+    _admission: Admission,
+}
+
+impl LeasedBody {
+    /// Ties `lease` and `admission` to the lifetime of `inner`.
+    pub(super) fn wrap(inner: Body, lease: Lease, admission: Admission) -> Body {
+        Body::new(Self {
+            inner,
+            _lease: lease,
+            _admission: admission,
+        })
+    }
+}
+
+impl HttpBody for LeasedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunked(chunks: &[&'static str]) -> Body {
+        let chunks: Vec<Result<Bytes, std::io::Error>> = chunks
+            .iter()
+            .map(|c| Ok(Bytes::from_static(c.as_bytes())))
+            .collect();
+        Body::from_stream(futures_util::stream::iter(chunks))
+    }
+
+    #[tokio::test]
+    async fn reads_a_head_and_streams_the_rest_unchanged() {
+        let (head, rest) = read_head(chunked(&["ab", "cd", "ef", "gh"]), 3, 100)
+            .await
+            .unwrap();
+        assert_eq!(head, "abcd", "whole frames until the wanted bytes are in");
+        let forwarded = stream_on(head, rest).collect().await.unwrap().to_bytes();
+        assert_eq!(forwarded, "abcdefgh");
+        let (head, rest) = read_head(chunked(&["abcdef", "gh"]), 3, 100).await.unwrap();
+        assert_eq!(head, "abcdef");
+        assert_eq!(join(head, rest, 100, Some(8)).await.unwrap(), "abcdefgh");
+        let (head, _) = read_head(chunked(&["ab"]), 3, 100).await.unwrap();
+        assert_eq!(head, "ab", "a body shorter than wanted is all there is");
+    }
+
+    #[tokio::test]
+    async fn collects_a_body_once_within_the_limit() {
+        let body = collect(chunked(&["ab", "cd", "e"]), 100, Some(5))
+            .await
+            .unwrap();
+        assert_eq!(body, "abcde");
+        let whole = Bytes::from_static(b"one chunk");
+        let kept = collect(Body::from(whole.clone()), 100, None).await.unwrap();
+        assert_eq!(
+            kept.as_ptr(),
+            whole.as_ptr(),
+            "a single chunk is not copied"
+        );
+        assert!(collect(chunked(&[]), 100, None).await.unwrap().is_empty());
+        let limited = crate::body::limited(chunked(&["abc", "def"]), 4);
+        assert!(matches!(
+            collect(limited, 4, None).await,
+            Err(GatewayError::BodyTooLarge { limit: 4 })
+        ));
+    }
+}

@@ -1,0 +1,236 @@
+//! The HTTP front-end's side of the pipeline (`pipeline::Wire`): a KServe v2 request as the
+//! phases need it. Bodies stream through untouched where nothing must read them, so JSON
+//! and the binary tensor extension work alike.
+
+use super::body;
+use super::validate::{self, HEADER_LENGTH};
+use crate::error::GatewayError;
+use crate::pipeline::forward::Placed;
+use crate::pipeline::mirror::{self, Shadow};
+use crate::pipeline::{Ask, ModelRef, RequestCtx, Routed, Sent, Wire, forward, sequence};
+use crate::placement::SequenceRef;
+use crate::upstream::{self, Backend};
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
+use http::header;
+use http::request::Parts;
+use http_body_util::BodyExt;
+use std::sync::Arc;
+
+/// An HTTP model request on its way through the pipeline.
+pub(super) struct HttpWire {
+    /// The URI the client sent (naming the route, for mirrors).
+    client_uri: http::Uri,
+    /// The request to send; taken by the first send.
+    request: Option<Request>,
+    /// What a second send needs: the request's head and its body again (`body::replayable`).
+    again: Option<(Parts, crate::body::Replay)>,
+    /// The backend of the last send, to name in a failure.
+    sent_to: String,
+}
+
+impl HttpWire {
+    pub(super) fn new(request: Request) -> Self {
+        Self {
+            client_uri: request.uri().clone(),
+            request: Some(request),
+            again: None,
+            sent_to: String::new(),
+        }
+    }
+
+    fn request(&mut self) -> Result<Request, GatewayError> {
+        self.request
+            .take()
+            .ok_or_else(|| GatewayError::BadRequest("request already sent".into()))
+    }
+}
+
+impl Wire for HttpWire {
+    type Answer = Response;
+
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        let request = self.request.as_ref()?;
+        request.headers().get(name).map(|v| v.as_bytes())
+    }
+
+    fn retarget(&mut self, routed: &Routed) {
+        if let Some(request) = &mut self.request
+            && routed.route.is_some()
+        {
+            *request.uri_mut() = target_uri(request.uri(), &routed.target);
+        }
+    }
+
+    /// Applies the body limit, and for an inference request to a model that may have
+    /// sequence batching (`Placement::may_hold_sequences`) reads the sequence it belongs to:
+    /// from the whole body for JSON, from the JSON header alone for the binary extension
+    /// (its tensors keep streaming). The bytes read are handed on as the body, so validation
+    /// reads them again without another copy. A compressed body is not read (its sequence
+    /// is not followed).
+    async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
+        let limit = ctx.gateway.config().server.max_body_size.bytes();
+        let request = body::limit(self.request()?, limit)?;
+        let model = &ctx.routed.as_ref().expect("routed").target.name;
+        let headers = request.headers();
+        let compressed = headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|e| !e.is_empty() && e != "identity");
+        if ctx.ask != Ask::Inference
+            || compressed
+            || !ctx.gateway.placement().may_hold_sequences(model)
+        {
+            self.request = Some(request);
+            return Ok(None);
+        }
+        let header_length: Option<usize> = headers
+            .get(HEADER_LENGTH)
+            .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+        let declared = body::declared_length(headers);
+        let (parts, whole) = request.into_parts();
+        let (whole, sequence) = match header_length {
+            // Raw binary: the whole body is one tensor, no JSON.
+            Some(0) => (whole, None),
+            Some(length) => {
+                let (head, rest) = body::read_head(whole, length, limit).await?;
+                let sequence = sequence::from_json(&head[..length.min(head.len())]);
+                (body::stream_on(head, rest), sequence)
+            }
+            None => {
+                let bytes = body::collect(whole, limit, declared).await?;
+                let sequence = sequence::from_json(&bytes);
+                (Body::from(bytes), sequence)
+            }
+        };
+        self.request = Some(Request::from_parts(parts, whole));
+        Ok(sequence)
+    }
+
+    async fn validate(&mut self, ctx: &RequestCtx, on: Placed<'_>) -> Result<(), GatewayError> {
+        let request = validate::infer_request(ctx, on.backend, on.model, self.request()?).await?;
+        self.request = Some(request);
+        Ok(())
+    }
+
+    /// The body is read whole (it usually already is, after validation: then this costs no
+    /// copy) and handed back for the client's own request.
+    async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
+        let limit = ctx.gateway.config().server.max_body_size.bytes();
+        let (parts, whole) = self.request()?.into_parts();
+        let bytes = body::collect(whole, limit, None).await?;
+        let (method, headers, uri) = (
+            parts.method.clone(),
+            parts.headers.clone(),
+            self.client_uri.clone(),
+        );
+        let copy = bytes.clone();
+        mirror::spawn(&ctx.gateway, shadow, move |backend, target| {
+            let mut request = Request::new(Body::from(copy.clone()));
+            *request.method_mut() = method.clone();
+            *request.uri_mut() = target_uri(&uri, &target);
+            *request.headers_mut() = headers.clone();
+            async move {
+                let response = upstream::forward(&backend, request)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = response.status();
+                let _ = response.into_body().collect().await;
+                if status.is_server_error() {
+                    return Err(format!("answered {status}"));
+                }
+                Ok(())
+            }
+        });
+        self.request = Some(Request::from_parts(parts, Body::from(bytes)));
+        Ok(())
+    }
+
+    async fn send(
+        &mut self,
+        _ctx: &RequestCtx,
+        backend: &Arc<Backend>,
+    ) -> Result<Response, GatewayError> {
+        self.sent_to.clone_from(&backend.name);
+        if let Some((parts, replay)) = self.again.take() {
+            let body = replay.take().unwrap_or_default();
+            return upstream::forward(backend, Request::from_parts(parts, body)).await;
+        }
+        let (parts, whole) = self.request()?.into_parts();
+        let (whole, replay) = crate::body::replayable(whole);
+        let mut head = http::Request::new(());
+        *head.method_mut() = parts.method.clone();
+        *head.uri_mut() = parts.uri.clone();
+        *head.version_mut() = parts.version;
+        *head.headers_mut() = parts.headers.clone();
+        self.again = Some((head.into_parts().0, replay));
+        upstream::forward(backend, Request::from_parts(parts, whole)).await
+    }
+
+    /// Reads the body of a 404 or 503 (an error answer is small), and sees whether it is
+    /// Triton's refusal of a model it no longer has, with the body kept to send again.
+    async fn gone(&mut self, answer: Result<Response, GatewayError>) -> Sent<Response> {
+        let response = match answer {
+            Ok(response) if may_be_gone(response.status()) => response,
+            answer => return Sent::Answer(answer),
+        };
+        let (parts, answer_body) = response.into_parts();
+        let bytes = match http_body_util::Limited::new(answer_body, 64 << 10)
+            .collect()
+            .await
+        {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) => {
+                return Sent::Answer(Err(GatewayError::UpstreamFailed {
+                    backend: std::mem::take(&mut self.sent_to),
+                    reason: format!("reading the error answer: {error}"),
+                }));
+            }
+        };
+        let gone = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("error")?.as_str().map(forward::copy_is_gone))
+            .unwrap_or(false);
+        let replayable = self
+            .again
+            .as_ref()
+            .is_some_and(|(_, replay)| replay.ready());
+        if gone && replayable {
+            return Sent::Again;
+        }
+        self.again = None;
+        Sent::Answer(Ok(Response::from_parts(parts, Body::from(bytes))))
+    }
+
+    fn failed(answer: &Response) -> bool {
+        answer.status().is_server_error()
+    }
+}
+
+/// Whether an HTTP answer of this status may be Triton's refusal of a model it has not
+/// (then its body is read).
+fn may_be_gone(status: http::StatusCode) -> bool {
+    matches!(
+        status,
+        http::StatusCode::NOT_FOUND | http::StatusCode::SERVICE_UNAVAILABLE
+    )
+}
+
+/// `/v2/models/{route}{rest}` becomes `/v2/models/{target}[/versions/{v}]{rest}`.
+pub(super) fn target_uri(uri: &http::Uri, target: &ModelRef) -> http::Uri {
+    let path = uri.path();
+    let after_model = path
+        .strip_prefix("/v2/models/")
+        .map_or("", |tail| tail.find('/').map_or("", |i| &tail[i..]));
+    let mut rewritten = format!("/v2/models/{}", upstream::path_segment(&target.name));
+    if let Some(version) = &target.version {
+        rewritten.push_str("/versions/");
+        rewritten.push_str(&upstream::path_segment(version));
+    }
+    rewritten.push_str(after_model);
+    if let Some(query) = uri.query() {
+        rewritten.push('?');
+        rewritten.push_str(query);
+    }
+    rewritten.parse().unwrap_or_else(|_| uri.clone())
+}

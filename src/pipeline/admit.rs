@@ -1,0 +1,142 @@
+//! `admit`: the first phase of every request on both front-ends. The credential becomes a
+//! `Caller` (`authenticate`); each model request or admin operation is then admitted (allow
+//! list, admin role, limits) or refused (`model`, `admin`), and every decision is counted by
+//! tenant and outcome. Both read the request's own config snapshot.
+
+use super::RequestCtx;
+use crate::auth::{Access, Admission, Auth, Credentials, Decision, Identity};
+use crate::error::GatewayError;
+use crate::telemetry;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, RwLock};
+
+/// The headers (HTTP) and metadata keys (gRPC) that carry a credential: read here, and
+/// never forwarded to a backend while auth is on.
+pub const CREDENTIAL_HEADERS: [&str; 2] = ["authorization", "x-api-key"];
+
+/// The credentials a request carries: `header` reads a header (or metadata entry), `peer`
+/// is the subject of the client's verified certificate.
+pub fn credentials<'a>(
+    header: impl Fn(&str) -> Option<&'a [u8]>,
+    peer: Option<&'a str>,
+) -> Credentials<'a> {
+    let [authorization, api_key] = CREDENTIAL_HEADERS;
+    Credentials {
+        authorization: header(authorization),
+        api_key: header(api_key),
+        peer,
+    }
+}
+
+/// Verifies the request's credential with its own snapshot's `[auth]`; the caller is kept
+/// on the context. Returns whether the front-end must take the credential off the request
+/// (auth is on), so it never reaches a backend.
+pub async fn authenticate(
+    ctx: &mut RequestCtx,
+    credentials: Credentials<'_>,
+) -> Result<bool, GatewayError> {
+    let auth = ctx.live.auth.clone();
+    ctx.caller = verify(&auth, credentials).await?;
+    Ok(auth.is_on())
+}
+
+/// Admits a model request for the model the client named (a route name, not its targets:
+/// choosing a target is the admin's `infergate-target`).
+pub fn model(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
+    let name = ctx.requested.as_ref().map_or("", |m| m.name.as_str());
+    ctx.admission = admit(&ctx.live.auth, &ctx.caller, Access::Model(name))?;
+    Ok(())
+}
+
+/// Admits an operation that needs the admin role (`what` names it in the refusal).
+pub fn admin(ctx: &mut RequestCtx, what: &'static str) -> Result<(), GatewayError> {
+    ctx.admission = admit(&ctx.live.auth, &ctx.caller, Access::Admin(what))?;
+    Ok(())
+}
+
+/// Who is calling.
+#[derive(Clone, Debug)]
+pub enum Caller {
+    /// Authentication is off (`auth.mode = "none"`): anyone may do anything.
+    Open,
+    /// A verified identity.
+    Known(Arc<Identity>),
+}
+
+impl Caller {
+    /// The caller's tenant, for logs.
+    pub fn tenant(&self) -> Option<&Arc<str>> {
+        match self {
+            Self::Open => None,
+            Self::Known(identity) => Some(&identity.tenant),
+        }
+    }
+
+    /// Whether the caller may choose a route's target with `infergate-target`: with auth
+    /// off anyone may; with auth on only the admin role.
+    pub fn may_pin(&self) -> bool {
+        match self {
+            Self::Open => true,
+            Self::Known(identity) => identity.admin,
+        }
+    }
+
+    /// A claim of the caller's verified token (for `sticky = "claim:NAME"`).
+    pub fn claim(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        match self {
+            Self::Open => None,
+            Self::Known(identity) => identity.claim(name),
+        }
+    }
+}
+
+/// Counts a decision in `infergate_auth_decisions_total`. Every request is counted, so each
+/// (tenant, decision) series is registered once and kept: building a series' labels and
+/// finding it in the registry cost more than counting into it.
+fn count(tenant: Option<&Arc<str>>, decision: Decision) {
+    type Series = HashMap<(Arc<str>, Decision), metrics::Counter>;
+    static SERIES: LazyLock<RwLock<Series>> = LazyLock::new(Default::default);
+    static NONE: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(""));
+    let key = (tenant.unwrap_or(&NONE).clone(), decision);
+    if let Some(counter) = SERIES.read().expect("series lock").get(&key) {
+        counter.increment(1);
+        return;
+    }
+    let tenant = metrics::SharedString::from(key.0.clone());
+    let counter = metrics::counter!(telemetry::AUTH_DECISIONS, "tenant" => tenant, "outcome" => decision.as_str());
+    counter.increment(1);
+    SERIES.write().expect("series lock").insert(key, counter);
+}
+
+/// Verifies a credential (nothing to verify when auth is off).
+pub async fn verify(auth: &Auth, credentials: Credentials<'_>) -> Result<Caller, GatewayError> {
+    if !auth.is_on() {
+        return Ok(Caller::Open);
+    }
+    match auth.authenticate(credentials).await {
+        Ok(identity) => Ok(Caller::Known(identity)),
+        Err(error) => {
+            count(None, Decision::Unauthenticated);
+            Err(error)
+        }
+    }
+}
+
+/// Lets a request of `caller` do `access`, or refuses it (403, 429). The admission holds
+/// the tenant's concurrency slot: keep it until the answer is sent.
+pub fn admit(auth: &Auth, caller: &Caller, access: Access<'_>) -> Result<Admission, GatewayError> {
+    let Caller::Known(identity) = caller else {
+        return Ok(Admission::default());
+    };
+    match auth.admit(identity, access) {
+        Ok(admission) => {
+            count(Some(&identity.tenant), Decision::Allowed);
+            Ok(admission)
+        }
+        Err((outcome, error)) => {
+            count(Some(&identity.tenant), outcome);
+            Err(error)
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! `RequestCtx`: what one request carries from its first phase to its last. A front-end's
+//! decoder builds it once, at the edge, and every phase reads and fills it, so no phase
+//! looks anything up a second time: above all the config snapshot, taken once, so that a
+//! reload landing mid-request never authenticates a request with one config and routes it
+//! with another.
+
+use super::admit::Caller;
+use super::{Ask, ModelRef, Routed};
+use crate::Gateway;
+use crate::auth::Admission;
+use crate::error::GatewayError;
+use crate::placement::{Lease, SequenceRef};
+use crate::reload::Live;
+use http::HeaderValue;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// One request's state through the pipeline.
+pub struct RequestCtx {
+    /// The gateway's shared state.
+    pub gateway: Gateway,
+    /// The config snapshot this request sees in every phase.
+    pub live: Arc<Live>,
+    /// The request id (the client's, or made at the edge).
+    pub id: HeaderValue,
+    /// When the client stops waiting, when it said (gRPC's `grpc-timeout`).
+    pub deadline: Option<Instant>,
+    /// When the edge saw the request.
+    pub started: Instant,
+    /// Who is calling (`admit::authenticate`).
+    pub caller: Caller,
+    /// The tenant's concurrency slot, held until the answer has gone (`admit::model`).
+    pub admission: Admission,
+    /// What the request asks of its model.
+    pub ask: Ask,
+    /// The model and version the client named, until `route` resolves it.
+    pub requested: Option<ModelRef>,
+    /// Where the request goes (`route`).
+    pub routed: Option<Routed>,
+    /// The sequence the request belongs to, read before it is placed.
+    pub sequence: Option<SequenceRef>,
+    /// The copy that serves it (`place`).
+    pub lease: Option<Lease>,
+}
+
+impl RequestCtx {
+    /// A request seen at the edge: the snapshot it will use throughout, its id and deadline.
+    pub fn new(
+        gateway: &Gateway,
+        live: Arc<Live>,
+        id: HeaderValue,
+        deadline: Option<Instant>,
+    ) -> Self {
+        Self {
+            gateway: gateway.clone(),
+            live,
+            id,
+            deadline,
+            started: Instant::now(),
+            caller: Caller::Open,
+            admission: Admission::default(),
+            ask: Ask::Inference,
+            requested: None,
+            routed: None,
+            sequence: None,
+            lease: None,
+        }
+    }
+
+    /// Names the model the request is about, and what it asks of it (the decoder's last
+    /// step for a model request).
+    pub fn about(&mut self, requested: ModelRef, ask: Ask) {
+        self.requested = Some(requested);
+        self.ask = ask;
+    }
+
+    /// The model the request is for: the route's target once routed, else the name asked.
+    pub fn model(&self) -> Option<&ModelRef> {
+        self.routed
+            .as_ref()
+            .map(|r| &r.target)
+            .or(self.requested.as_ref())
+    }
+
+    /// What served the request, for its metrics and log line: set only once a copy was
+    /// placed, so that names no backend has never become metric labels.
+    pub fn served(&self) -> Served {
+        match (&self.routed, &self.lease) {
+            (Some(routed), Some(lease)) => Served {
+                backend: lease.backend().name.clone(),
+                ..Served::routed(routed)
+            },
+            _ => Served::default(),
+        }
+    }
+
+    /// The caller's tenant, for the log line (never the credential).
+    pub fn tenant(&self) -> Option<&Arc<str>> {
+        self.caller.tenant()
+    }
+
+    /// The `model[/version]` of the route target that serves it, when routed: sent back to
+    /// the client (`infergate-target`).
+    pub fn target_label(&self) -> Option<&str> {
+        self.routed.as_ref()?.label.as_deref()
+    }
+
+    /// Time left for a call to a backend: `cap`, or less when the client's deadline comes
+    /// first.
+    pub fn budget(&self, cap: Duration) -> Duration {
+        match self.deadline {
+            Some(deadline) => cap.min(deadline.saturating_duration_since(Instant::now())),
+            None => cap,
+        }
+    }
+
+    /// A backend call given only what was left of the client's deadline ends with the
+    /// gateway's own timer at about the moment the deadline passes. When the deadline has
+    /// passed, it is the client's deadline, not a slow backend: answered and counted as
+    /// `deadline_exceeded`, and not counted by route guards.
+    pub fn deadline_passed(&self, error: GatewayError) -> GatewayError {
+        match (error, self.deadline) {
+            (GatewayError::UpstreamTimeout { .. }, Some(deadline))
+                if Instant::now() >= deadline =>
+            {
+                self.deadline_exceeded(deadline)
+            }
+            (error, _) => error,
+        }
+    }
+
+    /// The failure of a request whose client's deadline passed in the gateway.
+    pub fn deadline_exceeded(&self, deadline: Instant) -> GatewayError {
+        GatewayError::DeadlineExceeded {
+            after: deadline - self.started,
+        }
+    }
+
+    /// The copy the request was placed on.
+    pub fn lease(&self) -> Result<&Lease, GatewayError> {
+        self.lease.as_ref().ok_or(GatewayError::ModelNotReady {
+            model: self.model().map(|m| m.name.clone()).unwrap_or_default(),
+            version: None,
+        })
+    }
+}
+
+/// What served a request: the labels of its metrics and the fields of its log line.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Served {
+    /// Model name.
+    pub model: String,
+    /// Version asked for, if any.
+    pub version: Option<String>,
+    /// Backend that answered.
+    pub backend: String,
+    /// The route the client called, when its model name was a route.
+    pub route: Option<String>,
+}
+
+impl Served {
+    /// The model and route a request resolved to, on no backend yet.
+    pub fn routed(routed: &Routed) -> Self {
+        Self {
+            model: routed.target.name.clone(),
+            version: routed.target.version.clone(),
+            backend: String::new(),
+            route: routed.route.clone(),
+        }
+    }
+}
+
+/// A request's id: the client's `x-request-id` when it is short printable ASCII, else a new
+/// one, so a hostile id cannot break log lines.
+pub fn request_id(client: Option<&HeaderValue>) -> HeaderValue {
+    client
+        .filter(|v| {
+            let bytes = v.as_bytes();
+            !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
+        })
+        .cloned()
+        .unwrap_or_else(|| {
+            let id = uuid::Uuid::new_v4();
+            HeaderValue::from_str(
+                id.as_hyphenated()
+                    .encode_lower(&mut uuid::Uuid::encode_buffer()),
+            )
+            .expect("uuid is a valid header value")
+        })
+}

@@ -1,0 +1,124 @@
+//! `forward`: the request goes to the copy placed for it, in the front-end's wire format
+//! (`Wire`), and comes back once more when the copy had gone.
+//!
+//! Between placement and the backend's answer the copy may have left the backend: unloaded
+//! behind the gateway's back, lost in a restart, or a race the books lost. Triton refuses such
+//! a request before doing any work, with `Request for unknown model: 'm' has no available
+//! versions` (or `is not found`, `... is not at ready state`): HTTP 404 or 503, gRPC
+//! NOT_FOUND or UNAVAILABLE. Nothing ran, so the request may be sent again: the copy comes off
+//! the books, the request is placed again and sent once more. Only once: a second refusal is
+//! the answer.
+
+use super::{ModelRef, RequestCtx, Routed, mirror, place};
+use crate::error::GatewayError;
+use crate::placement::SequenceRef;
+use crate::upstream::Backend;
+use std::sync::Arc;
+
+/// What a front-end does for the phases that touch its wire format. Everything else (the
+/// order of the phases, the guard, the replay rule) is the pipeline's.
+pub(crate) trait Wire {
+    /// The backend's answer, in the front-end's form.
+    type Answer;
+
+    /// A request header (HTTP) or metadata entry (gRPC): sticky keys and the pin.
+    fn header(&self, name: &str) -> Option<&[u8]>;
+
+    /// Names the route's target instead of the route (the URL path, or the message).
+    fn retarget(&mut self, routed: &Routed);
+
+    /// The sequence the request belongs to, which placement needs (HTTP reads it from the
+    /// body, within the body limit; gRPC from the message's parameters).
+    async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError>;
+
+    /// The validate phase's reader: the request checked against the signature of the model
+    /// on the copy it was placed on (only an inference, with `validation.enabled`).
+    async fn validate(&mut self, ctx: &RequestCtx, on: Placed<'_>) -> Result<(), GatewayError>;
+
+    /// Sends copies of the request to the route's mirrors (shadow traffic).
+    async fn mirror(
+        &mut self,
+        ctx: &RequestCtx,
+        shadow: mirror::Shadow,
+    ) -> Result<(), GatewayError>;
+
+    /// Sends the request to `backend`, keeping what a second send needs.
+    async fn send(
+        &mut self,
+        ctx: &RequestCtx,
+        backend: &Arc<Backend>,
+    ) -> Result<Self::Answer, GatewayError>;
+
+    /// Whether this answer is the backend's refusal of a copy that has gone, with the
+    /// request ready to be sent again; otherwise the answer, as the client is to get it.
+    async fn gone(&mut self, answer: Result<Self::Answer, GatewayError>) -> Sent<Self::Answer>;
+
+    /// Whether an answer counts as a failure of the target for the route's guard (a 5xx).
+    fn failed(answer: &Self::Answer) -> bool;
+
+    /// The answer when no copy could be placed: the failure, unless the wire answers it
+    /// otherwise (gRPC's `ModelReady` answers `ready: false`, as Triton does).
+    fn unplaced(&mut self, error: GatewayError) -> Result<Self::Answer, GatewayError> {
+        Err(error)
+    }
+}
+
+/// The copy a request was placed on: its backend, and the model it serves there.
+#[derive(Clone, Copy)]
+pub struct Placed<'a> {
+    /// The backend that holds the copy.
+    pub backend: &'a Arc<Backend>,
+    /// The model (the route's target) as placed.
+    pub model: &'a ModelRef,
+}
+
+/// What became of one send.
+pub enum Sent<A> {
+    /// The answer for the client.
+    Answer(Result<A, GatewayError>),
+    /// The copy had gone and the request may go again.
+    Again,
+}
+
+/// Whether a backend's error message says it has no such model ready. Triton's own words;
+/// a message from the model itself never starts a lookup error like this.
+pub fn copy_is_gone(message: &str) -> bool {
+    message.contains("Request for unknown model")
+}
+
+/// The forward phase: sends to the leased copy, and once more to a copy placed again when
+/// that one had gone.
+pub(crate) async fn forward<W: Wire>(
+    ctx: &mut RequestCtx,
+    wire: &mut W,
+) -> Result<W::Answer, GatewayError> {
+    let backend = ctx.lease()?.backend().clone();
+    let answer = wire.send(ctx, &backend).await;
+    match wire.gone(answer).await {
+        Sent::Answer(answer) => answer,
+        Sent::Again => {
+            place::again(ctx).await?;
+            let backend = ctx.lease()?.backend().clone();
+            wire.send(ctx, &backend).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_tritons_lookup_refusals() {
+        for gone in [
+            "Request for unknown model: 'fat_1' has no available versions",
+            "Request for unknown model: 'm' is not found",
+            "[request id: 7] Request for unknown model: 'm' version 2 is not at ready state",
+        ] {
+            assert!(copy_is_gone(gone), "{gone}");
+        }
+        assert!(!copy_is_gone(
+            "unexpected shape for input 'INPUT0' for model 'm'"
+        ));
+    }
+}
