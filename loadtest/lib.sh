@@ -63,6 +63,45 @@ build_release() {
     for b in "$@"; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b"; done
 }
 
+# ---------------------------------------------------------------- real Tritons
+# start_tritons REPOSITORY PORT... — one tritonserver per PORT (http; grpc PORT+1, metrics
+# PORT+2) over REPOSITORY: CPU, explicit model control, Triton's default flags, nothing
+# loaded, each in its own process group. Waits until each is ready; sets TRITON_VERSION.
+# Needs TRITONSERVER and TRITON_BACKENDS (scripts/env.sh). A script that starts them calls
+# stop_tritons from its on_exit.
+TRITON_PIDS=()
+start_tritons() {
+    local repository="$1" port
+    shift
+    for port in "$@"; do
+        setsid "$TRITONSERVER" --model-repository="$repository" --backend-directory="$TRITON_BACKENDS" \
+            --model-control-mode=explicit \
+            --http-address=127.0.0.1 --http-port="$port" \
+            --grpc-address=127.0.0.1 --grpc-port=$((port + 1)) \
+            --metrics-address=127.0.0.1 --metrics-port=$((port + 2)) --allow-metrics=true \
+            --exit-timeout-secs=5 </dev/null >"$TMP/triton-$port.log" 2>&1 &
+        TRITON_PIDS+=("$!")
+    done
+    for port in "$@"; do
+        wait_http "http://127.0.0.1:$port/v2/health/ready" 60 ||
+            { tail -20 "$TMP/triton-$port.log" >&2; die "Triton on :$port never became ready"; }
+    done
+    TRITON_VERSION="$(curl -s "127.0.0.1:$1/v2" | jq -r .version)"
+}
+stop_tritons() {
+    local pid i
+    for pid in "${TRITON_PIDS[@]}"; do
+        # TERM to the group lets Triton unload its models and end their stubs; KILL after 10 s.
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${TRITON_PIDS[@]}"; do
+        for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL -- "-$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    TRITON_PIDS=()
+}
+
 # ---------------------------------------------------------------- machine
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 # describe_machine PATHS... — sets LOAD_BEFORE, CPU_MODEL, MEM, KERNEL, NPROC, and DIRTY

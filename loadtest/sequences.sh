@@ -48,20 +48,7 @@ STARTED=$SECONDS
 
 # shellcheck source=loadtest/lib.sh
 source loadtest/lib.sh
-TRITON_PIDS=()
-on_exit() {
-    local pid i
-    for pid in "${TRITON_PIDS[@]}"; do
-        # TERM to the group lets Triton unload its models and end their stubs; KILL after 10 s.
-        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    done
-    for pid in "${TRITON_PIDS[@]}"; do
-        for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL -- "-$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    TRITON_PIDS=()
-}
+on_exit() { stop_tritons; }
 
 require curl jq
 # shellcheck disable=SC1091
@@ -73,20 +60,7 @@ build_release infergate infergate-load
 describe_machine src Cargo.toml Cargo.lock loadtest/src
 
 # ---------------------------------------------------------------- Tritons, empty
-for port in "$BASE" $((BASE + 10)); do
-    setsid "$TRITONSERVER" --model-repository="$ROOT/tests/models" --backend-directory="$TRITON_BACKENDS" \
-        --model-control-mode=explicit \
-        --http-address=127.0.0.1 --http-port="$port" \
-        --grpc-address=127.0.0.1 --grpc-port=$((port + 1)) \
-        --metrics-address=127.0.0.1 --metrics-port=$((port + 2)) --allow-metrics=true \
-        --exit-timeout-secs=5 </dev/null >"$TMP/triton-$port.log" 2>&1 &
-    TRITON_PIDS+=("$!")
-done
-for port in "$BASE" $((BASE + 10)); do
-    wait_http "http://127.0.0.1:$port/v2/health/ready" 60 ||
-        { tail -20 "$TMP/triton-$port.log" >&2; die "Triton on :$port never became ready"; }
-done
-TRITON_VERSION="$(curl -s "127.0.0.1:$BASE/v2" | jq -r .version)"
+start_tritons "$ROOT/tests/models" "$BASE" $((BASE + 10))
 
 # ---------------------------------------------------------------- infergate
 IG=$((BASE + 20))

@@ -42,6 +42,9 @@ pub const PLACEMENT_EVICTED_IDLE: &str = "infergate_placement_evicted_idle_secon
 pub const PLACEMENT_STALE_COPIES: &str = "infergate_placement_stale_copies_total";
 /// Requests refused because making room would evict a model in recent use.
 pub const PLACEMENT_CHURN_REFUSALS: &str = "infergate_placement_churn_refusals_total";
+/// Cold requests that waited for room (`placement.room_wait`), by result: `placed`, or
+/// `refused` when the wait ended without room.
+pub const PLACEMENT_ROOM_WAITS: &str = "infergate_placement_room_waits_total";
 /// Usable bytes per backend (capacity minus the memory buffer).
 pub const PLACEMENT_CAPACITY: &str = "infergate_placement_capacity_bytes";
 /// Bytes committed to models loaded or loading, per backend.
@@ -210,6 +213,10 @@ fn describe() {
     describe_counter!(
         PLACEMENT_CHURN_REFUSALS,
         "Requests refused to avoid evicting recently used models."
+    );
+    describe_counter!(
+        PLACEMENT_ROOM_WAITS,
+        "Cold requests that waited for room, by result (placed, refused)."
     );
     describe_gauge!(PLACEMENT_CAPACITY, Unit::Bytes, "Usable bytes per backend.");
     describe_gauge!(

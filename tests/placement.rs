@@ -33,21 +33,7 @@ async fn infer(gateway: &TestGateway, model: &str) -> (u16, Value) {
 
 /// Infers on `model`, or on one version of it (`model/versions/v`).
 async fn infer_path(gateway: &TestGateway, model: &str) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(format!("{}/v2/models/{model}/infer", gateway.url()))
-        .json(&identity_request())
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let retry_after = response
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_string());
-    let mut body: Value = response.json().await.unwrap_or(Value::Null);
-    if let Some(retry_after) = retry_after {
-        body["retry_after"] = json!(retry_after);
-    }
+    let (status, _, body) = timed_infer(&gateway.url(), model).await;
     (status, body)
 }
 
@@ -273,6 +259,172 @@ async fn churn_guard_answers_503_instead_of_evicting_a_model_in_use() {
     assert!((50..=60).contains(&retry_after), "{body}");
     assert_eq!(gateway.placed().await, [["sized_c"]]);
     assert_books_match(&gateway, &[&t0]).await;
+}
+
+/// Room for one model at a time (each is 3 MiB by `[[models]] size`, the backend holds 5):
+/// what waiting for room (`placement.room_wait`) needs to show.
+fn one_at_a_time(name: &str, triton: &Triton, room_wait: &str) -> String {
+    let models: String = ["slow_model", "sized_a", "sized_b"]
+        .iter()
+        .map(|m| format!("[[models]]\nname = \"{m}\"\nsize = \"3MiB\"\n"))
+        .collect();
+    let placement = format!(
+        "mem_buffer = \"0\"\nmin_churn_age = \"0s\"\nscale_up_rps = 0.0\nroom_wait = \"{room_wait}\""
+    );
+    pool_config(name, &[triton], "5MiB", &placement, &models)
+}
+
+/// Sends slow_model a request that sleeps `delay_ms` there, and returns once the gateway
+/// counts it in flight on its copy: from then on the only backend's memory is in use.
+async fn hold_the_backend(gateway: &TestGateway, delay_ms: u64) -> tokio::task::JoinHandle<u16> {
+    let url = format!("{}/v2/models/slow_model/infer", gateway.url());
+    let slow = tokio::spawn(async move {
+        let body = json!({"parameters": {"delay_ms": delay_ms},
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]});
+        let response = reqwest::Client::new().post(url).json(&body).send().await;
+        response.unwrap().status().as_u16()
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let placement = gateway.placement().await;
+        let busy = placement["backends"][0]["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "slow_model" && m["in_flight"] == 1);
+        if busy {
+            return slow;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slow_model never busy: {placement}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A cold request that finds the only backend's memory held by a copy in use for a few
+/// seconds waits for it (`placement.room_wait`) instead of an immediate 503: it is placed
+/// as soon as that request lets go, and a second waiter is placed after the first, in the
+/// order they came. With a wait shorter than the copy stays busy, the answer is 503 with
+/// Retry-After once the wait is over, not before. A gRPC deadline ends the wait sooner, and
+/// the request leaves the queue: it is never placed after its client has gone.
+#[tokio::test]
+async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
+    let t0 = empty_triton(true).await;
+    let gateway = TestGateway::start(&one_at_a_time("roomwait", &t0, "15s")).await;
+    let slow = hold_the_backend(&gateway, 2000).await;
+    let started = Instant::now();
+    let first = tokio::spawn({
+        let gateway_url = gateway.url();
+        async move { timed_infer(&gateway_url, "sized_a").await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = tokio::spawn({
+        let gateway_url = gateway.url();
+        async move { timed_infer(&gateway_url, "sized_b").await }
+    });
+    let slow_done = {
+        assert_eq!(slow.await.unwrap(), 200);
+        started.elapsed()
+    };
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!((first.0, second.0), (200, 200), "{first:?} {second:?}");
+    assert!(first.1 > slow_done, "placed only once slow_model let go");
+    assert!(
+        first.1 < second.1,
+        "first come, first placed: {first:?} {second:?}"
+    );
+    assert_eq!(
+        counter(&gateway, "infergate_placement_room_waits_total", "placed").await,
+        2.0
+    );
+    assert_eq!(gateway.placed().await, [["sized_b"]]);
+    assert_books_match(&gateway, &[&t0]).await;
+    drop(gateway);
+
+    // The same with a wait of 500 ms while slow_model is busy for 3 s more.
+    let gateway = TestGateway::start(&one_at_a_time("roomshort", &t0, "500ms")).await;
+    let slow = hold_the_backend(&gateway, 3000).await;
+    let (status, took, body) = timed_infer(&gateway.url(), "sized_a").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        took >= Duration::from_millis(500),
+        "refused before its wait: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "waited past room_wait: {took:?}"
+    );
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("no backend has room"),
+        "{body}"
+    );
+    assert_eq!(body["retry_after"], "1", "{body}");
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(
+        counter(&gateway, "infergate_placement_room_waits_total", "refused").await,
+        1.0
+    );
+    drop(gateway);
+
+    // A long wait, and a gRPC client whose deadline comes first.
+    let gateway = TestGateway::start(&one_at_a_time("roomgrpc", &t0, "15s")).await;
+    let slow = hold_the_backend(&gateway, 2500).await;
+    let loads_of_a = triton_load_calls(&t0, "sized_a");
+    // By hand, not with a gRPC client: the only timer is the grpc-timeout header, so what
+    // ends the wait is the gateway's.
+    let message = support::grpc::fp32_infer("sized_a", &[("INPUT0", [1.0, 2.0, 3.0, 4.0])]);
+    let asked = Instant::now();
+    let refused = support::grpc::raw_unary(
+        gateway.grpc,
+        "ModelInfer",
+        &message,
+        &[("grpc-timeout", "700m")],
+    )
+    .await;
+    assert_eq!(
+        refused.status, "4",
+        "DEADLINE_EXCEEDED: {}",
+        refused.message
+    );
+    let took = asked.elapsed();
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_millis(2000),
+        "{took:?}"
+    );
+    // The next waiter gets the room when slow_model lets go: the one that went is not placed.
+    let (status, _, body) = timed_infer(&gateway.url(), "sized_b").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(
+        triton_load_calls(&t0, "sized_a"),
+        loads_of_a,
+        "placed after its deadline"
+    );
+    assert_eq!(gateway.placed().await, [["sized_b"]]);
+}
+
+/// One inference on `model` at the gateway `url`: status, time taken, body (with the
+/// Retry-After header as `retry_after`).
+async fn timed_infer(url: &str, model: &str) -> (u16, Duration, Value) {
+    let started = Instant::now();
+    let response = reqwest::Client::new()
+        .post(format!("{url}/v2/models/{model}/infer"))
+        .json(&identity_request())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let retry_after = response.headers().get("retry-after").cloned();
+    let mut body: Value = response.json().await.unwrap_or(Value::Null);
+    if let Some(value) = retry_after {
+        body["retry_after"] = json!(value.to_str().unwrap());
+    }
+    (status, started.elapsed(), body)
 }
 
 #[tokio::test]

@@ -60,6 +60,10 @@ pub struct Placement {
     /// Requests waiting per copy in the backends' own queues (by fresh readings) above which
     /// a model gets another copy, like `scale_up_rps`; 0 turns it off.
     pub scale_up_queue: f64,
+    /// How long a cold request that finds no room (every copy that could make room in use,
+    /// loading or pinned) waits for some, in a fair queue per backend, before it is answered
+    /// 503 with Retry-After; a gRPC deadline ends the wait sooner. 0s refuses at once.
+    pub room_wait: HumanDuration,
 }
 
 /// `placement.policy`: the order in which idle copies are evicted. Users pick the rule that
@@ -90,6 +94,7 @@ impl Default for Placement {
             default_model_size: ByteSize(100 << 20),
             default_capacity: ByteSize(16 << 30),
             min_churn_age: HumanDuration(Duration::from_secs(60)),
+            room_wait: HumanDuration(Duration::from_secs(3)),
             max_loading_concurrency: 2,
             load_timeout: HumanDuration(Duration::from_secs(90)),
             max_load_attempts: 3,

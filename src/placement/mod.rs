@@ -11,6 +11,7 @@ mod load_queue;
 mod located;
 mod model_config;
 pub(crate) mod policy;
+mod room;
 pub mod sequences;
 mod spec;
 pub(crate) mod table;
@@ -18,7 +19,7 @@ mod versions;
 
 // The books and the eviction order are internal: the simulator and the benches reach them
 // through `crate::internals`.
-use estimate::Estimator;
+use estimate::{Estimator, Sizing};
 pub use load_queue::{LoadQueue, Priority};
 pub use model_config::check_override;
 use policy::{EvictionOrder, ModelWeight};
@@ -74,6 +75,9 @@ pub struct Placement {
     reconcile_interval: Duration,
     /// Config overrides and explicit unloads, from the repository API.
     specs: spec::Specs,
+    /// `placement.room_wait`, and the requests waiting for room.
+    room_wait: Duration,
+    room: room::RoomQueue,
 }
 
 /// When models get more copies, and lose them.
@@ -116,6 +120,8 @@ impl Drop for Lease {
             self.version,
             Instant::now(),
         );
+        // The copy may be idle now: room for whoever waits for it there.
+        self.placement.offer_room(self.backend);
     }
 }
 
@@ -184,6 +190,8 @@ impl Placement {
             repository: policy.model_repository.clone(),
             reconcile_interval: policy.reconcile_interval.0,
             specs: spec::Specs::default(),
+            room_wait: policy.room_wait.0,
+            room: room::RoomQueue::default(),
         }
     }
 
@@ -262,32 +270,17 @@ impl Placement {
     ) -> Result<Lease, GatewayError> {
         let mut attempts = 0;
         let mut cold_since: Option<Instant> = None;
+        // A decision made for this request while it waited for room (`room`).
+        let mut handed: Option<Decision> = None;
+        let mut room_until: Option<Instant> = None;
         loop {
             // Checked on every round: an explicit unload may come while a request waits.
             if self.specs.is_unloaded(&model.name) {
                 return Err(control::not_loaded(model, crate::pipeline::Ask::Inference));
             }
-            let view = self.view(&model.name);
-            // The warm path: one lock, no estimate (the lock is not held while estimating).
-            let hit = self.books().hit_for(model, sequence, &view, Instant::now());
-            let decision = match hit {
+            let decision = match handed.take() {
                 Some(decision) => decision,
-                None => {
-                    let sizing = if view.iter().any(|v| v.knows) {
-                        self.estimator.sizing(&model.name)
-                    } else {
-                        self.estimator.unread()
-                    };
-                    let pinned = self.pinned.contains(&model.name);
-                    self.books().decide_for(
-                        model,
-                        sequence,
-                        &sizing,
-                        &view,
-                        (pinned, allow_evict),
-                        Instant::now(),
-                    )
-                }
+                None => self.decide(model, sequence, allow_evict),
             };
             let mut waiting = match decision {
                 Decision::Serve(backend) => {
@@ -304,6 +297,17 @@ impl Placement {
                         version: model.version_number().ok().flatten(),
                         in_flight,
                     });
+                }
+                Decision::Refuse(error @ GatewayError::NoRoom { .. }) => {
+                    // Waits up to `room_wait` in all, however many times it is refused.
+                    let until = *room_until.get_or_insert_with(|| Instant::now() + self.room_wait);
+                    handed = self
+                        .wait_for_room(model, sequence, allow_evict, until)
+                        .await;
+                    if handed.is_none() {
+                        return Err(error);
+                    }
+                    continue;
                 }
                 Decision::Refuse(error) => {
                     if matches!(error, GatewayError::Churn { .. }) {
@@ -344,6 +348,39 @@ impl Placement {
                 // The load task ended without a word (it panicked): decide again.
                 Ok(Err(_)) => {}
             }
+        }
+    }
+
+    /// What a request for `model` should do now. The warm path takes one lock and no
+    /// estimate; a miss estimates the model's size outside the lock, then decides.
+    fn decide(
+        &self,
+        model: &ModelRef,
+        sequence: Option<&SequenceRef>,
+        allow_evict: bool,
+    ) -> Decision {
+        let view = self.view(&model.name);
+        if let Some(hit) = self.books().hit_for(model, sequence, &view, Instant::now()) {
+            return hit;
+        }
+        let sizing = self.sizing_for(&model.name, &view);
+        let pinned = self.pinned.contains(&model.name);
+        self.books().decide_for(
+            model,
+            sequence,
+            &sizing,
+            &view,
+            (pinned, allow_evict),
+            Instant::now(),
+        )
+    }
+
+    /// How `model` is sized; a model no backend knows yet is sized by default.
+    fn sizing_for(&self, model: &str, view: &[BackendView]) -> Sizing {
+        if view.iter().any(|v| v.knows) {
+            self.estimator.sizing(model)
+        } else {
+            self.estimator.unread()
         }
     }
 
@@ -410,7 +447,12 @@ impl Placement {
             }
         }
         self.publish_usage(plan.backend);
+        let failed = outcome.is_err();
         let _ = plan.done.send(Some(outcome));
+        if failed {
+            // A new copy that failed has left the books: its bytes are free.
+            self.offer_room(plan.backend);
+        }
     }
 
     /// Reads whether the model has sequence batching, and its idle timeout, from its config

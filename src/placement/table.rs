@@ -421,6 +421,17 @@ impl Table {
         self.order.policy()
     }
 
+    /// The ready backends, taking new copies, that could hold `bytes` once every copy there
+    /// that is in use or loading has gone idle: where waiting for room may help.
+    pub fn could_hold(&self, bytes: u64, view: &[BackendView]) -> Vec<usize> {
+        (self.backends.iter().zip(view).enumerate())
+            .filter(|(_, (books, v))| {
+                v.ready && v.knows && !books.draining && books.usable >= bytes
+            })
+            .map(|(b, _)| b)
+            .collect()
+    }
+
     /// Records how long a load of `model` took: its reload cost, for `gdsf`.
     pub fn learn_load_time(&mut self, model: &str, took: Duration) {
         self.order.learn_load_time(model, took);
