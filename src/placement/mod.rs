@@ -24,7 +24,7 @@ pub use load_queue::{LoadQueue, Priority};
 pub use model_config::check_override;
 use policy::{EvictionOrder, ModelWeight};
 pub use sequences::{SequenceId, SequenceRef};
-use table::{BackendView, Decision, Indexed, LoadPlan, Narrowed, Policy, Table};
+use table::{BackendView, Decision, Indexed, LoadPlan, LoadReason, Narrowed, Policy, Table};
 pub use versions::Versions;
 
 use crate::config;
@@ -419,14 +419,14 @@ impl Placement {
             "failure"
         };
         metrics::counter!(telemetry::PLACEMENT_LOADS, "backend" => backend.name.clone(),
-            "reason" => plan.reason, "result" => result)
+            "reason" => plan.reason.as_str(), "result" => result)
         .increment(1);
         metrics::histogram!(telemetry::PLACEMENT_LOAD_DURATION)
             .record(started.elapsed().as_secs_f64());
         match &outcome {
             Ok(()) => {
                 tracing::info!(model = plan.model, backend = %backend.name, versions = %plan.versions,
-                    reason = plan.reason, evicted = plan.evict.len(),
+                    reason = plan.reason.as_str(), evicted = plan.evict.len(),
                     load_ms = started.elapsed().as_millis() as u64, "model loaded");
                 let _ = self.events.send(ModelEvent::Loaded(plan.model.clone()));
             }
@@ -438,7 +438,7 @@ impl Placement {
         let took = started.elapsed();
         {
             let mut books = self.books();
-            if outcome.is_ok() && plan.reason == "new" {
+            if outcome.is_ok() && plan.reason == LoadReason::New {
                 books.learn_load_time(&plan.model, took);
             }
             books.finish_load(plan.backend, &plan.model, &outcome, Instant::now());
@@ -497,7 +497,7 @@ impl Placement {
         let running = &backend.loads_running;
         let alone_at_start = running.fetch_add(1, Ordering::AcqRel) == 0;
         let timeout = Duration::from_secs(2);
-        let before = if alone_at_start && plan.reason == "new" {
+        let before = if alone_at_start && plan.reason == LoadReason::New {
             metrics_scrape::read_sum(backend, &self.memory_metric, timeout).await
         } else {
             None
@@ -532,7 +532,7 @@ impl Placement {
             .await;
         if let Err(error) = &answer
             && error.timed_out()
-            && plan.reason == "new"
+            && plan.reason == LoadReason::New
         {
             // Never on the books as loaded: nothing departs.
             self.send_unload(backend, model, "abandon").await;

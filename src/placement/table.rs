@@ -46,7 +46,7 @@ pub struct BackendView {
 
 /// One copy of a model on one backend.
 #[derive(Debug)]
-pub struct Copy {
+pub struct CopyEntry {
     /// Tells this copy from any other, before or after it in the same place: a sequence is
     /// bound to the copy that saw it start, not to whatever copy is there later.
     pub id: u64,
@@ -90,7 +90,7 @@ fn next_copy_id() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-impl Copy {
+impl CopyEntry {
     /// Whether a request for `version` (`None`: the default policy) can use this copy now.
     fn serves(&self, version: Option<u64>) -> bool {
         let serving = matches!(self.state, CopyState::Ready | CopyState::Reloading(_));
@@ -140,7 +140,7 @@ pub struct Books {
     pub changed: Instant,
     /// Copies by model name. Change them only through `put`, `take` and `modify`, which keep
     /// `idle` and the table's index of copies in step.
-    pub copies: HashMap<String, Copy>,
+    pub copies: HashMap<String, CopyEntry>,
     /// The copies eviction may take (ready, unused, not pinned), in the policy's order once
     /// they are past `min_churn_age`: a miss reads victims off the front instead of sorting
     /// every copy.
@@ -170,13 +170,13 @@ struct Idle {
 
 impl Idle {
     /// Whether eviction may take the copy (once past `min_churn_age`).
-    fn evictable(copy: &Copy) -> bool {
+    fn evictable(copy: &CopyEntry) -> bool {
         let unused = copy.in_flight == 0 && copy.sequences == 0;
         matches!(copy.state, CopyState::Ready) && unused && !copy.pinned
     }
 
     /// Files the copy as cooling, if it is idle.
-    fn file(&mut self, copy: &mut Copy) {
+    fn file(&mut self, copy: &mut CopyEntry) {
         copy.rank = None;
         if Self::evictable(copy) {
             self.cooling.insert((copy.last_used, copy.name.clone()));
@@ -185,14 +185,14 @@ impl Idle {
     }
 
     /// Files an idle copy in the eviction order.
-    fn file_ranked(&mut self, copy: &mut Copy, rank: Rank) {
+    fn file_ranked(&mut self, copy: &mut CopyEntry, rank: Rank) {
         copy.rank = Some(rank);
         self.ranked.insert((rank, copy.name.clone()));
         self.ranked_bytes += copy.size;
     }
 
     /// Takes the copy out of wherever `file` or `file_ranked` put it.
-    fn unfile(&mut self, copy: &mut Copy) {
+    fn unfile(&mut self, copy: &mut CopyEntry) {
         if let Some(rank) = copy.rank.take() {
             self.ranked.remove(&(rank, copy.name.clone()));
             self.ranked_bytes -= copy.size;
@@ -227,7 +227,7 @@ impl Books {
     }
 
     /// Takes a copy off the books to be unloaded: it departs (see `departing`).
-    fn depart(&mut self, name: &str, at: (&mut Located, usize), now: Instant) -> Option<Copy> {
+    fn depart(&mut self, name: &str, at: (&mut Located, usize), now: Instant) -> Option<CopyEntry> {
         let copy = self.take(name, at)?;
         self.committed -= copy.size;
         self.departing_bytes += copy.size;
@@ -244,7 +244,7 @@ impl Books {
 
     /// Puts a copy on the books of backend `at` (replacing any of the same model), and in
     /// the index of copies.
-    fn put(&mut self, mut copy: Copy, (located, at): (&mut Located, usize)) {
+    fn put(&mut self, mut copy: CopyEntry, (located, at): (&mut Located, usize)) {
         self.idle.file(&mut copy);
         located.add(&copy.name, at);
         if let Some(mut old) = self.copies.insert(copy.name.to_string(), copy) {
@@ -253,7 +253,7 @@ impl Books {
     }
 
     /// Takes a copy off the books of backend `at`, and out of the index of copies.
-    fn take(&mut self, name: &str, (located, at): (&mut Located, usize)) -> Option<Copy> {
+    fn take(&mut self, name: &str, (located, at): (&mut Located, usize)) -> Option<CopyEntry> {
         let mut copy = self.copies.remove(name)?;
         located.remove(name, at);
         self.idle.unfile(&mut copy);
@@ -262,7 +262,7 @@ impl Books {
 
     /// Changes a copy, keeping its place in the eviction order right (a changed copy is
     /// ranked again).
-    fn modify<R>(&mut self, name: &str, change: impl FnOnce(&mut Copy) -> R) -> Option<R> {
+    fn modify<R>(&mut self, name: &str, change: impl FnOnce(&mut CopyEntry) -> R) -> Option<R> {
         let copy = self.copies.get_mut(name)?;
         self.idle.unfile(copy);
         let result = change(copy);
@@ -341,10 +341,8 @@ pub struct LoadPlan {
     pub versions: Versions,
     /// The version numbers that means ("latest" taken as the newest on disk).
     pub serving: BTreeSet<u64>,
-    /// Why, for the loads metric: `new` (a copy where there was none), `version` (a copy
-    /// loaded again with one more version), `reload` (a newer version for "latest"),
-    /// `retire` (a copy loaded again without versions a reload took out of every route).
-    pub reason: &'static str,
+    /// Why the load runs (the loads metric's `reason`).
+    pub reason: LoadReason,
     /// Models to unload first (already off the books).
     pub evict: Vec<Evicted>,
     /// Where the outcome is announced.
@@ -374,10 +372,36 @@ pub enum Decision {
 }
 
 #[derive(Debug)]
-struct Failure {
+struct LoadBackoff {
     failures: u32,
     retry_at: Instant,
     reason: Arc<str>,
+}
+
+/// Why a load runs: the `reason` label of the loads metric, and what a fresh copy (`New`)
+/// does differently from a copy loaded again (its learned size, its load time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadReason {
+    /// A copy where there was none.
+    New,
+    /// A copy loaded again with one more version.
+    Version,
+    /// A copy loaded again for a newer version of "latest".
+    Reload,
+    /// A copy loaded again without versions a reload took out of every route.
+    Retire,
+}
+
+impl LoadReason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::New => "new",
+            Self::Version => "version",
+            Self::Reload => "reload",
+            Self::Retire => "retire",
+        }
+    }
 }
 
 /// Every backend's books, in pool order.
@@ -386,7 +410,7 @@ pub struct Table {
     backends: Vec<Books>,
     /// Which backends hold each model: a warm hit reads this, not every backend's books.
     located: Located,
-    failures: HashMap<(String, usize), Failure>,
+    failures: HashMap<(String, usize), LoadBackoff>,
     policy: Policy,
     /// Live sequences and the copies they run on.
     sequences: Affinity,
@@ -603,9 +627,9 @@ impl Table {
             self.choose(&allowed, model, &growth, view, allow_evict, now)?;
         self.order.evicted(top);
         let reason = if self.backends[backend].copies[model].versions.covers(wanted) {
-            "reload"
+            LoadReason::Reload
         } else {
-            "version"
+            LoadReason::Version
         };
         let target = target(backend);
         let books = &mut self.backends[backend];
@@ -938,7 +962,7 @@ impl Table {
         let serving = versions.resolve(sizing.newest());
         let (done, waiting) = watch::channel(None);
         books.put(
-            Copy {
+            CopyEntry {
                 name: model.into(),
                 size: estimate.bytes,
                 source: estimate.source,
@@ -964,7 +988,7 @@ impl Table {
             model: model.to_string(),
             versions,
             serving,
-            reason: "new",
+            reason: LoadReason::New,
             evict,
             done,
         }
@@ -1029,7 +1053,7 @@ impl Table {
         let entry = self
             .failures
             .entry((model.to_string(), backend))
-            .or_insert(Failure {
+            .or_insert(LoadBackoff {
                 failures: 0,
                 retry_at: now,
                 reason: reason.clone(),
@@ -1242,7 +1266,7 @@ impl Table {
             // Requests for the leaving versions stop here: they wait for this load and then,
             // should one still be asked for by name, load it again.
             books.modify(model, |copy| copy.serving.retain(|v| !leaving.contains(v)));
-            let plan = start_reload(books, b, model, to, sizing, "retire", now);
+            let plan = start_reload(books, b, model, to, sizing, LoadReason::Retire, now);
             narrowed.push(Narrowed::Load(plan));
         }
         Some(narrowed)
@@ -1473,8 +1497,8 @@ pub struct Indexed {
 
 /// A copy for a model a backend already had: taken to serve the default policy, as a load
 /// made outside infergate most likely does.
-fn adopt(found: &Indexed, pinned: bool, now: Instant) -> Copy {
-    Copy {
+fn adopt(found: &Indexed, pinned: bool, now: Instant) -> CopyEntry {
+    CopyEntry {
         name: found.name.as_str().into(),
         size: found.estimate.bytes,
         source: found.estimate.source,
@@ -1536,7 +1560,7 @@ fn start_reload(
     model: &str,
     to: Versions,
     sizing: &Sizing,
-    reason: &'static str,
+    reason: LoadReason,
     now: Instant,
 ) -> LoadPlan {
     let estimate = sizing.estimate(&to);
@@ -1593,7 +1617,7 @@ fn take_victims(
 
 /// Puts a copy whose load ended back to serving: a reload's new versions when it succeeded,
 /// its old size when it failed. Returns its size before and after.
-fn settle(copy: &mut Copy, ok: bool, now: Instant) -> (u64, u64) {
+fn settle(copy: &mut CopyEntry, ok: bool, now: Instant) -> (u64, u64) {
     let before = copy.size;
     if let CopyState::Reloading(reload) = std::mem::replace(&mut copy.state, CopyState::Ready) {
         if ok {
@@ -2167,7 +2191,7 @@ mod tests {
         let one = plan_of(decide(&mut table, &versioned("m", "1")));
         assert_eq!(
             (one.reason, one.serving.clone()),
-            ("new", BTreeSet::from([1]))
+            (LoadReason::New, BTreeSet::from([1]))
         );
         assert!(!one.versions.latest);
         table.finish_load(one.backend, "m", &Ok(()), now);
@@ -2183,7 +2207,7 @@ mod tests {
         // No copy serves "latest" and every backend has the model: one is loaded again with
         // the union, and keeps serving its version meanwhile.
         let union = plan_of(decide(&mut table, &model("m")));
-        assert_eq!(union.reason, "version");
+        assert_eq!(union.reason, LoadReason::Version);
         assert!(union.versions.latest);
         let kept = if union.backend == one.backend {
             "1"
@@ -2250,7 +2274,7 @@ mod tests {
         };
         assert_eq!(
             (plan.reason, plan.serving.clone()),
-            ("retire", BTreeSet::from([2]))
+            (LoadReason::Retire, BTreeSet::from([2]))
         );
         assert!(!plan.versions.latest);
         // From now on version 1 is not served here: its requests wait for the load.
@@ -2311,7 +2335,7 @@ mod tests {
                 later,
             )
             .unwrap();
-        assert_eq!(reload.reason, "reload");
+        assert_eq!(reload.reason, LoadReason::Reload);
         assert!(reload.versions.is_default());
         assert_eq!(reload.serving, BTreeSet::from([3]));
         table.finish_load(0, "m", &Ok(()), later);
