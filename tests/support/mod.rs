@@ -11,6 +11,7 @@
 //! the test process).
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod gateway;
 pub mod grpc;
 
