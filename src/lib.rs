@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod frontend;
@@ -54,6 +55,8 @@ struct Inner {
     tls: Option<Arc<tls::ServerTls>>,
     /// What the backends say about themselves, for server metadata.
     server_identity: pipeline::server_metadata::IdentityCache,
+    /// Membership in the replicas' registry, with `[cluster]`.
+    cluster: Option<Arc<cluster::Cluster>>,
 }
 
 impl Gateway {
@@ -75,6 +78,10 @@ impl Gateway {
             )),
             None => None,
         };
+        let cluster = config
+            .cluster
+            .as_ref()
+            .map(|c| Arc::new(cluster::Cluster::new(c)));
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -89,6 +96,7 @@ impl Gateway {
                 draining: AtomicBool::new(false),
                 tls,
                 server_identity: Default::default(),
+                cluster,
             }),
         })
     }
@@ -167,6 +175,11 @@ impl Gateway {
     /// The listeners' TLS state, when `[listen.tls]` is set.
     pub fn tls(&self) -> Option<&Arc<tls::ServerTls>> {
         self.inner.tls.as_ref()
+    }
+
+    /// This replica's membership in the pool's registry, with `[cluster]`.
+    pub fn cluster(&self) -> Option<&Arc<cluster::Cluster>> {
+        self.inner.cluster.as_ref()
     }
 
     /// Which model is loaded where.
@@ -281,6 +294,9 @@ pub async fn serve(
         tls.spawn_watch(Duration::from_secs(1), &tasks, &shutdown);
     }
     tasks.spawn(refresh_jwks(gateway.clone(), shutdown.clone()));
+    if let Some(cluster) = gateway.cluster() {
+        tasks.spawn(cluster.clone().run(gateway.clone(), shutdown.clone()));
+    }
     warn_if_open(&gateway);
     let servers = TaskTracker::new();
     let serve_plain = |listener: TcpListener, router: axum::Router| {
