@@ -374,40 +374,11 @@ guard = { max_error_rate = 0.2, window = "30s", min_requests = 10 }
     }
 }
 
-/// A metrics endpoint standing in for a GPU Triton's (CPU Triton reports no GPU memory):
-/// `nv_gpu_memory_used_bytes` is 1 GiB plus 3 GiB per model the real Triton at `triton`
-/// has loaded, so a load's rise is 3 GiB.
-async fn gpu_memory(triton: String) -> SocketAddr {
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let triton = triton.clone();
-            async move {
-                let index: Value = reqwest::Client::new()
-                    .post(format!("{triton}/v2/repository/index"))
-                    .json(&json!({"ready": true}))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                let used = (1u64 << 30) + index.as_array().unwrap().len() as u64 * (3u64 << 30);
-                format!("# TYPE nv_gpu_memory_used_bytes gauge\nnv_gpu_memory_used_bytes{{gpu_uuid=\"GPU-0\"}} {used}\n")
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
 #[tokio::test]
 async fn a_learned_size_is_known_after_every_replica_has_restarted() {
     let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
     let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
-    let gpu = gpu_memory(triton.http_url()).await;
+    let gpu = support::gpu_memory_stub(triton.http_url()).await;
     let measured = replica_config("sizes", &[&triton], &etcd, "a", "")
         .replace(&triton.metrics_url(), &format!("http://{gpu}/metrics"));
     let mut a = TestGateway::start(&measured).await;

@@ -127,13 +127,7 @@ impl Shared {
                 if self.published_trips.contains(&id) {
                     continue;
                 }
-                let route_config = live
-                    .config
-                    .routes
-                    .iter()
-                    .find(|r| r.model == route.name)
-                    .and_then(|r| serde_json::to_value(r).ok())
-                    .unwrap_or_default();
+                let route_config = route_config(&live, &route.name).unwrap_or_default();
                 let record = TripRecord {
                     route: route.name.clone(),
                     target: trip.target.clone(),
@@ -190,6 +184,13 @@ impl Shared {
     }
 }
 
+/// The route's config as written, which a trip record carries to tell whether another
+/// replica runs the same route.
+fn route_config(live: &crate::reload::Live, route: &str) -> Option<serde_json::Value> {
+    let config = live.config.routes.iter().find(|r| r.model == route)?;
+    serde_json::to_value(config).ok()
+}
+
 /// Switches off every canary the registry holds a trip for, where this replica runs the
 /// same route config the trip was made under.
 fn apply_trips(view: &View, gateway: &Gateway) {
@@ -201,14 +202,7 @@ fn apply_trips(view: &View, gateway: &Gateway) {
         let Some(route) = live.routes.routes().find(|r| r.name == record.route) else {
             continue;
         };
-        let same_config = live
-            .config
-            .routes
-            .iter()
-            .find(|r| r.model == record.route)
-            .and_then(|r| serde_json::to_value(r).ok())
-            .is_some_and(|config| config == record.route_config);
-        if !same_config {
+        if route_config(&live, &record.route).is_none_or(|config| config != record.route_config) {
             continue;
         }
         let already = route
