@@ -6,6 +6,7 @@
 
 mod auth;
 mod body;
+mod cluster;
 pub mod config;
 mod error;
 mod frontend;
@@ -79,6 +80,8 @@ struct Inner {
     tls: Option<Arc<tls::ServerTls>>,
     /// What the backends say about themselves, for server metadata.
     server_identity: pipeline::server_metadata::IdentityCache,
+    /// Membership in the replicas' registry, with `[cluster]`.
+    cluster: Option<Arc<cluster::Cluster>>,
 }
 
 impl Gateway {
@@ -100,6 +103,10 @@ impl Gateway {
             )),
             None => None,
         };
+        let cluster = config
+            .cluster
+            .as_ref()
+            .map(|c| Arc::new(cluster::Cluster::new(c)));
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -114,6 +121,7 @@ impl Gateway {
                 draining: AtomicBool::new(false),
                 tls,
                 server_identity: Default::default(),
+                cluster,
             }),
         })
     }
@@ -192,6 +200,11 @@ impl Gateway {
     /// The listeners' TLS state, when `[listen.tls]` is set.
     pub fn tls(&self) -> Option<&Arc<tls::ServerTls>> {
         self.inner.tls.as_ref()
+    }
+
+    /// This replica's membership in the pool's registry, with `[cluster]`.
+    pub fn cluster(&self) -> Option<&Arc<cluster::Cluster>> {
+        self.inner.cluster.as_ref()
     }
 
     /// Which model is loaded where.
@@ -307,6 +320,9 @@ pub async fn serve(
         tls.spawn_watch(Duration::from_secs(1), &tasks, &shutdown);
     }
     tasks.spawn(refresh_jwks(gateway.clone(), shutdown.clone()));
+    if let Some(cluster) = gateway.cluster() {
+        tasks.spawn(cluster.clone().run(gateway.clone(), shutdown.clone()));
+    }
     warn_if_open(&gateway);
     let servers = TaskTracker::new();
     let serve_plain = |listener: TcpListener, router: axum::Router| {

@@ -79,6 +79,16 @@ pub const CONFIG_RELOADS: &str = "infergate_config_reload_total";
 pub const TLS_RELOADS: &str = "infergate_tls_reloads_total";
 /// TLS handshakes that failed or timed out, by listener (`http`, `grpc`, `admin`).
 pub const TLS_HANDSHAKE_FAILURES: &str = "infergate_tls_handshake_failures_total";
+/// 1 while this replica cannot reach etcd (`[cluster]`): it serves from its last view.
+pub const CLUSTER_DEGRADED: &str = "infergate_cluster_degraded";
+/// Round trips to etcd, by `op` (`grant`, `put`, `txn`, `get`, `keep_alive`, `revoke`).
+pub const CLUSTER_ETCD_DURATION: &str = "infergate_cluster_etcd_duration_seconds";
+/// Compare-and-set transactions another replica won (the key had changed), by `key` kind.
+pub const CLUSTER_CONFLICTS: &str = "infergate_cluster_conflicts_total";
+/// Revisions the local view of the registry is behind etcd's, read at every keep-alive.
+pub const CLUSTER_WATCH_LAG: &str = "infergate_cluster_watch_lag_revisions";
+/// Live replicas counted from the registry's replica records.
+pub const CLUSTER_REPLICAS: &str = "infergate_cluster_replicas";
 
 const LATENCY_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -141,6 +151,24 @@ fn describe() {
         "Backend latency until response headers."
     );
     describe_gauge!(IN_FLIGHT, "Requests being handled.");
+    describe_gauge!(
+        CLUSTER_DEGRADED,
+        "1 while this replica cannot reach etcd and serves from its last view of the registry."
+    );
+    describe_histogram!(
+        CLUSTER_ETCD_DURATION,
+        Unit::Seconds,
+        "Round trips to etcd, by operation."
+    );
+    describe_counter!(
+        CLUSTER_CONFLICTS,
+        "Compare-and-set transactions on the registry that another replica won."
+    );
+    describe_gauge!(
+        CLUSTER_WATCH_LAG,
+        "Revisions the local view of the registry is behind etcd."
+    );
+    describe_gauge!(CLUSTER_REPLICAS, "Live replicas in the registry.");
     describe_counter!(
         ERRORS,
         "Errors answered by the gateway itself, by kind and source."

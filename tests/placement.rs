@@ -696,42 +696,10 @@ fn message_bytes(values: [f32; 4]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// A metrics endpoint standing in for a GPU Triton's: memory used rises by 3 GiB for every
-/// model the real (CPU) Triton has loaded, as a GPU would show a model's weights.
-async fn gpu_memory_stub(triton_http: String) -> std::net::SocketAddr {
-    use axum::routing::get;
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let triton_http = triton_http.clone();
-            async move {
-                let index: Value = reqwest::Client::new()
-                    .post(format!("{triton_http}/v2/repository/index"))
-                    .json(&json!({"ready": true}))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                let loaded = index.as_array().unwrap().len() as u64;
-                let used = (1u64 << 30) + loaded * (3u64 << 30);
-                format!(
-                    "# TYPE nv_gpu_memory_used_bytes gauge\nnv_gpu_memory_used_bytes{{gpu_uuid=\"GPU-0\"}} {used}\n"
-                )
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
 #[tokio::test]
 async fn a_models_size_is_learned_from_the_backends_memory_metric() {
     let t0 = empty_triton(false).await;
-    let stub = gpu_memory_stub(t0.http_url()).await;
+    let stub = support::gpu_memory_stub(t0.http_url()).await;
     let config = pool_config("learn", &[&t0], "16GiB", "", "")
         .replace(&t0.metrics_url(), &format!("http://{stub}/metrics"));
     let gateway = TestGateway::start(&config).await;

@@ -15,12 +15,15 @@ fn script(path: &Path, body: &str) {
 }
 
 /// Commands setup.sh installs when missing, and the Debian package that brings each.
-const INSTALLED: [(&str, &str); 5] = [
+const INSTALLED: [(&str, &str); 8] = [
     ("openssl", "openssl"),
     ("curl", "curl"),
     ("prometheus", "prometheus"),
     ("promtool", "prometheus"),
     ("docker-compose", "docker-compose"),
+    ("etcd", "etcd-server"),
+    ("haproxy", "haproxy"),
+    ("protoc", "protobuf-compiler"),
 ];
 
 /// A `PATH` directory with the system's commands but without those setup.sh installs, and
@@ -94,7 +97,7 @@ fn setup_installs_missing_packages_after_one_update_and_is_quiet_when_done() {
         calls.lines().collect::<Vec<_>>(),
         [
             "update -q",
-            "install -y -q --no-install-recommends openssl curl prometheus docker-compose"
+            "install -y -q --no-install-recommends openssl curl prometheus docker-compose etcd-server haproxy protobuf-compiler"
         ],
         "{stderr}"
     );

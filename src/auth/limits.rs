@@ -1,14 +1,39 @@
 //! Per-tenant limits: a token bucket for requests per second (with burst) and a count of
-//! requests in progress. Both are per gateway process: N replicas let a tenant N times the
-//! rate through.
+//! requests in progress. Both are counted per gateway process; with `[cluster]` each
+//! replica enforces its share, the configured limit divided by the live replicas (`Share`),
+//! so the pool as a whole lets about the configured limit through.
 //!
 //! The bucket sits behind a `std::sync::Mutex` taken for a few instructions and never across
-//! an `.await`; the concurrency limit is a semaphore whose permit the request holds until its
+//! an `.await`; the concurrency limit is a counter whose slot the request holds until its
 //! answer has been sent.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// How many replicas share each tenant's limits: 1 without `[cluster]`, else the live
+/// replicas the registry counts. One per gateway, shared by every generation of the auth
+/// state a reload builds, and read once per admitted request (one relaxed load).
+#[derive(Debug)]
+pub struct Share(AtomicU32);
+
+impl Default for Share {
+    fn default() -> Self {
+        Self(AtomicU32::new(1))
+    }
+}
+
+impl Share {
+    /// The replicas sharing the limits now (at least 1).
+    pub fn replicas(&self) -> u32 {
+        self.0.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Sets the live replica count (the cluster's registry watch calls this).
+    pub fn set_replicas(&self, replicas: u32) {
+        self.0.store(replicas.max(1), Ordering::Relaxed);
+    }
+}
 
 /// Requests per second with a burst.
 #[derive(Debug)]
@@ -34,18 +59,22 @@ impl TokenBucket {
         self.rate
     }
 
-    /// Takes one token at `now`, or tells how long until one is there.
-    pub fn take(&self, now: Instant) -> Result<(), Duration> {
+    /// Takes one token at `now`, or tells how long until one is there. With `replicas`
+    /// sharing the limit, this one refills at `rate / replicas` and holds at most
+    /// `burst / replicas` tokens (rounded up, at least 1).
+    pub fn take(&self, now: Instant, replicas: u32) -> Result<(), Duration> {
+        let share = f64::from(replicas.max(1));
+        let (rate, burst) = (self.rate / share, (self.burst / share).ceil().max(1.0));
         let mut state = self.state.lock().expect("bucket lock");
         let (tokens, last) = *state;
-        let refilled = (tokens + now.saturating_duration_since(last).as_secs_f64() * self.rate)
-            .min(self.burst);
+        let refilled =
+            (tokens + now.saturating_duration_since(last).as_secs_f64() * rate).min(burst);
         if refilled >= 1.0 {
             *state = (refilled - 1.0, now);
             Ok(())
         } else {
             *state = (refilled, now);
-            Err(Duration::from_secs_f64((1.0 - refilled) / self.rate))
+            Err(Duration::from_secs_f64((1.0 - refilled) / rate))
         }
     }
 }
@@ -54,7 +83,17 @@ impl TokenBucket {
 #[derive(Debug)]
 pub struct Concurrency {
     limit: u32,
-    slots: Arc<Semaphore>,
+    in_progress: Arc<AtomicU32>,
+}
+
+/// A request's place under its tenant's concurrency limit, given back when dropped.
+#[derive(Debug)]
+pub struct Slot(Arc<AtomicU32>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Concurrency {
@@ -62,18 +101,26 @@ impl Concurrency {
     pub fn new(limit: u32) -> Self {
         Self {
             limit,
-            slots: Arc::new(Semaphore::new(limit as usize)),
+            in_progress: Arc::new(AtomicU32::new(0)),
         }
     }
 
-    /// The limit.
-    pub fn limit(&self) -> u32 {
-        self.limit
+    /// This replica's part of the limit when `replicas` share it: rounded up, so every
+    /// replica lets at least one request in.
+    pub fn share(&self, replicas: u32) -> u32 {
+        self.limit.div_ceil(replicas.max(1)).max(1)
     }
 
-    /// A slot, held until dropped, or `None` when all are taken (never waits).
-    pub fn try_enter(&self) -> Option<OwnedSemaphorePermit> {
-        self.slots.clone().try_acquire_owned().ok()
+    /// A slot, held until dropped, or `None` when this replica's share is taken (never
+    /// waits).
+    pub fn try_enter(&self, replicas: u32) -> Option<Slot> {
+        let share = self.share(replicas);
+        self.in_progress
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < share).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(self.in_progress.clone()))
     }
 }
 
@@ -86,27 +133,65 @@ mod tests {
         let bucket = TokenBucket::new(2.0, 3);
         let start = Instant::now();
         for _ in 0..3 {
-            assert!(bucket.take(start).is_ok());
+            assert!(bucket.take(start, 1).is_ok());
         }
-        let wait = bucket.take(start).unwrap_err();
+        let wait = bucket.take(start, 1).unwrap_err();
         assert!((wait.as_secs_f64() - 0.5).abs() < 1e-6, "{wait:?}");
-        assert!(bucket.take(start + Duration::from_millis(500)).is_ok());
-        assert!(bucket.take(start + Duration::from_millis(500)).is_err());
+        assert!(bucket.take(start + Duration::from_millis(500), 1).is_ok());
+        assert!(bucket.take(start + Duration::from_millis(500), 1).is_err());
         // Never more than the burst, however long idle.
         let later = start + Duration::from_secs(100);
         for _ in 0..3 {
-            assert!(bucket.take(later).is_ok());
+            assert!(bucket.take(later, 1).is_ok());
         }
-        assert!(bucket.take(later).is_err());
+        assert!(bucket.take(later, 1).is_err());
+    }
+
+    #[test]
+    fn replicas_sharing_a_bucket_each_get_their_part() {
+        let bucket = TokenBucket::new(4.0, 4);
+        let start = Instant::now() + Duration::from_secs(10);
+        // Two replicas: a burst of 2 and 2 per second each.
+        assert!(bucket.take(start, 2).is_ok());
+        assert!(bucket.take(start, 2).is_ok());
+        let wait = bucket.take(start, 2).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.5).abs() < 1e-6, "{wait:?}");
+        // Three replicas: 4 / 3 rounds up to a burst of 2.
+        let bucket = TokenBucket::new(4.0, 4);
+        assert!(bucket.take(start, 3).is_ok());
+        assert!(bucket.take(start, 3).is_ok());
+        assert!(bucket.take(start, 3).is_err());
     }
 
     #[test]
     fn concurrency_slots_come_back_when_dropped() {
         let limit = Concurrency::new(2);
-        let a = limit.try_enter().unwrap();
-        let _b = limit.try_enter().unwrap();
-        assert!(limit.try_enter().is_none());
+        let a = limit.try_enter(1).unwrap();
+        let _b = limit.try_enter(1).unwrap();
+        assert!(limit.try_enter(1).is_none());
         drop(a);
-        assert!(limit.try_enter().is_some());
+        assert!(limit.try_enter(1).is_some());
+    }
+
+    #[test]
+    fn replicas_sharing_a_concurrency_limit_each_take_their_part_rounded_up() {
+        let limit = Concurrency::new(3);
+        assert_eq!(
+            (
+                limit.share(1),
+                limit.share(2),
+                limit.share(3),
+                limit.share(5)
+            ),
+            (3, 2, 1, 1)
+        );
+        let a = limit.try_enter(2).unwrap();
+        let _b = limit.try_enter(2).unwrap();
+        assert!(limit.try_enter(2).is_none());
+        drop(a);
+        assert!(
+            limit.try_enter(3).is_none(),
+            "two in progress, a share of one"
+        );
     }
 }

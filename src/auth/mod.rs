@@ -14,13 +14,12 @@ use crate::config::{self, AuthMode};
 use crate::error::GatewayError;
 use api_keys::ApiKeys;
 use jwt::{Claims, JwtKeys};
-use limits::{Concurrency, TokenBucket};
+use limits::{Concurrency, Share, Slot, TokenBucket};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tenants::ModelAccess;
-use tokio::sync::OwnedSemaphorePermit;
 
 pub use api_keys::hash_key;
 
@@ -103,7 +102,7 @@ struct TenantPolicy {
 /// A request let through; holds its tenant's concurrency slot until dropped.
 #[derive(Debug, Default)]
 pub struct Admission {
-    _slot: Option<OwnedSemaphorePermit>,
+    _slot: Option<Slot>,
 }
 
 /// How a refused admission is counted.
@@ -148,6 +147,8 @@ pub struct Auth {
     cache: Option<moka::sync::Cache<String, Arc<Identity>>>,
     refresh_interval: Duration,
     client_certificates: bool,
+    /// How many replicas share the tenants' limits; one per gateway, kept across reloads.
+    share: arc_swap::ArcSwap<Share>,
 }
 
 impl std::fmt::Debug for Auth {
@@ -244,6 +245,7 @@ impl Auth {
             api_keys: keys,
             tenants,
             client_certificates: config.client_certificates,
+            share: arc_swap::ArcSwap::from_pointee(Share::default()),
             cache,
             refresh_interval: config.jwks_refresh_interval.0,
         })
@@ -262,6 +264,13 @@ impl Auth {
     /// Keeps what the previous config had fetched (JWKS keys from URLs).
     pub fn inherit(&self, previous: &Auth) {
         self.jwt.inherit(&previous.jwt);
+        self.share.store(previous.share.load_full());
+    }
+
+    /// How many replicas share the tenants' limits (`[cluster]` keeps it current): each
+    /// replica enforces its part of every limit.
+    pub fn limit_share(&self) -> Arc<Share> {
+        self.share.load_full()
     }
 
     /// Reads every JWKS source again; a changed set empties the token cache, so a token
@@ -408,17 +417,26 @@ impl Auth {
         let Some(policy) = policy else {
             return Ok(Admission::default());
         };
+        let replicas = self.share.load().replicas();
+        let of_replicas = |replicas: u32| {
+            if replicas > 1 {
+                format!(" (this replica's share over {replicas} replicas)")
+            } else {
+                String::new()
+            }
+        };
         let slot = match &policy.concurrency {
-            Some(limit) => match limit.try_enter() {
+            Some(limit) => match limit.try_enter(replicas) {
                 Some(slot) => Some(slot),
                 None => {
                     return Err((
                         Decision::ConcurrencyLimited,
                         GatewayError::RateLimited {
                             message: format!(
-                                "tenant '{}' has {} requests in progress, its limit",
+                                "tenant '{}' has {} requests in progress, its limit{}",
                                 identity.tenant,
-                                limit.limit()
+                                limit.share(replicas),
+                                of_replicas(replicas)
                             ),
                             retry_after: Duration::from_secs(1),
                         },
@@ -428,15 +446,16 @@ impl Auth {
             None => None,
         };
         if let Some(bucket) = &policy.rate
-            && let Err(wait) = bucket.take(Instant::now())
+            && let Err(wait) = bucket.take(Instant::now(), replicas)
         {
             return Err((
                 Decision::RateLimited,
                 GatewayError::RateLimited {
                     message: format!(
-                        "tenant '{}' is over its limit of {} requests per second",
+                        "tenant '{}' is over its limit of {} requests per second{}",
                         identity.tenant,
-                        bucket.rate()
+                        bucket.rate() / f64::from(replicas),
+                        of_replicas(replicas)
                     ),
                     retry_after: wait,
                 },

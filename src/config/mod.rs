@@ -5,12 +5,14 @@
 //! reload can refuse a bad file without touching the running one.
 
 mod auth;
+mod cluster;
 mod parse;
 mod placement;
 mod routes;
 mod units;
 
 pub use auth::{ApiKey, Auth, AuthMode, JwtKey, Tenant, algorithm_family};
+pub use cluster::{Cluster, ClusterTls};
 pub use placement::{EvictionPolicy, Model, Placement};
 pub use routes::{Guard, RouteConfig, RouteTarget, StickyKey};
 pub use units::{ByteSize, HumanDuration};
@@ -55,6 +57,8 @@ pub struct Config {
     /// What the gateway tells monitoring: merged metrics, exported traces.
     #[serde(default)]
     pub telemetry: Telemetry,
+    /// Replicas sharing one registry in etcd; absent: one process, books in memory.
+    pub cluster: Option<Cluster>,
 }
 
 /// Metrics and traces for the monitoring stack. Read at start: a change needs a restart.
@@ -448,6 +452,9 @@ impl Config {
             });
         }
         self.placement.validate(&self.models, &mut errors);
+        if let Some(cluster) = &self.cluster {
+            cluster.validate(&mut errors);
+        }
         routes::validate(&self.routes, &mut errors);
         self.auth.validate(&mut errors);
         self.claims_for_sticky_keys(&mut errors);

@@ -20,6 +20,7 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/admin/routes", get(routes))
         .route("/admin/whoami", get(whoami))
         .route("/admin/server", get(server))
+        .route("/admin/cluster", get(cluster))
         .route("/admin/models/{model}/load", post(load))
         .route("/admin/models/{model}/unload", post(unload))
         .route("/admin/backends/{backend}/drain", post(drain))
@@ -53,6 +54,19 @@ async fn server(State(gateway): State<Gateway>) -> axum::Json<serde_json::Value>
         "version": crate::protocol::SERVER_VERSION,
         "reported": crate::pipeline::server_metadata::server_metadata(&gateway).await,
     }))
+}
+
+/// The replicas sharing this gateway's registry (`[cluster]`): who is live, the leader,
+/// the registry revision, and whether this replica is degraded (etcd unreachable).
+async fn cluster(
+    State(gateway): State<Gateway>,
+) -> Result<axum::Json<serde_json::Value>, GatewayError> {
+    match gateway.cluster() {
+        Some(cluster) => Ok(axum::Json(cluster.snapshot())),
+        None => Err(GatewayError::NotFound {
+            path: "/admin/cluster (this gateway runs without [cluster])".into(),
+        }),
+    }
 }
 
 /// Every admin endpoint needs the admin role when auth is on (the listener being private

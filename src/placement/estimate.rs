@@ -159,6 +159,12 @@ impl Estimator {
             .insert(model.to_string(), bytes);
     }
 
+    /// Every learned size per version, by model (for sharing them across replicas).
+    pub fn learned(&self) -> Vec<(String, u64)> {
+        let learned = self.learned.lock().expect("estimator lock");
+        learned.iter().map(|(m, b)| (m.clone(), *b)).collect()
+    }
+
     /// The estimate for the model's default version (one copy as a plain load makes it).
     pub fn estimate(&self, model: &str) -> Estimate {
         self.sizing(model).estimate(&Versions::latest())

@@ -195,6 +195,11 @@ impl Placement {
         }
     }
 
+    /// How models are sized: `[cluster]` shares learned sizes through it.
+    pub fn estimator(&self) -> &Estimator {
+        &self.estimator
+    }
+
     /// Receives every load and unload.
     pub fn subscribe(&self) -> broadcast::Receiver<ModelEvent> {
         self.events.subscribe()

@@ -36,6 +36,10 @@ pub struct Trip {
     pub message: String,
     /// When, in seconds since the Unix epoch.
     pub at_unix: f64,
+    /// The replica whose guard tripped, when another replica's trip switched the canary
+    /// off here (`[cluster]`); absent for this replica's own trips.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
 }
 
 /// One target's figures over the window, for the admin API.
@@ -102,9 +106,30 @@ impl Guard {
             at_unix: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
+            replica: None,
         };
         self.record(route, trip.clone());
         Some(trip)
+    }
+
+    /// Switches canary `i` off for a trip another replica's guard made (`trip.replica`),
+    /// so the whole pool rolls back together. False when it was off already, or `i` is the
+    /// stable target (never switched off). Counted in the rollback metric only where the
+    /// guard tripped, so a pool-wide sum counts each rollback once.
+    pub fn apply(&self, route: &str, i: usize, trip: Trip) -> bool {
+        if i == self.stable || i >= self.off.len() || self.off[i].swap(true, Ordering::Relaxed) {
+            return false;
+        }
+        tracing::warn!(
+            route,
+            target = trip.target,
+            reason = trip.reason,
+            replica = trip.replica.as_deref().unwrap_or(""),
+            "canary switched off by another replica's guard: {}",
+            trip.message
+        );
+        self.trips.lock().expect("guard trips").push(trip);
+        true
     }
 
     fn record(&self, route: &str, trip: Trip) {

@@ -130,6 +130,18 @@ impl Route {
         }
     }
 
+    /// Applies another replica's guard trip (`[cluster]`) to the target it names by label;
+    /// false when the route has no guard, no such target, or it was off already.
+    pub fn apply_trip(&self, trip: guard::Trip) -> bool {
+        let Some(guard) = &self.guard else {
+            return false;
+        };
+        match self.labels.iter().position(|label| *label == trip.target) {
+            Some(i) => guard.apply(&self.name, i, trip),
+            None => false,
+        }
+    }
+
     /// The label (`model[/version]`) of target `i`.
     pub fn label(&self, i: usize) -> &str {
         &self.labels[i]

@@ -11,6 +11,7 @@
 //! the test process).
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod gateway;
 pub mod grpc;
 
@@ -494,6 +495,38 @@ fn without_option_table(log: &str) -> String {
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A metrics endpoint standing in for a GPU Triton's: memory used rises by 3 GiB for every
+/// model the real (CPU) Triton has loaded, as a GPU would show a model's weights.
+pub async fn gpu_memory_stub(triton_http: String) -> std::net::SocketAddr {
+    use axum::routing::get;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let triton_http = triton_http.clone();
+            async move {
+                let index: serde_json::Value = reqwest::Client::new()
+                    .post(format!("{triton_http}/v2/repository/index"))
+                    .json(&serde_json::json!({"ready": true}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                let loaded = index.as_array().unwrap().len() as u64;
+                let used = (1u64 << 30) + loaded * (3u64 << 30);
+                format!(
+                    "# TYPE nv_gpu_memory_used_bytes gauge\nnv_gpu_memory_used_bytes{{gpu_uuid=\"GPU-0\"}} {used}\n"
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
 }
 
 /// `N` distinct free loopback ports (all held open together while picking).

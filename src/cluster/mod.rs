@@ -1,0 +1,113 @@
+//! `[cluster]`: gateway replicas behind one load balancer share a registry in etcd, as
+//! ModelMesh's instances do. Each replica keeps a record on its own lease, campaigns in
+//! etcd's election (the leader is the one housekeeping will run on), keeps a local view of
+//! every key under the prefix current through one watch, and shares what must be pooled:
+//! canary guard trips, learned model sizes, and the replica count that divides per-tenant
+//! limits.
+//!
+//! Nothing on the request path waits on etcd: requests read local state the session loop
+//! updates. When etcd cannot be reached the replica is `degraded`: it goes on serving from
+//! what it last knew, retries with backoff, and re-registers when etcd returns.
+
+mod etcd;
+mod session;
+mod shared;
+pub mod view;
+
+use crate::config;
+use crate::telemetry;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::SystemTime;
+use view::View;
+
+/// One replica's membership in the pool: its view of the registry and whether etcd is
+/// reachable. Built with the gateway; `run` (spawned by `serve`) does the talking.
+#[derive(Debug)]
+pub struct Cluster {
+    config: config::Cluster,
+    view: Mutex<View>,
+    degraded: AtomicBool,
+    /// Why the last session ended, while degraded.
+    last_error: Mutex<Option<String>>,
+    /// The lease this replica's keys are bound to (0 before the first grant).
+    lease: AtomicI64,
+    started_at_unix: f64,
+}
+
+impl Cluster {
+    /// The replica's state before it has reached etcd: degraded until the first session
+    /// registers it.
+    pub fn new(config: &config::Cluster) -> Self {
+        let this = Self {
+            view: Mutex::new(View::new(&config.prefix)),
+            config: config.clone(),
+            degraded: AtomicBool::new(true),
+            last_error: Mutex::new(Some("not connected to etcd yet".into())),
+            lease: AtomicI64::new(0),
+            started_at_unix: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        };
+        this.gauge(telemetry::CLUSTER_DEGRADED).set(1.0);
+        this
+    }
+
+    /// This replica's name in the registry.
+    pub fn replica(&self) -> &str {
+        &self.config.replica
+    }
+
+    /// True while etcd cannot be reached: the replica serves from its last view.
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.load(Ordering::Relaxed)
+    }
+
+    fn view(&self) -> MutexGuard<'_, View> {
+        self.view.lock().expect("cluster view")
+    }
+
+    fn gauge(&self, name: &'static str) -> metrics::Gauge {
+        metrics::gauge!(name, "replica" => self.config.replica.clone())
+    }
+
+    /// Marks the replica degraded (with the reason) or, with `None`, healthy again.
+    fn set_degraded(&self, reason: Option<String>) {
+        let degraded = reason.is_some();
+        if self.degraded.swap(degraded, Ordering::Relaxed) != degraded {
+            match &reason {
+                Some(reason) => {
+                    tracing::warn!(replica = self.replica(), %reason, "cluster degraded: serving from the last view of the registry")
+                }
+                None => tracing::info!(
+                    replica = self.replica(),
+                    "cluster registry reached: not degraded"
+                ),
+            }
+        }
+        *self.last_error.lock().expect("cluster error") = reason;
+        self.gauge(telemetry::CLUSTER_DEGRADED)
+            .set(f64::from(u8::from(degraded)));
+    }
+
+    /// `GET /admin/cluster`: the replicas, the leader, the registry revision and whether
+    /// this replica is degraded.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let view = self.view();
+        let leader = view.leader();
+        serde_json::json!({
+            "replica": self.replica(),
+            "prefix": self.config.prefix,
+            "degraded": self.is_degraded(),
+            "degraded_reason": *self.last_error.lock().expect("cluster error"),
+            "revision": view.revision(),
+            "leader": leader,
+            "is_leader": leader.as_deref() == Some(self.replica()),
+            "lease": format!("{:x}", self.lease.load(Ordering::Relaxed)),
+            "lease_ttl_seconds": self.config.lease_seconds(),
+            "replicas": view.replicas(),
+            "trips": shared::trips(&view),
+            "sizes": shared::sizes(&view),
+        })
+    }
+}

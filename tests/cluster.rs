@@ -1,0 +1,484 @@
+//! Replicas sharing one registry in etcd (`[cluster]`), with real parts: Debian's etcd,
+//! real Triton (default flags), HAProxy health-checking `/v2/health/ready` in front of the
+//! replicas, and one replica run as the built binary so it can be `kill -9`ed.
+
+mod support;
+
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use support::cluster::{Etcd, Haproxy};
+use support::gateway::{TestGateway, pool_config};
+use support::{Triton, TritonOptions};
+
+/// A replica's config: the pool over `tritons`, `[cluster]` on `etcd` under a prefix of the
+/// test's own, a 2 s lease, and `extra` tables.
+fn replica_config(
+    test: &str,
+    tritons: &[&Triton],
+    etcd: &Etcd,
+    replica: &str,
+    extra: &str,
+) -> String {
+    format!(
+        "{}\n[cluster]\netcd = [\"{}\"]\nprefix = \"/infergate/{test}\"\nreplica = \"{replica}\"\nlease_ttl = \"2s\"\n",
+        pool_config(test, tritons, "16GiB", "scale_up_rps = 0.0", extra),
+        etcd.endpoint()
+    )
+}
+
+/// The admin key of the limits test's config (ignored where auth is off).
+const ADMIN_KEY: &str = "admin-key";
+
+async fn cluster_view(admin: SocketAddr) -> Value {
+    reqwest::Client::new()
+        .get(format!("http://{admin}/admin/cluster"))
+        .header("x-api-key", ADMIN_KEY)
+        .send()
+        .await
+        .expect("admin reachable")
+        .json()
+        .await
+        .expect("admin JSON")
+}
+
+fn names(view: &Value) -> Vec<String> {
+    let mut names: Vec<String> = view["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Polls `admin`'s `/admin/cluster` until `ready` holds, for up to `within`.
+async fn wait_for(
+    admin: SocketAddr,
+    within: Duration,
+    what: &str,
+    ready: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let view = cluster_view(admin).await;
+        if ready(&view) {
+            return view;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never, last /admin/cluster {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn request() -> Value {
+    json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
+}
+
+/// An inference on `model` at `base`: (status, body text).
+async fn infer(
+    client: &reqwest::Client,
+    base: &str,
+    model: &str,
+    key: Option<&str>,
+) -> (u16, String) {
+    let mut builder = client
+        .post(format!("{base}/v2/models/{model}/infer"))
+        .json(&request());
+    if let Some(key) = key {
+        builder = builder.header("x-api-key", key);
+    }
+    let answer = builder.send().await.unwrap();
+    (answer.status().as_u16(), answer.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn replicas_see_each_other_and_elect_one_leader_who_is_replaced_when_it_leaves() {
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        replicas.push(
+            TestGateway::start(&replica_config("election", &[&triton], &etcd, name, "")).await,
+        );
+    }
+    let mut leaders = Vec::new();
+    for gateway in &replicas {
+        let view = wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "three replicas and a leader",
+            |v| names(v) == ["a", "b", "c"] && v["leader"].is_string() && v["degraded"] == false,
+        )
+        .await;
+        assert!(view["revision"].as_i64().unwrap() > 0, "{view}");
+        leaders.push(view["leader"].as_str().unwrap().to_string());
+    }
+    assert!(
+        leaders.iter().all(|l| *l == leaders[0]),
+        "one leader: {leaders:?}"
+    );
+    let first = ["a", "b", "c"]
+        .iter()
+        .position(|n| *n == leaders[0])
+        .unwrap();
+    let mut is_leader = Vec::new();
+    for gateway in &replicas {
+        is_leader.push(cluster_view(gateway.admin).await["is_leader"] == true);
+    }
+    assert_eq!(is_leader.iter().filter(|l| **l).count(), 1, "{is_leader:?}");
+    assert!(is_leader[first]);
+
+    // The leader stops (its lease is revoked): the others elect one of themselves.
+    let mut leaving = replicas.remove(first);
+    leaving.begin_shutdown().await.unwrap().unwrap();
+    let mut next = Vec::new();
+    for gateway in &replicas {
+        let view = wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "a new leader",
+            |v| {
+                v["replicas"].as_array().unwrap().len() == 2
+                    && v["leader"].is_string()
+                    && v["leader"] != leaders[0].as_str()
+            },
+        )
+        .await;
+        next.push(view["leader"].as_str().unwrap().to_string());
+    }
+    assert_eq!(next[0], next[1]);
+}
+
+#[tokio::test]
+async fn an_etcd_outage_degrades_every_replica_while_warm_requests_flow_and_recovery_registers_again()
+ {
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (mut etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let a = TestGateway::start(&replica_config("outage", &[&triton], &etcd, "a", "")).await;
+    let b = TestGateway::start(&replica_config("outage", &[&triton], &etcd, "b", "")).await;
+    for gateway in [&a, &b] {
+        wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "two replicas",
+            |v| v["replicas"].as_array().unwrap().len() == 2 && v["degraded"] == false,
+        )
+        .await;
+    }
+    let haproxy = Haproxy::start(&[a.http, b.http]).await.unwrap();
+    let client = reqwest::Client::new();
+    // Warm: each replica has placed the model once.
+    for gateway in [&a, &b] {
+        assert_eq!(infer(&client, &gateway.url(), "sized_a", None).await.0, 200);
+    }
+
+    etcd.stop();
+    for gateway in [&a, &b] {
+        let view = wait_for(gateway.admin, Duration::from_secs(10), "degraded", |v| {
+            v["degraded"] == true
+        })
+        .await;
+        assert!(view["degraded_reason"].is_string(), "{view}");
+        let metrics = gateway.metrics_text("/metrics").await;
+        let name = view["replica"].as_str().unwrap();
+        assert!(
+            metrics.contains(&format!(
+                "infergate_cluster_degraded{{replica=\"{name}\"}} 1"
+            )),
+            "{metrics}"
+        );
+        // Readiness stays true: the load balancer keeps sending.
+        let ready = client
+            .get(format!("{}/v2/health/ready", gateway.url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ready.status(), 200);
+    }
+    // Warm traffic through the load balancer, 8 clients at once: every request succeeds.
+    let url = haproxy.url();
+    let batches = (0..8).map(|_| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let mut statuses = Vec::new();
+            for _ in 0..25 {
+                statuses.push(infer(&client, &url, "sized_a", None).await);
+            }
+            statuses
+        }
+    });
+    let answers: Vec<(u16, String)> = futures_util::future::join_all(batches)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let failed: Vec<_> = answers
+        .iter()
+        .filter(|(status, _)| *status != 200)
+        .collect();
+    assert_eq!(answers.len(), 200);
+    assert!(failed.is_empty(), "{failed:?}");
+
+    // etcd returns: nobody is degraded, both records are there.
+    etcd.start_again().await.unwrap();
+    for gateway in [&a, &b] {
+        wait_for(gateway.admin, Duration::from_secs(15), "recovered", |v| {
+            v["degraded"] == false && v["replicas"].as_array().unwrap().len() == 2
+        })
+        .await;
+    }
+    // The records are lost (both leases revoked behind the replicas' backs): they are
+    // written again, on new leases.
+    let before = cluster_view(a.admin).await["lease"].clone();
+    let mut etcd_client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let leases = etcd_client.leases().await.unwrap();
+    for lease in leases.leases() {
+        etcd_client.lease_revoke(lease.id()).await.unwrap();
+    }
+    for gateway in [&a, &b] {
+        wait_for(
+            gateway.admin,
+            Duration::from_secs(15),
+            "registered again",
+            |v| v["degraded"] == false && names(v) == ["a", "b"] && v["leader"].is_string(),
+        )
+        .await;
+    }
+    let records = etcd_client
+        .get(
+            "/infergate/outage/replicas/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(records.kvs().len(), 2);
+    assert_ne!(cluster_view(a.admin).await["lease"], before, "a new lease");
+}
+
+#[tokio::test]
+async fn a_killed_replicas_record_vanishes_when_its_lease_runs_out() {
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let a = TestGateway::start(&replica_config("crash", &[&triton], &etcd, "a", "")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        replica_config("crash", &[&triton], &etcd, "doomed", ""),
+    )
+    .unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"));
+    command
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut doomed = support::spawn_in_own_group(command).unwrap();
+    wait_for(
+        a.admin,
+        Duration::from_secs(20),
+        "the second replica",
+        |v| names(v) == ["a", "doomed"],
+    )
+    .await;
+
+    doomed.kill().unwrap(); // SIGKILL: no goodbye, the lease must run out
+    doomed.wait().unwrap();
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        names(&cluster_view(a.admin).await),
+        ["a", "doomed"],
+        "the record lives as long as its lease"
+    );
+    wait_for(a.admin, Duration::from_secs(6), "the record gone", |v| {
+        names(v) == ["a"]
+    })
+    .await;
+    let gone_after = killed.elapsed();
+    assert!(
+        gone_after < Duration::from_secs(5),
+        "{gone_after:?} for a 2s lease"
+    );
+    let view = wait_for(a.admin, Duration::from_secs(5), "a leads", |v| {
+        v["leader"] == "a"
+    })
+    .await;
+    assert_eq!(view["is_leader"], true);
+}
+
+#[tokio::test]
+async fn a_guard_trip_on_one_replica_switches_the_canary_off_on_the_others() {
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let routes = r#"
+[[routes]]
+model = "guarded"
+targets = [{ model = "sized_a", weight = 50 }, { model = "error_model", weight = 50 }]
+guard = { max_error_rate = 0.2, window = "30s", min_requests = 10 }
+"#;
+    let a = TestGateway::start(&replica_config("trips", &[&triton], &etcd, "a", routes)).await;
+    let b = TestGateway::start(&replica_config("trips", &[&triton], &etcd, "b", routes)).await;
+    wait_for(b.admin, Duration::from_secs(10), "two replicas", |v| {
+        names(v) == ["a", "b"]
+    })
+    .await;
+    let client = reqwest::Client::new();
+    // Only replica a sees the canary fail.
+    let mut failures = 0;
+    for _ in 0..80 {
+        failures += u32::from(infer(&client, &a.url(), "guarded", None).await.0 != 200);
+    }
+    assert_eq!(
+        failures, 10,
+        "a's guard tripped after min_requests failures"
+    );
+    let view = wait_for(
+        b.admin,
+        Duration::from_secs(10),
+        "the trip in the registry",
+        |v| v["trips"].as_array().unwrap().len() == 1,
+    )
+    .await;
+    assert_eq!(view["trips"][0]["replica"], "a");
+    assert_eq!(view["trips"][0]["target"], "error_model");
+    // b switches the canary off without having seen it fail.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let routes_of_b = loop {
+        let routes: Value = reqwest::get(format!("http://{}/admin/routes", b.admin))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if routes[0]["targets"][1]["current_weight"] == 0 || Instant::now() > deadline {
+            break routes;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        routes_of_b[0]["targets"][1]["current_weight"], 0,
+        "{routes_of_b}"
+    );
+    assert_eq!(routes_of_b[0]["trips"][0]["replica"], "a", "{routes_of_b}");
+    for _ in 0..40 {
+        let (status, body) = infer(&client, &b.url(), "guarded", None).await;
+        assert_eq!(status, 200, "b never sends to the tripped canary: {body}");
+        assert!(body.contains("\"model_name\":\"sized_a\""), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn a_learned_size_is_known_after_every_replica_has_restarted() {
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let gpu = support::gpu_memory_stub(triton.http_url()).await;
+    let measured = replica_config("sizes", &[&triton], &etcd, "a", "")
+        .replace(&triton.metrics_url(), &format!("http://{gpu}/metrics"));
+    let mut a = TestGateway::start(&measured).await;
+    let mut b = TestGateway::start(&replica_config("sizes", &[&triton], &etcd, "b", "")).await;
+    let client = reqwest::Client::new();
+    assert_eq!(infer(&client, &a.url(), "sized_a", None).await.0, 200);
+    let copy = &a.placement().await["backends"][0]["models"][0];
+    assert_eq!(
+        (copy["size_source"].as_str(), copy["size"].as_u64()),
+        (Some("learned"), Some(3 << 30)),
+        "{copy}"
+    );
+    wait_for(
+        b.admin,
+        Duration::from_secs(10),
+        "the size in the registry",
+        |v| v["sizes"]["sized_a"]["bytes"] == 3u64 << 30,
+    )
+    .await;
+
+    // Every replica goes; the model too. A new replica, whose backend reports no memory
+    // at all, places the model by the size the pool learned.
+    a.begin_shutdown().await.unwrap().unwrap();
+    b.begin_shutdown().await.unwrap().unwrap();
+    triton.unload_model("sized_a").await.unwrap();
+    let c = TestGateway::start(&replica_config("sizes", &[&triton], &etcd, "c", "")).await;
+    wait_for(c.admin, Duration::from_secs(10), "c registered", |v| {
+        v["degraded"] == false
+    })
+    .await;
+    assert_eq!(infer(&client, &c.url(), "sized_a", None).await.0, 200);
+    let copy = &c.placement().await["backends"][0]["models"][0];
+    assert_eq!(copy["name"], "sized_a");
+    assert_eq!(
+        (copy["size_source"].as_str(), copy["size"].as_u64()),
+        (Some("learned"), Some(3 << 30)),
+        "{copy}"
+    );
+}
+
+#[tokio::test]
+async fn tenant_limits_are_divided_by_the_live_replica_count() {
+    use sha2::Digest;
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let hash = |key: &str| {
+        sha2::Sha256::digest(key.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    // A burst of 4 and almost no refill: what a replica lets through is its share of 4.
+    let auth = format!(
+        "[auth]\nmode = \"required\"\n\
+         [[auth.api_keys]]\nname = \"one\"\nsha256 = \"{}\"\ntenant = \"alone\"\n\
+         [[auth.api_keys]]\nname = \"two\"\nsha256 = \"{}\"\ntenant = \"shared\"\n\
+         [[auth.api_keys]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"admin\"]\n\
+         [[auth.tenants]]\nname = \"alone\"\nrequests_per_second = 0.001\nburst = 4\n\
+         [[auth.tenants]]\nname = \"shared\"\nrequests_per_second = 0.001\nburst = 4\n",
+        hash("key-one"),
+        hash("key-two"),
+        hash(ADMIN_KEY)
+    );
+    let config = |name| replica_config("limits", &[&triton], &etcd, name, &auth);
+    let a = TestGateway::start_with_admin_key(&config("a"), ADMIN_KEY).await;
+    wait_for(a.admin, Duration::from_secs(10), "a registered", |v| {
+        names(v) == ["a"]
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(infer(&client, &a.url(), "sized_a", Some("key-one")).await.0);
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 429],
+        "one replica: the whole burst"
+    );
+
+    let _b = TestGateway::start_with_admin_key(&config("b"), ADMIN_KEY).await;
+    wait_for(a.admin, Duration::from_secs(10), "two replicas", |v| {
+        names(v) == ["a", "b"]
+    })
+    .await;
+    // The replica count reaches the limits within one sync round.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(infer(&client, &a.url(), "sized_a", Some("key-two")).await);
+    }
+    let statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 429],
+        "two replicas: half the burst each; {answers:?}"
+    );
+    assert!(
+        answers[2].1.contains("share over 2 replicas"),
+        "{}",
+        answers[2].1
+    );
+}

@@ -1,0 +1,203 @@
+//! Real parts for the replicas' tests: an `etcd` server (Debian's `etcd-server`, v3 API)
+//! and an `haproxy` in front of the gateway replicas, as a load balancer health-checking
+//! `/v2/health/ready` would be. Both run on free loopback ports in their own process
+//! group, and are killed on drop, also when a test panics (and with the test process,
+//! through `spawn_in_own_group`).
+
+use super::{free_ports, spawn_in_own_group, tail};
+use anyhow::{Context, bail};
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One etcd member with its data in a temporary directory; `stop` and `start_again` give
+/// outages on the same ports and data.
+pub struct Etcd {
+    pub client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+    log_path: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    /// Starts etcd and waits until `/health` says so.
+    pub async fn start() -> anyhow::Result<Etcd> {
+        let [client_port, peer_port] = free_ports::<2>()?;
+        let dir = tempfile::Builder::new()
+            .prefix("infergate-etcd-")
+            .tempdir()?;
+        let mut etcd = Etcd {
+            client_port,
+            peer_port,
+            child: None,
+            log_path: dir.path().join("etcd.log"),
+            dir,
+        };
+        etcd.start_again().await?;
+        Ok(etcd)
+    }
+
+    /// `http://127.0.0.1:port`, for `cluster.etcd`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// (Re)starts the server on the same ports and data directory.
+    pub async fn start_again(&mut self) -> anyhow::Result<()> {
+        assert!(self.child.is_none(), "etcd is running");
+        let (client, peer) = (
+            self.endpoint(),
+            format!("http://127.0.0.1:{}", self.peer_port),
+        );
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        let mut cmd = Command::new("etcd");
+        cmd.arg("--name=test")
+            .arg(format!(
+                "--data-dir={}",
+                self.dir.path().join("data").display()
+            ))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=test={peer}"))
+            .arg("--log-level=warn")
+            .arg("--logger=zap")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        self.child = Some(
+            spawn_in_own_group(cmd)
+                .context("cannot start etcd (scripts/setup.sh installs etcd-server)")?,
+        );
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let health = client
+                .get(format!("{}/health", self.endpoint()))
+                .timeout(Duration::from_secs(1))
+                .send()
+                .await;
+            if let Ok(answer) = health
+                && answer.text().await.is_ok_and(|t| t.contains("\"true\""))
+            {
+                return Ok(());
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("etcd exited with {status}:\n{}", self.log_tail());
+            }
+            if Instant::now() > deadline {
+                bail!("etcd not healthy after 30s:\n{}", self.log_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills the server (SIGKILL: an outage, not a goodbye).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        tail(
+            &std::fs::read_to_string(&self.log_path).unwrap_or_default(),
+            20,
+        )
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if std::thread::panicking() && self.child.is_some() {
+            eprintln!(
+                "--- etcd on port {}, last lines:\n{}",
+                self.client_port,
+                self.log_tail()
+            );
+        }
+        self.stop();
+    }
+}
+
+/// HAProxy balancing HTTP over gateway replicas, taking a replica out while its
+/// `/v2/health/ready` fails (checked every 200 ms).
+pub struct Haproxy {
+    pub port: u16,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Haproxy {
+    /// Starts HAProxy over these gateway addresses and waits until it answers readiness.
+    pub async fn start(backends: &[std::net::SocketAddr]) -> anyhow::Result<Haproxy> {
+        let [port] = free_ports::<1>()?;
+        let dir = tempfile::Builder::new()
+            .prefix("infergate-haproxy-")
+            .tempdir()?;
+        let mut config = format!(
+            "global\n  maxconn 512\n\
+             defaults\n  mode http\n  timeout connect 1s\n  timeout client 30s\n  timeout server 30s\n  \
+             retries 2\n  option redispatch\n\
+             frontend gateways\n  bind 127.0.0.1:{port}\n  default_backend replicas\n\
+             backend replicas\n  balance roundrobin\n  option httpchk GET /v2/health/ready\n  \
+             default-server inter 200ms fall 2 rise 1\n"
+        );
+        for (i, addr) in backends.iter().enumerate() {
+            config.push_str(&format!("  server gw{i} {addr} check\n"));
+        }
+        let path = dir.path().join("haproxy.cfg");
+        std::fs::write(&path, config)?;
+        let log = File::create(dir.path().join("haproxy.log"))?;
+        let mut cmd = Command::new("haproxy");
+        cmd.arg("-db")
+            .arg("-f")
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = spawn_in_own_group(cmd)
+            .context("cannot start haproxy (scripts/setup.sh installs it)")?;
+        let haproxy = Haproxy {
+            port,
+            child: Some(child),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !matches!(
+            reqwest::get(format!("{}/v2/health/ready", haproxy.url())).await,
+            Ok(answer) if answer.status() == 200
+        ) {
+            if Instant::now() > deadline {
+                bail!("haproxy never reached a ready replica");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(haproxy)
+    }
+
+    /// `http://127.0.0.1:port` of the frontend.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
