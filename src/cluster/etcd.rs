@@ -27,9 +27,6 @@ pub async fn connect(cluster: &config::Cluster) -> Result<etcd_client::Client, S
         })?;
         options = options.with_user(user, password);
     }
-    if let Some(tls) = &cluster.tls {
-        options = options.with_tls(tls_options(tls)?);
-    }
     let endpoints = cluster.etcd.clone();
     tokio::time::timeout(
         CALL_TIMEOUT,
@@ -38,22 +35,6 @@ pub async fn connect(cluster: &config::Cluster) -> Result<etcd_client::Client, S
     .await
     .map_err(|_| "etcd did not answer the connection within 2s".to_string())?
     .map_err(|e| format!("cannot connect to etcd: {e}"))
-}
-
-fn tls_options(tls: &config::ClusterTls) -> Result<etcd_client::TlsOptions, String> {
-    let read = |key: &str, path: &std::path::Path| {
-        std::fs::read(path)
-            .map_err(|e| format!("cluster.tls.{key}: cannot read {}: {e}", path.display()))
-    };
-    let mut options = etcd_client::TlsOptions::new()
-        .ca_certificate(etcd_client::Certificate::from_pem(read("ca", &tls.ca)?));
-    if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
-        options = options.identity(etcd_client::Identity::from_pem(
-            read("cert", cert)?,
-            read("key", key)?,
-        ));
-    }
-    Ok(options)
 }
 
 /// One round trip named `op`: timed, and an error once `CALL_TIMEOUT` passes.
