@@ -187,6 +187,9 @@ fn classify(
     if let Some(limit) = crate::body::too_large(error) {
         return GatewayError::BodyTooLarge { limit };
     }
+    if let Some(stalled) = crate::listen::BodyReadTimeout::in_chain(error) {
+        return GatewayError::BadRequest(format!("could not read request body: {stalled}"));
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     let mut connect = false;
     let mut timed_out = false;
