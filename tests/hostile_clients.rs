@@ -81,46 +81,102 @@ fn assert_quick(mut latencies: Vec<Duration>, attack: &str) {
     );
 }
 
-/// Connects, sends `head`, then `lines` one by one, `every` apart, until the server closes
-/// the connection; returns when it did, counted from the connection's start, or `None` if it
-/// never did within `give_up`.
-async fn trickle(
-    to: std::net::SocketAddr,
-    head: &'static str,
-    lines: impl Iterator<Item = Vec<u8>> + Send,
+/// One hostile client: it connects, sends `head`, then `lines` one by one, `every` apart.
+struct Trickle {
+    head: String,
+    lines: Box<dyn Iterator<Item = Vec<u8>> + Send>,
     every: Duration,
-    give_up: Duration,
-) -> Option<Duration> {
-    let mut stream = TcpStream::connect(to).await.unwrap();
-    let started = Instant::now();
-    let (mut read, mut write) = stream.split();
-    let mut read_buf = [0u8; 4096];
-    let closed = async {
-        // The server may answer (an error status) before it closes: read until EOF.
-        loop {
-            match read.read(&mut read_buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
+}
+
+impl Trickle {
+    /// A client that connects and sends nothing.
+    fn silent() -> Self {
+        Self {
+            head: String::new(),
+            lines: Box::new(std::iter::empty()),
+            every: Duration::ZERO,
+        }
+    }
+
+    /// Runs the client until the server closes the connection; returns when it did, counted
+    /// from the connection's start, or `None` if it never did within `give_up`.
+    async fn run(self, to: std::net::SocketAddr, give_up: Duration) -> Option<Duration> {
+        let mut stream = TcpStream::connect(to).await.unwrap();
+        let started = Instant::now();
+        let (mut read, mut write) = stream.split();
+        let mut read_buf = [0u8; 4096];
+        let closed = async {
+            // The server may answer (an error status) before it closes: read until EOF.
+            loop {
+                match read.read(&mut read_buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
             }
-        }
-    };
-    let send = async {
-        if write.write_all(head.as_bytes()).await.is_err() {
-            return;
-        }
-        for line in lines {
-            tokio::time::sleep(every).await;
-            if write.write_all(&line).await.is_err() {
+        };
+        let send = async {
+            if write.write_all(self.head.as_bytes()).await.is_err() {
                 return;
             }
+            for line in self.lines {
+                tokio::time::sleep(self.every).await;
+                if write.write_all(&line).await.is_err() {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            _ = closed => Some(started.elapsed()),
+            _ = send => Some(started.elapsed()),
+            _ = tokio::time::sleep(give_up) => None,
         }
-        std::future::pending::<()>().await
-    };
-    tokio::select! {
-        _ = closed => Some(started.elapsed()),
-        _ = send => Some(started.elapsed()),
-        _ = tokio::time::sleep(give_up) => None,
     }
+}
+
+/// Runs these hostile clients all at once, with the well-behaved one beside them, whose
+/// answers must stay quick; returns when each hostile one was closed (`None`: it was not
+/// within `give_up`).
+async fn attack(
+    gateway: &TestGateway,
+    name: &str,
+    clients: Vec<Trickle>,
+    give_up: Duration,
+) -> Vec<Option<Duration>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = well_behaved(gateway.url(), stop.clone());
+    let attackers: Vec<_> = clients
+        .into_iter()
+        .map(|trickle| tokio::spawn(trickle.run(gateway.http, give_up)))
+        .collect();
+    let mut closed_after = Vec::new();
+    for attacker in attackers {
+        closed_after.push(attacker.await.unwrap());
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_quick(client.await.unwrap(), name);
+    closed_after
+}
+
+/// `infergate_client_timeouts_total` for this phase, over every listener.
+async fn timeouts_counted(gateway: &TestGateway, phase: &str) -> f64 {
+    let metrics = gateway.metrics_text("/metrics").await;
+    let filter = format!("phase=\"{phase}\"");
+    counter(&metrics, "infergate_client_timeouts_total", &filter)
+}
+
+/// Sends `request` and a part of its body, then nothing: what the gateway answers before it
+/// closes the connection.
+async fn answer_to_stalled(gateway: &TestGateway, request: &str, part: &[u8]) -> String {
+    let mut stream = TcpStream::connect(gateway.http).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.write_all(part).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("the connection is closed")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
 }
 
 /// A counter's value summed over the series whose line contains `filter`.
@@ -135,37 +191,19 @@ fn counter(metrics: &str, name: &str, filter: &str) -> f64 {
 #[tokio::test]
 async fn a_slowloris_is_closed_after_header_read_timeout_while_others_are_served() {
     let (_triton, gateway) = gateway("slowloris", "header_read_timeout = \"1s\"").await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let client = well_behaved(gateway.url(), stop.clone());
     // 300 connections each sending a header line every 200 ms, forever if let; and 20 that
     // send nothing at all.
-    let mut attackers = Vec::new();
-    for i in 0..320 {
-        let silent = i % 16 == 0;
-        let head = if silent {
-            ""
-        } else {
-            "POST /v2/models/add_sub/infer HTTP/1.1\r\nhost: gateway\r\n"
-        };
-        let lines: Box<dyn Iterator<Item = Vec<u8>> + Send> = if silent {
-            Box::new(std::iter::empty())
-        } else {
-            Box::new((0..).map(|n| format!("x-pad-{n}: slow\r\n").into_bytes()))
-        };
-        attackers.push(tokio::spawn(trickle(
-            gateway.http,
-            head,
-            lines,
-            Duration::from_millis(200),
-            Duration::from_secs(6),
-        )));
-    }
-    let mut closed_after = Vec::new();
-    for attacker in attackers {
-        closed_after.push(attacker.await.unwrap());
-    }
-    stop.store(true, Ordering::Relaxed);
-    assert_quick(client.await.unwrap(), "slowloris");
+    let clients = (0..320)
+        .map(|i| match i % 16 {
+            0 => Trickle::silent(),
+            _ => Trickle {
+                head: format!("POST {INFER} HTTP/1.1\r\nhost: gateway\r\n"),
+                lines: Box::new((0..).map(|n| format!("x-pad-{n}: slow\r\n").into_bytes())),
+                every: Duration::from_millis(200),
+            },
+        })
+        .collect();
+    let closed_after = attack(&gateway, "slowloris", clients, Duration::from_secs(6)).await;
     let still_open = closed_after.iter().filter(|c| c.is_none()).count();
     assert_eq!(still_open, 0, "connections still open after 6 s");
     let closed: Vec<Duration> = closed_after.into_iter().flatten().collect();
@@ -174,58 +212,34 @@ async fn a_slowloris_is_closed_after_header_read_timeout_while_others_are_served
         *first >= Duration::from_millis(900) && *last < Duration::from_secs(4),
         "closed between {first:?} and {last:?}, header_read_timeout is 1s"
     );
-    let metrics = gateway.metrics_text("/metrics").await;
-    let timeouts = counter(
-        &metrics,
-        "infergate_client_timeouts_total",
-        "phase=\"header\"",
-    );
+    let timeouts = timeouts_counted(&gateway, "header").await;
     assert!(timeouts >= 320.0, "{timeouts} header timeouts counted");
 }
 
 #[tokio::test]
 async fn a_body_trickled_at_a_byte_a_second_is_cut_after_body_read_timeout() {
     let (_triton, gateway) = gateway("trickle", "body_read_timeout = \"500ms\"").await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let client = well_behaved(gateway.url(), stop.clone());
     let body = add_sub_body();
-    let head: &'static str = Box::leak(
-        format!(
-            "POST {INFER} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\n\r\n",
-            body.len()
-        )
-        .into_boxed_str(),
+    let head = format!(
+        "POST {INFER} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
     );
-    let mut attackers = Vec::new();
-    for _ in 0..20 {
-        let bytes: Vec<Vec<u8>> = body.bytes().map(|b| vec![b]).collect();
-        attackers.push(tokio::spawn(trickle(
-            gateway.http,
-            head,
-            bytes.into_iter(),
-            Duration::from_secs(1),
-            Duration::from_secs(8),
-        )));
-    }
-    let mut closed_after = Vec::new();
-    for attacker in attackers {
-        closed_after.push(attacker.await.unwrap());
-    }
-    stop.store(true, Ordering::Relaxed);
-    assert_quick(client.await.unwrap(), "trickled bodies");
+    let clients = (0..20)
+        .map(|_| Trickle {
+            head: head.clone(),
+            lines: Box::new(body.clone().into_bytes().into_iter().map(|b| vec![b])),
+            every: Duration::from_secs(1),
+        })
+        .collect();
+    let closed_after = attack(&gateway, "trickled bodies", clients, Duration::from_secs(8)).await;
     // The first byte comes after 1 s, the next wait passes 500 ms: cut by about 1.5 s, while
     // the whole body would take minutes.
     for closed in &closed_after {
         let closed = closed.expect("a trickled body still open after 8 s");
         assert!(closed < Duration::from_secs(4), "cut after {closed:?}");
     }
-    let metrics = gateway.metrics_text("/metrics").await;
-    let timeouts = counter(
-        &metrics,
-        "infergate_client_timeouts_total",
-        "phase=\"body\"",
-    );
+    let timeouts = timeouts_counted(&gateway, "body").await;
     assert!(timeouts >= 20.0, "{timeouts} body timeouts counted");
 }
 
@@ -234,26 +248,14 @@ async fn a_body_trickled_at_a_byte_a_second_is_cut_after_body_read_timeout() {
 #[tokio::test]
 async fn a_stalled_body_is_answered_with_an_error_naming_body_read_timeout() {
     let (_triton, gateway) = gateway("stalled", "body_read_timeout = \"300ms\"").await;
-    let mut stream = TcpStream::connect(gateway.http).await.unwrap();
     let body = add_sub_body();
-    let head = format!(
+    let request = format!(
         "POST {INFER} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n{}",
+         content-length: {}\r\n\r\n",
         body.len(),
-        &body[..10]
     );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
-        .await
-        .expect("the connection is closed")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
-    let status = answer.split(' ').nth(1).unwrap_or("none");
-    assert!(
-        status.starts_with('4') || status.starts_with('5'),
-        "answer: {answer}"
-    );
+    let answer = answer_to_stalled(&gateway, &request, &body.as_bytes()[..10]).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "answer: {answer}");
     assert!(
         answer.contains("server.body_read_timeout"),
         "answer: {answer}"
@@ -286,13 +288,10 @@ async fn connections_past_max_connections_are_shed_and_counted() {
     // Past the limit: closed at once, without a byte sent.
     let mut shed = Vec::new();
     for _ in 0..10 {
-        shed.push(tokio::spawn(trickle(
-            gateway.http,
-            "",
-            std::iter::empty(),
-            Duration::ZERO,
-            Duration::from_secs(3),
-        )));
+        let client = Trickle::silent();
+        shed.push(tokio::spawn(
+            client.run(gateway.http, Duration::from_secs(3)),
+        ));
     }
     for closed in shed {
         let closed = closed
@@ -337,21 +336,13 @@ async fn a_body_stalled_mid_stream_does_not_count_against_the_backend() {
         {"name": "INPUT1", "datatype": "FP32", "shape": [4], "parameters": {"binary_data_size": 16}}]})
     .to_string();
     for _ in 0..4 {
-        let mut stream = TcpStream::connect(gateway.http).await.unwrap();
-        let head = format!(
+        let request = format!(
             "POST {INFER} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/octet-stream\r\n\
              inference-header-content-length: {}\r\ncontent-length: {}\r\n\r\n{header}",
             header.len(),
             header.len() + 32
         );
-        stream.write_all(head.as_bytes()).await.unwrap();
-        stream.write_all(&[0u8; 4]).await.unwrap();
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
-            .await
-            .expect("the connection is closed")
-            .unwrap();
-        let answer = String::from_utf8_lossy(&answer);
+        let answer = answer_to_stalled(&gateway, &request, &[0u8; 4]).await;
         assert!(answer.starts_with("HTTP/1.1 400"), "answer: {answer}");
         assert!(
             answer.contains("server.body_read_timeout"),
