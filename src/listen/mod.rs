@@ -29,6 +29,15 @@ use tokio_util::task::TaskTracker;
 
 pub use read_timeout::BodyReadTimeout;
 
+thread_local! {
+    static WORKER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Which worker this thread is; `None` off the workers (background work).
+pub fn worker_index() -> Option<usize> {
+    WORKER.with(std::cell::Cell::get)
+}
+
 /// Sockets the gateway serves on, bound by the caller (tests bind port 0 and read the ports
 /// from here). With several workers they are bound with `SO_REUSEPORT`, and `serve` binds
 /// each further worker's socket to the same address.
@@ -129,6 +138,7 @@ impl Workers {
         };
         for (index, sockets) in sockets.into_iter().enumerate() {
             let worker = Worker {
+                index,
                 sockets,
                 limits: limits.clone(),
                 stop: this.stop.clone(),
@@ -176,6 +186,7 @@ impl Drop for Workers {
 
 /// One worker's share: its sockets (one per listener) and the tokens that stop it.
 struct Worker {
+    index: usize,
     sockets: Vec<(Endpoint, std::net::TcpListener)>,
     limits: Arc<Limits>,
     stop: CancellationToken,
@@ -187,6 +198,7 @@ impl Worker {
     /// The worker thread: a current-thread runtime running an accept loop per listener until
     /// aborted; then whatever is left is dropped.
     fn run(self) {
+        WORKER.with(|worker| worker.set(Some(self.index)));
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
