@@ -123,7 +123,7 @@ f() { jq -r ".steps[0]$2" "$TMP/$1.json"; }
     echo "# infergate JWT auth cost: $DATE, commit $SHA"
     echo
     echo "Produced by \`loadtest/auth_bench.sh\`. One fake-triton (add_sub), five infergate"
-    echo "processes with validation off ($WORKERS tokio worker(s) each, access log off), measured in"
+    echo "processes with validation off ($WORKERS worker(s) each, access log off), measured in"
     echo "turns at each concurrency level: warm-up $WARMUP, then $WINDOWS × $WINDOW windows."
     echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load before: $(cut -d' ' -f1-3 /proc/loadavg)."
     echo "The load generator sends one token for the whole run: with the cache on (the default),"

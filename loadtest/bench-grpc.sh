@@ -29,8 +29,8 @@
 #   BENCH_CONCURRENCY="1 16 64"
 #   BENCH_ROUNDS=3           times every stage is measured at every level (median reported)
 #   BENCH_VALIDATION_OFF=1   0 drops the ig-off stage
-#   BENCH_PROXY_WORKERS=1    nginx worker_processes and infergate's tokio worker threads
-#                            (TOKIO_WORKER_THREADS); "auto" = one per core for both
+#   BENCH_PROXY_WORKERS=1    nginx worker_processes and infergate's server.workers;
+#                            "auto" = one per core for both
 #   BENCH_LOAD_THREADS=1     load generator threads
 #   BENCH_ACCESS_LOG=on      on: both proxies write a line per request to a file; off: neither
 #   BENCH_BUILD=1            0 skips `cargo build --release`
@@ -271,7 +271,7 @@ report() {
     echo "- Load average (1, 5, 15 min): $LOAD_BEFORE before, $LOAD_AFTER after. The machine is shared: the per-step load average is in the table; compare stages within this run, and prefer CPU per request (from /proc/PID/stat, warm-up included, requests estimated from the measured rate), which is less sensitive to other work than throughput."
     echo "- infergate: commit $SHA$( ((DIRTY)) && echo " plus $DIRTY uncommitted changed paths under src/, proto/, Cargo.toml, Cargo.lock at run time"), release profile, \`listen.grpc\` with the backend's \`grpc\` URL (one HTTP/2 channel to Triton). nginx: $("$NGINX" -v 2>&1 | cut -d/ -f2) (Debian package), config \`loadtest/nginx/grpc.conf.template\` (\`grpc_pass\`, \`listen ... http2\`, keep-alive upstream: nginx sends one request at a time on each upstream connection). Triton: $TRITON_VERSION (nvidia-pytriton wheel, CPU, python backend, \`add_sub\` from tests/models, explicit model control)."
     echo "- Load: \`infergate-load --protocol grpc -i INPUT0:FP32:4 -i INPUT1:FP32:4 --check\` (KServe v2 \`ModelInfer\`, tensors as \`raw_input_contents\`), closed loop, one HTTP/2 connection per concurrent worker (the tool's default), warm-up $WARMUP then $WINDOWS × $WINDOW windows per step, $LOAD_THREADS load-generator thread(s); the stages take turns at each concurrency level, and the whole sequence ran $ROUNDS times (stage order rotated each round)."
-    echo "- Proxies: $WORKERS_LABEL worker(s) each (nginx \`worker_processes\`, infergate \`TOKIO_WORKER_THREADS\`). Access logs: $ACCESS_LOG for both (a line per request to a file)."
+    echo "- Proxies: $WORKERS_LABEL worker(s) each (nginx \`worker_processes\`, infergate \`server.workers\`). Access logs: $ACCESS_LOG for both (a line per request to a file)."
     echo "- Triton CPU counts tritonserver and its python stub process. Python stubs left under Triton at the end: $STUBS_AFTER (1 expected: add_sub)."
     echo "- Placement (validation-on infergate, /admin/placement after start): \`$PLACEMENT\`."
     echo

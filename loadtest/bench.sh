@@ -21,8 +21,8 @@
 #   BENCH_BASE_PORT=29000    ports used: base..base+33 (pass 1), base+100..base+133 (pass 2)
 #   BENCH_WARMUP=1s BENCH_WINDOW=3s BENCH_WINDOWS=3   per step (infergate-load flags)
 #   BENCH_CONCURRENCY="1 16 64"  BENCH_REAL_CONCURRENCY="1 16"
-#   BENCH_PROXY_WORKERS=1    nginx worker_processes and infergate's tokio worker threads
-#                            (TOKIO_WORKER_THREADS); "auto" = one per core for both
+#   BENCH_PROXY_WORKERS=1    nginx worker_processes and infergate's server.workers;
+#                            "auto" = one per core for both
 #   BENCH_LOAD_THREADS=1 BENCH_BACKEND_THREADS=1   load generator / fake-triton threads
 #   BENCH_ACCESS_LOG=on      on: both proxies write a line per request to a file; off: neither
 #   BENCH_REAL=1             0 skips the real-Triton pass
@@ -347,7 +347,7 @@ report() {
     echo "- Load average (1, 5, 15 min): $LOAD_BEFORE before, $LOAD_AFTER after. The machine is shared: the per-step load average is in the tables, and CPU per request (from /proc/PID/stat, warm-up included, requests estimated from the measured rate) is less sensitive to other work than throughput."
     echo "- infergate: commit $SHA$( ((DIRTY)) && echo " plus $DIRTY uncommitted changed paths under src/, Cargo.toml, Cargo.lock at run time (others were editing)"), release profile. nginx: $("$NGINX" -v 2>&1 | cut -d/ -f2) (Debian package), config \`loadtest/nginx/proxy.conf.template\`.$( ((REAL)) && echo " Triton: $TRITON_VERSION (nvidia-pytriton wheel, CPU, python backend).")"
     echo "- Load: \`infergate-load\` closed loop, \`add_sub\` JSON bodies (INPUT0, INPUT1: FP32 [4]), \`--check\` on every response, warm-up $WARMUP then $WINDOWS × $WINDOW windows per step, $LOAD_THREADS load-generator thread(s); the stages take turns at each concurrency level."
-    echo "- Proxies: $WORKERS_LABEL worker(s) each (nginx \`worker_processes\`, infergate \`TOKIO_WORKER_THREADS\`). fake-triton: $BACKEND_THREADS thread(s). Access logs: $ACCESS_LOG for both (a line per request to a file)."
+    echo "- Proxies: $WORKERS_LABEL worker(s) each (nginx \`worker_processes\`, infergate \`server.workers\`). fake-triton: $BACKEND_THREADS thread(s). Access logs: $ACCESS_LOG for both (a line per request to a file)."
     echo "- Stage 3 (infergate, validation and auth off)$( ((${#STAGE3_FEATURES[@]})) && echo "; $(join_list "${STAGE3_FEATURES[@]}")")."
     echo "- Stage 4 (infergate, everything on) includes: $STAGE4_LABEL."
     ((${#STAGE4_MISSING[@]})) && echo "- Not available in this build (refused by \`infergate check\`, so left out of stage 4): $(join_list "${STAGE4_MISSING[@]}")."

@@ -154,13 +154,19 @@ start_nginx() { # name listen_port upstream_port template
 start_infergate() { # name config
     local level=info
     [[ "$ACCESS_LOG" == on ]] || level=warn
-    "$BIN/infergate" check --config "$2" >"$TMP/check.out" 2>&1 ||
-        { cat "$TMP/check.out" >&2; die "infergate check refused the $1 config"; }
-    if [[ "$WORKERS" == auto ]]; then
-        RUST_LOG="$level" "$BIN/infergate" --config "$2" >"$TMP/$1.log" 2>&1 &
-    else
-        TOKIO_WORKER_THREADS="$WORKERS" RUST_LOG="$level" "$BIN/infergate" --config "$2" >"$TMP/$1.log" 2>&1 &
+    local config="$2"
+    if [[ "$WORKERS" != auto ]]; then
+        # `server.workers`, in the [server] table the config has or in one of its own.
+        config="$TMP/$1.workers.toml"
+        if grep -q '^\[server\]' "$2"; then
+            sed "/^\[server\]/a workers = $WORKERS" "$2" >"$config"
+        else
+            { printf '[server]\nworkers = %s\n' "$WORKERS"; cat "$2"; } >"$config"
+        fi
     fi
+    "$BIN/infergate" check --config "$config" >"$TMP/check.out" 2>&1 ||
+        { cat "$TMP/check.out" >&2; die "infergate check refused the $1 config"; }
+    RUST_LOG="$level" "$BIN/infergate" --config "$config" >"$TMP/$1.log" 2>&1 &
     PIDS+=("$!")
     PID[$1]=$!
 }

@@ -31,7 +31,7 @@
 #   VBENCH_ENCODINGS="json binary"   a gateway's RSS stays up after large JSON bodies (the
 #                            allocator keeps the pages), so the memory figure for binary bodies
 #                            is its own only with VBENCH_ENCODINGS=binary
-#   VBENCH_PROXY_WORKERS=1   infergate's tokio worker threads (TOKIO_WORKER_THREADS); "auto"
+#   VBENCH_PROXY_WORKERS=1   infergate's server.workers; "auto"
 #                            = one per core
 #   VBENCH_LOAD_THREADS=1 VBENCH_BACKEND_THREADS=1   load generator / fake-triton threads
 #   VBENCH_BUILD=1           0 skips `cargo build --release`
@@ -275,7 +275,7 @@ report() {
     echo
     echo "- Machine: $NPROC × $CPU_MODEL, $MEM memory, $KERNEL."
     echo "- Load average (1, 5, 15 min): $LOAD_BEFORE before, $LOAD_AFTER after (the machine is shared with other work; the 1-minute figure at each \"on\" run is in the table). Throughput is compared only within this run, on and off taking turns."
-    echo "- infergate: commit $SHA$( ((DIRTY)) && echo " plus $DIRTY uncommitted changed paths under src/, Cargo.toml, Cargo.lock"), release profile, $WORKERS_LABEL tokio worker thread(s), \`RUST_LOG=warn\`; two processes differing only in \`[validation] enabled\` (true: \"on\", false: \"off\")."
+    echo "- infergate: commit $SHA$( ((DIRTY)) && echo " plus $DIRTY uncommitted changed paths under src/, Cargo.toml, Cargo.lock"), release profile, $WORKERS_LABEL worker(s) (\`server.workers\`), \`RUST_LOG=warn\`; two processes differing only in \`[validation] enabled\` (true: \"on\", false: \"off\")."
     echo "- Backend: $BACKEND_LABEL."
     echo "- Check before measuring: a request with the wrong datatype is refused by \"on\" (\`$REFUSAL\`) and forwarded by \"off\", so \"on\" really validates."
     echo "- Load: \`infergate-load --body-size SIZE [--binary]\` (one FP32 input \`[N]\`, the body just under SIZE; random values, so a JSON number takes ~11 bytes), closed loop, $LOAD_THREADS load-generator thread(s), warm-up $WARMUP then $WINDOWS × $WINDOW windows per run, $ROUNDS round(s) per case in the order on, off, off, on, ... Throughput is the mean over rounds; CPU per request comes from /proc/PID/stat (user + system, warm-up included, requests estimated from the measured rate)."

@@ -10,6 +10,7 @@ mod cluster;
 pub mod config;
 mod error;
 mod frontend;
+mod listen;
 mod pipeline;
 mod placement;
 pub mod protocol;
@@ -47,11 +48,11 @@ pub mod internals {
 }
 
 use config::Config;
+pub use listen::Listeners;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use upstream::Pool;
@@ -241,46 +242,10 @@ impl Gateway {
     }
 }
 
-/// Sockets the gateway serves on, bound by the caller.
-pub struct Listeners {
-    /// KServe v2 HTTP/REST.
-    pub http: TcpListener,
-    /// Prometheus metrics, if enabled.
-    pub metrics: Option<TcpListener>,
-    /// Admin API, if enabled.
-    pub admin: Option<TcpListener>,
-    /// KServe v2 gRPC, if enabled.
-    pub grpc: Option<TcpListener>,
-}
-
-impl Listeners {
-    /// Binds every address in the config's `[listen]` table.
-    pub async fn bind(config: &Config) -> anyhow::Result<Self> {
-        let bind = |addr| async move {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
-        };
-        Ok(Self {
-            http: bind(config.listen.http).await?,
-            metrics: match config.listen.metrics {
-                Some(addr) => Some(bind(addr).await?),
-                None => None,
-            },
-            admin: match config.listen.admin {
-                Some(addr) => Some(bind(addr).await?),
-                None => None,
-            },
-            grpc: match config.listen.grpc {
-                Some(addr) => Some(bind(addr).await?),
-                None => None,
-            },
-        })
-    }
-}
-
-/// Runs the gateway until `shutdown` is cancelled, then stops accepting, lets in-flight
-/// requests finish for up to `server.drain_timeout`, and returns.
+/// Runs the gateway until `shutdown` is cancelled; then readiness turns false at once, the
+/// listeners keep serving for `server.shutdown_delay` (so load balancers move away first),
+/// stop accepting, let in-flight requests finish for up to `server.drain_timeout`, and it
+/// returns.
 pub async fn serve(
     gateway: Gateway,
     listeners: Listeners,
@@ -324,85 +289,76 @@ pub async fn serve(
         tasks.spawn(cluster.clone().run(gateway.clone(), shutdown.clone()));
     }
     warn_if_open(&gateway);
-    let servers = TaskTracker::new();
-    let serve_plain = |listener: TcpListener, router: axum::Router| {
-        let shutdown = shutdown.clone();
-        servers.spawn(async move {
-            axum::serve(no_delay(listener), router)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-        });
-    };
-    // HTTP, gRPC and admin speak TLS when `[listen.tls]` is set; metrics never does.
-    let serve_one = |name: &'static str, listener: TcpListener, router: axum::Router| {
-        let Some(tls) = gateway.tls() else {
-            serve_plain(listener, router);
-            return Ok::<_, std::io::Error>(());
-        };
-        let listener = tls::TlsListener::new(listener, tls.clone(), name)?;
-        let shutdown = shutdown.clone();
-        servers.spawn(async move {
-            axum::serve(listener, tls::WithPeer::make(router))
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-        });
-        Ok(())
-    };
-    let scheme = if gateway.tls().is_some() {
-        "TLS"
-    } else {
-        "plain"
-    };
-    tracing::info!(addr = %listeners.http.local_addr()?, scheme, "serving KServe v2 HTTP");
-    serve_one(
-        "http",
-        listeners.http,
-        frontend::http::router(gateway.clone()),
+    let workers = listen::Workers::start(
+        &gateway.config().server,
+        endpoints(&gateway, listeners, &tasks, &shutdown)?,
     )?;
-    if let Some(listener) = listeners.metrics {
-        tracing::info!(addr = %listener.local_addr()?, "serving metrics");
-        serve_plain(listener, frontend::metrics::router(gateway.clone()));
-    }
-    if let Some(listener) = listeners.admin {
-        tracing::info!(addr = %listener.local_addr()?, scheme, "serving admin API");
-        serve_one("admin", listener, frontend::admin::router(gateway.clone()))?;
-    }
-    if let Some(listener) = listeners.grpc {
-        tracing::info!(addr = %listener.local_addr()?, scheme, "serving KServe v2 gRPC");
-        let router = frontend::grpc::router(gateway.clone(), &tasks, &shutdown);
-        serve_one("grpc", listener, router)?;
-    }
-    servers.close();
     tasks.close();
 
     shutdown.cancelled().await;
     gateway.inner.draining.store(true, Ordering::Relaxed);
-    let drain: Duration = gateway.config().server.drain_timeout.0;
+    let server = &gateway.config().server;
+    let (delay, drain) = (server.shutdown_delay.0, server.drain_timeout.0);
+    tracing::info!(
+        shutdown_delay_ms = delay.as_millis() as u64,
+        "shutting down: not ready, still serving while load balancers notice"
+    );
+    tokio::time::sleep(delay).await;
+    workers.stop_accepting();
     tracing::info!(
         drain_timeout_ms = drain.as_millis() as u64,
-        "shutting down: draining in-flight requests"
+        "shutting down: listeners closed, draining in-flight requests"
     );
-    if tokio::time::timeout(drain, servers.wait()).await.is_err() {
+    if tokio::time::timeout(drain, workers.drained())
+        .await
+        .is_err()
+    {
         tracing::warn!("drain timeout reached with requests still in flight; exiting anyway");
     }
+    workers.abort().await;
     tasks.wait().await;
     let _ = tokio::task::spawn_blocking(trace::flush).await;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Connections accepted on a plain listener get TCP_NODELAY (the TLS accept loop sets it
-/// too): an answer goes out as a few small writes (HTTP/1 headers and a streamed body, HTTP/2
-/// frames, gRPC trailers), and with Nagle on the last one waits for the client's delayed ACK.
-/// (nginx sets `tcp_nodelay` for the same reason.)
-fn no_delay(
-    listener: TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
-    axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "could not set TCP_NODELAY");
-        }
-    })
+/// What each listener serves. HTTP, gRPC and admin speak TLS when `[listen.tls]` is set;
+/// metrics never does.
+fn endpoints(
+    gateway: &Gateway,
+    listeners: Listeners,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> std::io::Result<Vec<(listen::Endpoint, tokio::net::TcpListener)>> {
+    let tls = gateway.tls().cloned();
+    let scheme = if tls.is_some() { "TLS" } else { "plain" };
+    let workers = gateway.config().server.worker_count();
+    let endpoint = |name, router, tls: &Option<Arc<tls::ServerTls>>| listen::Endpoint {
+        name,
+        router,
+        tls: tls.clone(),
+    };
+    tracing::info!(addr = %listeners.http.local_addr()?, scheme, workers, "serving KServe v2 HTTP");
+    let mut endpoints = vec![(
+        endpoint("http", frontend::http::router(gateway.clone()), &tls),
+        listeners.http,
+    )];
+    if let Some(listener) = listeners.metrics {
+        tracing::info!(addr = %listener.local_addr()?, "serving metrics");
+        let router = frontend::metrics::router(gateway.clone());
+        endpoints.push((endpoint("metrics", router, &None), listener));
+    }
+    if let Some(listener) = listeners.admin {
+        tracing::info!(addr = %listener.local_addr()?, scheme, "serving admin API");
+        let router = frontend::admin::router(gateway.clone());
+        endpoints.push((endpoint("admin", router, &tls), listener));
+    }
+    if let Some(listener) = listeners.grpc {
+        tracing::info!(addr = %listener.local_addr()?, scheme, "serving KServe v2 gRPC");
+        let router = frontend::grpc::router(gateway.clone(), tasks, shutdown);
+        endpoints.push((endpoint("grpc", router, &tls), listener));
+    }
+    Ok(endpoints)
 }
 
 /// Drops a model's cached signature whenever placement loads or unloads it, so the next

@@ -128,17 +128,14 @@ fn check_files(config: Config) -> Result<Config, infergate::config::ConfigErrors
     }
 }
 
-/// Tokio's multi-thread scheduler, one worker per core (or `TOKIO_WORKER_THREADS`); with one
-/// worker asked for, the current-thread scheduler, which does the same work without the
-/// cross-thread queues and wake-ups.
+/// The runtime of the main thread: signals, health checks, reconcile, reload triggers and
+/// the other background work. Requests are served on `server.workers` workers of their own
+/// (`infergate::listen`), so this one needs no more than one thread.
 fn runtime() -> tokio::runtime::Runtime {
-    let one = std::env::var("TOKIO_WORKER_THREADS").is_ok_and(|n| n.trim() == "1");
-    let mut builder = if one {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-    };
-    builder.enable_all().build().expect("tokio runtime")
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 fn run(path: &std::path::Path, log_format: LogFormat) -> ExitCode {

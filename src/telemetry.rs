@@ -89,6 +89,14 @@ pub const CLUSTER_CONFLICTS: &str = "infergate_cluster_conflicts_total";
 pub const CLUSTER_WATCH_LAG: &str = "infergate_cluster_watch_lag_revisions";
 /// Live replicas counted from the registry's replica records.
 pub const CLUSTER_REPLICAS: &str = "infergate_cluster_replicas";
+/// Client connections open, by listener, summed over workers.
+pub const CONNECTIONS_OPEN: &str = "infergate_connections_open";
+/// Connections closed at accept because the worker had `server.max_connections` open, by
+/// listener.
+pub const CONNECTIONS_SHED: &str = "infergate_connections_shed_total";
+/// Connections closed because the client was too slow, by listener and `phase` (`header`:
+/// `server.header_read_timeout`, `body`: `server.body_read_timeout`).
+pub const CLIENT_TIMEOUTS: &str = "infergate_client_timeouts_total";
 
 const LATENCY_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -190,6 +198,15 @@ fn describe() {
     describe_counter!(
         TLS_HANDSHAKE_FAILURES,
         "TLS handshakes that failed or timed out, by listener."
+    );
+    describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by listener.");
+    describe_counter!(
+        CONNECTIONS_SHED,
+        "Connections closed at accept past server.max_connections, by listener."
+    );
+    describe_counter!(
+        CLIENT_TIMEOUTS,
+        "Connections closed for a request head or body that came too slowly, by listener and phase."
     );
     describe_counter!(
         JWKS_REFRESHES,

@@ -485,7 +485,7 @@ async fn slow_request_in_flight(
     let (http_port, metrics_port) = (free_port(), free_port());
     let config = write_config(&format!(
         "[listen]\nhttp = \"127.0.0.1:{http_port}\"\nmetrics = \"127.0.0.1:{metrics_port}\"\n\
-         [server]\ndrain_timeout = \"{drain_timeout}\"\n\
+         [server]\ndrain_timeout = \"{drain_timeout}\"\nshutdown_delay = \"0s\"\n\
          [upstream]\nhealth_interval = \"200ms\"\nrequest_timeout = \"30s\"\n\
          [[backends]]\nname = \"t0\"\nhttp = \"{}\"\n",
         triton.http_url()

@@ -656,8 +656,13 @@ async fn metrics_cover_requests_and_reexport_each_backends_series() {
 #[tokio::test]
 async fn shutdown_lets_in_flight_requests_finish() {
     let t0 = triton(&["slow_model"]).await;
-    let mut gateway =
-        TestGateway::start(&config_for("drain", &[&t0], "", "drain_timeout = \"10s\"")).await;
+    let mut gateway = TestGateway::start(&config_for(
+        "drain",
+        &[&t0],
+        "",
+        "drain_timeout = \"10s\"\nshutdown_delay = \"0s\"",
+    ))
+    .await;
     let url = format!("{}/v2/models/slow_model/infer", gateway.url());
     let request = json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]});
     let in_flight = tokio::spawn({
@@ -678,6 +683,77 @@ async fn shutdown_lets_in_flight_requests_finish() {
             .await
             .is_err(),
         "still accepting"
+    );
+}
+
+// Rolling restarts behind a load balancer: on SIGTERM readiness (HTTP and gRPC health) turns
+// false at once, new connections are still served for `server.shutdown_delay`, then refused.
+#[tokio::test]
+async fn after_shutdown_readiness_is_false_and_new_connections_are_served_for_shutdown_delay() {
+    let t0 = Triton::start(TritonOptions::default()).await.unwrap();
+    let delay = Duration::from_millis(1500);
+    let mut gateway = TestGateway::start(&config_for(
+        "delay",
+        &[&t0],
+        "",
+        "shutdown_delay = \"1500ms\"\ndrain_timeout = \"5s\"",
+    ))
+    .await;
+    let url = format!("{}/v2/models/add_sub/infer", gateway.url());
+    assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
+    let channel = tonic::transport::Channel::from_shared(gateway.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let grpc_status = |mut health: tonic_health::pb::health_client::HealthClient<
+        tonic::transport::Channel,
+    >| async move {
+        health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status()
+    };
+    use tonic_health::pb::health_check_response::ServingStatus;
+    assert_eq!(grpc_status(health.clone()).await, ServingStatus::Serving);
+
+    let signalled = Instant::now();
+    let stopped = gateway.begin_shutdown();
+    let ready = format!("{}/v2/health/ready", gateway.url());
+    // Each check on a new connection (a fresh client), as a load balancer's probe or a new
+    // client would make it.
+    let ready_status = || async { reqwest::get(&ready).await.map(|r| r.status()) };
+    while ready_status().await.unwrap() == 200 {
+        assert!(
+            signalled.elapsed() < Duration::from_millis(300),
+            "still ready"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(grpc_status(health.clone()).await, ServingStatus::NotServing);
+    let mut served = 0;
+    while signalled.elapsed() < delay - Duration::from_millis(400) {
+        assert_eq!(ready_status().await.unwrap(), 503);
+        let (status, body) = post_json(&url, &add_sub_request()).await;
+        assert_eq!(status, 200, "{body}");
+        served += 1;
+    }
+    assert!(served >= 3, "{served} requests during the delay");
+    tokio::time::timeout(Duration::from_secs(5), stopped)
+        .await
+        .expect("the gateway stops after the delay")
+        .unwrap()
+        .unwrap();
+    assert!(signalled.elapsed() >= delay, "stopped before the delay");
+    let refused = std::net::TcpStream::connect(gateway.http);
+    assert!(
+        refused.is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "still accepting after the delay"
     );
 }
 

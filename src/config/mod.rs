@@ -192,6 +192,56 @@ pub struct Server {
     /// The name `GET /v2` and `ServerMetadata` report instead of the backends' own.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// How long a client has to send a whole request head (and an idle keep-alive connection
+    /// to start its next one): slowloris clients are closed, as nginx's
+    /// `client_header_timeout` does.
+    pub header_read_timeout: HumanDuration,
+    /// Longest wait between two reads of a request body; a body that stalls longer fails its
+    /// request and the connection is closed (nginx's `client_body_timeout`).
+    pub body_read_timeout: HumanDuration,
+    /// Open client connections per worker; past it new ones are closed at accept and counted,
+    /// so file descriptors and memory stay bounded.
+    pub max_connections: usize,
+    /// Shared-nothing workers (a single-threaded runtime and its own listening sockets
+    /// each); unset means one per core.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
+    /// After SIGTERM, how long readiness reads false while the listeners still accept and
+    /// serve, so a load balancer stops sending before they close.
+    pub shutdown_delay: HumanDuration,
+}
+
+impl Server {
+    /// The accept path's keys: a zero would close every connection or serve none.
+    fn check_connection_keys(&self, error: &mut impl FnMut(String, String)) {
+        for (key, value) in [
+            ("server.header_read_timeout", self.header_read_timeout),
+            ("server.body_read_timeout", self.body_read_timeout),
+        ] {
+            if value.0.is_zero() {
+                error(key.into(), "must be greater than 0".into());
+            }
+        }
+        if self.max_connections == 0 {
+            error(
+                "server.max_connections".into(),
+                "must be at least 1 (it is per worker)".into(),
+            );
+        }
+        if self.workers == Some(0) {
+            error(
+                "server.workers".into(),
+                "must be at least 1 (leave it out for one per core)".into(),
+            );
+        }
+    }
+
+    /// `workers`, or one per core when unset.
+    pub fn worker_count(&self) -> usize {
+        self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        })
+    }
 }
 
 impl Default for Server {
@@ -201,6 +251,11 @@ impl Default for Server {
             drain_timeout: HumanDuration(Duration::from_secs(30)),
             max_grpc_message_size: ByteSize(64 << 20),
             name: None,
+            header_read_timeout: HumanDuration(Duration::from_secs(30)),
+            body_read_timeout: HumanDuration(Duration::from_secs(60)),
+            max_connections: 10_000,
+            workers: None,
+            shutdown_delay: HumanDuration(Duration::from_secs(5)),
         }
     }
 }
@@ -388,6 +443,7 @@ impl Config {
                 "must not be empty (leave it out to report the backends' own name)".into(),
             );
         }
+        self.server.check_connection_keys(&mut error);
         if self.validation.signature_cache_capacity == 0 {
             error(
                 "validation.signature_cache_capacity".into(),
@@ -813,6 +869,34 @@ mod tests {
         .unwrap();
         let ca = config.backends[0].tls_ca(&config.upstream);
         assert_eq!(ca, Some(Path::new("b.pem")));
+    }
+
+    #[test]
+    fn accept_path_keys_have_defaults_and_zero_is_refused_by_name() {
+        let config = Config::parse(MINIMAL).unwrap();
+        assert_eq!(config.server.header_read_timeout.0, Duration::from_secs(30));
+        assert_eq!(config.server.body_read_timeout.0, Duration::from_secs(60));
+        assert_eq!(config.server.max_connections, 10_000);
+        assert_eq!(config.server.shutdown_delay.0, Duration::from_secs(5));
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(config.server.worker_count(), cores);
+        let text = format!(
+            "{MINIMAL}[server]\nheader_read_timeout = \"0s\"\nbody_read_timeout = \"0ms\"\n\
+             max_connections = 0\nworkers = 0\nshutdown_delay = \"0s\"\n"
+        );
+        let found = errors(&text);
+        let keys = [
+            "server.header_read_timeout: must be greater than 0",
+            "server.body_read_timeout: must be greater than 0",
+            "server.max_connections: must be at least 1",
+            "server.workers: must be at least 1",
+        ];
+        assert_eq!(found.len(), keys.len(), "{found:#?}");
+        for (found, key) in found.iter().zip(keys) {
+            assert!(found.starts_with(key), "{found} does not start with {key}");
+        }
+        let two = Config::parse(&format!("{MINIMAL}[server]\nworkers = 2\n")).unwrap();
+        assert_eq!(two.server.worker_count(), 2);
     }
 
     #[test]

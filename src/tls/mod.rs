@@ -18,7 +18,7 @@
 mod listener;
 mod upstream;
 
-pub use listener::{TlsListener, WithPeer};
+pub use listener::handshake;
 pub use upstream::{HttpsConnector, https_connector};
 
 use crate::config::{ClientAuth, ClientIdentity, ConfigError, ListenTls};

@@ -1,0 +1,257 @@
+//! One client connection, from accept to close: the TLS handshake when the listener speaks
+//! TLS, then hyper serving the listener's router on it, with the limits that keep a hostile
+//! client from holding it open for nothing:
+//! - the request head must arrive within `server.header_read_timeout` (hyper's HTTP/1 header
+//!   timer, which also bounds an idle keep-alive connection; and ours until the first request,
+//!   for a client that sends nothing, or too little for hyper to tell HTTP/1 from h2c);
+//! - a request body may pause at most `server.body_read_timeout` between reads
+//!   (`read_timeout`); then the request fails and the connection is closed.
+
+use super::Endpoint;
+use super::read_timeout::{ConnectionState, ReadTimeout};
+use crate::config;
+use crate::telemetry;
+use crate::tls::PeerIdentity;
+use axum::response::Response;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+/// The `[server]` keys the accept path enforces.
+pub(super) struct Limits {
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl From<&config::Server> for Limits {
+    fn from(server: &config::Server) -> Self {
+        Self {
+            header_read_timeout: server.header_read_timeout.0,
+            body_read_timeout: server.body_read_timeout.0,
+            max_connections: server.max_connections,
+        }
+    }
+}
+
+/// hyper's server settings for every connection of a listener: HTTP/1.1 with keep-alive, or
+/// HTTP/2 (h2c by prior knowledge, h2 by ALPN), as `axum::serve` had them, plus the
+/// header timer.
+pub(super) fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    builder
+}
+
+/// An accepted connection and what it is served with.
+pub(super) struct Connection {
+    pub endpoint: Endpoint,
+    pub limits: Arc<Limits>,
+    pub builder: Arc<auto::Builder<TokioExecutor>>,
+    pub stop: CancellationToken,
+    pub abort: CancellationToken,
+}
+
+impl Connection {
+    /// Serves the connection until the client closes it, a limit closes it, or shutdown.
+    pub async fn serve(self, stream: TcpStream, remote: SocketAddr) {
+        let Some(tls) = self.endpoint.tls.clone() else {
+            return self.serve_io(stream, None).await;
+        };
+        let name = self.endpoint.name;
+        let handshake = tokio::select! {
+            _ = self.abort.cancelled() => return,
+            handshake = crate::tls::handshake(&tls, stream, remote, name) => handshake,
+        };
+        if let Some((stream, identity)) = handshake {
+            self.serve_io(stream, identity).await
+        }
+    }
+
+    async fn serve_io<I>(self, io: I, identity: Option<PeerIdentity>)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let name = self.endpoint.name;
+        let state = Arc::new(ConnectionState::new(name));
+        let service = PerConnection {
+            router: self.endpoint.router.clone(),
+            identity,
+            body_read_timeout: self.limits.body_read_timeout,
+            state: state.clone(),
+        };
+        let mut connection = pin!(
+            self.builder
+                .serve_connection(TokioIo::new(io), TowerToHyperService::new(service))
+        );
+        let first_head = tokio::time::sleep(self.limits.header_read_timeout);
+        let mut first_head = pin!(first_head);
+        let (mut first_head_armed, mut closing) = (true, false);
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        if is_header_timeout(&*error) {
+                            count_timeout(name, "header");
+                        }
+                        tracing::debug!(%error, listener = name, "connection ended with an error");
+                    }
+                    return;
+                }
+                _ = self.abort.cancelled() => return,
+                _ = self.stop.cancelled(), if !closing => {
+                    closing = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                _ = state.notified(), if !closing => {
+                    closing = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                _ = &mut first_head, if first_head_armed => {
+                    first_head_armed = false;
+                    if !state.saw_request() {
+                        count_timeout(name, "header");
+                        tracing::debug!(listener = name, "no request head within server.header_read_timeout");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Counts a connection closed for a slow client.
+pub(super) fn count_timeout(listener: &'static str, phase: &'static str) {
+    metrics::counter!(telemetry::CLIENT_TIMEOUTS, "listener" => listener, "phase" => phase)
+        .increment(1);
+}
+
+/// Whether hyper ended the connection for a request head that did not arrive in time.
+fn is_header_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    error
+        .downcast_ref::<hyper::Error>()
+        .is_some_and(hyper::Error::is_timeout)
+}
+
+/// The tower service a connection's requests go through: the listener's router, with the
+/// body's read timeout and the connection's `PeerIdentity` (mTLS) on every request.
+#[derive(Clone)]
+struct PerConnection {
+    router: axum::Router,
+    identity: Option<PeerIdentity>,
+    body_read_timeout: Duration,
+    state: Arc<ConnectionState>,
+}
+
+impl<B> tower::Service<http::Request<B>> for PerConnection
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = CloseIfUnread;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        self.state.mark_request();
+        // A gRPC request body is the client's message stream: its pauses are the
+        // application's (a bidirectional stream waits on its answers), not a stalled upload.
+        let grpc = request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
+        let timeout = (!grpc).then_some(self.body_read_timeout);
+        let http1 = request.version() < http::Version::HTTP_2;
+        self.state
+            .body_started(http1 && !request.body().is_end_stream());
+        let mut request = request
+            .map(|body| axum::body::Body::new(ReadTimeout::new(body, timeout, self.state.clone())));
+        if let Some(identity) = &self.identity {
+            request.extensions_mut().insert(identity.clone());
+        }
+        CloseIfUnread {
+            response: self.router.call(request),
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The router's answer; on HTTP/1, with `connection: close` when it is ready before the
+/// request body was read to its end (an error answered early: a body over the limit, a
+/// stalled one). hyper then closes the connection rather than read the rest, and says so, so
+/// the client does not send its next request on a connection about to close.
+pub(super) struct CloseIfUnread {
+    response: <axum::Router as tower::Service<axum::extract::Request>>::Future,
+    state: Arc<ConnectionState>,
+}
+
+impl std::future::Future for CloseIfUnread {
+    type Output = Result<Response, Infallible>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Ok(mut response) = std::task::ready!(std::pin::Pin::new(&mut self.response).poll(cx));
+        if self.state.body_unread() {
+            response.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        Poll::Ready(Ok(response))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    // The service a TLS connection's requests go through puts its peer on each of them;
+    // a plain connection's requests carry none.
+    #[tokio::test]
+    async fn every_request_of_a_connection_carries_its_peer() {
+        let router = axum::Router::new().route(
+            "/",
+            axum::routing::get(|peer: Option<axum::Extension<PeerIdentity>>| async move {
+                peer.map(|axum::Extension(p)| p.subject).unwrap_or_default()
+            }),
+        );
+        let body = |identity| {
+            let service = PerConnection {
+                router: router.clone(),
+                identity,
+                body_read_timeout: Duration::from_secs(1),
+                state: Arc::new(ConnectionState::new("http")),
+            };
+            async move {
+                let request = http::Request::new(axum::body::Body::empty());
+                let response = service.oneshot(request).await.unwrap();
+                let bytes = axum::body::to_bytes(response.into_body(), 1024)
+                    .await
+                    .unwrap();
+                String::from_utf8(bytes.to_vec()).unwrap()
+            }
+        };
+        let alice = PeerIdentity {
+            subject: "alice".into(),
+        };
+        assert_eq!(body(Some(alice)).await, "alice");
+        assert_eq!(body(None).await, "");
+    }
+}

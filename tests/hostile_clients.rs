@@ -1,0 +1,361 @@
+//! Hostile clients against a gateway over real Triton, with real sockets: a slowloris
+//! trickling header lines, bodies trickled a byte at a time, and more connections than
+//! `server.max_connections`. Each attack is bounded by its key, and a well-behaved client
+//! keeps getting quick answers while it runs.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use support::gateway::{TestGateway, config_for};
+use support::{Triton, TritonOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const INFER: &str = "/v2/models/add_sub/infer";
+
+fn add_sub_body() -> String {
+    serde_json::json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1.0, 2.0, 3.0, 4.0]},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1.0, 1.0, 1.0, 1.0]}]})
+    .to_string()
+}
+
+/// A gateway over one Triton (default flags, nothing preloaded) with these `[server]` keys,
+/// add_sub loaded by a first request.
+async fn gateway(name: &str, server: &str) -> (Triton, TestGateway) {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start(&config_for(name, &[&triton], "", server)).await;
+    let answer = reqwest::Client::new()
+        .post(format!("{}{INFER}", gateway.url()))
+        .body(add_sub_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "{}", answer.text().await.unwrap());
+    (triton, gateway)
+}
+
+/// A client that behaves: one keep-alive connection, one add_sub request after another,
+/// every answer checked, until `stop`. Returns each request's latency.
+fn well_behaved(url: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<Duration>> {
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let mut latencies = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let answer = client
+                .post(format!("{url}{INFER}"))
+                .header("content-type", "application/json")
+                .body(add_sub_body())
+                .send()
+                .await
+                .expect("the well-behaved client is answered");
+            assert_eq!(answer.status(), 200);
+            let body: serde_json::Value = answer.json().await.unwrap();
+            assert_eq!(
+                body["outputs"][0]["data"],
+                serde_json::json!([2.0, 3.0, 4.0, 5.0])
+            );
+            latencies.push(started.elapsed());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        latencies
+    })
+}
+
+/// The well-behaved client's requests all succeeded, quickly, while the attack ran.
+fn assert_quick(mut latencies: Vec<Duration>, attack: &str) {
+    assert!(
+        latencies.len() >= 10,
+        "only {} requests during the {attack}",
+        latencies.len()
+    );
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    let worst = *latencies.last().unwrap();
+    assert!(
+        median < Duration::from_millis(100) && worst < Duration::from_secs(1),
+        "during the {attack}: median {median:?}, worst {worst:?}"
+    );
+}
+
+/// One hostile client: it connects, sends `head`, then `lines` one by one, `every` apart.
+struct Trickle {
+    head: String,
+    lines: Box<dyn Iterator<Item = Vec<u8>> + Send>,
+    every: Duration,
+}
+
+impl Trickle {
+    /// A client that connects and sends nothing.
+    fn silent() -> Self {
+        Self {
+            head: String::new(),
+            lines: Box::new(std::iter::empty()),
+            every: Duration::ZERO,
+        }
+    }
+
+    /// Runs the client until the server closes the connection; returns when it did, counted
+    /// from the connection's start, or `None` if it never did within `give_up`.
+    async fn run(self, to: std::net::SocketAddr, give_up: Duration) -> Option<Duration> {
+        let mut stream = TcpStream::connect(to).await.unwrap();
+        let started = Instant::now();
+        let (mut read, mut write) = stream.split();
+        let mut read_buf = [0u8; 4096];
+        let closed = async {
+            // The server may answer (an error status) before it closes: read until EOF.
+            loop {
+                match read.read(&mut read_buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        };
+        let send = async {
+            if write.write_all(self.head.as_bytes()).await.is_err() {
+                return;
+            }
+            for line in self.lines {
+                tokio::time::sleep(self.every).await;
+                if write.write_all(&line).await.is_err() {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            _ = closed => Some(started.elapsed()),
+            _ = send => Some(started.elapsed()),
+            _ = tokio::time::sleep(give_up) => None,
+        }
+    }
+}
+
+/// Runs these hostile clients all at once, with the well-behaved one beside them, whose
+/// answers must stay quick; returns when each hostile one was closed (`None`: it was not
+/// within `give_up`).
+async fn attack(
+    gateway: &TestGateway,
+    name: &str,
+    clients: Vec<Trickle>,
+    give_up: Duration,
+) -> Vec<Option<Duration>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = well_behaved(gateway.url(), stop.clone());
+    let attackers: Vec<_> = clients
+        .into_iter()
+        .map(|trickle| tokio::spawn(trickle.run(gateway.http, give_up)))
+        .collect();
+    let mut closed_after = Vec::new();
+    for attacker in attackers {
+        closed_after.push(attacker.await.unwrap());
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_quick(client.await.unwrap(), name);
+    closed_after
+}
+
+/// `infergate_client_timeouts_total` for this phase, over every listener.
+async fn timeouts_counted(gateway: &TestGateway, phase: &str) -> f64 {
+    let metrics = gateway.metrics_text("/metrics").await;
+    let filter = format!("phase=\"{phase}\"");
+    counter(&metrics, "infergate_client_timeouts_total", &filter)
+}
+
+/// Sends `request` and a part of its body, then nothing: what the gateway answers before it
+/// closes the connection.
+async fn answer_to_stalled(gateway: &TestGateway, request: &str, part: &[u8]) -> String {
+    let mut stream = TcpStream::connect(gateway.http).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.write_all(part).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("the connection is closed")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A counter's value summed over the series whose line contains `filter`.
+fn counter(metrics: &str, name: &str, filter: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(filter))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_slowloris_is_closed_after_header_read_timeout_while_others_are_served() {
+    let (_triton, gateway) = gateway("slowloris", "header_read_timeout = \"1s\"").await;
+    // 300 connections each sending a header line every 200 ms, forever if let; and 20 that
+    // send nothing at all.
+    let clients = (0..320)
+        .map(|i| match i % 16 {
+            0 => Trickle::silent(),
+            _ => Trickle {
+                head: format!("POST {INFER} HTTP/1.1\r\nhost: gateway\r\n"),
+                lines: Box::new((0..).map(|n| format!("x-pad-{n}: slow\r\n").into_bytes())),
+                every: Duration::from_millis(200),
+            },
+        })
+        .collect();
+    let closed_after = attack(&gateway, "slowloris", clients, Duration::from_secs(6)).await;
+    let still_open = closed_after.iter().filter(|c| c.is_none()).count();
+    assert_eq!(still_open, 0, "connections still open after 6 s");
+    let closed: Vec<Duration> = closed_after.into_iter().flatten().collect();
+    let (first, last) = (closed.iter().min().unwrap(), closed.iter().max().unwrap());
+    assert!(
+        *first >= Duration::from_millis(900) && *last < Duration::from_secs(4),
+        "closed between {first:?} and {last:?}, header_read_timeout is 1s"
+    );
+    let timeouts = timeouts_counted(&gateway, "header").await;
+    assert!(timeouts >= 320.0, "{timeouts} header timeouts counted");
+}
+
+#[tokio::test]
+async fn a_body_trickled_at_a_byte_a_second_is_cut_after_body_read_timeout() {
+    let (_triton, gateway) = gateway("trickle", "body_read_timeout = \"500ms\"").await;
+    let body = add_sub_body();
+    let head = format!(
+        "POST {INFER} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    let clients = (0..20)
+        .map(|_| Trickle {
+            head: head.clone(),
+            lines: Box::new(body.clone().into_bytes().into_iter().map(|b| vec![b])),
+            every: Duration::from_secs(1),
+        })
+        .collect();
+    let closed_after = attack(&gateway, "trickled bodies", clients, Duration::from_secs(8)).await;
+    // The first byte comes after 1 s, the next wait passes 500 ms: cut by about 1.5 s, while
+    // the whole body would take minutes.
+    for closed in &closed_after {
+        let closed = closed.expect("a trickled body still open after 8 s");
+        assert!(closed < Duration::from_secs(4), "cut after {closed:?}");
+    }
+    let timeouts = timeouts_counted(&gateway, "body").await;
+    assert!(timeouts >= 20.0, "{timeouts} body timeouts counted");
+}
+
+/// What a trickled body's client is told: an error naming the key, then the connection
+/// closes.
+#[tokio::test]
+async fn a_stalled_body_is_answered_with_an_error_naming_body_read_timeout() {
+    let (_triton, gateway) = gateway("stalled", "body_read_timeout = \"300ms\"").await;
+    let body = add_sub_body();
+    let request = format!(
+        "POST {INFER} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len(),
+    );
+    let answer = answer_to_stalled(&gateway, &request, &body.as_bytes()[..10]).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "answer: {answer}");
+    assert!(
+        answer.contains("server.body_read_timeout"),
+        "answer: {answer}"
+    );
+}
+
+#[tokio::test]
+async fn connections_past_max_connections_are_shed_and_counted() {
+    // One worker, so the limit is the gateway's.
+    let (_triton, gateway) = gateway("shed", "max_connections = 21\nworkers = 1").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = well_behaved(gateway.url(), stop.clone());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = counter(
+        &gateway.metrics_text("/metrics").await,
+        "infergate_connections_shed_total",
+        "listener=\"http\"",
+    );
+    // 20 connections that hold their slot (the well-behaved client has the 21st).
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        let mut stream = TcpStream::connect(gateway.http).await.unwrap();
+        stream.write_all(b"GET /v2 HTTP/1.1\r\n").await.unwrap();
+        held.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics = gateway.metrics_text("/metrics").await;
+    let open = counter(&metrics, "infergate_connections_open", "listener=\"http\"");
+    assert!(open >= 21.0, "{open} connections open");
+    // Past the limit: closed at once, without a byte sent.
+    let mut shed = Vec::new();
+    for _ in 0..10 {
+        let client = Trickle::silent();
+        shed.push(tokio::spawn(
+            client.run(gateway.http, Duration::from_secs(3)),
+        ));
+    }
+    for closed in shed {
+        let closed = closed
+            .await
+            .unwrap()
+            .expect("a connection past the limit stayed open");
+        assert!(closed < Duration::from_secs(1), "shed after {closed:?}");
+    }
+    let after = counter(
+        &gateway.metrics_text("/metrics").await,
+        "infergate_connections_shed_total",
+        "listener=\"http\"",
+    );
+    assert_eq!(after - before, 10.0);
+    // The held connections were not disturbed, and one freed slot takes a new client.
+    for stream in &mut held {
+        stream.write_all(b"host: gateway\r\n\r\n").await.unwrap();
+        let mut answer = [0u8; 12];
+        stream.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 200");
+    }
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let answer = reqwest::Client::new()
+        .get(format!("{}/v2/health/ready", gateway.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    stop.store(true, Ordering::Relaxed);
+    assert_quick(client.await.unwrap(), "connection flood");
+}
+
+/// A binary request's tensor bytes are streamed to Triton as they arrive: when the client
+/// stalls mid-body, that is the client's fault, so the backend is not counted as failing
+/// (three failures in a row would eject it).
+#[tokio::test]
+async fn a_body_stalled_mid_stream_does_not_count_against_the_backend() {
+    let (_triton, gateway) = gateway("midstream", "body_read_timeout = \"300ms\"").await;
+    let header = serde_json::json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "parameters": {"binary_data_size": 16}},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "parameters": {"binary_data_size": 16}}]})
+    .to_string();
+    for _ in 0..4 {
+        let request = format!(
+            "POST {INFER} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/octet-stream\r\n\
+             inference-header-content-length: {}\r\ncontent-length: {}\r\n\r\n{header}",
+            header.len(),
+            header.len() + 32
+        );
+        let answer = answer_to_stalled(&gateway, &request, &[0u8; 4]).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "answer: {answer}");
+        assert!(
+            answer.contains("server.body_read_timeout"),
+            "answer: {answer}"
+        );
+    }
+    let backends = gateway.admin_backends().await;
+    assert_eq!(backends[0]["ready"], true, "{backends:?}");
+    let answer = reqwest::Client::new()
+        .post(format!("{}{INFER}", gateway.url()))
+        .body(add_sub_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+}
