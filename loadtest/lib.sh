@@ -64,6 +64,15 @@ build_release() {
 }
 
 # ---------------------------------------------------------------- real Tritons
+# require_triton — the real-Triton scripts' first check: curl, jq, and the tritonserver that
+# scripts/setup.sh installs (its paths from scripts/env.sh).
+require_triton() {
+    require curl jq
+    # shellcheck disable=SC1091
+    source scripts/env.sh >/dev/null 2>&1 || true
+    [[ -x "${TRITONSERVER:-}" ]] || die "no tritonserver in .venv: run scripts/setup.sh once"
+}
+
 # start_tritons REPOSITORY PORT... — one tritonserver per PORT (http; grpc PORT+1, metrics
 # PORT+2) over REPOSITORY: CPU, explicit model control, Triton's default flags, nothing
 # loaded, each in its own process group. Waits until each is ready; sets TRITON_VERSION.

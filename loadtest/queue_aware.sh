@@ -36,10 +36,7 @@ STARTED=$SECONDS
 source loadtest/lib.sh
 on_exit() { stop_tritons; }
 
-require curl jq
-# shellcheck disable=SC1091
-source scripts/env.sh >/dev/null 2>&1 || true
-[[ -x "${TRITONSERVER:-}" ]] || die "no tritonserver in .venv: run scripts/setup.sh once"
+require_triton
 check_ports "$BASE" $((BASE + 1)) $((BASE + 2)) $((BASE + 10)) $((BASE + 11)) $((BASE + 12)) \
     $((BASE + 20)) $((BASE + 22)) $((BASE + 23))
 build_release infergate

@@ -167,15 +167,18 @@ async fn admin_routes(gateway: &TestGateway) -> Value {
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_guard_switches_off_a_failing_canary_and_traffic_returns_to_stable() {
-    let triton = Triton::start(TritonOptions::default()).await.unwrap();
-    let routes = r#"
+/// A 50/50 route whose canary fails every request, guarded by its error rate.
+const GUARDED_CANARY: &str = r#"
 [[routes]]
 model = "guarded"
 targets = [{ model = "sized_a", weight = 50 }, { model = "error_model", weight = 50 }]
 guard = { max_error_rate = 0.2, window = "30s", min_requests = 10 }
 "#;
+
+#[tokio::test]
+async fn a_guard_switches_off_a_failing_canary_and_traffic_returns_to_stable() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = GUARDED_CANARY;
     let gateway = TestGateway::start(&routes_config("guards", &[&triton], routes)).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v2/models/guarded/infer", gateway.url());
@@ -237,12 +240,7 @@ guard = { max_error_rate = 0.2, window = "30s", min_requests = 10 }
 async fn a_streams_failures_reach_the_canary_guard() {
     use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
     let triton = Triton::start(TritonOptions::default()).await.unwrap();
-    let routes = r#"
-[[routes]]
-model = "guarded"
-targets = [{ model = "sized_a", weight = 50 }, { model = "error_model", weight = 50 }]
-guard = { max_error_rate = 0.2, window = "30s", min_requests = 10 }
-"#;
+    let routes = GUARDED_CANARY;
     let gateway = TestGateway::start(&routes_config("streamguard", &[&triton], routes)).await;
     let mut client = GrpcInferenceServiceClient::connect(gateway.grpc_url())
         .await

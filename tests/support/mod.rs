@@ -529,14 +529,24 @@ pub async fn gpu_memory_stub(triton_http: String) -> std::net::SocketAddr {
     addr
 }
 
-/// `N` distinct free loopback ports (all held open together while picking).
+/// `N` distinct free loopback ports for a server the test starts (Triton, etcd, HAProxy).
+/// They are taken below the kernel's ephemeral range (32768 and up), in turn from a counter
+/// this process shares: a port the kernel hands out for an outgoing connection or a port-0
+/// bind (the gateway's listeners, a client's socket) can then never be the one a server
+/// binds a moment later. Port-0 picks did collide so: a Triton that lost its metrics port to
+/// another socket exits.
 pub fn free_ports<const N: usize>() -> io::Result<[u16; N]> {
-    let listeners = (0..N)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<io::Result<Vec<_>>>()?;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 10_000;
+    const SPAN: u32 = 22_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(7919) % SPAN;
     let mut ports = [0u16; N];
-    for (p, l) in ports.iter_mut().zip(&listeners) {
-        *p = l.local_addr()?.port();
+    for port in &mut ports {
+        *port = (0..SPAN)
+            .map(|_| (FIRST + (seed + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16)
+            .find(|&candidate| TcpListener::bind(("127.0.0.1", candidate)).is_ok())
+            .ok_or_else(|| io::Error::other("no free port below the ephemeral range"))?;
     }
     Ok(ports)
 }
