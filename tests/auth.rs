@@ -1193,12 +1193,21 @@ async fn a_jwks_url_is_fetched_and_refetched_for_an_unknown_kid() {
 }
 
 /// A JWKS server for one test: it serves `document` (or 500 while `failing`) and counts the
-/// fetches it answered.
+/// fetches it answered; once `hold` is armed, the next fetch signals `asked` and waits for
+/// `release` before it answers.
 #[derive(Clone, Default)]
 struct JwksServer {
     document: std::sync::Arc<std::sync::Mutex<String>>,
     failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    hold: std::sync::Arc<std::sync::Mutex<Option<Hold>>>,
+}
+
+/// `JwksServer`'s held fetch: `asked` when it has come in, `release` to let it answer.
+#[derive(Clone, Default)]
+struct Hold {
+    asked: std::sync::Arc<tokio::sync::Notify>,
+    release: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl JwksServer {
@@ -1212,6 +1221,11 @@ impl JwksServer {
                 let server = server.clone();
                 async move {
                     server.fetches.fetch_add(1, Ordering::SeqCst);
+                    let held = server.hold.lock().unwrap().take();
+                    if let Some(hold) = held {
+                        hold.asked.notify_one();
+                        hold.release.notified().await;
+                    }
                     if server.failing.load(Ordering::SeqCst) {
                         Err(axum::http::StatusCode::INTERNAL_SERVER_ERROR)
                     } else {
@@ -1466,53 +1480,6 @@ async fn streams_and_grpc_repository_calls_are_authorized() {
     drop(requests);
 }
 
-/// A stand-in JWKS endpoint that answers its first fetch (the gateway's at start) at once,
-/// with no keys, and holds every later fetch until `release`, then answers with `jwks`.
-/// `asked` fires when a held fetch has come in.
-async fn held_jwks(
-    jwks: String,
-) -> (
-    String,
-    std::sync::Arc<tokio::sync::Notify>,
-    std::sync::Arc<tokio::sync::Notify>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
-    let (asked, release) = (
-        std::sync::Arc::new(tokio::sync::Notify::new()),
-        std::sync::Arc::new(tokio::sync::Notify::new()),
-    );
-    let (asked_here, release_here) = (asked.clone(), release.clone());
-    tokio::spawn(async move {
-        let released = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        for fetch in 0.. {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = socket.read(&mut byte).await.unwrap();
-                head.extend_from_slice(&byte[..n]);
-            }
-            let body = if fetch == 0 {
-                r#"{"keys":[]}"#.to_string()
-            } else {
-                if !released.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                    asked_here.notify_one();
-                    release_here.notified().await;
-                }
-                jwks.clone()
-            };
-            let answer = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            socket.write_all(answer.as_bytes()).await.unwrap();
-        }
-    });
-    (url, asked, release)
-}
-
 /// The config snapshot is taken once per request, at the edge. A request whose token names
 /// a key the gateway must fetch first waits inside authentication; a reload that lands then
 /// (the route now sends its traffic elsewhere) does not reach that request: it is routed by
@@ -1523,7 +1490,9 @@ async fn a_reload_between_authentication_and_routing_cannot_mix_two_configs() {
     let keys = Keys::generate();
     let jwks_file = keys.dir.path().join("jwks.json");
     std::fs::write(&jwks_file, keys.jwks(&["j1"])).unwrap();
-    let (url, asked, release) = held_jwks(keys.jwks(&["j2"])).await;
+    let jwks = JwksServer::default();
+    *jwks.document.lock().unwrap() = r#"{"keys":[]}"#.into();
+    let url = jwks.start().await;
     let triton = Triton::start(TritonOptions::default()).await.unwrap();
     let config = |target: &str| {
         let mut text = support::gateway::pool_config("snapshot", &[&triton], "1GiB", "", "");
@@ -1541,6 +1510,10 @@ async fn a_reload_between_authentication_and_routing_cannot_mix_two_configs() {
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, config("sized_a")).unwrap();
     let gateway = TestGateway::start_from_file_with_admin_key(&path, OPS_KEY).await;
+    // From now on the URL has j2, and its next fetch waits until the reload is done.
+    *jwks.document.lock().unwrap() = keys.jwks(&["j2"]);
+    let hold = Hold::default();
+    *jwks.hold.lock().unwrap() = Some(hold.clone());
     let token = sign(
         Algorithm::ES256,
         Some("j2"),
@@ -1568,7 +1541,7 @@ async fn a_reload_between_authentication_and_routing_cannot_mix_two_configs() {
         }
     };
     let held = tokio::spawn(infer(token.clone()));
-    tokio::time::timeout(Duration::from_secs(20), asked.notified())
+    tokio::time::timeout(Duration::from_secs(20), hold.asked.notified())
         .await
         .expect("the request asks for its key");
 
@@ -1580,7 +1553,7 @@ async fn a_reload_between_authentication_and_routing_cannot_mix_two_configs() {
         .await
         .unwrap();
     assert_eq!(reloaded.status(), 200, "{}", reloaded.text().await.unwrap());
-    release.notify_one();
+    hold.release.notify_one();
 
     let (status, target, body) = held.await.unwrap();
     assert_eq!(status, 200, "{body}");
