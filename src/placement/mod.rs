@@ -213,13 +213,19 @@ impl Placement {
         self.pool
             .backends()
             .iter()
-            .map(|backend| BackendView {
-                ready: backend.is_ready(),
-                knows: backend.index().knows(model),
-                in_flight: backend.in_flight(),
-                queued: backend
-                    .pending(model, self.queue_max_age)
-                    .map_or(0, |n| n as usize),
+            .map(|backend| {
+                let knows = backend.index().knows(model);
+                BackendView {
+                    ready: backend.is_ready(),
+                    knows,
+                    in_flight: backend.in_flight(),
+                    // No copy can be where the model is not known: no reading to look up.
+                    queued: if knows {
+                        self.queued_on(backend, model)
+                    } else {
+                        0
+                    },
+                }
             })
             .collect()
     }
@@ -816,6 +822,17 @@ impl Placement {
         for (b, model) in idle {
             self.unload_from(&[b], &model, "idle").await;
         }
+    }
+
+    /// Requests waiting for `model` in one backend's own queue, by its fresh reading (0 with
+    /// readings off).
+    fn queued_on(&self, backend: &Backend, model: &str) -> usize {
+        if self.queue_max_age.is_zero() {
+            return 0;
+        }
+        backend
+            .pending(model, self.queue_max_age)
+            .map_or(0, |n| n as usize)
     }
 
     /// Requests waiting for `model` in the backends' own queues, by their fresh readings.
