@@ -113,6 +113,13 @@ pub enum GatewayError {
     /// No backend has room for the model, even after evicting what may be evicted.
     #[error("no backend has room for the model: {reason}")]
     NoRoom { reason: String },
+    /// `[cluster]`: a model no copy serves, while the pool's registry cannot be reached.
+    /// Loading it blind could overcommit a backend or load it twice; copies already loaded
+    /// keep serving.
+    #[error(
+        "model '{model}' is not loaded and the pool's registry (etcd) cannot be reached; loaded models are still served, new loads wait until it is back"
+    )]
+    RegistryUnreachable { model: String },
     /// Making room would evict a model in recent use; the client should retry later.
     #[error("all backends are busy with recently used models; retry in {}s", retry_secs(*.retry_after))]
     Churn { retry_after: Duration },
@@ -207,7 +214,7 @@ impl GatewayError {
             | Self::UpstreamFailed { .. }
             | Self::SequenceLost { .. }
             | Self::Backend(_) => ErrorSource::Upstream,
-            Self::ShuttingDown => ErrorSource::Gateway,
+            Self::ShuttingDown | Self::RegistryUnreachable { .. } => ErrorSource::Gateway,
         }
     }
 
@@ -233,6 +240,7 @@ impl GatewayError {
             Self::RouteUnavailable { .. } => "route_unavailable",
             Self::NoRoom { .. } => "no_room",
             Self::Churn { .. } => "churn",
+            Self::RegistryUnreachable { .. } => "registry_unreachable",
             Self::LoadFailed { .. } => "load_failed",
             Self::LoadTimeout { .. } => "load_timeout",
             Self::SequenceLost { .. } => "sequence_lost",
@@ -279,6 +287,7 @@ impl GatewayError {
             | Self::RouteUnavailable { .. }
             | Self::Churn { .. }
             | Self::LoadFailed { .. }
+            | Self::RegistryUnreachable { .. }
             | Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
             Self::UpstreamUnreachable { .. } | Self::UpstreamFailed { .. } => {
                 (StatusCode::BAD_GATEWAY, Code::Unavailable)
@@ -477,6 +486,12 @@ mod tests {
                 Upstream,
             ),
             (GatewayError::NoBackendReady, 503, Unavailable, Upstream),
+            (
+                GatewayError::RegistryUnreachable { model: "m".into() },
+                503,
+                Unavailable,
+                Gateway,
+            ),
             (
                 GatewayError::UnknownModelLoad { model: "m".into() },
                 500,

@@ -108,6 +108,9 @@ impl Gateway {
             .cluster
             .as_ref()
             .map(|c| Arc::new(cluster::Cluster::new(c)));
+        if let Some(cluster) = &cluster {
+            placement.share_through(cluster.clone());
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 config,

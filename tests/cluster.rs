@@ -482,3 +482,241 @@ async fn tenant_limits_are_divided_by_the_live_replica_count() {
         answers[2].1
     );
 }
+
+/// Placement settings for the shared-placement tests: sizes as on disk (sized_a/b/c: a
+/// little over 1, 2 and 4 MiB), no buffer, no churn guard, no scaling on demand.
+const EXACT_SIZES: &str = "mem_buffer = \"0\"\nsize_multiplier = 1.0\nmin_churn_age = \"0s\"\nscale_up_rps = 0.0\nscale_up_queue = 0.0";
+
+/// A replica's config with `capacity` per backend and `EXACT_SIZES`.
+fn placing_replica(
+    test: &str,
+    tritons: &[&Triton],
+    etcd: &Etcd,
+    replica: &str,
+    capacity: &str,
+) -> String {
+    format!(
+        "{}\n[cluster]\netcd = [\"{}\"]\nprefix = \"/infergate/{test}\"\nreplica = \"{replica}\"\nlease_ttl = \"2s\"\n",
+        pool_config(test, tritons, capacity, EXACT_SIZES, ""),
+        etcd.endpoint()
+    )
+}
+
+/// Successful loads of new copies the replicas ran on `test`'s backends (the metrics
+/// registry is the process's, shared by the in-process replicas).
+async fn loads(gateway: &TestGateway, test: &str) -> u64 {
+    let text = gateway.metrics_text("/metrics").await;
+    text.lines()
+        .filter(|l| l.starts_with("infergate_placement_loads_total{"))
+        .filter(|l| l.contains(&format!("backend=\"{test}-")))
+        .filter(|l| l.contains("reason=\"new\"") && l.contains("result=\"success\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Each Triton's READY models, by Triton's own index.
+async fn indexes(tritons: &[&Triton]) -> Vec<Vec<String>> {
+    let mut all = Vec::new();
+    for triton in tritons {
+        let mut models = triton.loaded_models().await.unwrap();
+        models.sort();
+        all.push(models);
+    }
+    all
+}
+
+const MIB: u64 = 1 << 20;
+
+/// The bytes the sized test models take (their padding; the estimate is a little more).
+fn size_of(model: &str) -> u64 {
+    match model {
+        "sized_a" => MIB,
+        "sized_b" => 2 * MIB,
+        "sized_c" => 4 * MIB,
+        _ => 0,
+    }
+}
+
+#[tokio::test]
+async fn replicas_load_a_model_once_for_cold_requests_spread_over_all_of_them() {
+    let (etcd, t0, t1) = tokio::join!(
+        Etcd::start(),
+        Triton::start(TritonOptions::default()),
+        Triton::start(TritonOptions::default())
+    );
+    let (etcd, t0, t1) = (etcd.unwrap(), t0.unwrap(), t1.unwrap());
+    let tritons = [&t0, &t1];
+    let test = "once";
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        replicas
+            .push(TestGateway::start(&placing_replica(test, &tritons, &etcd, name, "16GiB")).await);
+    }
+    for gateway in &replicas {
+        wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "three replicas",
+            |v| v["replicas"].as_array().unwrap().len() == 3 && v["degraded"] == false,
+        )
+        .await;
+    }
+    let client = reqwest::Client::new();
+    // 24 cold requests at once, 8 to each replica.
+    let cold = (0..24).map(|i| {
+        let (client, url) = (client.clone(), replicas[i % 3].url());
+        async move { infer(&client, &url, "sized_a", None).await }
+    });
+    let answers = futures_util::future::join_all(cold).await;
+    let failed: Vec<_> = answers.iter().filter(|(s, _)| *s != 200).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(loads(&replicas[0], test).await, 1, "one load for the pool");
+    let placed = indexes(&tritons).await;
+    let copies = placed
+        .iter()
+        .filter(|m| m.contains(&"sized_a".to_string()))
+        .count();
+    assert_eq!(copies, 1, "one copy in the pool: {placed:?}");
+    // Every replica serves from that copy, and none loads another.
+    for gateway in &replicas {
+        for _ in 0..5 {
+            assert_eq!(infer(&client, &gateway.url(), "sized_a", None).await.0, 200);
+        }
+    }
+    assert_eq!(loads(&replicas[0], test).await, 1);
+    let view = cluster_view(replicas[0].admin).await;
+    assert!(view["revision"].as_i64().unwrap() > 0, "{view}");
+}
+
+#[tokio::test]
+async fn replicas_evicting_in_turn_never_overcommit_a_backend_or_answer_unknown_model() {
+    let (etcd, t0, t1) = tokio::join!(
+        Etcd::start(),
+        Triton::start(TritonOptions::default()),
+        Triton::start(TritonOptions::default())
+    );
+    let (etcd, t0, t1) = (etcd.unwrap(), t0.unwrap(), t1.unwrap());
+    let tritons = [&t0, &t1];
+    let test = "churn";
+    // 5 MiB each: a and c fit together, b and c do not.
+    let capacity_mib = 5;
+    let mut replicas = Vec::new();
+    for name in ["a", "b"] {
+        replicas.push(
+            TestGateway::start(&placing_replica(
+                test,
+                &tritons,
+                &etcd,
+                name,
+                &format!("{capacity_mib}MiB"),
+            ))
+            .await,
+        );
+    }
+    for gateway in &replicas {
+        wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "two replicas",
+            |v| v["replicas"].as_array().unwrap().len() == 2 && v["degraded"] == false,
+        )
+        .await;
+    }
+    let client = reqwest::Client::new();
+    let models = ["sized_a", "sized_b", "sized_c"];
+    let mut statuses = std::collections::BTreeMap::new();
+    for round in 0..12 {
+        // Two clients at once, one per replica, on different models.
+        let (m0, m1) = (models[round % 3], models[(round + 1 + round / 3) % 3]);
+        let (u0, u1) = (replicas[0].url(), replicas[1].url());
+        let (r0, r1) = tokio::join!(infer(&client, &u0, m0, None), infer(&client, &u1, m1, None));
+        for (status, body) in [r0, r1] {
+            assert!(
+                !body.contains("unknown model"),
+                "Triton's unknown model reached a client: {body}"
+            );
+            assert!(status == 200 || status == 503, "{status} {body}");
+            *statuses.entry(status).or_insert(0) += 1;
+        }
+        for (i, loaded) in indexes(&tritons).await.iter().enumerate() {
+            let bytes: u64 = loaded.iter().map(|m| size_of(m)).sum();
+            assert!(
+                bytes <= capacity_mib * MIB,
+                "round {round}: backend {i} holds {loaded:?}, over {capacity_mib} MiB"
+            );
+        }
+        let placed = indexes(&tritons).await;
+        for model in models {
+            let copies = placed
+                .iter()
+                .filter(|m| m.contains(&model.to_string()))
+                .count();
+            assert!(
+                copies <= 1,
+                "round {round}: two copies of {model} without a scale-up: {placed:?}"
+            );
+        }
+    }
+    assert!(
+        statuses.get(&200).copied().unwrap_or(0) >= 12,
+        "{statuses:?}"
+    );
+}
+
+#[tokio::test]
+async fn with_etcd_down_warm_requests_are_served_and_cold_ones_get_503_with_retry_after() {
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (mut etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let test = "blind";
+    let a = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "a", "16GiB")).await;
+    wait_for(a.admin, Duration::from_secs(10), "registered", |v| {
+        v["degraded"] == false
+    })
+    .await;
+    let client = reqwest::Client::new();
+    assert_eq!(infer(&client, &a.url(), "sized_a", None).await.0, 200);
+    etcd.stop();
+    wait_for(a.admin, Duration::from_secs(10), "degraded", |v| {
+        v["degraded"] == true
+    })
+    .await;
+    assert_eq!(
+        infer(&client, &a.url(), "sized_a", None).await.0,
+        200,
+        "warm"
+    );
+    let cold = client
+        .post(format!("{}/v2/models/sized_b/infer", a.url()))
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cold.status(), 503);
+    assert!(cold.headers().contains_key("retry-after"));
+    let body: Value = cold.json().await.unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("registry (etcd) cannot be reached"),
+        "{body}"
+    );
+    assert!(
+        !triton
+            .loaded_models()
+            .await
+            .unwrap()
+            .contains(&"sized_b".to_string()),
+        "nothing loaded blind"
+    );
+    etcd.start_again().await.unwrap();
+    wait_for(a.admin, Duration::from_secs(15), "recovered", |v| {
+        v["degraded"] == false
+    })
+    .await;
+    assert_eq!(
+        infer(&client, &a.url(), "sized_b", None).await.0,
+        200,
+        "loads again"
+    );
+}

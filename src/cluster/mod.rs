@@ -10,6 +10,7 @@
 //! what it last knew, retries with backoff, and re-registers when etcd returns.
 
 mod etcd;
+mod registry;
 mod session;
 mod shared;
 pub mod view;
@@ -23,7 +24,6 @@ use view::View;
 
 /// One replica's membership in the pool: its view of the registry and whether etcd is
 /// reachable. Built with the gateway; `run` (spawned by `serve`) does the talking.
-#[derive(Debug)]
 pub struct Cluster {
     config: config::Cluster,
     view: Mutex<View>,
@@ -33,13 +33,32 @@ pub struct Cluster {
     /// The lease this replica's keys are bound to (0 before the first grant).
     lease: AtomicI64,
     started_at_unix: f64,
+    /// The current session's etcd client, for placement's transactions (`registry`).
+    client: Mutex<Option<etcd_client::Client>>,
+    /// Outcomes placement reports, applied in order by `settle_loop`.
+    settles: tokio::sync::mpsc::UnboundedSender<crate::placement::registry::Change>,
+    settles_rx:
+        Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<crate::placement::registry::Change>>>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("replica", &self.config.replica)
+            .field("degraded", &self.is_degraded())
+            .finish()
+    }
 }
 
 impl Cluster {
     /// The replica's state before it has reached etcd: degraded until the first session
     /// registers it.
     pub fn new(config: &config::Cluster) -> Self {
+        let (settles, settles_rx) = tokio::sync::mpsc::unbounded_channel();
         let this = Self {
+            client: Mutex::new(None),
+            settles,
+            settles_rx: Mutex::new(Some(settles_rx)),
             view: Mutex::new(View::new(&config.prefix)),
             config: config.clone(),
             degraded: AtomicBool::new(true),

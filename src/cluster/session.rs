@@ -30,6 +30,9 @@ impl Cluster {
     /// Runs sessions until shutdown; then revokes the lease, so this replica's records go at
     /// once instead of after `lease_ttl`.
     pub async fn run(self: Arc<Self>, gateway: Gateway, shutdown: CancellationToken) {
+        if let Some(settles) = self.settles_rx.lock().expect("settles").take() {
+            tokio::spawn(self.clone().settle_loop(settles, shutdown.clone()));
+        }
         let mut shared = Shared::default();
         let mut backoff = FIRST_BACKOFF;
         let mut client = None;
@@ -91,6 +94,11 @@ impl Cluster {
                 .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), entry(kv))),
             revision,
         );
+        *self.client.lock().expect("cluster client") = Some(client.clone());
+        let placement = gateway.placement();
+        self.resync(placement);
+        let mut marks_sent = None;
+        let mut orphans = std::collections::HashSet::new();
         let mut watch = call(
             "watch",
             &me,
@@ -148,7 +156,8 @@ impl Cluster {
                     if changes.iter().any(|c| matches!(c, Change::Delete(key) if *key == own_record)) {
                         return Err("this replica's record was deleted".into());
                     }
-                    self.view().apply(changes, revision);
+                    self.view().apply(changes.iter().cloned(), revision);
+                    self.mirror_changes(placement, &changes, revision);
                 }
                 elected = async { (&mut campaign.as_mut().expect("campaigning").0).await }, if campaign.is_some() => {
                     campaign = None;
@@ -161,6 +170,8 @@ impl Cluster {
                 _ = sync.tick() => {
                     shared.publish(self, gateway, client).await?;
                     shared.apply(self, gateway);
+                    self.publish_marks(placement, client, lease, &mut marks_sent).await?;
+                    self.finish_orphans(placement, &mut orphans);
                 }
             }
         }

@@ -1,8 +1,8 @@
 //! The replica's local copy of the registry: every key under the prefix with its value and
 //! revisions, as of one etcd revision. One `get` fills it when a session starts, the watch
 //! keeps it current, and everything this replica knows of the pool is read from it, so
-//! nothing on the request path waits on etcd. The next stage's compare-and-set placement
-//! reads `mod_revision`s from here to build its transactions.
+//! nothing on the request path waits on etcd. Placement's compare-and-set reads the
+//! `mod_revision`s it compares from here (`registry`).
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -56,6 +56,12 @@ pub const ELECTION: &str = "election";
 pub const TRIPS: &str = "trips/";
 /// Learned model sizes.
 pub const SIZES: &str = "sizes/";
+/// Each model's copies (`placement::registry::ModelRecord`).
+pub const COPIES: &str = "copies/";
+/// Each backend's totals (`cluster::registry::BackendRecord`).
+pub const BACKENDS: &str = "backends/";
+/// Each replica's in-use marks, on its lease.
+pub const INUSE: &str = "inuse/";
 
 impl View {
     /// An empty view of the keys under `prefix` (no trailing '/').
@@ -99,7 +105,6 @@ impl View {
     }
 
     /// A key's entry, by its relative path.
-    #[cfg(test)]
     pub fn get(&self, relative: &str) -> Option<&Entry> {
         self.keys.get(&self.key(relative))
     }

@@ -5,12 +5,14 @@
 //! every request that arrived meanwhile waits on that one load. The books (`table`) are the
 //! single truth, kept in line with each backend's repository index by `reconcile`.
 
+mod agree;
 mod control;
 pub(crate) mod estimate;
 mod load_queue;
 mod located;
 mod model_config;
 pub(crate) mod policy;
+pub mod registry;
 mod room;
 pub mod sequences;
 mod spec;
@@ -23,6 +25,7 @@ use estimate::{Estimator, Sizing};
 pub use load_queue::{LoadQueue, Priority};
 pub use model_config::check_override;
 use policy::{EvictionOrder, ModelWeight};
+use registry::Registry;
 pub use sequences::{SequenceId, SequenceRef};
 use table::{BackendView, Decision, Indexed, LoadPlan, LoadReason, Narrowed, Policy, Table};
 pub use versions::Versions;
@@ -78,6 +81,8 @@ pub struct Placement {
     /// `placement.room_wait`, and the requests waiting for room.
     room_wait: Duration,
     room: room::RoomQueue,
+    /// With `[cluster]`: the pool's registry, which agrees every change before it is made.
+    registry: std::sync::OnceLock<Arc<dyn Registry>>,
 }
 
 /// When models get more copies, and lose them.
@@ -192,6 +197,7 @@ impl Placement {
             specs: spec::Specs::default(),
             room_wait: policy.room_wait.0,
             room: room::RoomQueue::default(),
+            registry: std::sync::OnceLock::new(),
         }
     }
 
@@ -374,6 +380,11 @@ impl Placement {
         if let Some(hit) = self.books().hit_for(model, sequence, &view, Instant::now()) {
             return hit;
         }
+        if self.registry().is_some_and(|r| !r.reachable()) {
+            return Decision::Refuse(GatewayError::RegistryUnreachable {
+                model: model.name.clone(),
+            });
+        }
         let sizing = self.sizing_for(&model.name, &view);
         let pinned = self.pinned.contains(&model.name);
         self.books().decide_for(
@@ -398,6 +409,10 @@ impl Placement {
     /// Carries out a load plan: unload the victims, load the model (one of
     /// `max_loading_concurrency` slots on the backend), record the outcome, tell the waiters.
     async fn run_load(self: Arc<Self>, plan: LoadPlan, priority: Priority) {
+        if !self.agree_plan(&plan).await {
+            // Dropping the plan tells its waiters to decide again, on the registry's books.
+            return;
+        }
         let backend = self.pool.backends()[plan.backend].clone();
         // The decision already changed the books (a loading copy, victims taken off).
         self.publish_usage(plan.backend);
@@ -458,6 +473,7 @@ impl Placement {
             }
         }
         self.publish_usage(plan.backend);
+        self.settle_load(&plan);
         let failed = outcome.is_err();
         let _ = plan.done.send(Some(outcome));
         if failed {
@@ -590,6 +606,7 @@ impl Placement {
             self.await_departure(&backend, model).await;
         }
         self.books().departed(b, model, Instant::now());
+        self.settle_copy(b, model, Some(registry::SharedState::Departing));
         let _ = self.events.send(ModelEvent::Unloaded(model.to_string()));
     }
 
@@ -650,6 +667,9 @@ impl Placement {
     /// Unloads a model the books no longer hold from each of `backends`, and says so.
     async fn unload_from(&self, backends: &[usize], model: &str, reason: &'static str) {
         for &b in backends {
+            if !self.agree_departure(b, model).await {
+                continue;
+            }
             self.unload_on(b, model, reason).await;
             self.publish_usage(b);
         }
@@ -685,6 +705,11 @@ impl Placement {
         if dropped {
             let _ = self.events.send(ModelEvent::Unloaded(lease.model.clone()));
             self.publish_usage(lease.backend);
+            self.settle_copy(
+                lease.backend,
+                &lease.model,
+                Some(registry::SharedState::Ready),
+            );
         }
     }
 
@@ -783,6 +808,9 @@ impl Placement {
     /// `max_copies`. Unloads copies beyond a model's first (or its `min_copies`) that have
     /// been idle for `scale_down_idle`.
     async fn rebalance(self: &Arc<Self>, last: &mut HashMap<String, u64>) {
+        if !self.runs_housekeeping() {
+            return;
+        }
         // Sequences idle past their timeout no longer hold their copies.
         self.books().expire_sequences(Instant::now());
         let seconds = self.scaling.interval.as_secs_f64();
@@ -875,6 +903,9 @@ impl Placement {
     /// Brings the books for one backend in line with its last health check and index, and
     /// reloads copies serving "latest" whose model has a newer version on disk.
     pub fn reconcile(self: &Arc<Self>, backend_index: usize) {
+        if !self.runs_housekeeping() {
+            return;
+        }
         let backend = &self.pool.backends()[backend_index];
         let index = backend.index();
         let names: BTreeSet<&str> = index
@@ -902,6 +933,10 @@ impl Placement {
         );
         for model in &changed.adopted {
             tracing::info!(model, backend = %backend.name, "adopted a model the backend already had");
+            self.settle_copy(backend_index, model, None);
+        }
+        for model in &changed.dropped {
+            self.settle_copy(backend_index, model, Some(registry::SharedState::Ready));
         }
         let unknown: Vec<String> = {
             let books = self.books();

@@ -5,6 +5,7 @@
 use super::estimate::{Estimate, SizeSource, Sizing};
 use super::located::Located;
 use super::policy::{EvictionOrder, Rank, Usage};
+use super::registry::Synced;
 use super::sequences::{Affinity, Held, SequenceRef};
 use super::versions::Versions;
 use crate::config::EvictionPolicy;
@@ -82,6 +83,12 @@ pub struct CopyEntry {
     pub sequences: usize,
     /// Its place in the eviction order, while it is ranked (see `Idle`).
     pub rank: Option<Rank>,
+    /// Another replica has a request or a live sequence on it (`[cluster]`'s in-use
+    /// marks): it is not evicted or scaled down while that lasts.
+    pub remote_busy: bool,
+    /// When one of this replica's own requests last finished with it: what this replica
+    /// publishes as its use (`last_used` also takes other replicas' use).
+    pub used_here: Option<Instant>,
 }
 
 /// A new copy's id.
@@ -91,6 +98,11 @@ fn next_copy_id() -> u64 {
 }
 
 impl CopyEntry {
+    /// Whether a request, a live sequence, or another replica's request holds it.
+    fn busy(&self) -> bool {
+        self.in_flight > 0 || self.sequences > 0 || self.remote_busy
+    }
+
     /// Whether a request for `version` (`None`: the default policy) can use this copy now.
     fn serves(&self, version: Option<u64>) -> bool {
         let serving = matches!(self.state, CopyState::Ready | CopyState::Reloading(_));
@@ -171,8 +183,7 @@ struct Idle {
 impl Idle {
     /// Whether eviction may take the copy (once past `min_churn_age`).
     fn evictable(copy: &CopyEntry) -> bool {
-        let unused = copy.in_flight == 0 && copy.sequences == 0;
-        matches!(copy.state, CopyState::Ready) && unused && !copy.pinned
+        matches!(copy.state, CopyState::Ready) && !copy.busy() && !copy.pinned
     }
 
     /// Files the copy as cooling, if it is idle.
@@ -347,6 +358,9 @@ pub struct LoadPlan {
     pub evict: Vec<Evicted>,
     /// Where the outcome is announced.
     pub done: watch::Sender<LoadOutcome>,
+    /// With `[cluster]`: the registry revisions of the keys it touches, as the books had
+    /// them when it was planned (`Table::stamp`).
+    pub expect: Vec<(Synced, i64)>,
 }
 
 /// What `Table::narrow` did to one copy.
@@ -416,6 +430,12 @@ pub struct Table {
     sequences: Affinity,
     /// Which idle copy goes first (`placement.policy`).
     order: EvictionOrder,
+    /// With `[cluster]`: the registry revision each key was last taken into the books at
+    /// (`mirror`), which a change compares before it counts.
+    synced: HashMap<Synced, i64>,
+    /// Loads other replicas run, by (model, backend): told when the registry says how they
+    /// ended, for the requests here that wait on them.
+    remote_loads: HashMap<(String, usize), watch::Sender<LoadOutcome>>,
 }
 
 impl Table {
@@ -432,7 +452,14 @@ impl Table {
             policy,
             sequences: Affinity::default(),
             order: EvictionOrder::new(EvictionPolicy::Lru, now),
+            synced: HashMap::new(),
+            remote_loads: HashMap::new(),
         }
+    }
+
+    /// Copies used more recently than this are not evicted.
+    pub fn min_churn_age(&self) -> Duration {
+        self.policy.min_churn_age
     }
 
     /// The same books, evicting in `order` (LRU by default).
@@ -636,6 +663,7 @@ impl Table {
         let evict = take_victims(books, (&mut self.located, backend), evict, now);
         let mut plan = start_reload(books, backend, model, target, sizing, reason, now);
         plan.evict = evict;
+        self.stamp(&mut plan);
         Ok(plan)
     }
 
@@ -978,12 +1006,14 @@ impl Table {
                 id: next_copy_id(),
                 sequences: 0,
                 rank: None,
+                remote_busy: false,
+                used_here: Some(now),
             },
             (&mut self.located, backend),
         );
         books.committed += estimate.bytes;
         books.changed = now;
-        LoadPlan {
+        let mut plan = LoadPlan {
             backend,
             model: model.to_string(),
             versions,
@@ -991,7 +1021,10 @@ impl Table {
             reason: LoadReason::New,
             evict,
             done,
-        }
+            expect: Vec::new(),
+        };
+        self.stamp(&mut plan);
+        plan
     }
 
     fn refusal_after_failures(
@@ -1131,9 +1164,8 @@ impl Table {
         for (b, books) in self.backends.iter().enumerate() {
             for (name, copy) in &books.copies {
                 if matches!(copy.state, CopyState::Ready) {
-                    let removable = copy.in_flight == 0
-                        && copy.sequences == 0
-                        && now.saturating_duration_since(copy.last_used) >= idle;
+                    let removable =
+                        !copy.busy() && now.saturating_duration_since(copy.last_used) >= idle;
                     by_model
                         .entry(name.clone())
                         .or_default()
@@ -1192,6 +1224,7 @@ impl Table {
         self.backends[backend].modify(model, |copy| {
             copy.in_flight = copy.in_flight.saturating_sub(1);
             copy.last_used = now;
+            copy.used_here = Some(now);
             if let Some(v) = version {
                 copy.in_flight_versions.retain_mut(|(w, n)| {
                     if *w == v {
@@ -1208,9 +1241,10 @@ impl Table {
     /// from, or `None` while it is busy.
     pub fn take_if_idle(&mut self, model: &str, now: Instant) -> Option<Vec<usize>> {
         let busy = self.backends.iter().any(|books| {
-            books.copies.get(model).is_some_and(|c| {
-                c.in_flight > 0 || c.sequences > 0 || !matches!(c.state, CopyState::Ready)
-            })
+            books
+                .copies
+                .get(model)
+                .is_some_and(|c| c.busy() || !matches!(c.state, CopyState::Ready))
         });
         (!busy).then(|| self.remove_everywhere(model, now))
     }
@@ -1268,6 +1302,11 @@ impl Table {
             books.modify(model, |copy| copy.serving.retain(|v| !leaving.contains(v)));
             let plan = start_reload(books, b, model, to, sizing, LoadReason::Retire, now);
             narrowed.push(Narrowed::Load(plan));
+        }
+        for step in &mut narrowed {
+            if let Narrowed::Load(plan) = step {
+                self.stamp(plan);
+            }
         }
         Some(narrowed)
     }
@@ -1514,6 +1553,8 @@ fn adopt(found: &Indexed, pinned: bool, now: Instant) -> CopyEntry {
         id: next_copy_id(),
         sequences: 0,
         rank: None,
+        remote_busy: false,
+        used_here: None,
     }
 }
 
@@ -1593,6 +1634,7 @@ fn start_reload(
         reason,
         evict: Vec::new(),
         done,
+        expect: Vec::new(),
     }
 }
 
@@ -1647,6 +1689,9 @@ pub(super) fn requested_version(
         version => Ok(version),
     }
 }
+
+mod mirror;
+pub use mirror::UseMark;
 
 #[cfg(test)]
 mod eviction_tests;
