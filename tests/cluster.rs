@@ -720,3 +720,149 @@ async fn with_etcd_down_warm_requests_are_served_and_cold_ones_get_503_with_retr
         "loads again"
     );
 }
+
+/// A model repository of the test's own: the test models, and `slow_start`, an identity
+/// model whose `initialize` takes 4 s (a load long enough to kill its replica during).
+fn repository_with_a_slow_load() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    support::copy_dir(&support::model_repository(), dir.path());
+    let model = dir.path().join("slow_start");
+    std::fs::create_dir_all(model.join("1")).unwrap();
+    let config = std::fs::read_to_string(dir.path().join("sized_a/config.pbtxt"))
+        .unwrap()
+        .replace("name: \"sized_a\"", "name: \"slow_start\"");
+    std::fs::write(model.join("config.pbtxt"), config).unwrap();
+    let code = std::fs::read_to_string(dir.path().join("sized_a/1/model.py"))
+        .unwrap()
+        .replace(
+            "class TritonPythonModel:\n",
+            "class TritonPythonModel:\n    def initialize(self, args):\n        import time\n        time.sleep(4)\n\n",
+        );
+    std::fs::write(model.join("1/model.py"), code).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn a_load_left_by_a_killed_replica_is_finished_by_the_leader_and_served_without_a_second_load()
+ {
+    let repository = repository_with_a_slow_load();
+    let options = TritonOptions {
+        repository: Some(repository.path().to_path_buf()),
+        ..Default::default()
+    };
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(options));
+    let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let test = "orphan";
+    let config = |replica: &str| {
+        format!(
+            "{}\n[cluster]\netcd = [\"{}\"]\nprefix = \"/infergate/{test}\"\nreplica = \"{replica}\"\nlease_ttl = \"2s\"\n",
+            support::gateway::pool_config_in(
+                repository.path(),
+                test,
+                &[&triton],
+                "16GiB",
+                EXACT_SIZES,
+                ""
+            ),
+            etcd.endpoint()
+        )
+    };
+    let a = TestGateway::start(&config("a")).await;
+    wait_for(a.admin, Duration::from_secs(10), "a leads", |v| {
+        v["is_leader"] == true
+    })
+    .await;
+    let [port] = support::free_ports::<1>().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    let text = config("doomed").replacen(
+        "http = \"127.0.0.1:0\"",
+        &format!("http = \"127.0.0.1:{port}\""),
+        1,
+    );
+    std::fs::write(&path, text).unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"));
+    command
+        .arg("--config")
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut doomed = support::spawn_in_own_group(command).unwrap();
+    wait_for(a.admin, Duration::from_secs(20), "two replicas", |v| {
+        names(v) == ["a", "doomed"]
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}");
+    // The doomed replica's health checks must pass before it places anything.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client
+        .get(format!("{url}/v2/health/ready"))
+        .send()
+        .await
+        .map(|r| r.status())
+        .ok()
+        != Some(reqwest::StatusCode::OK)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the doomed replica never got ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cold = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move { infer(&client, &url, "slow_start", None).await }
+    });
+    let mut etcd_client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let key = format!("/infergate/{test}/copies/slow_start");
+    let record = |client: &mut etcd_client::Client| {
+        let key = key.clone();
+        let mut client = client.clone();
+        async move {
+            let got = client.get(key, None).await.unwrap();
+            got.kvs()
+                .first()
+                .map(|kv| serde_json::from_slice::<Value>(kv.value()).unwrap())
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(r) = record(&mut etcd_client).await
+            && r["copies"][format!("{test}-0")]["state"] == "loading"
+        {
+            assert_eq!(r["copies"][format!("{test}-0")]["replica"], "doomed", "{r}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the doomed replica never started the load"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    doomed.kill().unwrap(); // SIGKILL mid-load
+    doomed.wait().unwrap();
+    let _ = cold.await;
+    // The lease runs out, the leader finds the load Triton finished, and marks it ready.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = record(&mut etcd_client).await;
+        if r.as_ref()
+            .is_some_and(|r| r["copies"][format!("{test}-0")]["state"] == "ready")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never finished: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = infer(&client, &a.url(), "slow_start", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        loads(&a, test).await,
+        0,
+        "served from the copy the killed replica left"
+    );
+    assert_eq!(triton.loaded_models().await.unwrap(), ["slow_start"]);
+}

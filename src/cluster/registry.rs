@@ -549,17 +549,20 @@ impl Cluster {
             };
             for (backend, copy) in record.copies {
                 let dead = !live.contains(&copy.lease);
+                let id = (model.to_string(), backend.clone(), copy.lease);
                 if dead
                     && copy.state == crate::placement::registry::SharedState::Loading
-                    && handled.insert((model.to_string(), backend.clone(), copy.lease))
+                    && !handled.contains(&id)
                 {
-                    orphans.push((model.to_string(), backend, copy));
+                    orphans.push((id, copy));
                 }
             }
         }
         drop(view);
-        for (model, backend, copy) in orphans {
-            placement.finish_orphan(&model, &backend, &copy);
+        for (id, copy) in orphans {
+            if placement.finish_orphan(&id.0, &id.1, &copy) {
+                handled.insert(id);
+            }
         }
     }
 }

@@ -304,21 +304,28 @@ impl Placement {
     }
 
     /// The leader's part when a replica died while loading `model` on `backend` (its lease
-    /// is gone): the load is finished if the backend has the model ready, else undone.
-    pub fn finish_orphan(&self, model: &str, backend: &str, copy: &SharedCopy) {
+    /// is gone): the load is finished if the backend has the model ready, undone if it has
+    /// not got it at all, and left for the next round (`false`) while the backend still
+    /// loads it.
+    pub fn finish_orphan(&self, model: &str, backend: &str, copy: &SharedCopy) -> bool {
         let Some(registry) = self.registry() else {
-            return;
+            return true;
         };
         let Some(b) = self.pool.backends().iter().position(|b| b.name == backend) else {
-            return;
+            return true;
         };
-        let ready = self.pool.backends()[b].index().ready_versions(model);
+        let index = self.pool.backends()[b].index();
+        let ready = index.ready_versions(model);
+        if ready.is_empty() && index.holds(model) {
+            return false;
+        }
         let to = (!ready.is_empty()).then(|| SharedCopy {
             state: SharedState::Ready,
             serving: ready,
             at_unix: now_unix(),
             ..copy.clone()
         });
+        drop(index);
         tracing::info!(
             model,
             backend,
@@ -332,5 +339,6 @@ impl Placement {
             to,
         }];
         registry.settle(self.change(b, copies, &[]));
+        true
     }
 }
