@@ -812,7 +812,11 @@ async fn a_load_left_by_a_killed_replica_is_finished_by_the_leader_and_served_wi
     }
     let cold = tokio::spawn({
         let (client, url) = (client.clone(), url.clone());
-        async move { infer(&client, &url, "slow_start", None).await }
+        // Its replica dies under it: the client sees the connection go, no answer.
+        async move {
+            let sent = client.post(format!("{url}/v2/models/slow_start/infer"));
+            sent.json(&request()).send().await.is_err()
+        }
     });
     let mut etcd_client = etcd_client::Client::connect([etcd.endpoint()], None)
         .await
@@ -844,7 +848,7 @@ async fn a_load_left_by_a_killed_replica_is_finished_by_the_leader_and_served_wi
     }
     doomed.kill().unwrap(); // SIGKILL mid-load
     doomed.wait().unwrap();
-    let _ = cold.await;
+    assert!(cold.await.unwrap(), "no answer from a killed replica");
     // The lease runs out, the leader finds the load Triton finished, and marks it ready.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -865,4 +869,213 @@ async fn a_load_left_by_a_killed_replica_is_finished_by_the_leader_and_served_wi
         "served from the copy the killed replica left"
     );
     assert_eq!(triton.loaded_models().await.unwrap(), ["slow_start"]);
+}
+
+/// A replica's config with its HTTP listener on `port` (so a restarted replica is where the
+/// load balancer expects it) and `extra` tables.
+fn replica_on_port(
+    test: &str,
+    tritons: &[&Triton],
+    etcd: &Etcd,
+    replica: &str,
+    capacity: &str,
+    port: u16,
+    extra: &str,
+) -> String {
+    placing_replica(test, tritons, etcd, replica, capacity).replacen(
+        "http = \"127.0.0.1:0\"",
+        &format!("http = \"127.0.0.1:{port}\""),
+        1,
+    ) + extra
+}
+
+/// `clients` clients each sending `each` requests through `url`, the model of the `i`th
+/// request chosen by `model(client, i)`: every answer's status, and whether a 503 said when
+/// to retry.
+async fn load_through(
+    url: &str,
+    clients: usize,
+    each: usize,
+    model: fn(usize, usize) -> &'static str,
+) -> Vec<(u16, bool, String)> {
+    let client = reqwest::Client::new();
+    let tasks = (0..clients).map(|c| {
+        let (client, url) = (client.clone(), url.to_string());
+        async move {
+            let mut answers = Vec::with_capacity(each);
+            for i in 0..each {
+                let sent = client
+                    .post(format!("{url}/v2/models/{}/infer", model(c, i)))
+                    .json(&request())
+                    .send()
+                    .await;
+                answers.push(match sent {
+                    Ok(answer) => {
+                        let status = answer.status().as_u16();
+                        let retry = answer.headers().contains_key("retry-after");
+                        (status, retry, answer.text().await.unwrap_or_default())
+                    }
+                    Err(error) => (0, false, error.to_string()),
+                });
+            }
+            answers
+        }
+    });
+    futures_util::future::join_all(tasks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+#[tokio::test]
+async fn five_thousand_requests_churning_over_three_replicas_get_200_or_503_with_retry_after() {
+    let (etcd, t0, t1) = tokio::join!(
+        Etcd::start(),
+        Triton::start(TritonOptions::default()),
+        Triton::start(TritonOptions::default())
+    );
+    let (etcd, t0, t1) = (etcd.unwrap(), t0.unwrap(), t1.unwrap());
+    let tritons = [&t0, &t1];
+    let test = "storm";
+    // 4.5 and 2.5 MiB: sized_c (4 MiB) fits only on the first, alone, and a and b (1 and
+    // 2 MiB) do not fit together on the second: each request for c evicts, and the next
+    // one for whichever of a and b lost its place evicts c again.
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        let config = placing_replica(test, &tritons, &etcd, name, "4.5MiB");
+        let second = config.rfind("capacity = \"4.5MiB\"").unwrap();
+        let config = format!(
+            "{}capacity = \"2.5MiB\"{}",
+            &config[..second],
+            &config[second + "capacity = \"4.5MiB\"".len()..]
+        );
+        replicas.push(TestGateway::start(&config).await);
+    }
+    for gateway in &replicas {
+        wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "three replicas",
+            |v| v["replicas"].as_array().unwrap().len() == 3 && v["degraded"] == false,
+        )
+        .await;
+    }
+    let haproxy = Haproxy::start(&replicas.iter().map(|g| g.http).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let model = |client: usize, i: usize| match (client * 53 + i) % 400 {
+        0 => "sized_c",
+        n if n % 2 == 0 => "sized_a",
+        _ => "sized_b",
+    };
+    let capacities = [9 * MIB / 2, 5 * MIB / 2];
+    // Triton's own index, read every 100 ms while the storm runs: never over capacity.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = async {
+        let mut over = Vec::new();
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            for (loaded, capacity) in indexes(&tritons).await.iter().zip(capacities) {
+                let bytes: u64 = loaded.iter().map(|m| size_of(m)).sum();
+                if bytes > capacity {
+                    over.push(loaded.clone());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        over
+    };
+    let storm = async {
+        let answers = load_through(&haproxy.url(), 8, 625, model).await;
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        answers
+    };
+    let (answers, over) = tokio::join!(storm, watcher);
+    assert!(over.is_empty(), "a backend was over capacity: {over:?}");
+    assert_eq!(answers.len(), 5000);
+    let wrong: Vec<_> = answers
+        .iter()
+        .filter(|(status, retry, _)| !(*status == 200 || (*status == 503 && *retry)))
+        .take(5)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "only 200 or 503 with Retry-After: {wrong:?}"
+    );
+    let ok = answers.iter().filter(|a| a.0 == 200).count();
+    assert!(ok >= 4500, "{ok} of 5000 succeeded");
+    for (loaded, capacity) in indexes(&tritons).await.iter().zip(capacities) {
+        let bytes: u64 = loaded.iter().map(|m| size_of(m)).sum();
+        assert!(bytes <= capacity, "{loaded:?} is over {capacity} bytes");
+    }
+    let loaded = loads(&replicas[0], test).await;
+    eprintln!("5000 requests over 3 replicas: {ok} answered 200, {loaded} loads");
+    assert!(loaded >= 10, "the pool churned");
+}
+
+#[tokio::test]
+async fn restarting_each_replica_in_turn_behind_haproxy_under_load_fails_no_request() {
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let test = "rolling";
+    let ports = support::free_ports::<2>().unwrap();
+    let server = "[server]\nshutdown_delay = \"1s\"\n";
+    let config = |i: usize| {
+        replica_on_port(
+            test,
+            &[&triton],
+            &etcd,
+            ["a", "b"][i],
+            "16GiB",
+            ports[i],
+            server,
+        )
+    };
+    let mut replicas = [
+        TestGateway::start(&config(0)).await,
+        TestGateway::start(&config(1)).await,
+    ];
+    let addresses: Vec<SocketAddr> = replicas.iter().map(|g| g.http).collect();
+    let haproxy = Haproxy::start(&addresses).await.unwrap();
+    let client = reqwest::Client::new();
+    assert_eq!(infer(&client, &haproxy.url(), "sized_a", None).await.0, 200);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (url, stop) = (haproxy.url(), stop.clone());
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let tasks = (0..4).map(|_| {
+                let (client, url, stop) = (client.clone(), url.clone(), stop.clone());
+                async move {
+                    let mut answers = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        answers.push(infer(&client, &url, "sized_a", None).await);
+                    }
+                    answers
+                }
+            });
+            futures_util::future::join_all(tasks)
+                .await
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+        })
+    };
+    for (i, replica) in replicas.iter_mut().enumerate() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        replica.begin_shutdown().await.unwrap().unwrap();
+        *replica = TestGateway::start(&config(i)).await;
+        // HAProxy sees it ready again before the next one goes.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answers = traffic.await.unwrap();
+    let failed: Vec<_> = answers
+        .iter()
+        .filter(|(status, _)| *status != 200)
+        .take(5)
+        .collect();
+    assert!(answers.len() > 100, "{} requests", answers.len());
+    assert!(failed.is_empty(), "{failed:?} of {}", answers.len());
 }

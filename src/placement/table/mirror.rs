@@ -173,6 +173,9 @@ impl Table {
         if let Some((before, after)) = sizes {
             books.committed = books.committed - before + after;
         }
+        // An index read sent before now may not show it yet: reconciliation must not take
+        // it for gone.
+        books.changed = now;
         if let Some(done) = self.remote_loads.remove(&(model.to_string(), b)) {
             let _ = done.send(Some(Ok(())));
         }
