@@ -85,6 +85,8 @@ pub const CLUSTER_DEGRADED: &str = "infergate_cluster_degraded";
 pub const CLUSTER_ETCD_DURATION: &str = "infergate_cluster_etcd_duration_seconds";
 /// Compare-and-set transactions another replica won (the key had changed), by `key` kind.
 pub const CLUSTER_CONFLICTS: &str = "infergate_cluster_conflicts_total";
+/// How long a placement change took to be agreed with the registry (or refused), by result.
+pub const PLACEMENT_AGREE_DURATION: &str = "infergate_placement_agree_duration_seconds";
 /// Revisions the local view of the registry is behind etcd's, read at every keep-alive.
 pub const CLUSTER_WATCH_LAG: &str = "infergate_cluster_watch_lag_revisions";
 /// Live replicas counted from the registry's replica records.
@@ -171,6 +173,11 @@ fn describe() {
     describe_counter!(
         CLUSTER_CONFLICTS,
         "Compare-and-set transactions on the registry that another replica won."
+    );
+    describe_histogram!(
+        PLACEMENT_AGREE_DURATION,
+        Unit::Seconds,
+        "Time to agree a cold miss's load, or an unload, with the pool's registry."
     );
     describe_gauge!(
         CLUSTER_WATCH_LAG,

@@ -20,6 +20,20 @@ pub(crate) fn now_unix() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// Awaits an agreement, timed into `infergate_placement_agree_duration_seconds{result}`.
+async fn timed(agreement: super::registry::Pending<Agreed>) -> Agreed {
+    let started = Instant::now();
+    let answer = agreement.await;
+    let result = match answer {
+        Agreed::Yes(_) => "agreed",
+        Agreed::Lost(_) => "lost",
+        Agreed::Unreachable(_) => "unreachable",
+    };
+    metrics::histogram!(telemetry::PLACEMENT_AGREE_DURATION, "result" => result)
+        .record(started.elapsed().as_secs_f64());
+    answer
+}
+
 impl Placement {
     /// Shares placement with the other replicas through `registry` (once, at start).
     pub fn share_through(&self, registry: Arc<dyn Registry>) {
@@ -108,7 +122,7 @@ impl Placement {
             copies
         };
         let change = self.change(plan.backend, copies, &plan.expect);
-        self.agreed(registry.agree(change).await)
+        self.agreed(timed(registry.agree(change)).await)
     }
 
     fn departing(&self, bytes: u64) -> SharedCopy {
@@ -153,7 +167,7 @@ impl Placement {
             to: Some(self.departing(bytes)),
         }];
         let change = self.change(b, copies, &expect);
-        self.agreed(registry.agree(change).await)
+        self.agreed(timed(registry.agree(change)).await)
     }
 
     fn agreed(&self, answer: Agreed) -> bool {
