@@ -1079,3 +1079,133 @@ async fn restarting_each_replica_in_turn_behind_haproxy_under_load_fails_no_requ
     assert!(answers.len() > 100, "{} requests", answers.len());
     assert!(failed.is_empty(), "{failed:?} of {}", answers.len());
 }
+
+/// Failed loads the replicas ran on `test`'s backends (see `loads`).
+async fn failed_loads(gateway: &TestGateway, test: &str) -> u64 {
+    let text = gateway.metrics_text("/metrics").await;
+    text.lines()
+        .filter(|l| l.starts_with("infergate_placement_loads_total{"))
+        .filter(|l| l.contains(&format!("backend=\"{test}-")))
+        .filter(|l| l.contains("result=\"failure\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test]
+async fn a_load_that_failed_on_one_replica_is_not_tried_again_by_the_others_during_its_backoff() {
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let test = "backoff";
+    let a = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "a", "16GiB")).await;
+    let b = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "b", "16GiB")).await;
+    for gateway in [&a, &b] {
+        wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "two replicas",
+            |v| v["replicas"].as_array().unwrap().len() == 2 && v["degraded"] == false,
+        )
+        .await;
+    }
+    let client = reqwest::Client::new();
+    let (status, body) = infer(&client, &a.url(), "failing_model", None).await;
+    assert_eq!(status, 503, "{body}");
+    let tried = failed_loads(&a, test).await;
+    assert!(tried >= 1);
+    // The registry has the backoff; replica b takes it from there.
+    let mut etcd_client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let key = format!("/infergate/{test}/copies/failing_model");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = etcd_client.get(key.clone(), None).await.unwrap();
+        let record: Option<Value> = got
+            .kvs()
+            .first()
+            .map(|kv| serde_json::from_slice(kv.value()).unwrap());
+        if record
+            .as_ref()
+            .is_some_and(|r| r["backoffs"][format!("{test}-0")]["failures"].as_u64() >= Some(1))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no backoff in the registry: {record:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, body) = infer(&client, &b.url(), "failing_model", None).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("failed to load"), "{body}");
+    assert_eq!(
+        failed_loads(&a, test).await,
+        tried,
+        "replica b did not load it again"
+    );
+}
+
+#[tokio::test]
+async fn a_model_unloaded_through_one_replicas_repository_api_is_loaded_by_no_replica_until_loaded_again()
+ {
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let test = "specs";
+    let a = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "a", "16GiB")).await;
+    let b = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "b", "16GiB")).await;
+    for gateway in [&a, &b] {
+        wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "two replicas",
+            |v| v["replicas"].as_array().unwrap().len() == 2 && v["degraded"] == false,
+        )
+        .await;
+    }
+    let client = reqwest::Client::new();
+    assert_eq!(infer(&client, &b.url(), "sized_a", None).await.0, 200);
+    let unloaded = client
+        .post(format!("{}/v2/repository/models/sized_a/unload", a.url()))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unloaded.status(), 200);
+    // Replica b answers as Triton does for a model unloaded on purpose, and loads nothing.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let body = loop {
+        let (status, body) = infer(&client, &b.url(), "sized_a", None).await;
+        if status == 404 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica b still serves it: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(body.contains("unknown model"), "{body}");
+    assert!(triton.loaded_models().await.unwrap().is_empty());
+    let loaded = client
+        .post(format!("{}/v2/repository/models/sized_a/load", b.url()))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let status = loaded.status();
+    assert_eq!(status, 200, "{}", loaded.text().await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, body) = infer(&client, &a.url(), "sized_a", None).await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not wanted again on replica a: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

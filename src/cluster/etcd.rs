@@ -15,9 +15,10 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Connects (lazily: no endpoint need be up yet) with `[cluster]`'s TLS and credentials.
 pub async fn connect(cluster: &config::Cluster) -> Result<etcd_client::Client, String> {
+    // No per-request timeout on the client: a follower's campaign waits, by design, until
+    // it is elected; every other call is bounded by `call`.
     let mut options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(CALL_TIMEOUT)
-        .with_timeout(CALL_TIMEOUT)
         // HTTP/2 pings find an etcd that stopped answering without closing the connection.
         .with_keep_alive(Duration::from_secs(2), CALL_TIMEOUT)
         .with_keep_alive_while_idle(true);

@@ -33,12 +33,13 @@ pub struct Cluster {
     /// The lease this replica's keys are bound to (0 before the first grant).
     lease: AtomicI64,
     started_at_unix: f64,
+    /// The placement it shares, for copies the registry no longer counts (`registry`).
+    placement: std::sync::OnceLock<std::sync::Arc<crate::placement::Placement>>,
     /// The current session's etcd client, for placement's transactions (`registry`).
     client: Mutex<Option<etcd_client::Client>>,
     /// Outcomes placement reports, applied in order by `settle_loop`.
-    settles: tokio::sync::mpsc::UnboundedSender<crate::placement::registry::Change>,
-    settles_rx:
-        Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<crate::placement::registry::Change>>>,
+    settles: tokio::sync::mpsc::UnboundedSender<registry::Write>,
+    settles_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<registry::Write>>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -57,6 +58,7 @@ impl Cluster {
         let (settles, settles_rx) = tokio::sync::mpsc::unbounded_channel();
         let this = Self {
             client: Mutex::new(None),
+            placement: std::sync::OnceLock::new(),
             settles,
             settles_rx: Mutex::new(Some(settles_rx)),
             view: Mutex::new(View::new(&config.prefix)),

@@ -13,7 +13,7 @@ use super::etcd::call;
 use super::view::{self, View};
 use crate::placement::Placement;
 use crate::placement::registry::{
-    Agreed, Change, InUse, ModelRecord, Pending, Record, Registry, SharedCopy,
+    Agreed, Change, InUse, ModelRecord, Pending, Record, Registry, SharedCopy, SharedSpec,
 };
 use crate::telemetry;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
@@ -145,10 +145,21 @@ fn plan(
             Some(to) => record.copies.insert(change.backend.clone(), to.clone()),
             None => record.copies.remove(&change.backend),
         };
+        if let Some(backoff) = &copy.backoff {
+            record
+                .backoffs
+                .insert(change.backend.clone(), backoff.clone());
+        } else if copy
+            .to
+            .as_ref()
+            .is_some_and(|c| c.state == crate::placement::registry::SharedState::Ready)
+        {
+            record.backoffs.remove(&change.backend);
+        }
         changed.push((model.clone(), copy.to.clone()));
         let key = model_key(view, model);
         compares.push(unchanged(&key, *revision));
-        if record.copies.is_empty() {
+        if record.copies.is_empty() && record.backoffs.is_empty() {
             puts.push(TxnOp::delete(key, None));
             written.push((model.clone(), None));
         } else {
@@ -273,7 +284,11 @@ impl Registry for Cluster {
     }
 
     fn settle(&self, change: Change) {
-        let _ = self.settles.send(change);
+        let _ = self.settles.send(Write::Settle(change));
+    }
+
+    fn share_spec(&self, model: &str, spec: Option<SharedSpec>) {
+        let _ = self.settles.send(Write::Spec(model.to_string(), spec));
     }
 }
 
@@ -320,6 +335,15 @@ fn answered(
     records
 }
 
+/// What the background writer applies, in order (`settle_loop`).
+#[derive(Debug)]
+pub enum Write {
+    /// How an agreed change ended.
+    Settle(Change),
+    /// A model's spec (`None`: back to the default).
+    Spec(String, Option<SharedSpec>),
+}
+
 /// Why a settle must be tried again.
 enum Retry {
     /// A touched key changed between the read and the transaction.
@@ -333,7 +357,7 @@ impl Cluster {
     /// applies: the copy is not what it was when the outcome was reported).
     pub(super) async fn settle_loop(
         self: Arc<Self>,
-        mut changes: tokio::sync::mpsc::UnboundedReceiver<Change>,
+        mut changes: tokio::sync::mpsc::UnboundedReceiver<Write>,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
         loop {
@@ -343,7 +367,11 @@ impl Cluster {
             };
             let mut pause = Duration::from_millis(100);
             loop {
-                match self.try_settle(&change).await {
+                let written = match &change {
+                    Write::Settle(change) => self.try_settle(change).await,
+                    Write::Spec(model, spec) => self.put_spec(model, spec.as_ref()).await,
+                };
+                match written {
                     Ok(()) => break,
                     Err(Retry::Conflict) => {
                         metrics::counter!(telemetry::CLUSTER_CONFLICTS, "key" => "settle", "replica" => self.replica().to_string())
@@ -359,6 +387,59 @@ impl Cluster {
                 }
             }
         }
+    }
+
+    /// A load this replica finished that the registry no longer has (the leader undid it,
+    /// taking this replica for dead, and the room may be someone else's now): it is
+    /// unloaded, so the backend holds only what the registry counts.
+    fn abandon_if_unaccounted(
+        &self,
+        change: &Change,
+        current: &[(String, Option<ModelRecord>, i64)],
+    ) {
+        use crate::placement::registry::SharedState;
+        let Some(placement) = self.placement.get() else {
+            return;
+        };
+        for (copy, (_, record, _)) in change.copies.iter().zip(current) {
+            let finished_load = copy.from == Some(SharedState::Loading)
+                && copy
+                    .to
+                    .as_ref()
+                    .is_some_and(|c| c.state == SharedState::Ready);
+            let counted = record
+                .as_ref()
+                .is_some_and(|r| r.copies.contains_key(&change.backend));
+            if finished_load && !counted {
+                tracing::warn!(
+                    model = copy.model,
+                    backend = change.backend,
+                    "the registry no longer counts a copy this replica loaded (its load was undone): unloading it"
+                );
+                placement
+                    .clone()
+                    .abandon_unaccounted(&change.backend, &copy.model);
+            }
+        }
+    }
+
+    async fn put_spec(&self, model: &str, spec: Option<&SharedSpec>) -> Result<(), Retry> {
+        let client = self.client.lock().expect("cluster client").clone();
+        let Some(mut client) = client.filter(|_| !self.is_degraded()) else {
+            return Err(Retry::Unreachable);
+        };
+        let key = self.view().key(&format!("{}{model}", view::SPECS));
+        let me = self.replica();
+        let written = match spec {
+            Some(spec) => {
+                let value = serde_json::to_vec(spec).expect("a spec serializes");
+                call("put", me, client.put(key, value, None))
+                    .await
+                    .map(drop)
+            }
+            None => call("delete", me, client.delete(key, None)).await.map(drop),
+        };
+        written.map_err(|_| Retry::Unreachable)
     }
 
     async fn try_settle(&self, change: &Change) -> Result<(), Retry> {
@@ -392,6 +473,7 @@ impl Cluster {
                 backend = change.backend,
                 "a settle no longer applies: the registry moved on"
             );
+            self.abandon_if_unaccounted(change, &current);
             return Ok(());
         };
         let answer = call("txn", &me, client.txn(txn))
@@ -416,6 +498,7 @@ impl Cluster {
         let prefix = view.key("");
         let mut records = Vec::new();
         let mut marks_changed = false;
+        let mut specs: Vec<(String, Option<SharedSpec>)> = Vec::new();
         for change in changes {
             let key = match change {
                 view::Change::Put(key, _) | view::Change::Delete(key) => key,
@@ -439,6 +522,11 @@ impl Cluster {
                 ));
             } else if relative.starts_with(view::INUSE) {
                 marks_changed = true;
+            } else if let Some(model) = relative.strip_prefix(view::SPECS) {
+                let spec = view
+                    .get(relative)
+                    .and_then(|e| serde_json::from_slice(&e.value).ok());
+                specs.push((model.to_string(), spec));
             }
         }
         let marks = marks_changed.then(|| self.others_marks(&view));
@@ -448,6 +536,9 @@ impl Cluster {
         }
         if let Some(marks) = marks {
             placement.remote_use(&marks);
+        }
+        for (model, spec) in specs {
+            placement.take_spec(&model, spec.as_ref());
         }
     }
 
@@ -480,9 +571,15 @@ impl Cluster {
             }
         }
         let marks = self.others_marks(&view);
+        let specs: Vec<(String, Option<SharedSpec>)> = (view.under(view::SPECS))
+            .map(|(m, e)| (m.to_string(), serde_json::from_slice(&e.value).ok()))
+            .collect();
         drop(view);
         placement.mirror(&records);
         placement.remote_use(&marks);
+        for (model, spec) in specs {
+            placement.take_spec(&model, spec.as_ref());
+        }
     }
 
     fn others_marks(&self, view: &View) -> Vec<InUse> {

@@ -30,6 +30,7 @@ impl Cluster {
     /// Runs sessions until shutdown; then revokes the lease, so this replica's records go at
     /// once instead of after `lease_ttl`.
     pub async fn run(self: Arc<Self>, gateway: Gateway, shutdown: CancellationToken) {
+        let _ = self.placement.set(gateway.placement().clone());
         if let Some(settles) = self.settles_rx.lock().expect("settles").take() {
             tokio::spawn(self.clone().settle_loop(settles, shutdown.clone()));
         }

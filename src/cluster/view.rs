@@ -60,6 +60,8 @@ pub const SIZES: &str = "sizes/";
 pub const COPIES: &str = "copies/";
 /// Each backend's totals (`cluster::registry::BackendRecord`).
 pub const BACKENDS: &str = "backends/";
+/// What the repository API said of each model (`placement::registry::SharedSpec`).
+pub const SPECS: &str = "specs/";
 /// Each replica's in-use marks, on its lease.
 pub const INUSE: &str = "inuse/";
 

@@ -4,7 +4,8 @@
 
 use super::Placement;
 use super::registry::{
-    Agreed, Change, CopyChange, InUse, Record, Registry, SharedCopy, SharedState, Synced,
+    Agreed, Change, CopyChange, InUse, Record, Registry, SharedBackoff, SharedCopy, SharedSpec,
+    SharedState, Synced,
 };
 use super::table::{CopyEntry, CopyState, LoadPlan, LoadReason, UseMark};
 use crate::telemetry;
@@ -109,6 +110,7 @@ impl Placement {
                 from: None,
                 lease: None,
                 to: Some(self.shared(copy, state)),
+                backoff: None,
             }];
             for victim in &plan.evict {
                 let bytes = held.departing.get(&victim.model).map_or(0, |d| d.bytes);
@@ -117,6 +119,7 @@ impl Placement {
                     from: Some(SharedState::Ready),
                     lease: None,
                     to: Some(self.departing(bytes)),
+                    backoff: None,
                 });
             }
             copies
@@ -165,6 +168,7 @@ impl Placement {
             from: Some(SharedState::Ready),
             lease: None,
             to: Some(self.departing(bytes)),
+            backoff: None,
         }];
         let change = self.change(b, copies, &expect);
         self.agreed(timed(registry.agree(change)).await)
@@ -197,18 +201,27 @@ impl Placement {
         let Some(registry) = self.registry() else {
             return;
         };
-        let to = {
+        let (to, backoff) = {
             let books = self.books();
-            (books.backends()[b].copies.get(model))
+            let to = (books.backends()[b].copies.get(model))
                 .filter(|c| matches!(c.state, CopyState::Ready))
-                .map(|c| self.shared(c, SharedState::Ready))
+                .map(|c| self.shared(c, SharedState::Ready));
+            // A load that failed here: every replica backs off from it.
+            let backoff = to.is_none().then(|| books.backoff(model, b)).flatten();
+            (to, backoff)
         };
+        let backoff = backoff.map(|(failures, retry_in, reason)| SharedBackoff {
+            failures,
+            retry_at_unix: now_unix() + retry_in.as_secs_f64(),
+            reason: reason.to_string(),
+        });
         let lease = (from == Some(SharedState::Loading)).then(|| registry.me().1);
         let copies = vec![CopyChange {
             model: model.to_string(),
             from,
             lease,
             to,
+            backoff,
         }];
         registry.settle(self.change(b, copies, &[]));
     }
@@ -254,6 +267,17 @@ impl Placement {
                             .collect();
                         let pinned = self.pinned.contains(model);
                         books.mirror(model, &copies, (lease, force), pinned, now);
+                        let backoffs = shared.as_ref().map(|r| &r.backoffs);
+                        for (b, backend) in backends.iter().enumerate() {
+                            let Some(backoff) = backoffs.and_then(|all| all.get(&backend.name))
+                            else {
+                                continue;
+                            };
+                            let wait = (backoff.retry_at_unix - now_unix()).max(0.0);
+                            let retry_at = now + Duration::from_secs_f64(wait);
+                            let failures = backoff.failures;
+                            books.remote_backoff(model, b, failures, retry_at, &backoff.reason);
+                        }
                         books.set_synced(key, if shared.is_some() { *revision } else { 0 });
                     }
                     Record::Backend(name, revision) => {
@@ -264,6 +288,41 @@ impl Placement {
                 }
             }
         }
+    }
+
+    /// Publishes the model's spec as it now is (after the repository API changed it).
+    pub(super) fn share_spec(&self, model: &str) {
+        let Some(registry) = self.registry() else {
+            return;
+        };
+        let spec = self.specs.get(model);
+        let shared = (spec != super::spec::Spec::default()).then(|| SharedSpec {
+            config: spec.config.as_deref().map(str::to_string),
+            unloaded: spec.unloaded,
+        });
+        registry.share_spec(model, shared);
+    }
+
+    /// Takes a spec another replica published (`share_spec`).
+    pub fn take_spec(&self, model: &str, shared: Option<&SharedSpec>) {
+        let spec = shared.map_or_else(super::spec::Spec::default, |s| super::spec::Spec {
+            config: s.config.as_deref().map(Arc::from),
+            unloaded: s.unloaded,
+        });
+        self.specs.replace(model, spec);
+    }
+
+    /// Takes a copy off the books and unloads it, in the background: the registry does not
+    /// count it (see `cluster::registry`).
+    pub fn abandon_unaccounted(self: Arc<Self>, backend: &str, model: &str) {
+        let Some(b) = self.pool.backends().iter().position(|x| x.name == backend) else {
+            return;
+        };
+        let model = model.to_string();
+        tokio::spawn(async move {
+            self.books().remove_copy(b, &model, Instant::now());
+            self.unload_on(b, &model, "abandon").await;
+        });
     }
 
     /// Every model the books have a copy of, or a copy departing: what a resync must
@@ -351,6 +410,7 @@ impl Placement {
             from: Some(SharedState::Loading),
             lease: Some(copy.lease),
             to,
+            backoff: None,
         }];
         registry.settle(self.change(b, copies, &[]));
         true

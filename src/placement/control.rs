@@ -41,6 +41,7 @@ impl Placement {
         } else if loaded.is_err() {
             self.specs.replace(model, previous);
         }
+        self.share_spec(model);
         loaded
     }
 
@@ -48,6 +49,7 @@ impl Placement {
     /// after an explicit unload.
     pub async fn load_now(self: &Arc<Self>, model: &str) -> Result<(), GatewayError> {
         self.specs.wanted(model);
+        self.share_spec(model);
         self.acquire(&ModelRef::new(model, None)).await.map(drop)
     }
 
@@ -135,6 +137,7 @@ impl Placement {
     /// leaves a copy behind.
     pub async fn unload_explicitly(&self, model: &str) -> usize {
         self.specs.unloaded(model);
+        self.share_spec(model);
         for _ in 0..4 {
             let (_, running) = self.books().stale_copies(model, &None);
             let Some(mut running) = running else { break };

@@ -65,11 +65,26 @@ impl SharedCopy {
     }
 }
 
-/// The registry's record of one model: its copies by backend name.
+/// The registry's record of one model: its copies, and its failed loads, by backend name.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelRecord {
     /// Copies by backend name.
     pub copies: BTreeMap<String, SharedCopy>,
+    /// Backends where its last load failed: no replica loads it there again before
+    /// `retry_at_unix`, so a failing model is not retried once per replica.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub backoffs: BTreeMap<String, SharedBackoff>,
+}
+
+/// A model's failed loads on one backend, as every replica backs off from them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SharedBackoff {
+    /// Failures in a row.
+    pub failures: u32,
+    /// Not before, seconds since the Unix epoch.
+    pub retry_at_unix: f64,
+    /// The backend's message.
+    pub reason: String,
 }
 
 /// A registry key the books take in (`Table::mirror`), whose revision a change compares
@@ -112,6 +127,8 @@ pub struct CopyChange {
     pub lease: Option<i64>,
     /// What it becomes.
     pub to: Option<SharedCopy>,
+    /// A failed load's backoff there (a copy that turns ready clears it).
+    pub backoff: Option<SharedBackoff>,
 }
 
 /// What `agree` answered.
@@ -151,6 +168,18 @@ pub struct InUse {
     pub last_used_unix: f64,
 }
 
+/// What the repository API said of a model (`placement::spec`), shared so every replica
+/// loads it with the same override and none loads a model another replica unloaded on
+/// purpose. `{prefix}/specs/{model}`; no key: the default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SharedSpec {
+    /// The config override its copies are loaded with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
+    /// Unloaded through the repository API.
+    pub unloaded: bool,
+}
+
 /// A boxed future, as a trait object's method returns it.
 pub type Pending<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -167,4 +196,7 @@ pub trait Registry: Send + Sync + std::fmt::Debug {
     /// Records how an agreed change ended (a load done or failed, a copy gone); retried in
     /// the background, in order, until the registry has it.
     fn settle(&self, change: Change);
+    /// Publishes a model's spec after the repository API changed it (`None`: the default),
+    /// in order with the settles.
+    fn share_spec(&self, model: &str, spec: Option<SharedSpec>);
 }

@@ -9,7 +9,8 @@
 //! request until a load through the repository API (or the admin API) says so.
 //!
 //! The specs live in the gateway's memory, like Triton's own: they survive config reloads
-//! (placement is not rebuilt by one), not a restart of the gateway.
+//! (placement is not rebuilt by one), not a restart of the gateway. With `[cluster]` they
+//! are shared through the registry (`Placement::share_spec`), and live as long as it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -37,6 +38,11 @@ impl Specs {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Spec>> {
         self.models.write().expect("specs lock")
+    }
+
+    /// The model's spec (the default without an entry).
+    pub fn get(&self, model: &str) -> Spec {
+        self.read().get(model).cloned().unwrap_or_default()
     }
 
     /// The override the model's copies are loaded with, if any.

@@ -528,6 +528,38 @@ impl Table {
         rows
     }
 
+    /// A model's backoff on backend `b`: failures in a row, time left, the last reason.
+    pub fn backoff(&self, model: &str, b: usize) -> Option<(u32, Duration, Arc<str>)> {
+        let failure = self.failures.get(&(model.to_string(), b))?;
+        let left = failure.retry_at.saturating_duration_since(Instant::now());
+        Some((failure.failures, left, failure.reason.clone()))
+    }
+
+    /// Takes another replica's backoff from a failed load (`[cluster]`): the later retry
+    /// time wins.
+    pub fn remote_backoff(
+        &mut self,
+        model: &str,
+        b: usize,
+        failures: u32,
+        retry_at: Instant,
+        reason: &str,
+    ) {
+        let entry = self
+            .failures
+            .entry((model.to_string(), b))
+            .or_insert(LoadBackoff {
+                failures: 0,
+                retry_at,
+                reason: Arc::from(reason),
+            });
+        if retry_at >= entry.retry_at {
+            entry.retry_at = retry_at;
+            entry.failures = entry.failures.max(failures);
+            entry.reason = Arc::from(reason);
+        }
+    }
+
     /// Decides what a request for `model` does next. `allow_evict` is false for preloads,
     /// which only ever use free space.
     ///

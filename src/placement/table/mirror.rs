@@ -176,6 +176,7 @@ impl Table {
         // An index read sent before now may not show it yet: reconciliation must not take
         // it for gone.
         books.changed = now;
+        self.failures.remove(&(model.to_string(), b));
         if let Some(done) = self.remote_loads.remove(&(model.to_string(), b)) {
             let _ = done.send(Some(Ok(())));
         }
