@@ -307,8 +307,9 @@ async fn hold_the_backend(gateway: &TestGateway, delay_ms: u64) -> tokio::task::
 /// seconds waits for it (`placement.room_wait`) instead of an immediate 503: it is placed
 /// as soon as that request lets go, and a second waiter is placed after the first, in the
 /// order they came. With a wait shorter than the copy stays busy, the answer is 503 with
-/// Retry-After once the wait is over, not before. A gRPC deadline ends the wait sooner, and
-/// the request leaves the queue: it is never placed after its client has gone.
+/// Retry-After once the wait is over, not before. A gRPC deadline ends the wait sooner, with
+/// DEADLINE_EXCEEDED, and the request leaves the queue: it is never placed after its client
+/// has gone.
 #[tokio::test]
 async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
     let t0 = empty_triton(true).await;
@@ -395,6 +396,19 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
     assert!(
         took >= Duration::from_millis(700) && took < Duration::from_millis(2000),
         "{took:?}"
+    );
+    assert!(
+        refused
+            .message
+            .starts_with("deadline exceeded: the client's deadline of"),
+        "{}",
+        refused.message
+    );
+    // Placement ended the wait at the deadline itself (counted so), not only the call's
+    // timer dropping it.
+    assert_eq!(
+        counter(&gateway, "infergate_placement_room_waits_total", "deadline").await,
+        1.0
     );
     // The next waiter gets the room when slow_model lets go: the one that went is not placed.
     let (status, _, body) = timed_infer(&gateway.url(), "sized_b").await;

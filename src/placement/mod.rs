@@ -232,18 +232,21 @@ impl Placement {
 
     /// Finds (or makes) a ready copy of the model and leases it.
     pub async fn acquire(self: &Arc<Self>, model: &ModelRef) -> Result<Lease, GatewayError> {
-        self.acquire_with(model, None, true).await
+        self.acquire_with(model, None, true, None).await
     }
 
     /// `acquire` for a request that may belong to a sequence: a later request of a live
     /// sequence gets the copy that saw it start (or `GatewayError::SequenceLost`), a start
-    /// binds its sequence to the copy it gets (`sequences`).
+    /// binds its sequence to the copy it gets (`sequences`). A wait for room ends by the
+    /// client's `deadline` at the latest (`NoRoom`, which the pipeline words as the
+    /// deadline's error once it has passed).
     pub async fn acquire_in(
         self: &Arc<Self>,
         model: &ModelRef,
         sequence: Option<&SequenceRef>,
+        deadline: Option<Instant>,
     ) -> Result<Lease, GatewayError> {
-        self.acquire_with(model, sequence, true).await
+        self.acquire_with(model, sequence, true, deadline).await
     }
 
     /// Whether requests for the model may belong to sequences: true for a model with
@@ -278,6 +281,7 @@ impl Placement {
         model: &ModelRef,
         sequence: Option<&SequenceRef>,
         allow_evict: bool,
+        deadline: Option<Instant>,
     ) -> Result<Lease, GatewayError> {
         let mut attempts = 0;
         let mut cold_since: Option<Instant> = None;
@@ -310,10 +314,14 @@ impl Placement {
                     });
                 }
                 Decision::Refuse(error @ GatewayError::NoRoom { .. }) => {
-                    // Waits up to `room_wait` in all, however many times it is refused.
-                    let until = *room_until.get_or_insert_with(|| Instant::now() + self.room_wait);
+                    // Waits up to `room_wait` in all, however many times it is refused, and
+                    // never past the client's deadline.
+                    let until = *room_until.get_or_insert_with(|| {
+                        let waited = Instant::now() + self.room_wait;
+                        deadline.map_or(waited, |deadline| deadline.min(waited))
+                    });
                     handed = self
-                        .wait_for_room(model, sequence, allow_evict, until)
+                        .wait_for_room(model, sequence, allow_evict, (until, deadline))
                         .await;
                     if handed.is_none() {
                         return Err(error);
@@ -739,7 +747,7 @@ impl Placement {
         }
         for model in preload {
             match self
-                .acquire_with(&ModelRef::new(model.clone(), None), None, false)
+                .acquire_with(&ModelRef::new(model.clone(), None), None, false, None)
                 .await
             {
                 Ok(_) => tracing::info!(model, "preloaded"),
