@@ -19,7 +19,7 @@ mod versions;
 
 // The books and the eviction order are internal: the simulator and the benches reach them
 // through `crate::internals`.
-use estimate::{Estimator, Sizing};
+use estimate::{Estimator, SizeSource, Sizing};
 pub use load_queue::{LoadQueue, Priority};
 pub use model_config::check_override;
 use policy::{EvictionOrder, ModelWeight};
@@ -508,9 +508,12 @@ impl Placement {
         }
     }
 
-    /// Loads, and where the backend reports memory and no other load ran beside this one,
-    /// learns the model's size per version from the rise of the memory metric (new copies
-    /// only: a reload's rise is a part of the model, and its old versions go meanwhile).
+    /// Loads, and learns the model's size per version: what Triton's statistics report in
+    /// `memory_usage`, where the backend measures the model; else, where the backend reports
+    /// memory and no other load ran beside this one, the rise of the memory metric (new
+    /// copies only: a reload's rise is a part of the model, and its old versions go
+    /// meanwhile). A load that failed for lack of memory raises the estimate before anyone
+    /// decides again, so the retry goes where the larger size fits.
     async fn measured_load(&self, plan: &LoadPlan, backend: &Arc<Backend>) -> Result<(), Arc<str>> {
         let model = plan.model.as_str();
         let running = &backend.loads_running;
@@ -523,22 +526,79 @@ impl Placement {
         };
         let outcome = self.load_on(backend, plan).await;
         let alone_at_end = running.load(Ordering::Acquire) == 1;
-        if outcome.is_ok()
-            && alone_at_end
-            && let Some(before) = before
-            && let Some(after) =
-                metrics_scrape::read_sum(backend, &self.memory_metric, timeout).await
-            && after > before
-        {
-            let bytes = (after - before) as u64;
-            let per_version = bytes / plan.serving.len().max(1) as u64;
-            self.estimator.learn(model, per_version);
+        let learned = match &outcome {
+            Ok(()) => match self.reported_size(backend, plan).await {
+                Some(per_version) => Some((per_version, SizeSource::Reported)),
+                None if alone_at_end => (self.metric_rise(backend, plan, before).await)
+                    .map(|per_version| (per_version, SizeSource::Learned)),
+                None => None,
+            },
+            Err(reason) if estimate::is_out_of_memory(reason) => {
+                self.raise_after_out_of_memory(plan, backend);
+                None
+            }
+            Err(_) => None,
+        };
+        if let Some((per_version, source)) = learned {
+            self.estimator.learn_from(model, per_version, source);
             let estimate = self.estimator.sizing(model).estimate(&plan.versions);
             self.books().resize(plan.backend, model, estimate);
-            tracing::info!(model, backend = %backend.name, bytes, "learned model size from memory metric");
+            tracing::info!(model, backend = %backend.name, per_version, ?source, "learned model size");
         }
         running.fetch_sub(1, Ordering::AcqRel);
         outcome
+    }
+
+    /// The bytes per version Triton's statistics report for the versions the load brought
+    /// (their mean), or `None` when it reports none for them (the python backend on CPU).
+    async fn reported_size(&self, backend: &Backend, plan: &LoadPlan) -> Option<u64> {
+        let answer = TritonClient::new(backend, Duration::from_secs(2))
+            .model_statistics(Some((&plan.model, None)))
+            .await
+            .ok()?;
+        let reported = estimate::reported_sizes(&answer, &plan.model, &self.memory_metric);
+        let sizes: Vec<u64> = plan
+            .serving
+            .iter()
+            .filter_map(|v| reported.get(v).copied())
+            .collect();
+        (!sizes.is_empty()).then(|| sizes.iter().sum::<u64>() / sizes.len() as u64)
+    }
+
+    /// How far the memory metric rose from `before` (read before the load) to now, per
+    /// version the load brought.
+    async fn metric_rise(
+        &self,
+        backend: &Backend,
+        plan: &LoadPlan,
+        before: Option<f64>,
+    ) -> Option<u64> {
+        let before = before?;
+        let timeout = Duration::from_secs(2);
+        let after = metrics_scrape::read_sum(backend, &self.memory_metric, timeout).await?;
+        let versions = plan.serving.len().max(1) as u64;
+        (after > before).then_some((after - before) as u64 / versions)
+    }
+
+    /// A load failed for lack of memory: the model's estimate rises (doubles, up to the
+    /// largest backend's usable bytes; see `Estimator::raise_after_out_of_memory`).
+    fn raise_after_out_of_memory(&self, plan: &LoadPlan, backend: &Backend) {
+        let largest = self
+            .books()
+            .backends()
+            .iter()
+            .map(|b| b.usable)
+            .max()
+            .unwrap_or(0);
+        let raised = self
+            .estimator
+            .raise_after_out_of_memory(&plan.model, &plan.versions, largest);
+        match raised {
+            Some(estimate) => tracing::warn!(model = plan.model, backend = %backend.name,
+                bytes = estimate.bytes, "load ran out of memory: estimate raised"),
+            None => tracing::warn!(model = plan.model, backend = %backend.name,
+                "load ran out of memory; the estimate stays (set by config, or the largest backend's size)"),
+        }
     }
 
     /// `POST .../load` for the plan's versions, within `load_timeout`. A new copy whose load
