@@ -757,6 +757,29 @@ async fn a_models_size_is_learned_from_the_backends_memory_metric() {
     );
 }
 
+/// Where the backend reports a model's memory in its statistics (`memory_usage`, as ONNX
+/// Runtime and TensorRT do on GPUs; here a front for the real Triton adds it, 5 GiB), that
+/// is the size learned, even though the memory metric rose by another amount (3 GiB).
+#[tokio::test]
+async fn a_models_size_reported_in_its_statistics_comes_before_the_metric() {
+    let t0 = empty_triton(false).await;
+    let (front, metrics) = tokio::join!(
+        support::reporting_memory(t0.http_url(), 5 << 30),
+        support::gpu_memory_stub(t0.http_url())
+    );
+    let config = pool_config("reported", &[&t0], "16GiB", "", "")
+        .replace(&t0.http_url(), &format!("http://{front}"))
+        .replace(&t0.metrics_url(), &format!("http://{metrics}/metrics"));
+    let gateway = TestGateway::start(&config).await;
+    assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    let placement = gateway.placement().await;
+    let copy = &placement["backends"][0]["models"][0];
+    assert_eq!(copy["name"], "sized_a");
+    assert_eq!(copy["size_source"], "reported", "{copy}");
+    assert_eq!(copy["size"], 5u64 << 30);
+    assert_eq!(placement["backends"][0]["used"], 5u64 << 30);
+}
+
 /// A model directory `name` under `repo`: sized_a's identity model, or (`out_of_memory`) one
 /// whose initialize asks NumPy for 1 PiB, more than any machine has, so Triton's load fails
 /// with a real MemoryError, as a model too big for a GPU's free memory does.
