@@ -168,6 +168,9 @@ pub struct Outcome {
     pub large_hits: u64,
     /// Loads of extra copies for busy models (also counted in `loads`).
     pub extra_copies: u64,
+    /// Loads that, once their model's true size was learned, left the backend's books over
+    /// its usable capacity: on a real GPU these are the loads that run out of memory.
+    pub over_capacity_loads: u64,
 }
 
 /// A model this big or bigger counts as large in `Outcome`.
@@ -276,9 +279,12 @@ impl Sim<'_> {
                 Event::LoadDone { backend, model, ok } => {
                     let backend = backend as usize;
                     placer.finish_load(backend, model, ok, at);
-                    // A learned size may have grown the copy on the books.
+                    // A learned size may have grown the copy on the books, past capacity.
+                    let committed = placer.committed(backend);
                     let peak = &mut self.out.peak_committed[backend];
-                    *peak = (*peak).max(placer.committed(backend));
+                    *peak = (*peak).max(committed);
+                    self.out.over_capacity_loads +=
+                        u64::from(ok && committed > self.setup.usable[backend]);
                     self.out.failed_loads += u64::from(!ok);
                     self.running[backend] -= 1;
                     if let Some(next) = self.queued[backend].pop_front() {

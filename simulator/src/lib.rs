@@ -447,6 +447,12 @@ fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration)
         if real.extra_copies > 0 {
             parts.push(format!("{} extra copies loaded", real.extra_copies));
         }
+        if real.over_capacity_loads > 0 {
+            parts.push(format!(
+                "{} loads over capacity once their size was learned",
+                real.over_capacity_loads
+            ));
+        }
         let _ = writeln!(out, "{name}: {}", parts.join("; "));
     }
     out
@@ -489,6 +495,7 @@ fn json_report(
                 "loads_per_backend": o.loads_per_backend,
                 "peak_load_queue": o.peak_load_queue,
                 "extra_copies": o.extra_copies,
+                "over_capacity_loads": o.over_capacity_loads,
                 "wall_seconds": row.wall.as_secs_f64(),
             })
         })
@@ -760,6 +767,8 @@ mod tests {
                 learned.policy
             );
             assert_eq!(l.peak_committed, [120 * MIB], "{}", learned.policy);
+            assert_eq!(e.over_capacity_loads, 0, "{}", exact.policy);
+            assert!(l.over_capacity_loads >= 2, "{}", learned.policy);
         }
     }
 
