@@ -69,6 +69,8 @@ fn predicted(policy: EvictionPolicy) -> Vec<String> {
         pinned: 0,
         failing: 0.0,
         max_attempts: 3,
+        estimate_before_load: None,
+        scaling: None,
     };
     let mut real = Real::new(&trace, &setup, policy);
     let outcome = run(&mut real, &trace, &setup);

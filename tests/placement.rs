@@ -307,8 +307,9 @@ async fn hold_the_backend(gateway: &TestGateway, delay_ms: u64) -> tokio::task::
 /// seconds waits for it (`placement.room_wait`) instead of an immediate 503: it is placed
 /// as soon as that request lets go, and a second waiter is placed after the first, in the
 /// order they came. With a wait shorter than the copy stays busy, the answer is 503 with
-/// Retry-After once the wait is over, not before. A gRPC deadline ends the wait sooner, and
-/// the request leaves the queue: it is never placed after its client has gone.
+/// Retry-After once the wait is over, not before. A gRPC deadline ends the wait sooner, with
+/// DEADLINE_EXCEEDED, and the request leaves the queue: it is never placed after its client
+/// has gone.
 #[tokio::test]
 async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
     let t0 = empty_triton(true).await;
@@ -395,6 +396,19 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
     assert!(
         took >= Duration::from_millis(700) && took < Duration::from_millis(2000),
         "{took:?}"
+    );
+    assert!(
+        refused
+            .message
+            .starts_with("deadline exceeded: the client's deadline of"),
+        "{}",
+        refused.message
+    );
+    // Placement ended the wait at the deadline itself (counted so), not only the call's
+    // timer dropping it.
+    assert_eq!(
+        counter(&gateway, "infergate_placement_room_waits_total", "deadline").await,
+        1.0
     );
     // The next waiter gets the room when slow_model lets go: the one that went is not placed.
     let (status, _, body) = timed_infer(&gateway.url(), "sized_b").await;
@@ -709,6 +723,19 @@ async fn a_models_size_is_learned_from_the_backends_memory_metric() {
     assert_eq!(copy["name"], "sized_a");
     assert_eq!(copy["size_source"], "learned", "{copy}");
     assert_eq!(copy["size"], 3u64 << 30);
+    // Statistics come first, where the backend reports the model's memory; the python
+    // backend reports none, so the size is the metric's.
+    let stats: Value = reqwest::get(format!("{}/v2/models/sized_a/stats", t0.http_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        stats["model_stats"][0]["memory_usage"],
+        json!([]),
+        "{stats}"
+    );
     assert_eq!(placement["backends"][0]["used"], 3u64 << 30);
     // The learned size outlives an unload: the next load is placed by it.
     let unloaded: Value = reqwest::Client::new()
@@ -728,6 +755,121 @@ async fn a_models_size_is_learned_from_the_backends_memory_metric() {
         gateway.placement().await["backends"][0]["models"][0]["size"],
         3u64 << 30
     );
+}
+
+/// Where the backend reports a model's memory in its statistics (`memory_usage`, as ONNX
+/// Runtime and TensorRT do on GPUs; here a front for the real Triton adds it, 5 GiB), that
+/// is the size learned, even though the memory metric rose by another amount (3 GiB).
+#[tokio::test]
+async fn a_models_size_reported_in_its_statistics_comes_before_the_metric() {
+    let t0 = empty_triton(false).await;
+    let (front, metrics) = tokio::join!(
+        support::reporting_memory(t0.http_url(), 5 << 30),
+        support::gpu_memory_stub(t0.http_url())
+    );
+    let config = pool_config("reported", &[&t0], "16GiB", "", "")
+        .replace(&t0.http_url(), &format!("http://{front}"))
+        .replace(&t0.metrics_url(), &format!("http://{metrics}/metrics"));
+    let gateway = TestGateway::start(&config).await;
+    assert_eq!(infer(&gateway, "sized_a").await.0, 200);
+    let placement = gateway.placement().await;
+    let copy = &placement["backends"][0]["models"][0];
+    assert_eq!(copy["name"], "sized_a");
+    assert_eq!(copy["size_source"], "reported", "{copy}");
+    assert_eq!(copy["size"], 5u64 << 30);
+    assert_eq!(placement["backends"][0]["used"], 5u64 << 30);
+}
+
+/// A model directory `name` under `repo`: sized_a's identity model, or (`out_of_memory`) one
+/// whose initialize asks NumPy for 1 PiB, more than any machine has, so Triton's load fails
+/// with a real MemoryError, as a model too big for a GPU's free memory does.
+fn hungry_model(repo: &std::path::Path, name: &str, out_of_memory: bool) {
+    let dir = repo.join(name);
+    copy_dir(&model_repository().join("sized_a"), &dir);
+    let config = std::fs::read_to_string(dir.join("config.pbtxt")).unwrap();
+    std::fs::write(
+        dir.join("config.pbtxt"),
+        config.replace("name: \"sized_a\"", &format!("name: \"{name}\"")),
+    )
+    .unwrap();
+    std::fs::remove_file(dir.join("1/weights.bin")).ok();
+    if out_of_memory {
+        std::fs::write(
+            dir.join("1/model.py"),
+            "import numpy as np\n\n\nclass TritonPythonModel:\n    def initialize(self, args):\n        \
+             self.weights = np.empty(1 << 50, dtype=np.uint8)\n\n    def execute(self, requests):\n        \
+             raise RuntimeError(\"unreachable\")\n",
+        )
+        .unwrap();
+    }
+}
+
+/// A load that fails for lack of memory raises the model's estimate before the retry, so the
+/// retry goes where the larger size fits. Backends 0 and 1 run out of memory loading
+/// `hungry`; backend 2 loads it, once `filler` (only it has that model) is evicted. `hungry`
+/// is estimated at `default_model_size`, 1 GiB: backend 0 has the most room, and fails. The
+/// estimate doubles to 2 GiB, which backend 1 (1.5 GiB) cannot hold, so the retry goes to
+/// backend 2. With the estimate left at 1 GiB the retry would go to backend 1 (more free
+/// room than backend 2) and fail again there.
+#[tokio::test]
+async fn a_load_out_of_memory_raises_the_estimate_before_the_retry() {
+    let small = tempfile::tempdir().unwrap();
+    let roomy = tempfile::tempdir().unwrap();
+    hungry_model(small.path(), "hungry", true);
+    hungry_model(roomy.path(), "hungry", false);
+    hungry_model(roomy.path(), "filler", false);
+    let start = |repo: &std::path::Path| {
+        Triton::start(TritonOptions {
+            verbose: true,
+            repository: Some(repo.to_path_buf()),
+            ..Default::default()
+        })
+    };
+    let (t0, t1, t2) = tokio::join!(
+        start(small.path()),
+        start(small.path()),
+        start(roomy.path())
+    );
+    let (t0, t1, t2) = (t0.unwrap(), t1.unwrap(), t2.unwrap());
+    let nowhere = tempfile::tempdir().unwrap();
+    let mut config = pool_config_in(
+        nowhere.path(),
+        "oom",
+        &[&t0, &t1, &t2],
+        "CAPACITY",
+        "mem_buffer = \"0\"\nmin_churn_age = \"0s\"\nscale_up_rps = 0.0\ndefault_model_size = \"1GiB\"",
+        "[[models]]\nname = \"filler\"\nsize = \"2GiB\"\n",
+    );
+    for capacity in ["4GiB", "1536MiB", "3GiB"] {
+        config = config.replacen("\"CAPACITY\"", &format!("\"{capacity}\""), 1);
+    }
+    let gateway = TestGateway::start(&config).await;
+    assert_eq!(infer(&gateway, "filler").await.0, 200);
+    assert_eq!(gateway.placed().await, [vec![], vec![], vec!["filler"]]);
+
+    let (status, body) = infer(&gateway, "hungry").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(triton_load_calls(&t0, "hungry"), 1);
+    assert_eq!(
+        triton_load_calls(&t1, "hungry"),
+        0,
+        "no retry where 2 GiB cannot fit"
+    );
+    assert_eq!(triton_load_calls(&t2, "hungry"), 1);
+    let placement = gateway.placement().await;
+    let copy = &placement["backends"][2]["models"][0];
+    assert_eq!(copy["name"], "hungry", "{placement}");
+    assert_eq!(copy["size"], 2u64 << 30, "{copy}");
+    assert_eq!(copy["size_source"], "learned_from_failure", "{copy}");
+    let failed = placement["failed_loads"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{placement}");
+    assert_eq!(failed[0]["backend"], "oom-0");
+    let error = failed[0]["error"].as_str().unwrap();
+    assert!(
+        error.contains("MemoryError: Unable to allocate"),
+        "Triton's words: {error}"
+    );
+    assert_books_match(&gateway, &[&t0, &t1, &t2]).await;
 }
 
 #[tokio::test]

@@ -35,6 +35,26 @@ pub struct Setup {
     pub failing: f64,
     /// Loads one request waits on before it is refused (`placement.max_load_attempts`).
     pub max_attempts: usize,
+    /// Learned sizes: every model is estimated at this many bytes until a load of it has
+    /// succeeded, then at its true size, as the gateway places a model by
+    /// `default_model_size` until it has measured it. `None`: the true size from the start.
+    pub estimate_before_load: Option<u64>,
+    /// Extra copies for busy models (`placement.scale_up_rps` and the keys beside it); `None`:
+    /// one copy per model.
+    pub scaling: Option<Scaling>,
+}
+
+/// When a model gets another copy, and loses it, as `Placement::rebalance` decides.
+#[derive(Clone, Copy, Debug)]
+pub struct Scaling {
+    /// Requests per second per copy above which a model gets another copy.
+    pub up_rps: f64,
+    /// Copies per model at most.
+    pub max_copies: usize,
+    /// Extra copies idle this long go.
+    pub down_idle: Duration,
+    /// How often copies are counted (`placement.rebalance_interval`).
+    pub every: Duration,
 }
 
 impl Setup {
@@ -95,6 +115,11 @@ pub trait Placer {
     fn release(&mut self, backend: usize, model: u32, now: Micros);
     /// Bytes committed (loaded or loading) on a backend.
     fn committed(&self, backend: usize) -> u64;
+    /// A rebalancing round (`Setup::scaling`): the extra copies it started loading, as
+    /// (backend, model), each already on the books; idle extra copies it took off are gone.
+    fn rebalance(&mut self, _now: Micros) -> Vec<(usize, u32)> {
+        Vec::new()
+    }
 }
 
 /// What one policy did over one trace.
@@ -141,6 +166,11 @@ pub struct Outcome {
     pub large_requests: u64,
     /// Of those, hits.
     pub large_hits: u64,
+    /// Loads of extra copies for busy models (also counted in `loads`).
+    pub extra_copies: u64,
+    /// Loads that, once their model's true size was learned, left the backend's books over
+    /// its usable capacity: on a real GPU these are the loads that run out of memory.
+    pub over_capacity_loads: u64,
 }
 
 /// A model this big or bigger counts as large in `Outcome`.
@@ -177,6 +207,7 @@ enum Event {
     // load ends has already let go of its copy.
     Release { backend: u32, model: u32 },
     LoadDone { backend: u32, model: u32, ok: bool },
+    Rebalance,
 }
 
 struct Sim<'a> {
@@ -188,6 +219,8 @@ struct Sim<'a> {
     /// Per model, the requests waiting for its load: when each arrived, loads it waited on.
     waiters: Vec<Vec<(Micros, usize)>>,
     failing: Vec<bool>,
+    /// When the last request arrives: rebalancing rounds stop there.
+    end: Micros,
     out: Outcome,
 }
 
@@ -202,6 +235,7 @@ pub fn run(placer: &mut dyn Placer, trace: &Trace, setup: &Setup) -> Outcome {
         running: vec![0; backends],
         waiters: vec![Vec::new(); trace.names.len()],
         failing: failing_models(trace.names.len(), setup.failing),
+        end: trace.requests.last().map_or(0, |r| r.at_ms * 1000),
         out: Outcome {
             peak_committed: vec![0; backends],
             loads_per_backend: vec![0; backends],
@@ -214,6 +248,10 @@ pub fn run(placer: &mut dyn Placer, trace: &Trace, setup: &Setup) -> Outcome {
             let committed = placer.committed(backend);
             sim.out.peak_committed[backend] = sim.out.peak_committed[backend].max(committed);
         }
+    }
+    if let Some(scaling) = setup.scaling {
+        let first = scaling.every.as_micros() as Micros;
+        sim.events.push(Reverse((first, Event::Rebalance)));
     }
     for (index, request) in trace.requests.iter().enumerate() {
         let now = request.at_ms * 1000;
@@ -237,9 +275,16 @@ impl Sim<'_> {
             self.events.pop();
             match event {
                 Event::Release { backend, model } => placer.release(backend as usize, model, at),
+                Event::Rebalance => self.rebalance(placer, at),
                 Event::LoadDone { backend, model, ok } => {
                     let backend = backend as usize;
                     placer.finish_load(backend, model, ok, at);
+                    // A learned size may have grown the copy on the books, past capacity.
+                    let committed = placer.committed(backend);
+                    let peak = &mut self.out.peak_committed[backend];
+                    *peak = (*peak).max(committed);
+                    self.out.over_capacity_loads +=
+                        u64::from(ok && committed > self.setup.usable[backend]);
                     self.out.failed_loads += u64::from(!ok);
                     self.running[backend] -= 1;
                     if let Some(next) = self.queued[backend].pop_front() {
@@ -299,22 +344,11 @@ impl Sim<'_> {
                 evicted,
                 evicted_idle,
             } => {
-                self.out.loads += 1;
-                self.out.loads_per_backend[backend] += 1;
-                self.out.bytes_loaded += self.sizes[model as usize];
+                self.count_load(placer, backend, model);
                 self.out.evictions += evicted as u64;
                 self.out.evicted_idle += evicted_idle;
-                let committed = placer.committed(backend);
-                let peak = &mut self.out.peak_committed[backend];
-                *peak = (*peak).max(committed);
                 self.waiters[model as usize].push((arrived, failed));
-                if self.running[backend] < self.setup.max_loading {
-                    self.start_load(backend, model, now);
-                } else {
-                    self.queued[backend].push_back(model);
-                    self.out.peak_load_queue =
-                        self.out.peak_load_queue.max(self.queued[backend].len());
-                }
+                self.load_or_queue(backend, model, now);
             }
             Step::Refuse(why) => match why {
                 Refusal::Churn => self.out.refused_churn += 1,
@@ -322,6 +356,43 @@ impl Sim<'_> {
                 Refusal::LoadFailed => self.out.refused_failed += 1,
                 Refusal::Other => self.out.refused_other += 1,
             },
+        }
+    }
+
+    /// A rebalancing round: extra copies start loading (or queue for a slot), and the next
+    /// round is due while requests still come.
+    fn rebalance(&mut self, placer: &mut dyn Placer, now: Micros) {
+        for (backend, model) in placer.rebalance(now) {
+            self.out.extra_copies += 1;
+            self.count_load(placer, backend, model);
+            self.load_or_queue(backend, model, now);
+        }
+        let every = self
+            .setup
+            .scaling
+            .map_or(0, |s| s.every.as_micros() as Micros);
+        if every > 0 && now + every <= self.end {
+            self.events.push(Reverse((now + every, Event::Rebalance)));
+        }
+    }
+
+    /// Counts a load the placer has put on the books.
+    fn count_load(&mut self, placer: &dyn Placer, backend: usize, model: u32) {
+        self.out.loads += 1;
+        self.out.loads_per_backend[backend] += 1;
+        self.out.bytes_loaded += self.sizes[model as usize];
+        let committed = placer.committed(backend);
+        let peak = &mut self.out.peak_committed[backend];
+        *peak = (*peak).max(committed);
+    }
+
+    /// Starts a load in a free slot of the backend, or queues it for one.
+    fn load_or_queue(&mut self, backend: usize, model: u32, now: Micros) {
+        if self.running[backend] < self.setup.max_loading {
+            self.start_load(backend, model, now);
+        } else {
+            self.queued[backend].push_back(model);
+            self.out.peak_load_queue = self.out.peak_load_queue.max(self.queued[backend].len());
         }
     }
 

@@ -13,7 +13,7 @@ mod engine;
 mod policies;
 mod trace;
 
-pub use engine::{Outcome, Placer, Refusal, Setup, Step, run};
+pub use engine::{Outcome, Placer, Refusal, Scaling, Setup, Step, run};
 pub use policies::{Baseline, Real, Rule};
 pub use trace::{Request, Rng, Trace, Workload, generate, parse, to_csv};
 
@@ -129,6 +129,24 @@ pub struct Args {
     /// Failed loads one request waits on before it is refused (`placement.max_load_attempts`).
     #[arg(long, default_value_t = 3)]
     pub max_load_attempts: usize,
+    /// Learned sizes: estimate every model at SIZE until a load of it has succeeded, then at
+    /// its true size (as the gateway uses `default_model_size` until it has measured a
+    /// model). Default: the estimate is the true size from the start.
+    #[arg(long, value_name = "SIZE", value_parser = ByteSize::parse)]
+    pub estimate_before_load: Option<ByteSize>,
+    /// Extra copies: a model whose copies each serve more than this many requests per second
+    /// gets another (`placement.scale_up_rps`; the real table only). 0: one copy per model.
+    #[arg(long, default_value_t = 0.0)]
+    pub scale_up_rps: f64,
+    /// Copies per model at most (`placement.max_copies`).
+    #[arg(long, default_value_t = 2)]
+    pub max_copies: usize,
+    /// Extra copies idle this long go (`placement.scale_down_idle`).
+    #[arg(long, default_value = "300s", value_parser = HumanDuration::parse)]
+    pub scale_down_idle: HumanDuration,
+    /// How often copies are counted for scaling (`placement.rebalance_interval`).
+    #[arg(long, default_value = "1s", value_parser = HumanDuration::parse)]
+    pub rebalance_interval: HumanDuration,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -156,6 +174,10 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         (0.0..=1.0).contains(&args.failing),
         "--failing must be between 0 and 1"
+    );
+    anyhow::ensure!(
+        args.scale_up_rps <= 0.0 || !args.rebalance_interval.0.is_zero(),
+        "--rebalance-interval must be more than 0s"
     );
     let started = std::time::Instant::now();
     let trace = match &args.trace {
@@ -193,6 +215,13 @@ pub fn simulate(args: &Args) -> anyhow::Result<()> {
         pinned: args.pinned,
         failing: args.failing,
         max_attempts: args.max_load_attempts,
+        estimate_before_load: args.estimate_before_load.map(|b| b.bytes()),
+        scaling: (args.scale_up_rps > 0.0).then_some(Scaling {
+            up_rps: args.scale_up_rps,
+            max_copies: args.max_copies,
+            down_idle: args.scale_down_idle.0,
+            every: args.rebalance_interval.0,
+        }),
     };
     let rows = compare(&trace, &setup);
     if args.json {
@@ -348,6 +377,20 @@ fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration)
             setup.max_attempts
         );
     }
+    if let Some(bytes) = setup.estimate_before_load {
+        let _ = writeln!(
+            out,
+            "learned sizes: every model estimated at {} until a load of it succeeds\n",
+            human(bytes)
+        );
+    }
+    if let Some(scaling) = setup.scaling {
+        let _ = writeln!(
+            out,
+            "extra copies (infergate rows): above {} requests/s per copy, up to {} copies, idle ones go after {:?}\n",
+            scaling.up_rps, scaling.max_copies, scaling.down_idle
+        );
+    }
     let _ = writeln!(
         out,
         "| policy | hit ratio | large models | cold misses | loads | loaded | evictions | mean evicted idle | refused (churn / no room / load failed) | cold wait mean / p99 | peak committed max / sum | wall |"
@@ -401,6 +444,15 @@ fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration)
         if real.failed_loads > 0 {
             parts.push(format!("{} failed loads", real.failed_loads));
         }
+        if real.extra_copies > 0 {
+            parts.push(format!("{} extra copies loaded", real.extra_copies));
+        }
+        if real.over_capacity_loads > 0 {
+            parts.push(format!(
+                "{} loads over capacity once their size was learned",
+                real.over_capacity_loads
+            ));
+        }
         let _ = writeln!(out, "{name}: {}", parts.join("; "));
     }
     out
@@ -442,6 +494,8 @@ fn json_report(
                 "peak_committed_sum_bytes": o.peak_committed.iter().sum::<u64>(),
                 "loads_per_backend": o.loads_per_backend,
                 "peak_load_queue": o.peak_load_queue,
+                "extra_copies": o.extra_copies,
+                "over_capacity_loads": o.over_capacity_loads,
                 "wall_seconds": row.wall.as_secs_f64(),
             })
         })
@@ -464,6 +518,8 @@ fn json_report(
             "load_per_gib_seconds": setup.load_per_gib.as_secs_f64(),
             "service_seconds": setup.service.as_secs_f64(),
             "max_loading": setup.max_loading,
+            "estimate_before_load_bytes": setup.estimate_before_load,
+            "scale_up_rps": setup.scaling.map(|s| s.up_rps),
         },
         "policies": policies,
     })
@@ -486,6 +542,8 @@ mod tests {
             pinned: 0,
             failing: 0.0,
             max_attempts: 3,
+            estimate_before_load: None,
+            scaling: None,
         }
     }
 
@@ -643,19 +701,115 @@ mod tests {
     /// Without its churn guard the real table follows the same rule as the
     /// "LRU, oldest instance" baseline, so on any trace the two must agree request for
     /// request: a check of the adapter, the event loop and the baseline at once.
+    ///
+    /// The same holds with learned sizes, whether the estimate before the first load is too
+    /// small or too large: both learn a model's true size when its first load succeeds.
     #[test]
     fn real_table_without_churn_guard_matches_its_baseline_exactly() {
         let trace = small_workload();
-        let setup = setup(&[4096, 4096, 4096, 3072], Duration::ZERO);
-        let rows = compare(&trace, &setup);
-        let (real, twin) = (
-            row(&rows, "infergate, lru"),
-            row(&rows, "LRU, oldest instance"),
+        for estimate_before_load in [None, Some(64 * MIB), Some(1024 * MIB)] {
+            let setup = Setup {
+                estimate_before_load,
+                ..setup(&[4096, 4096, 4096, 3072], Duration::ZERO)
+            };
+            let rows = compare(&trace, &setup);
+            let (real, twin) = (
+                row(&rows, "infergate, lru"),
+                row(&rows, "LRU, oldest instance"),
+            );
+            assert_eq!(summary(real), summary(twin), "{estimate_before_load:?}");
+            assert_eq!(real.cold_waits_ms, twin.cold_waits_ms);
+            assert_eq!(real.peak_committed, twin.peak_committed);
+            assert_eq!(real.refusals(), twin.refusals());
+            assert!(real.evictions > 1000, "the trace must exercise eviction");
+        }
+    }
+
+    /// Learned sizes: a and b are 60 MiB each, on one backend of 100 MiB, both asked for at
+    /// once. Exactly sized, b finds a loading (never evicted) and is refused. Estimated at
+    /// 10 MiB until loaded, both fit by their estimates and load side by side: the books then
+    /// learn 120 MiB, over capacity, which a real GPU would not hold (the gateway's answer
+    /// is the estimate raised after an out-of-memory load). c, asked for later, is placed
+    /// by its estimate again and evicts a, the least recently used; a's next request is
+    /// placed by its true size and evicts b. The books, over capacity, count no room at all,
+    /// so that eviction frees 60 MiB where 80 would be needed: they stay at 120 MiB.
+    #[test]
+    fn a_wrong_estimate_holds_until_the_first_load_then_the_true_size() {
+        let trace = parse(
+            "0,a\n0,b\n5000,c\n10000,a\n",
+            Some("a,60MiB\nb,60MiB\nc,60MiB\n"),
+            1,
+        )
+        .unwrap();
+        let exact = compare(&trace, &setup(&[100], Duration::ZERO));
+        let learned = compare(
+            &trace,
+            &Setup {
+                estimate_before_load: Some(10 * MIB),
+                ..setup(&[100], Duration::ZERO)
+            },
         );
-        assert_eq!(summary(real), summary(twin));
-        assert_eq!(real.cold_waits_ms, twin.cold_waits_ms);
-        assert_eq!(real.peak_committed, twin.peak_committed);
-        assert!(real.evictions > 1000, "the trace must exercise eviction");
+        for (exact, learned) in exact.iter().zip(&learned) {
+            let (e, l) = (&exact.outcome, &learned.outcome);
+            assert_eq!((e.refused_no_room, e.loads), (1, 3), "{}", exact.policy);
+            assert_eq!(e.peak_committed, [60 * MIB], "{}", exact.policy);
+            // Belady gives up b, never needed again, and a stays.
+            let (loads, evictions) = if learned.policy == "Belady" {
+                (3, 1)
+            } else {
+                (4, 2)
+            };
+            assert_eq!(l.refusals(), 0, "{}", learned.policy);
+            assert_eq!(
+                (l.loads, l.evictions),
+                (loads, evictions),
+                "{}",
+                learned.policy
+            );
+            assert_eq!(l.peak_committed, [120 * MIB], "{}", learned.policy);
+            assert_eq!(e.over_capacity_loads, 0, "{}", exact.policy);
+            assert!(l.over_capacity_loads >= 2, "{}", learned.policy);
+        }
+    }
+
+    /// Extra copies: a is asked for 20 times a second for 10 s (four requests at once, five
+    /// times a second) on two backends. Above 5 requests/s per copy, the second rebalancing
+    /// round (the first has no earlier count to compare) gives it a second copy on the other
+    /// backend, and requests spread over both: a request goes to the copy with the fewest
+    /// in flight. Once a is idle for 2 s the extra copy goes (b's requests keep the rounds
+    /// going): one copy of a is left. The baselines keep one copy per model.
+    #[test]
+    fn a_busy_model_gets_an_extra_copy_that_goes_when_idle() {
+        let mut csv = String::new();
+        for i in 0..200u64 {
+            csv += &format!("{},a\n", 200 * (i / 4));
+        }
+        for i in 0..10u64 {
+            csv += &format!("{},b\n", 12_000 + 1000 * i);
+        }
+        let trace = parse(&csv, Some("a,40MiB\nb,40MiB\n"), 1).unwrap();
+        let setup = Setup {
+            scaling: Some(Scaling {
+                up_rps: 5.0,
+                max_copies: 2,
+                down_idle: Duration::from_secs(2),
+                every: Duration::from_secs(1),
+            }),
+            ..setup(&[100, 100], Duration::ZERO)
+        };
+        let mut real = Real::new(&trace, &setup, EvictionPolicy::Lru);
+        let o = run(&mut real, &trace, &setup);
+        assert_eq!((o.extra_copies, o.loads), (1, 3));
+        assert_eq!(o.refusals(), 0);
+        let placed: Vec<String> = real.placed().concat();
+        assert_eq!(
+            placed.iter().filter(|m| *m == "a").count(),
+            1,
+            "the extra copy went: {placed:?}"
+        );
+        let rows = compare(&trace, &setup);
+        assert_eq!(row(&rows, "plain LRU").extra_copies, 0);
+        assert_eq!(row(&rows, "LRU, oldest instance").loads, 2);
     }
 
     /// One backend with room for three 30 MiB models. h1 and h2 are each used ten times,

@@ -8,7 +8,7 @@ use infergate::internals::{
     BackendView, Decision, Estimate, EvictionOrder, EvictionPolicy, GatewayError, ModelRef, Policy,
     SizeSource, Table,
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -18,6 +18,12 @@ pub struct Real {
     table: Table,
     models: Vec<ModelRef>,
     sizes: Vec<u64>,
+    /// Whether a load of each model has succeeded: its size is known (`Setup::estimate_before_load`).
+    learned: Vec<bool>,
+    /// Each model's index, by name (the books name models).
+    index: HashMap<String, u32>,
+    /// Requests each model's copies had served at the last rebalancing round.
+    last_served: HashMap<String, u64>,
     view: Vec<BackendView>,
     base: Instant,
     setup: Setup,
@@ -41,6 +47,11 @@ impl Real {
                 .map(|name| ModelRef::new(name.clone(), None))
                 .collect(),
             sizes: trace.sizes.clone(),
+            learned: vec![false; trace.names.len()],
+            index: (trace.names.iter().enumerate())
+                .map(|(i, name)| (name.clone(), i as u32))
+                .collect(),
+            last_served: HashMap::new(),
             view: vec![
                 BackendView {
                     ready: true,
@@ -72,14 +83,52 @@ impl Real {
     fn at(&self, now: Micros) -> Instant {
         self.base + Duration::from_micros(now)
     }
+
+    /// What the gateway would estimate the model at now.
+    fn estimate(&self, model: u32) -> Estimate {
+        estimate(&self.setup, &self.learned, &self.sizes, model)
+    }
+
+    /// A load of the model succeeded on `backend`: from now on its size is known, and the
+    /// copy on the books takes it, as `Placement::measured_load` resizes it before
+    /// `finish_load`.
+    fn learn(&mut self, backend: usize, model: u32) {
+        let m = model as usize;
+        if self.learned[m] {
+            return;
+        }
+        self.learned[m] = true;
+        if self.setup.estimate_before_load.is_some() {
+            let estimate = self.estimate(model);
+            let name = &self.models[m].name;
+            self.table.resize(backend, name, estimate);
+        }
+    }
+}
+
+/// The estimate of a model, as the gateway makes it: its true size once a load has
+/// measured it, `Setup::estimate_before_load` until then (when set).
+fn estimate(setup: &Setup, learned: &[bool], sizes: &[u64], model: u32) -> Estimate {
+    let m = model as usize;
+    match setup.estimate_before_load {
+        Some(bytes) if !learned[m] => Estimate {
+            bytes,
+            source: SizeSource::Default,
+        },
+        Some(_) => Estimate {
+            bytes: sizes[m],
+            source: SizeSource::Learned,
+        },
+        None => Estimate {
+            bytes: sizes[m],
+            source: SizeSource::Config,
+        },
+    }
 }
 
 impl Placer for Real {
     fn decide(&mut self, model: u32, now: Micros) -> Step {
-        let estimate = Estimate {
-            bytes: self.sizes[model as usize],
-            source: SizeSource::Config,
-        };
+        let estimate = self.estimate(model);
         let now = self.at(now);
         let decision = self.table.decide(
             &self.models[model as usize],
@@ -115,6 +164,9 @@ impl Placer for Real {
 
     fn finish_load(&mut self, backend: usize, model: u32, ok: bool, now: Micros) {
         let now = self.at(now);
+        if ok {
+            self.learn(backend, model);
+        }
         let name = &self.models[model as usize].name;
         let outcome = if ok {
             // As `run_load` does: the load's own time (the slot wait is not the model's cost).
@@ -131,21 +183,19 @@ impl Placer for Real {
     /// As `Placement::warm_up` places a `min_copies` model: a pinned copy, evicting if need
     /// be, ready at once.
     fn pin(&mut self, model: u32) -> Option<usize> {
-        let estimate = Estimate {
-            bytes: self.sizes[model as usize],
-            source: SizeSource::Config,
-        };
+        let estimate = self.estimate(model);
         let now = self.at(0);
-        let model = &self.models[model as usize];
-        let decision = (self.table).decide(model, &estimate.into(), &self.view, true, true, now);
+        let name = &self.models[model as usize];
+        let decision = (self.table).decide(name, &estimate.into(), &self.view, true, true, now);
         let Decision::Load(plan) = decision else {
             return None;
         };
         for victim in &plan.evict {
             self.table.departed(plan.backend, &victim.model, now);
         }
-        self.table
-            .finish_load(plan.backend, &model.name, &Ok(()), now);
+        self.learn(plan.backend, model);
+        let name = &self.models[model as usize].name;
+        self.table.finish_load(plan.backend, name, &Ok(()), now);
         Some(plan.backend)
     }
 
@@ -158,6 +208,50 @@ impl Placer for Real {
 
     fn committed(&self, backend: usize) -> u64 {
         self.table.backends()[backend].committed
+    }
+
+    /// As `Placement::rebalance`: a model whose copies each served more than `up_rps` since
+    /// the last round gets another copy, in free space, up to `max_copies`; extra copies
+    /// idle for `down_idle` go (at once: unloads are instant here).
+    fn rebalance(&mut self, now: Micros) -> Vec<(usize, u32)> {
+        let Some(scaling) = self.setup.scaling else {
+            return Vec::new();
+        };
+        let now = self.at(now);
+        let seconds = scaling.every.as_secs_f64();
+        let demand = self.table.demand();
+        let mut hot = Vec::new();
+        for (name, &(copies, served)) in &demand {
+            let previous = self
+                .last_served
+                .insert(name.clone(), served)
+                .unwrap_or(served);
+            let rate = served.saturating_sub(previous) as f64 / seconds / copies as f64;
+            if rate > scaling.up_rps && copies < scaling.max_copies {
+                hot.push(self.index[name]);
+            }
+        }
+        self.last_served.retain(|name, _| demand.contains_key(name));
+        // The books' map has no order; the replay must not depend on it.
+        hot.sort_unstable();
+        let mut loads = Vec::new();
+        for model in hot {
+            let sizing = self.estimate(model).into();
+            let name = &self.models[model as usize].name;
+            if let Some(plan) = self
+                .table
+                .plan_extra_copy(name, &sizing, &self.view, false, now)
+            {
+                loads.push((plan.backend, model));
+            }
+        }
+        let idle = self
+            .table
+            .take_idle_extra_copies(scaling.down_idle, &|_| 1, now);
+        for (backend, name) in idle {
+            self.table.departed(backend, &name, now);
+        }
+        loads
     }
 }
 
@@ -193,6 +287,12 @@ pub struct Baseline {
     evictable: Vec<BTreeSet<(u64, u32)>>,
     in_flight: Vec<usize>,
     sizes: Vec<u64>,
+    /// Bytes each model's copy counts on the books: its estimate when it was placed, its
+    /// true size once loaded.
+    copy_size: Vec<u64>,
+    /// Whether a load of each model has succeeded (`Setup::estimate_before_load`).
+    learned: Vec<bool>,
+    setup: Setup,
     /// Backend holding each model, or `NOT_PLACED` (one copy per model, as the real table).
     placed: Vec<u32>,
     loading: Vec<bool>,
@@ -232,6 +332,9 @@ impl Baseline {
             evictable: vec![BTreeSet::new(); backends],
             in_flight: vec![0; backends],
             sizes: trace.sizes.clone(),
+            copy_size: vec![0; n],
+            learned: vec![false; n],
+            setup: setup.clone(),
             placed: vec![NOT_PLACED; n],
             loading: vec![false; n],
             copy_in_flight: vec![0; n],
@@ -257,15 +360,35 @@ impl Baseline {
         }
         let priority = self.priority(model);
         self.evictable[backend].insert((priority, model));
-        self.evictable_bytes[backend] += self.sizes[model as usize];
+        self.evictable_bytes[backend] += self.copy_size[model as usize];
         self.filed[model as usize] = Some(priority);
     }
 
     fn unfile(&mut self, backend: usize, model: u32) {
         if let Some(priority) = self.filed[model as usize].take() {
             self.evictable[backend].remove(&(priority, model));
-            self.evictable_bytes[backend] -= self.sizes[model as usize];
+            self.evictable_bytes[backend] -= self.copy_size[model as usize];
         }
+    }
+
+    /// The model's estimate now (see `estimate`).
+    fn estimate(&self, model: u32) -> u64 {
+        estimate(&self.setup, &self.learned, &self.sizes, model).bytes
+    }
+
+    /// Takes an evictable copy off its backend.
+    fn evict(&mut self, backend: usize, victim: u32) {
+        self.unfile(backend, victim);
+        self.placed[victim as usize] = NOT_PLACED;
+        self.committed[backend] -= self.copy_size[victim as usize];
+    }
+
+    /// A load of the model succeeded: its copy counts its true size from now on.
+    fn learn(&mut self, backend: usize, model: u32) {
+        let m = model as usize;
+        self.learned[m] = true;
+        self.committed[backend] = self.committed[backend] - self.copy_size[m] + self.sizes[m];
+        self.copy_size[m] = self.sizes[m];
     }
 
     fn free(&self, backend: usize) -> u64 {
@@ -315,7 +438,7 @@ impl Baseline {
             if free >= size {
                 break;
             }
-            free += self.sizes[model as usize];
+            free += self.copy_size[model as usize];
             chosen.push(model);
         }
         (chosen, free)
@@ -347,20 +470,19 @@ impl Placer for Baseline {
             self.in_flight[backend] += 1;
             return Step::Serve(backend);
         }
-        let size = self.sizes[m];
+        let size = self.estimate(model);
         let Some((backend, victims)) = self.choose(size) else {
             return Step::Refuse(Refusal::NoRoom);
         };
         let mut evicted_idle = Duration::ZERO;
         for &victim in &victims {
-            self.unfile(backend, victim);
-            self.placed[victim as usize] = NOT_PLACED;
-            self.committed[backend] -= self.sizes[victim as usize];
+            self.evict(backend, victim);
             evicted_idle += Duration::from_micros(now - self.last_used[victim as usize]);
         }
         self.placed[m] = backend as u32;
         self.loading[m] = true;
         self.last_used[m] = now;
+        self.copy_size[m] = size;
         self.committed[backend] += size;
         Step::Load {
             backend,
@@ -375,9 +497,10 @@ impl Placer for Baseline {
         if !ok {
             // Gone, and tried again by the next request that wants it: no backoff.
             self.placed[m] = NOT_PLACED;
-            self.committed[backend] -= self.sizes[m];
+            self.committed[backend] -= self.copy_size[m];
             return;
         }
+        self.learn(backend, model);
         self.last_used[m] = now;
         if self.copy_in_flight[m] == 0 {
             self.file(backend, model);
@@ -386,15 +509,16 @@ impl Placer for Baseline {
 
     fn pin(&mut self, model: u32) -> Option<usize> {
         let m = model as usize;
-        let (backend, victims) = self.choose(self.sizes[m])?;
+        let size = self.estimate(model);
+        let (backend, victims) = self.choose(size)?;
         for &victim in &victims {
-            self.unfile(backend, victim);
-            self.placed[victim as usize] = NOT_PLACED;
-            self.committed[backend] -= self.sizes[victim as usize];
+            self.evict(backend, victim);
         }
         self.pinned[m] = true;
         self.placed[m] = backend as u32;
-        self.committed[backend] += self.sizes[m];
+        self.copy_size[m] = size;
+        self.committed[backend] += size;
+        self.learn(backend, model);
         Some(backend)
     }
 

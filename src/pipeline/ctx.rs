@@ -116,16 +116,16 @@ impl RequestCtx {
     }
 
     /// A backend call given only what was left of the client's deadline ends with the
-    /// gateway's own timer at about the moment the deadline passes. When the deadline has
-    /// passed, it is the client's deadline, not a slow backend: answered and counted as
+    /// gateway's own timer at about the moment the deadline passes, and a wait for room
+    /// (`placement.room_wait`) ends there at the latest. When the deadline has passed, it is
+    /// the client's deadline, not a slow backend or a full pool: answered and counted as
     /// `deadline_exceeded`, and not counted by route guards.
     pub fn deadline_passed(&self, error: GatewayError) -> GatewayError {
         match (error, self.deadline) {
-            (GatewayError::UpstreamTimeout { .. }, Some(deadline))
-                if Instant::now() >= deadline =>
-            {
-                self.deadline_exceeded(deadline)
-            }
+            (
+                GatewayError::UpstreamTimeout { .. } | GatewayError::NoRoom { .. },
+                Some(deadline),
+            ) if Instant::now() >= deadline => self.deadline_exceeded(deadline),
             (error, _) => error,
         }
     }

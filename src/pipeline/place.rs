@@ -13,7 +13,7 @@ pub async fn place(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
     let placement = ctx.gateway.placement();
     let placed = if ctx.ask.loads() {
         placement
-            .acquire_in(&routed.target, ctx.sequence.as_ref())
+            .acquire_in(&routed.target, ctx.sequence.as_ref(), ctx.deadline)
             .await
     } else {
         placement.lease_loaded(&routed.target, ctx.ask)
@@ -27,6 +27,8 @@ pub async fn place(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
             Ok(())
         }
         Err(error) => {
+            // A wait for room the client's deadline ended is the client's deadline.
+            let error = ctx.deadline_passed(error);
             finish::settle(ctx, error.fails_target());
             Err(error)
         }

@@ -1,7 +1,8 @@
 //! How much memory a model will take once loaded.
 //!
-//! In order: an explicit `size` from `[[models]]`; else the size learned from the backend's
-//! memory metric when it was last loaded; else its size on disk (config plus the version
+//! In order: an explicit `size` from `[[models]]`; else the size learned when it was last
+//! loaded (what Triton's statistics report in `memory_usage`, else the rise of the backend's
+//! memory metric), or raised after a load that failed for lack of memory; else its size on disk (config plus the version
 //! directories loaded: the newest one for "latest") times `size_multiplier`, as KServe
 //! ModelMesh does; else `default_model_size`. The first three are per version: a copy
 //! serving two versions counts twice. Disk sizes are read once per version directory and
@@ -22,6 +23,10 @@ pub enum SizeSource {
     Config,
     /// The rise of the backend's memory metric when it was loaded.
     Learned,
+    /// What Triton reported in the model's statistics (`memory_usage`) after it was loaded.
+    Reported,
+    /// Raised after a load failed for lack of memory: the estimate was too small.
+    LearnedFromFailure,
     /// Bytes on disk × multiplier.
     Disk,
     /// `placement.default_model_size`.
@@ -130,7 +135,8 @@ pub struct Estimator {
     default: u64,
     /// Models found on disk (only those), as last read.
     disk: Mutex<HashMap<String, Arc<OnDisk>>>,
-    learned: Mutex<HashMap<String, u64>>,
+    /// Sizes per version learned from loads, and how.
+    learned: Mutex<HashMap<String, (u64, SizeSource)>>,
 }
 
 impl Estimator {
@@ -153,16 +159,45 @@ impl Estimator {
     /// version (unless config names one), so a small file that fills a GPU is counted as what
     /// it fills.
     pub fn learn(&self, model: &str, bytes: u64) {
+        self.learn_from(model, bytes, SizeSource::Learned);
+    }
+
+    /// `learn`, saying how the size was found (`Learned`, `Reported`, `LearnedFromFailure`).
+    pub fn learn_from(&self, model: &str, bytes: u64, source: SizeSource) {
         self.learned
             .lock()
             .expect("estimator lock")
-            .insert(model.to_string(), bytes);
+            .insert(model.to_string(), (bytes, source));
     }
 
     /// Every learned size per version, by model (for sharing them across replicas).
     pub fn learned(&self) -> Vec<(String, u64)> {
         let learned = self.learned.lock().expect("estimator lock");
-        learned.iter().map(|(m, b)| (m.clone(), *b)).collect()
+        learned.iter().map(|(m, (b, _))| (m.clone(), *b)).collect()
+    }
+
+    /// After a load of `versions` failed for lack of memory: the model's estimate was too
+    /// small, so it is doubled, up to `largest` (the largest backend's usable bytes), and the
+    /// next decision places it where that much fits. `None` when the estimate cannot rise:
+    /// config names the size (the operator's word stands), or it is `largest` already.
+    pub fn raise_after_out_of_memory(
+        &self,
+        model: &str,
+        versions: &Versions,
+        largest: u64,
+    ) -> Option<Estimate> {
+        let sizing = self.sizing(model);
+        if sizing.source == SizeSource::Config {
+            return None;
+        }
+        let before = sizing.estimate(versions).bytes;
+        let raised = before.saturating_mul(2).min(largest);
+        if raised <= before {
+            return None;
+        }
+        let count = versions.resolve(sizing.newest()).len().max(1) as u64;
+        self.learn_from(model, raised / count, SizeSource::LearnedFromFailure);
+        Some(self.sizing(model).estimate(versions))
     }
 
     /// The estimate for the model's default version (one copy as a plain load makes it).
@@ -189,7 +224,7 @@ impl Estimator {
             .copied();
         let (source, per_version) = match (explicit, learned, &disk) {
             (Some(bytes), _, _) => (SizeSource::Config, bytes),
-            (None, Some(bytes), _) => (SizeSource::Learned, bytes),
+            (None, Some((bytes, source)), _) => (source, bytes),
             (None, None, Some(_)) => (SizeSource::Disk, 0),
             (None, None, None) => (SizeSource::Default, self.default),
         };
@@ -242,6 +277,77 @@ impl Estimator {
             multiplier: self.multiplier,
         }
     }
+}
+
+/// Whether a load failure's message says the backend ran out of memory, in the words the
+/// frameworks behind Triton use: CUDA and PyTorch ("out of memory", `CUDA_ERROR_OUT_OF_MEMORY`,
+/// `OutOfMemoryError`), TensorFlow ("OOM when allocating"), ONNX Runtime ("Failed to
+/// allocate memory"), TensorRT ("could not be allocated"), Python and NumPy (`MemoryError`,
+/// "Unable to allocate"), C++ (`std::bad_alloc`). Such a load may succeed where more fits.
+pub fn is_out_of_memory(reason: &str) -> bool {
+    const SAYINGS: [&str; 10] = [
+        "out of memory",
+        "out_of_memory",
+        "outofmemory",
+        "failed to allocate",
+        "unable to allocate",
+        "could not be allocated",
+        "cannot allocate memory",
+        "memoryerror",
+        "bad_alloc",
+        "not enough memory",
+    ];
+    let lower = reason.to_ascii_lowercase();
+    SAYINGS.iter().any(|s| lower.contains(s))
+        || lower
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|word| word == "oom")
+}
+
+/// The bytes per version that a statistics answer (`GET /v2/models/{m}/stats`) reports for
+/// `model` in `memory_usage` (Triton 2.35 and later), counting the kind of memory the
+/// backend's capacity is measured in: GPU memory when `memory_metric` is a GPU metric, else
+/// CPU and pinned CPU memory. Versions that report nothing are left out: backends that do
+/// not measure themselves (the python backend) send `"memory_usage": []`.
+pub fn reported_sizes(
+    answer: &serde_json::Value,
+    model: &str,
+    memory_metric: &str,
+) -> BTreeMap<u64, u64> {
+    let gpu = memory_metric.contains("gpu");
+    let counted = |kind: &str| {
+        if gpu {
+            kind == "GPU"
+        } else {
+            kind == "CPU" || kind == "CPU_PINNED"
+        }
+    };
+    let number = |value: &serde_json::Value| {
+        value
+            .as_u64()
+            .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
+    };
+    let mut sizes = BTreeMap::new();
+    let stats = answer["model_stats"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    for stat in stats.iter().filter(|s| s["name"] == model) {
+        let Some(version) = stat["version"].as_str().and_then(|v| v.parse().ok()) else {
+            continue;
+        };
+        let usage = stat["memory_usage"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice);
+        let bytes: u64 = usage
+            .iter()
+            .filter(|u| u["type"].as_str().is_some_and(counted))
+            .filter_map(|u| number(&u["byte_size"]))
+            .sum();
+        if bytes > 0 {
+            *sizes.entry(version).or_insert(0) += bytes;
+        }
+    }
+    sizes
 }
 
 /// The model's directory: config.pbtxt's size and each numbered version directory's (those
@@ -388,5 +494,103 @@ mod tests {
         estimator.learn("sized", 1);
         assert_eq!(estimator.estimate("sized").source, SizeSource::Config);
         assert_eq!(estimator.estimate("../etc").source, SizeSource::Default);
+    }
+
+    /// An answer as Triton 2.51 writes it (`GET /v2/models/onnx_model/stats`), for a model
+    /// with two versions on a GPU backend that measures itself, and another model beside it.
+    const STATS: &str = r#"{"model_stats":[
+        {"name":"onnx_model","version":"1","last_inference":0,"inference_count":0,
+         "execution_count":0,"inference_stats":{"success":{"count":0,"ns":0}},
+         "response_stats":{},"batch_stats":[],
+         "memory_usage":[{"type":"GPU","id":0,"byte_size":1073741824},
+                         {"type":"CPU","id":0,"byte_size":4096},
+                         {"type":"GPU","id":1,"byte_size":"1024"}]},
+        {"name":"onnx_model","version":"2","memory_usage":[{"type":"GPU","id":0,"byte_size":2147483648}]},
+        {"name":"onnx_model","version":"3","memory_usage":[]},
+        {"name":"other","version":"1","memory_usage":[{"type":"GPU","id":0,"byte_size":7}]}
+    ]}"#;
+
+    #[test]
+    fn statistics_memory_usage_is_read_per_version_for_the_metrics_kind_of_memory() {
+        let answer: serde_json::Value = serde_json::from_str(STATS).unwrap();
+        let gpu = reported_sizes(&answer, "onnx_model", "nv_gpu_memory_used_bytes");
+        assert_eq!(gpu, BTreeMap::from([(1, (1 << 30) + 1024), (2, 2 << 30)]));
+        let cpu = reported_sizes(&answer, "onnx_model", "nv_cpu_memory_used_bytes");
+        assert_eq!(cpu, BTreeMap::from([(1, 4096)]));
+        // The python backend reports nothing: nothing is learned from it.
+        let python: serde_json::Value = serde_json::from_str(
+            r#"{"model_stats":[{"name":"add_sub","version":"1","memory_usage":[]}]}"#,
+        )
+        .unwrap();
+        assert!(reported_sizes(&python, "add_sub", "nv_gpu_memory_used_bytes").is_empty());
+        assert!(reported_sizes(&serde_json::json!({}), "m", "x").is_empty());
+    }
+
+    #[test]
+    fn out_of_memory_is_told_by_the_frameworks_words() {
+        let oom = [
+            // The python backend, as Triton 2.51 words a MemoryError raised in initialize.
+            "load failed for model 'm': version 1 is at UNAVAILABLE state: Internal: MemoryError: Unable to allocate 1.00 PiB for an array with shape (1125899906842624,) and data type uint8",
+            "Internal: onnx runtime error 6: Exception during initialization: bfc_arena.cc:368 Failed to allocate memory for requested buffer of size 268435456",
+            "failed to allocate 4.00G (4294967296 bytes) from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",
+            "OOM when allocating tensor with shape[1024,1024]",
+            "Requested amount of GPU memory (2359296 bytes) could not be allocated.",
+            "std::bad_alloc",
+        ];
+        for message in oom {
+            assert!(is_out_of_memory(message), "{message}");
+        }
+        let other = [
+            "load failed for model 'failing_model': version 1 is at UNAVAILABLE state: Internal: RuntimeError: failing_model: initialize always fails (test fixture)",
+            "no room for the model in the zoom room",
+            "failed to open model file",
+        ];
+        for message in other {
+            assert!(!is_out_of_memory(message), "{message}");
+        }
+    }
+
+    #[test]
+    fn an_out_of_memory_failure_doubles_the_estimate_up_to_the_largest_backend() {
+        let placement = config::Placement {
+            default_model_size: config::ByteSize(1 << 30),
+            ..Default::default()
+        };
+        let models = [config::Model {
+            name: "sized".into(),
+            size: Some(config::ByteSize(1 << 30)),
+            min_copies: 0,
+            max_copies: None,
+            preload: false,
+            keep: false,
+            cost_weight: None,
+        }];
+        let estimator = Estimator::new(&placement, &models);
+        let latest = Versions::latest();
+        let raised = estimator.raise_after_out_of_memory("m", &latest, 3 << 30);
+        let expected = Estimate {
+            bytes: 2 << 30,
+            source: SizeSource::LearnedFromFailure,
+        };
+        assert_eq!(raised, Some(expected));
+        assert_eq!(estimator.estimate("m"), expected);
+        // Bounded by the largest backend, and no further once there.
+        let raised = estimator.raise_after_out_of_memory("m", &latest, 3 << 30);
+        assert_eq!(raised.map(|e| e.bytes), Some(3 << 30));
+        assert_eq!(
+            estimator.raise_after_out_of_memory("m", &latest, 3 << 30),
+            None
+        );
+        // A size config names stays.
+        assert_eq!(
+            estimator.raise_after_out_of_memory("sized", &latest, 8 << 30),
+            None
+        );
+        assert_eq!(estimator.estimate("sized").source, SizeSource::Config);
+        // A later measurement replaces it.
+        estimator.learn_from("m", 5, SizeSource::Reported);
+        assert_eq!(estimator.estimate("m").bytes, 5);
+        assert_eq!(estimator.estimate("m").source, SizeSource::Reported);
     }
 }

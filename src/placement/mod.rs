@@ -21,7 +21,7 @@ mod versions;
 
 // The books and the eviction order are internal: the simulator and the benches reach them
 // through `crate::internals`.
-use estimate::{Estimator, Sizing};
+use estimate::{Estimator, SizeSource, Sizing};
 pub use load_queue::{LoadQueue, Priority};
 pub use model_config::check_override;
 use policy::{EvictionOrder, ModelWeight};
@@ -238,18 +238,21 @@ impl Placement {
 
     /// Finds (or makes) a ready copy of the model and leases it.
     pub async fn acquire(self: &Arc<Self>, model: &ModelRef) -> Result<Lease, GatewayError> {
-        self.acquire_with(model, None, true).await
+        self.acquire_with(model, None, true, None).await
     }
 
     /// `acquire` for a request that may belong to a sequence: a later request of a live
     /// sequence gets the copy that saw it start (or `GatewayError::SequenceLost`), a start
-    /// binds its sequence to the copy it gets (`sequences`).
+    /// binds its sequence to the copy it gets (`sequences`). A wait for room ends by the
+    /// client's `deadline` at the latest (`NoRoom`, which the pipeline words as the
+    /// deadline's error once it has passed).
     pub async fn acquire_in(
         self: &Arc<Self>,
         model: &ModelRef,
         sequence: Option<&SequenceRef>,
+        deadline: Option<Instant>,
     ) -> Result<Lease, GatewayError> {
-        self.acquire_with(model, sequence, true).await
+        self.acquire_with(model, sequence, true, deadline).await
     }
 
     /// Whether requests for the model may belong to sequences: true for a model with
@@ -284,6 +287,7 @@ impl Placement {
         model: &ModelRef,
         sequence: Option<&SequenceRef>,
         allow_evict: bool,
+        deadline: Option<Instant>,
     ) -> Result<Lease, GatewayError> {
         let mut attempts = 0;
         let mut cold_since: Option<Instant> = None;
@@ -316,10 +320,14 @@ impl Placement {
                     });
                 }
                 Decision::Refuse(error @ GatewayError::NoRoom { .. }) => {
-                    // Waits up to `room_wait` in all, however many times it is refused.
-                    let until = *room_until.get_or_insert_with(|| Instant::now() + self.room_wait);
+                    // Waits up to `room_wait` in all, however many times it is refused, and
+                    // never past the client's deadline.
+                    let until = *room_until.get_or_insert_with(|| {
+                        let waited = Instant::now() + self.room_wait;
+                        deadline.map_or(waited, |deadline| deadline.min(waited))
+                    });
                     handed = self
-                        .wait_for_room(model, sequence, allow_evict, until)
+                        .wait_for_room(model, sequence, allow_evict, (until, deadline))
                         .await;
                     if handed.is_none() {
                         return Err(error);
@@ -516,9 +524,12 @@ impl Placement {
         }
     }
 
-    /// Loads, and where the backend reports memory and no other load ran beside this one,
-    /// learns the model's size per version from the rise of the memory metric (new copies
-    /// only: a reload's rise is a part of the model, and its old versions go meanwhile).
+    /// Loads, and learns the model's size per version: what Triton's statistics report in
+    /// `memory_usage`, where the backend measures the model; else, where the backend reports
+    /// memory and no other load ran beside this one, the rise of the memory metric (new
+    /// copies only: a reload's rise is a part of the model, and its old versions go
+    /// meanwhile). A load that failed for lack of memory raises the estimate before anyone
+    /// decides again, so the retry goes where the larger size fits.
     async fn measured_load(&self, plan: &LoadPlan, backend: &Arc<Backend>) -> Result<(), Arc<str>> {
         let model = plan.model.as_str();
         let running = &backend.loads_running;
@@ -531,22 +542,79 @@ impl Placement {
         };
         let outcome = self.load_on(backend, plan).await;
         let alone_at_end = running.load(Ordering::Acquire) == 1;
-        if outcome.is_ok()
-            && alone_at_end
-            && let Some(before) = before
-            && let Some(after) =
-                metrics_scrape::read_sum(backend, &self.memory_metric, timeout).await
-            && after > before
-        {
-            let bytes = (after - before) as u64;
-            let per_version = bytes / plan.serving.len().max(1) as u64;
-            self.estimator.learn(model, per_version);
+        let learned = match &outcome {
+            Ok(()) => match self.reported_size(backend, plan).await {
+                Some(per_version) => Some((per_version, SizeSource::Reported)),
+                None if alone_at_end => (self.metric_rise(backend, plan, before).await)
+                    .map(|per_version| (per_version, SizeSource::Learned)),
+                None => None,
+            },
+            Err(reason) if estimate::is_out_of_memory(reason) => {
+                self.raise_after_out_of_memory(plan, backend);
+                None
+            }
+            Err(_) => None,
+        };
+        if let Some((per_version, source)) = learned {
+            self.estimator.learn_from(model, per_version, source);
             let estimate = self.estimator.sizing(model).estimate(&plan.versions);
             self.books().resize(plan.backend, model, estimate);
-            tracing::info!(model, backend = %backend.name, bytes, "learned model size from memory metric");
+            tracing::info!(model, backend = %backend.name, per_version, ?source, "learned model size");
         }
         running.fetch_sub(1, Ordering::AcqRel);
         outcome
+    }
+
+    /// The bytes per version Triton's statistics report for the versions the load brought
+    /// (their mean), or `None` when it reports none for them (the python backend on CPU).
+    async fn reported_size(&self, backend: &Backend, plan: &LoadPlan) -> Option<u64> {
+        let answer = TritonClient::new(backend, Duration::from_secs(2))
+            .model_statistics(Some((&plan.model, None)))
+            .await
+            .ok()?;
+        let reported = estimate::reported_sizes(&answer, &plan.model, &self.memory_metric);
+        let sizes: Vec<u64> = plan
+            .serving
+            .iter()
+            .filter_map(|v| reported.get(v).copied())
+            .collect();
+        (!sizes.is_empty()).then(|| sizes.iter().sum::<u64>() / sizes.len() as u64)
+    }
+
+    /// How far the memory metric rose from `before` (read before the load) to now, per
+    /// version the load brought.
+    async fn metric_rise(
+        &self,
+        backend: &Backend,
+        plan: &LoadPlan,
+        before: Option<f64>,
+    ) -> Option<u64> {
+        let before = before?;
+        let timeout = Duration::from_secs(2);
+        let after = metrics_scrape::read_sum(backend, &self.memory_metric, timeout).await?;
+        let versions = plan.serving.len().max(1) as u64;
+        (after > before).then_some((after - before) as u64 / versions)
+    }
+
+    /// A load failed for lack of memory: the model's estimate rises (doubles, up to the
+    /// largest backend's usable bytes; see `Estimator::raise_after_out_of_memory`).
+    fn raise_after_out_of_memory(&self, plan: &LoadPlan, backend: &Backend) {
+        let largest = self
+            .books()
+            .backends()
+            .iter()
+            .map(|b| b.usable)
+            .max()
+            .unwrap_or(0);
+        let raised = self
+            .estimator
+            .raise_after_out_of_memory(&plan.model, &plan.versions, largest);
+        match raised {
+            Some(estimate) => tracing::warn!(model = plan.model, backend = %backend.name,
+                bytes = estimate.bytes, "load ran out of memory: estimate raised"),
+            None => tracing::warn!(model = plan.model, backend = %backend.name,
+                "load ran out of memory; the estimate stays (set by config, or the largest backend's size)"),
+        }
     }
 
     /// `POST .../load` for the plan's versions, within `load_timeout`. A new copy whose load
@@ -764,7 +832,7 @@ impl Placement {
         }
         for model in preload {
             match self
-                .acquire_with(&ModelRef::new(model.clone(), None), None, false)
+                .acquire_with(&ModelRef::new(model.clone(), None), None, false, None)
                 .await
             {
                 Ok(_) => tracing::info!(model, "preloaded"),

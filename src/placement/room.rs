@@ -117,13 +117,14 @@ impl Drop for Ticket<'_> {
 impl Placement {
     /// Waits, until `until` at the latest, for room for a request that was refused for want
     /// of it; the decision made for it when room came, or `None` when none came (or its
-    /// model is too large for every backend, which no wait changes).
+    /// model is too large for every backend, which no wait changes). `deadline`, the
+    /// client's, only tells how a wait that ends there is counted.
     pub(super) async fn wait_for_room(
         self: &Arc<Self>,
         model: &ModelRef,
         sequence: Option<&SequenceRef>,
         allow_evict: bool,
-        until: Instant,
+        (until, deadline): (Instant, Option<Instant>),
     ) -> Option<Decision> {
         if Instant::now() >= until {
             return None;
@@ -166,10 +167,10 @@ impl Placement {
                 Err(_) => self.offer_room_on(&backends),
             }
         };
-        let result = if decision.is_some() {
-            "placed"
-        } else {
-            "refused"
+        let result = match decision {
+            Some(_) => "placed",
+            None if deadline.is_some_and(|d| Instant::now() >= d) => "deadline",
+            None => "refused",
         };
         metrics::counter!(telemetry::PLACEMENT_ROOM_WAITS, "result" => result).increment(1);
         decision

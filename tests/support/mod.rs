@@ -529,6 +529,44 @@ pub async fn gpu_memory_stub(triton_http: String) -> std::net::SocketAddr {
     addr
 }
 
+/// An HTTP front for a real (CPU) Triton that answers as a Triton whose backend measures
+/// its models would: every statistics answer (`GET .../stats`) reports `gpu_bytes` of GPU
+/// memory per model version in `memory_usage`, which the python backend leaves empty.
+/// Everything else passes through unchanged.
+pub async fn reporting_memory(triton_http: String, gpu_bytes: u64) -> std::net::SocketAddr {
+    use axum::body::Bytes;
+    use axum::http::{Method, StatusCode, Uri, header};
+    let client = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
+        let (client, triton_http) = (client.clone(), triton_http.clone());
+        async move {
+            let method = reqwest::Method::from_bytes(method.as_str().as_bytes()).unwrap();
+            let answer = client
+                .request(method, format!("{triton_http}{uri}"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let status = StatusCode::from_u16(answer.status().as_u16()).unwrap();
+            let mut body = answer.bytes().await.unwrap().to_vec();
+            if uri.path().ends_with("/stats") && status == StatusCode::OK {
+                let mut stats: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                for stat in stats["model_stats"].as_array_mut().unwrap() {
+                    stat["memory_usage"] =
+                        serde_json::json!([{"type": "GPU", "id": 0, "byte_size": gpu_bytes}]);
+                }
+                body = serde_json::to_vec(&stats).unwrap();
+            }
+            (status, [(header::CONTENT_TYPE, "application/json")], body)
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
 /// `N` distinct free loopback ports for a server the test starts (Triton, etcd, HAProxy).
 /// They are taken below the kernel's ephemeral range (32768 and up), in turn from a counter
 /// this process shares: a port the kernel hands out for an outgoing connection or a port-0
