@@ -1209,3 +1209,86 @@ async fn a_model_unloaded_through_one_replicas_repository_api_is_loaded_by_no_re
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn a_replica_killed_mid_traffic_behind_haproxy_hangs_no_client_and_the_others_go_on() {
+    let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
+    let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
+    let test = "midkill";
+    let a = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "a", "16GiB")).await;
+    let [port] = support::free_ports::<1>().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    let text = replica_on_port(test, &[&triton], &etcd, "doomed", "16GiB", port, "");
+    std::fs::write(&path, text).unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"));
+    command
+        .arg("--config")
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut doomed = support::spawn_in_own_group(command).unwrap();
+    wait_for(a.admin, Duration::from_secs(20), "two replicas", |v| {
+        names(v) == ["a", "doomed"]
+    })
+    .await;
+    let doomed_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let haproxy = Haproxy::start(&[a.http, doomed_addr]).await.unwrap();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    assert_eq!(infer(&client, &haproxy.url(), "sized_a", None).await.0, 200);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (url, stop, client) = (haproxy.url(), stop.clone(), client.clone());
+        tokio::spawn(async move {
+            let tasks = (0..4).map(|_| {
+                let (client, url, stop) = (client.clone(), url.clone(), stop.clone());
+                async move {
+                    let mut answers = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let started = Instant::now();
+                        let sent = client
+                            .post(format!("{url}/v2/models/sized_a/infer"))
+                            .json(&request())
+                            .send()
+                            .await;
+                        let status = sent.map_or(0, |r| r.status().as_u16());
+                        answers.push((status, started.elapsed(), Instant::now()));
+                    }
+                    answers
+                }
+            });
+            let all = futures_util::future::join_all(tasks).await;
+            all.into_iter().flatten().collect::<Vec<_>>()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    doomed.kill().unwrap(); // SIGKILL mid-traffic
+    doomed.wait().unwrap();
+    let killed = Instant::now();
+    wait_for(a.admin, Duration::from_secs(8), "the record gone", |v| {
+        names(v) == ["a"] && v["is_leader"] == true
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answers = traffic.await.unwrap();
+    let slowest = answers.iter().map(|a| a.1).max().unwrap();
+    assert!(
+        slowest < Duration::from_secs(5),
+        "a client hung for {slowest:?}"
+    );
+    // Only requests in flight on the killed replica as it died may fail; HAProxy takes
+    // it out within its health checks, and everything after goes to the survivor.
+    let settled = killed + Duration::from_secs(2);
+    let late_failures: Vec<_> = answers
+        .iter()
+        .filter(|(status, _, at)| *status != 200 && *at > settled)
+        .collect();
+    assert!(late_failures.is_empty(), "{late_failures:?}");
+    let failures = answers.iter().filter(|a| a.0 != 200).count();
+    assert!(failures <= 8, "{failures} of {} failed", answers.len());
+    assert_eq!(infer(&client, &a.url(), "sized_a", None).await.0, 200);
+}

@@ -283,6 +283,18 @@ impl Registry for Cluster {
         })
     }
 
+    fn known(&self, models: &[String]) -> Vec<Record> {
+        let view = self.view();
+        models
+            .iter()
+            .map(|model| {
+                let entry = view.get(&format!("{}{model}", view::COPIES));
+                let record = entry.and_then(|e| serde_json::from_slice(&e.value).ok());
+                Record::Model(model.clone(), record, entry.map_or(0, |e| e.mod_revision))
+            })
+            .collect()
+    }
+
     fn settle(&self, change: Change) {
         let _ = self.settles.send(Write::Settle(change));
     }

@@ -96,8 +96,14 @@ impl Placement {
         let copies = {
             let books = self.books();
             let held = &books.backends()[plan.backend];
-            // The mirror took it off meanwhile: the registry's records won.
+            // The mirror took it off meanwhile: the registry's records won; its victims
+            // go back to what the registry says of them.
             let Some(copy) = held.copies.get(&plan.model) else {
+                drop(books);
+                let models: Vec<String> = std::iter::once(plan.model.clone())
+                    .chain(plan.evict.iter().map(|v| v.model.clone()))
+                    .collect();
+                self.mirror_books(&registry.known(&models), true);
                 return false;
             };
             // A reload keeps serving what it served while it runs.

@@ -193,6 +193,8 @@ pub trait Registry: Send + Sync + std::fmt::Debug {
     fn leads(&self) -> bool;
     /// Agrees a change this replica decided, before any of it is carried out.
     fn agree(&self, change: Change) -> Pending<Agreed>;
+    /// The registry's records of `models`, as this replica last saw them.
+    fn known(&self, models: &[String]) -> Vec<Record>;
     /// Records how an agreed change ended (a load done or failed, a copy gone); retried in
     /// the background, in order, until the registry has it.
     fn settle(&self, change: Change);
