@@ -2,9 +2,11 @@
 """loadtest/profile_top.py: the top frames of a profile, as shares of its samples.
 
 Reads folded stacks (`inferno-collapse-perf`: "frame;frame;...;leaf count" a line) and prints
-two markdown tables: the functions where the samples were taken (self), and the frames on
-the stack (inclusive: each frame counted once per sample however deep it recurs), so the
-report can say where the gateway's CPU goes, before and after a change.
+markdown tables: the threads, the functions where the samples were taken (self), and the
+samples by owner: the crate (or infergate module) of the deepest frame that is not the
+standard library, or the syscall a stack is in. Async Rust wraps every frame in generic
+`poll`s, so the owner says more than inclusive shares do about where the gateway's CPU goes,
+before and after a change.
 
     python3 loadtest/profile_top.py folded.txt [rows]
 """
@@ -12,11 +14,36 @@ import re
 import sys
 from collections import Counter
 
-# Generic frames that are on nearly every stack and say nothing about where the time goes.
-ROOTS = re.compile(r"^(\[unknown\]|_start|__libc_start|__clone|start_thread|std::sys::|"
-                   r"std::thread::|core::ops::function::|std::rt::|main$|infergate::main|"
-                   r"tokio::runtime::(context|scheduler|runtime|park|task::(raw|harness|core))|"
-                   r"std::panic|std::panicking|__rust_try|__rust_begin_short_backtrace)")
+SYSCALLS = {"__GI___writev": "kernel: writev", "__libc_recv": "kernel: recv",
+            "epoll_wait": "kernel: epoll_wait", "__GI___libc_write": "kernel: write",
+            "__libc_send": "kernel: send", "__GI___libc_read": "kernel: read"}
+LIBC = re.compile(r"malloc|free|calloc|realloc|memcpy|memmove|tcache|unlink_chunk|consolidate")
+STD = re.compile(r"^<?(core|alloc|std)::")
+CRATE = re.compile(r"^<?([a-z_][a-z0-9_]*)::([A-Za-z_][A-Za-z0-9_]*)(?:::([A-Za-z_][A-Za-z0-9_]*))?")
+
+
+def owner(frames):
+    """The syscall a stack is in, else the crate of its deepest non-std frame (infergate:
+    the module), with `libc malloc/memcpy <-` when the sample is in the allocator or a copy."""
+    libc = None
+    for f in reversed(frames[1:]):
+        if f in SYSCALLS:
+            return SYSCALLS[f]
+        if "::" not in f:
+            if libc is None and LIBC.search(f):
+                libc = "memcpy" if "mem" in f else "malloc"
+            continue
+        if STD.match(f):
+            continue
+        m = CRATE.match(f)
+        if m:
+            name = m.group(1)
+            if name == "infergate":
+                name += "::" + m.group(2)
+                if m.group(3) and m.group(2) in ("frontend", "pipeline", "upstream", "validate", "auth", "listen"):
+                    name += "::" + m.group(3)
+            return f"libc {libc} <- {name}" if libc else name
+    return "kernel / other"
 
 
 def strip_generics(text):
@@ -58,19 +85,17 @@ def short(frame):
 
 def main():
     path, rows = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 15
-    leaf, inclusive, threads, total = Counter(), Counter(), Counter(), 0
+    leaf, owners, threads, total = Counter(), Counter(), Counter(), 0
     for line in open(path, encoding="utf-8", errors="replace"):
         stack, _, count = line.rstrip("\n").rpartition(" ")
         if not stack or not count.isdigit():
             continue
         n = int(count)
         total += n
-        frames = [short(f) for f in stack.split(";")]
-        leaf[frames[-1]] += n
-        threads[re.sub(r"[-_ ]?[0-9]+$", "", frames[0])] += n
-        for f in set(frames[1:]):  # the first is the thread (comm)
-            if not ROOTS.match(f):
-                inclusive[f] += n
+        raw = stack.split(";")  # the first is the thread (comm)
+        leaf[short(raw[-1])] += n
+        threads[re.sub(r"[-_ ]?[0-9]+$", "", raw[0])] += n
+        owners[owner(raw)] += n
     if not total:
         print("(no samples)")
         return
@@ -81,8 +106,8 @@ def main():
     print("\n| self % | function |\n|---:|---|")
     for f, n in leaf.most_common(rows):
         print(f"| {100 * n / total:.1f} | `{f}` |")
-    print("\n| inclusive % | frame |\n|---:|---|")
-    for f, n in inclusive.most_common(rows):
+    print("\n| % | owner (syscall, or crate of the deepest non-std frame) |\n|---:|---|")
+    for f, n in owners.most_common(rows + 10):
         print(f"| {100 * n / total:.1f} | `{f}` |")
 
 
