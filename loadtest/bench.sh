@@ -33,8 +33,8 @@
 #                            and an inferno flamegraph (`cargo install inferno`) next to the
 #                            results, the top frames in the report. Empty (default): none.
 #
-# Next to the results file: a chart (<results>.svg, and loadtest/results/latest.svg, the one the
-# README shows) of throughput and p99 against concurrency for every stage (loadtest/chart.py).
+# Next to the results file: a chart (<results>.svg; for a run recorded in loadtest/results/, also
+# loadtest/results/latest.svg, the one the README shows) of throughput and p99 against concurrency for every stage (loadtest/chart.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -440,6 +440,26 @@ report() {
         echo "- Everything on, p99 added latency < 1 ms at c=16: $added µs — $(met "$added" 1000 "<")."
     fi
     echo "- Validation and auth off, throughput ≥ nginx at every concurrency: lowest ratio $worst_off — $(met "$worst_off" 1.0 ">=")."
+    echo
+    echo "## Issue 17 targets (everything on)"
+    echo
+    for c in 16 64; do
+        [[ " ${LEVELS[*]} " == *" $c "* ]] || continue
+        r="$(ratio "$(f "fake-ig-on-c$c" .throughput_rps)" "$(f "fake-nginx-c$c" .throughput_rps)")"
+        echo "- c=$c, throughput ≥ 1.0 × nginx: $r — $(met "$r" 1.0 ">=")."
+        r="$(ratio "$(cpu_of "fake-ig-on-c$c" 1)" "$(cpu_of "fake-nginx-c$c" 1)")"
+        echo "- c=$c, CPU per request ≤ 1.5 × nginx's: $r — $(met "$r" 1.5 "<") (stretch ≤ 1.0)."
+    done
+    if ((REAL)) && [[ " ${REAL_LEVELS[*]} " == *" 16 "* ]]; then
+        r="$(ratio "$(f real-ig-on-c16 .throughput_rps)" "$(f real-direct-c16 .throughput_rps)")"
+        echo "- Real Triton, c=16, throughput ≥ 0.95 × direct: $r — $(met "$r" 0.95 ">=")."
+        r="$(ratio "$(f real-ig-on-c16 .latency_us.p99)" "$(f real-direct-c16 .latency_us.p99)")"
+        echo "- Real Triton, c=16, p99 ≤ 1.2 × direct's: $r — $(awk -v v="$r" 'BEGIN { print (v <= 1.2 ? "met" : "**not met**") }')."
+    fi
+    if ((REAL)) && [[ " ${REAL_LEVELS[*]} " == *" 1 "* ]]; then
+        local added1=$(($(f real-ig-on-c1 .latency_us.p50) - $(f real-direct-c1 .latency_us.p50)))
+        echo "- Real Triton, c=1, added p50 < 100 µs: $added1 µs — $(met "$added1" 100 "<")."
+    fi
     if ((${#PROFILED[@]})); then
         echo
         echo "## Profile: infergate, everything on (pass 1)"
@@ -467,7 +487,8 @@ chart_rows() {
 mkdir -p "$(dirname "$OUT")"
 { chart_rows fake "${LEVELS[@]}"; if ((REAL)); then chart_rows real "${REAL_LEVELS[@]}"; fi; } >"$TMP/chart.tsv"
 python3 loadtest/chart.py "$TMP/chart.tsv" "${OUT%.md}.svg" "infergate benchmark, $DATE, commit $SHA ($WORKERS_LABEL proxy workers)"
-cp "${OUT%.md}.svg" loadtest/results/latest.svg
+# Only a run recorded in loadtest/results/ becomes the README's chart.
+if [[ "$(realpath "$(dirname "$OUT")")" == "$ROOT/loadtest/results" ]]; then cp "${OUT%.md}.svg" loadtest/results/latest.svg; fi
 report >"$OUT"
 cat "$OUT"
-say "wrote $OUT and its chart ${OUT%.md}.svg (also loadtest/results/latest.svg)"
+say "wrote $OUT and its chart ${OUT%.md}.svg"
