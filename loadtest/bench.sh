@@ -28,6 +28,13 @@
 #   BENCH_REAL=1             0 skips the real-Triton pass
 #   BENCH_BUILD=1            0 skips `cargo build --release`
 #   BENCH_OUT=path.md        results file (default loadtest/results/<date>-<sha>.md)
+#   BENCH_PROFILE="16"       concurrency levels at which stage 4 of pass 1 is profiled, after it
+#                            is measured (an extra, unmeasured step): `perf record` (linux-perf)
+#                            and an inferno flamegraph (`cargo install inferno`) next to the
+#                            results, the top frames in the report. Empty (default): none.
+#
+# Next to the results file: a chart (<results>.svg; for a run recorded in loadtest/results/, also
+# loadtest/results/latest.svg, the one the README shows) of throughput and p99 against concurrency for every stage (loadtest/chart.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,6 +51,7 @@ LOAD_THREADS="${BENCH_LOAD_THREADS:-1}"
 BACKEND_THREADS="${BENCH_BACKEND_THREADS:-1}"
 ACCESS_LOG="${BENCH_ACCESS_LOG:-on}"
 REAL="${BENCH_REAL:-1}"
+read -r -a PROFILE_LEVELS <<<"${BENCH_PROFILE:-}"
 BUILD="${BENCH_BUILD:-1}"
 SHA="$(git rev-parse --short HEAD)"
 DATE="$(date +%F)"
@@ -56,7 +64,8 @@ source loadtest/lib.sh
 on_exit() { if ((TRITON_STARTED)); then scripts/triton.sh stop 1 $((BASE + 100)) >/dev/null 2>&1 || true; fi; }
 TRITON_STARTED=0
 
-require curl jq openssl
+require curl jq openssl python3
+((${#PROFILE_LEVELS[@]})) && require perf inferno-collapse-perf inferno-flamegraph
 ensure_nginx
 PORTS=("$BASE" $((BASE + 10)) $((BASE + 20)) $((BASE + 22)) $((BASE + 23)) $((BASE + 30)) $((BASE + 32)) $((BASE + 33)))
 if ((REAL)); then
@@ -203,6 +212,26 @@ measure() {
     load_step "$TMP/$pass-$stage-c$c.json" "$pass $stage c=$c" "$url" "$c" "$BACKEND_PID" "$@"
 }
 
+# profile PASS URL C PID — one more stage-4 step, not measured, with `perf record` on the
+# gateway: its flamegraph goes next to the results file, its top frames into the report.
+PROFILED=()
+profile() {
+    local out="$TMP/$1-profile-c$3" svg="${OUT%.md}-flame-c$3.svg" perf_pid
+    say "$1 ig-on c=$3: profiling (perf record, call graphs from DWARF)"
+    perf record -F 499 --call-graph dwarf,32768 -p "$4" -o "$out.data" >"$out.perf.log" 2>&1 &
+    perf_pid=$!
+    sleep 0.5
+    "$BIN/infergate-load" --url "$2" "${LOAD_ARGS[@]}" "${STAGE4_LOAD_ARGS[@]}" -c "$3" >"$out.json" 2>"$out.err" ||
+        { cat "$out.err" >&2; die "infergate-load failed while profiling"; }
+    kill -INT "$perf_pid"
+    wait "$perf_pid" || true
+    perf script -i "$out.data" 2>/dev/null | inferno-collapse-perf >"$out.folded"
+    cp "$out.folded" "${svg%.svg}.folded" # for inferno-diff-folded against another run (not committed)
+    inferno-flamegraph --title "infergate, everything on, c=$3 ($SHA)" <"$out.folded" >"$svg"
+    python3 loadtest/profile_top.py "$out.folded" 15 >"$TMP/profile-c$3.md"
+    PROFILED+=("$3")
+}
+
 STAGES=(direct nginx ig-off ig-on)
 declare -A HWM # pass-stage -> peak RSS in KiB (nginx: master + workers)
 
@@ -243,6 +272,9 @@ run_pass() {
             measure "$pass" "$stage" "${url[$stage]}" "$c" ${pids[$stage]}
         done
     done
+    if [[ "$pass" == fake ]]; then
+        for c in "${PROFILE_LEVELS[@]}"; do profile "$pass" "${url[ig-on]}" "$c" "${PID[$pass-ig-on]}"; done
+    fi
     for stage in nginx ig-off ig-on; do
         # shellcheck disable=SC2086
         HWM[$pass-$stage]="$(hwm_kib ${pids[$stage]})"
@@ -408,9 +440,55 @@ report() {
         echo "- Everything on, p99 added latency < 1 ms at c=16: $added µs — $(met "$added" 1000 "<")."
     fi
     echo "- Validation and auth off, throughput ≥ nginx at every concurrency: lowest ratio $worst_off — $(met "$worst_off" 1.0 ">=")."
+    echo
+    echo "## Issue 17 targets (everything on)"
+    echo
+    for c in 16 64; do
+        [[ " ${LEVELS[*]} " == *" $c "* ]] || continue
+        r="$(ratio "$(f "fake-ig-on-c$c" .throughput_rps)" "$(f "fake-nginx-c$c" .throughput_rps)")"
+        echo "- c=$c, throughput ≥ 1.0 × nginx: $r — $(met "$r" 1.0 ">=")."
+        r="$(ratio "$(cpu_of "fake-ig-on-c$c" 1)" "$(cpu_of "fake-nginx-c$c" 1)")"
+        echo "- c=$c, CPU per request ≤ 1.5 × nginx's: $r — $(met "$r" 1.5 "<") (stretch ≤ 1.0)."
+    done
+    if ((REAL)) && [[ " ${REAL_LEVELS[*]} " == *" 16 "* ]]; then
+        r="$(ratio "$(f real-ig-on-c16 .throughput_rps)" "$(f real-direct-c16 .throughput_rps)")"
+        echo "- Real Triton, c=16, throughput ≥ 0.95 × direct: $r — $(met "$r" 0.95 ">=")."
+        r="$(ratio "$(f real-ig-on-c16 .latency_us.p99)" "$(f real-direct-c16 .latency_us.p99)")"
+        echo "- Real Triton, c=16, p99 ≤ 1.2 × direct's: $r — $(awk -v v="$r" 'BEGIN { print (v <= 1.2 ? "met" : "**not met**") }')."
+    fi
+    if ((REAL)) && [[ " ${REAL_LEVELS[*]} " == *" 1 "* ]]; then
+        local added1=$(($(f real-ig-on-c1 .latency_us.p50) - $(f real-direct-c1 .latency_us.p50)))
+        echo "- Real Triton, c=1, added p50 < 100 µs: $added1 µs — $(met "$added1" 100 "<")."
+    fi
+    if ((${#PROFILED[@]})); then
+        echo
+        echo "## Profile: infergate, everything on (pass 1)"
+        echo
+        echo "\`perf record -F 499 --call-graph dwarf,32768\` on the gateway during one more, unmeasured step; shares of all its samples (every thread of the process), weighted by perf's sample periods."
+        for c in "${PROFILED[@]}"; do
+            echo
+            echo "### c=$c (flamegraph: \`$(basename "${OUT%.md}")-flame-c$c.svg\`)"
+            echo
+            cat "$TMP/profile-c$c.md"
+        done
+    fi
+}
+
+# chart_rows PASS LEVELS... — "pass stage c infer/s p99" rows for loadtest/chart.py.
+chart_rows() {
+    local pass="$1" c s; shift
+    for c in "$@"; do
+        for s in "${STAGES[@]}"; do
+            printf '%s\t%s\t%s\t%s\t%s\n' "$pass" "$s" "$c" "$(f "$pass-$s-c$c" .throughput_rps)" "$(f "$pass-$s-c$c" .latency_us.p99)"
+        done
+    done
 }
 
 mkdir -p "$(dirname "$OUT")"
+{ chart_rows fake "${LEVELS[@]}"; if ((REAL)); then chart_rows real "${REAL_LEVELS[@]}"; fi; } >"$TMP/chart.tsv"
+python3 loadtest/chart.py "$TMP/chart.tsv" "${OUT%.md}.svg" "infergate benchmark, $DATE, commit $SHA ($WORKERS_LABEL proxy workers)"
+# Only a run recorded in loadtest/results/ becomes the README's chart.
+if [[ "$(realpath "$(dirname "$OUT")")" == "$ROOT/loadtest/results" ]]; then cp "${OUT%.md}.svg" loadtest/results/latest.svg; fi
 report >"$OUT"
 cat "$OUT"
-say "wrote $OUT"
+say "wrote $OUT and its chart ${OUT%.md}.svg"

@@ -339,13 +339,15 @@ fn endpoints(
     let endpoint = |name, router, tls: &Option<Arc<tls::ServerTls>>| listen::Endpoint {
         name,
         router,
+        inference: None,
         tls: tls.clone(),
     };
     tracing::info!(addr = %listeners.http.local_addr()?, scheme, workers, "serving KServe v2 HTTP");
-    let mut endpoints = vec![(
-        endpoint("http", frontend::http::router(gateway.clone()), &tls),
-        listeners.http,
-    )];
+    let http = listen::Endpoint {
+        inference: Some(gateway.clone()),
+        ..endpoint("http", frontend::http::router(gateway.clone()), &tls)
+    };
+    let mut endpoints = vec![(http, listeners.http)];
     if let Some(listener) = listeners.metrics {
         tracing::info!(addr = %listener.local_addr()?, "serving metrics");
         let router = frontend::metrics::router(gateway.clone());

@@ -15,7 +15,8 @@ use clap::Parser;
 use infergate_load::cli::{Args, Plan};
 use infergate_load::outcome::ErrorKind;
 use infergate_load::report::{
-    ConfigSummary, Report, TABLE_HEADER, footer_lines, header_lines, print_json, table_row,
+    ConfigSummary, Report, TABLE_HEADER, footer_lines, header_lines, print_json, summary_lines,
+    table_row,
 };
 use infergate_load::runner::{Progress, run_step};
 use infergate_load::stats::StepSummary;
@@ -150,6 +151,10 @@ async fn run_plan(plan: Plan) -> Result<ExitCode> {
 
     let report = Report::new(&plan, summaries);
     for l in footer_lines(&report) {
+        out.line(&l);
+    }
+    out.line("");
+    for l in summary_lines(&report) {
         out.line(&l);
     }
     if plan.json {

@@ -300,6 +300,31 @@ pub fn footer_lines(r: &Report) -> Vec<String> {
     out
 }
 
+/// The closing summary, in the columns perf_analyzer users read (its `-f` CSV's
+/// `Concurrency` or `Request Rate`, `Inferences/Second` and the latency percentiles, in
+/// microseconds), one row per step, so figures from the two tools line up side by side.
+pub fn summary_lines(r: &Report) -> Vec<String> {
+    let open = r.steps.iter().any(|s| s.rate.is_some());
+    let first = if open { "Request Rate" } else { "Concurrency" };
+    let mut out = vec![format!(
+        "{first:>12}  {:>17}  {:>11}  {:>11}  {:>11}  {:>11}",
+        "Inferences/Second", "p50 usec", "p90 usec", "p95 usec", "p99 usec"
+    )];
+    for s in &r.steps {
+        let load = match (s.concurrency, s.rate) {
+            (Some(c), _) => c.to_string(),
+            (None, Some(rate)) => format!("{rate}"),
+            (None, None) => s.label.clone(),
+        };
+        let l = &s.latency_us;
+        out.push(format!(
+            "{load:>12}  {:>17.1}  {:>11}  {:>11}  {:>11}  {:>11}",
+            s.throughput_rps, l.p50, l.p90, l.p95, l.p99
+        ));
+    }
+    out
+}
+
 /// Prints the JSON document on stdout.
 pub fn print_json(r: &Report) -> io::Result<()> {
     let mut out = io::stdout().lock();
@@ -414,6 +439,29 @@ mod tests {
         assert!(f.contains("warning: rate=500"), "{f}");
         assert!(!f.contains("warning: rate=100"), "{f}");
         assert!(f.contains("open-loop send lag"), "{f}");
+    }
+
+    #[test]
+    fn summary_has_perf_analyzers_columns_and_a_row_per_step() {
+        let plan = plan();
+        let report = Report::new(
+            &plan,
+            vec![step("c=1", 100.0, 900), step("c=16", 1500.5, 2000)],
+        );
+        let lines = summary_lines(&report);
+        assert_eq!(lines.len(), 3);
+        for column in [
+            "Concurrency",
+            "Inferences/Second",
+            "p50 usec",
+            "p90 usec",
+            "p95 usec",
+            "p99 usec",
+        ] {
+            assert!(lines[0].contains(column), "{column}: {}", lines[0]);
+        }
+        assert!(lines[2].contains("1500.5"), "{}", lines[2]);
+        assert!(lines[2].contains("2000"), "{}", lines[2]);
     }
 
     #[test]

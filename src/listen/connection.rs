@@ -17,8 +17,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -89,6 +90,7 @@ impl Connection {
         let state = Arc::new(ConnectionState::new(name));
         let service = PerConnection {
             router: self.endpoint.router.clone(),
+            inference: self.endpoint.inference.clone(),
             identity,
             body_read_timeout: self.limits.body_read_timeout,
             state: state.clone(),
@@ -146,11 +148,13 @@ fn is_header_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
         .is_some_and(hyper::Error::is_timeout)
 }
 
-/// The tower service a connection's requests go through: the listener's router, with the
-/// body's read timeout and the connection's `PeerIdentity` (mTLS) on every request.
+/// The tower service a connection's requests go through: the listener's router (or, for an
+/// inference on the KServe listener, `frontend::http::infer`), with the body's read timeout
+/// and the connection's `PeerIdentity` (mTLS) on every request.
 #[derive(Clone)]
 struct PerConnection {
     router: axum::Router,
+    inference: Option<crate::Gateway>,
     identity: Option<PeerIdentity>,
     body_read_timeout: Duration,
     state: Arc<ConnectionState>,
@@ -186,9 +190,39 @@ where
         if let Some(identity) = &self.identity {
             request.extensions_mut().insert(identity.clone());
         }
+        let model = self
+            .inference
+            .as_ref()
+            .and_then(|_| crate::frontend::http::inference_target(&request));
+        let response = match (model, &self.inference) {
+            (Some(model), Some(gateway)) => Answering::Direct(Box::pin(
+                crate::frontend::http::infer(gateway.clone(), request, model),
+            )),
+            _ => Answering::Routed(self.router.call(request)),
+        };
         CloseIfUnread {
-            response: self.router.call(request),
+            response,
             state: self.state.clone(),
+        }
+    }
+}
+
+/// The answer being made: by the router, or by the inference path. Held in place inside
+/// hyper's per-request future, never moved around; boxing the router's future too would cost
+/// every routed request an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Answering {
+    Routed(<axum::Router as tower::Service<axum::extract::Request>>::Future),
+    Direct(Pin<Box<dyn Future<Output = Response> + Send>>),
+}
+
+impl Future for Answering {
+    type Output = Response;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response> {
+        match self.get_mut() {
+            Self::Routed(routed) => Pin::new(routed).poll(cx).map(|Ok(response)| response),
+            Self::Direct(direct) => direct.as_mut().poll(cx),
         }
     }
 }
@@ -198,15 +232,15 @@ where
 /// stalled one). hyper then closes the connection rather than read the rest, and says so, so
 /// the client does not send its next request on a connection about to close.
 pub(super) struct CloseIfUnread {
-    response: <axum::Router as tower::Service<axum::extract::Request>>::Future,
+    response: Answering,
     state: Arc<ConnectionState>,
 }
 
-impl std::future::Future for CloseIfUnread {
+impl Future for CloseIfUnread {
     type Output = Result<Response, Infallible>;
 
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Ok(mut response) = std::task::ready!(std::pin::Pin::new(&mut self.response).poll(cx));
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut response = std::task::ready!(Pin::new(&mut self.response).poll(cx));
         if self.state.body_unread() {
             response.headers_mut().insert(
                 http::header::CONNECTION,
@@ -235,6 +269,7 @@ mod tests {
         let body = |identity| {
             let service = PerConnection {
                 router: router.clone(),
+                inference: None,
                 identity,
                 body_read_timeout: Duration::from_secs(1),
                 state: Arc::new(ConnectionState::new("http")),

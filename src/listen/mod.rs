@@ -97,6 +97,9 @@ pub struct Endpoint {
     pub name: &'static str,
     /// The axum router serving its requests.
     pub router: axum::Router,
+    /// The KServe HTTP listener's gateway: its inference requests go straight to
+    /// `frontend::http::infer`, past the router.
+    pub inference: Option<crate::Gateway>,
     /// Certificates for a TLS listener; `None` for plain TCP.
     pub tls: Option<Arc<ServerTls>>,
 }

@@ -1,6 +1,9 @@
-//! Calling a backend: one pooled hyper client per backend and worker, streaming bodies both ways, and
-//! every failure turned into a `GatewayError` that says which backend and what happened.
+//! Calling a backend: on the workers, HTTP/1.1 connections driven by the requests that use them
+//! (`driven`); elsewhere, and for TLS and h2c backends, one pooled hyper client per backend and
+//! worker. Bodies stream both ways, and every failure becomes a `GatewayError` that says which
+//! backend and what happened.
 
+use super::driven::Driven;
 use super::{Backend, BackendUrl};
 use crate::config;
 use crate::error::GatewayError;
@@ -18,6 +21,8 @@ use std::time::{Duration, Instant};
 pub struct UpstreamClient {
     /// One pool per worker, and one for background work (see `new`).
     clients: Arc<[Client<crate::tls::HttpsConnector, Body>]>,
+    /// A plain HTTP/1.1 backend's connections for the workers' requests.
+    driven: Option<Arc<Driven>>,
     request_timeout: Duration,
     /// Named in the error when a connection attempt runs out of it.
     connect_timeout: Duration,
@@ -44,11 +49,13 @@ impl UpstreamClient {
         // requests use it (14-29% less CPU per request with two workers, measured in
         // loadtest/results/2026-12-02-workers-accept-path.md), and one for background work.
         // Sized by the cores, the workers' default; more workers than that share by index.
-        let count = std::thread::available_parallelism().map_or(1, |n| n.get()) + 1;
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let driven = (!url.http2 && !url.tls).then(|| Driven::new(url.address(), workers, config));
         Ok(Self {
-            clients: (0..count)
+            clients: (0..=workers)
                 .map(|_| builder.build(connector.clone()))
                 .collect(),
+            driven,
             request_timeout: config.request_timeout.0,
             connect_timeout: config.connect_timeout.0,
         })
@@ -58,6 +65,23 @@ impl UpstreamClient {
     fn client(&self) -> &Client<crate::tls::HttpsConnector, Body> {
         let index = crate::listen::worker_index().map_or(0, |i| i + 1);
         &self.clients[index % self.clients.len()]
+    }
+
+    /// Sends a request and answers with the head of the answer, its body streaming behind.
+    async fn send(
+        &self,
+        backend: &str,
+        request: Request<Body>,
+    ) -> Result<Response<Body>, GatewayError> {
+        if let Some(driven) = &self.driven
+            && let Some(worker) = driven.worker()
+        {
+            return driven.send(worker, backend, request).await;
+        }
+        match self.client().request(request).await {
+            Ok(response) => Ok(response.map(Body::new)),
+            Err(error) => Err(classify(backend, &error, self.connect_timeout)),
+        }
     }
 
     /// Sends a small control request (health, index, load) to a path on the backend and
@@ -158,13 +182,11 @@ pub async fn forward(
     let started = Instant::now();
     let sent = backend
         .client
-        .client()
-        .request(Request::from_parts(parts, body));
+        .send(&backend.name, Request::from_parts(parts, body));
     let timeout = backend.client.request_timeout;
     let response = match tokio::time::timeout(timeout, sent).await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
-            let error = classify(&backend.name, &error, backend.client.connect_timeout);
             // Refused, reset or closed before an answer: all count against the backend.
             match &error {
                 GatewayError::UpstreamUnreachable { reason, .. }
@@ -186,14 +208,14 @@ pub async fn forward(
     backend.record_latency(started.elapsed());
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(parts, Body::new(body)))
+    Ok(Response::from_parts(parts, body))
 }
 
 /// Names the failure: a body over the limit is the client's; a refused or reset connection
 /// means the backend is unreachable; anything else broke mid-exchange. A connection attempt
 /// that timed out says so with the timeout (the connector's own words are tokio's "deadline
 /// has elapsed", which names neither).
-fn classify(
+pub(super) fn classify(
     backend: &str,
     error: &(dyn std::error::Error + 'static),
     connect_timeout: Duration,

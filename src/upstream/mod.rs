@@ -2,6 +2,7 @@
 //! the models it reports, updated by `health` and read lock-free by every request.
 
 mod client;
+mod driven;
 pub mod grpc;
 mod health;
 mod index;
@@ -113,6 +114,13 @@ impl BackendUrl {
     /// The `Host` header for this backend.
     pub fn host(&self) -> &HeaderValue {
         &self.host
+    }
+
+    /// `host:port` to connect to.
+    pub fn address(&self) -> String {
+        let uri: Uri = self.base.parse().expect("parsed when the URL was read");
+        let port = uri.port_u16().unwrap_or(if self.tls { 443 } else { 80 });
+        format!("{}:{port}", uri.host().unwrap_or_default())
     }
 }
 

@@ -35,11 +35,17 @@ pub(crate) fn is_probe(path: &str) -> bool {
 }
 
 /// The middleware itself.
-pub(crate) async fn edge(
-    State(gateway): State<Gateway>,
-    mut request: Request,
-    next: Next,
-) -> Response {
+pub(crate) async fn edge(State(gateway): State<Gateway>, request: Request, next: Next) -> Response {
+    around(&gateway, request, |request| next.run(request)).await
+}
+
+/// The edge around `inner`, the rest of the request's walk: the router's middleware, or the
+/// inference path that goes without the router (`super::infer`).
+pub(crate) async fn around<F, Fut>(gateway: &Gateway, mut request: Request, inner: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: Future<Output = Response>,
+{
     let id = request_id(request.headers().get(&X_REQUEST_ID));
     request
         .headers_mut()
@@ -55,7 +61,7 @@ pub(crate) async fn edge(
 
     let in_flight = InFlightGauge::start(Protocol::Http);
     let started = Instant::now();
-    let mut response = next.run(request).instrument(span.clone()).await;
+    let mut response = inner(request).instrument(span.clone()).await;
     let elapsed = started.elapsed();
     drop(in_flight);
 

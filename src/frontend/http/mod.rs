@@ -59,6 +59,54 @@ pub fn router(gateway: Gateway) -> Router {
         .with_state(gateway)
 }
 
+/// An inference (`POST /v2/models/{m}[/versions/{v}]/infer`), served without the router: the
+/// same edge, `authenticate` and pipeline as through it (`to_model`), less the router's path
+/// matching and its middleware chain, which cost more than the rest of the HTTP layer on this,
+/// the one path that carries the load.
+pub(crate) async fn infer(gateway: Gateway, request: Request, model: ModelRef) -> Response {
+    edge::around(&gateway, request, |request| {
+        authenticate_around(&gateway, request, |request| {
+            to_model(&gateway, model, Ask::Inference, request)
+        })
+    })
+    .await
+}
+
+/// The model of an inference URL that `infer` serves: a `POST` to
+/// `/v2/models/{m}/infer` or `/v2/models/{m}/versions/{digits}/infer` whose segments the
+/// router would read as written (no percent escapes). Anything else goes through the router,
+/// which answers it (or refuses it) the same way as before.
+pub(crate) fn inference_target(request: &Request) -> Option<ModelRef> {
+    if request.method() != Method::POST {
+        return None;
+    }
+    let rest = request
+        .uri()
+        .path()
+        .strip_prefix("/v2/models/")?
+        .strip_suffix("/infer")?;
+    if rest.contains('%') {
+        return None;
+    }
+    let mut segments = rest.split('/');
+    match (
+        segments.next()?,
+        segments.next(),
+        segments.next(),
+        segments.next(),
+    ) {
+        (model, None, _, _) if !model.is_empty() => Some(ModelRef::new(model, None)),
+        (model, Some("versions"), Some(version), None)
+            if !model.is_empty()
+                && !version.is_empty()
+                && version.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            ModelRef::requested(model, Some(version.to_owned())).ok()
+        }
+        _ => None,
+    }
+}
+
 /// The credentials a request carries.
 pub(crate) fn credentials(request: &Request) -> crate::auth::Credentials<'_> {
     let headers = request.headers();
@@ -77,13 +125,22 @@ pub(crate) fn credentials(request: &Request) -> crate::auth::Credentials<'_> {
 /// and the tenant is left on the response for the access log.
 pub(crate) async fn authenticate(
     State(gateway): State<Gateway>,
-    mut request: Request,
+    request: Request,
     next: axum::middleware::Next,
 ) -> Response {
     if edge::is_probe(request.uri().path()) {
         return next.run(request).await;
     }
-    let mut ctx = request_ctx(&gateway, &request);
+    authenticate_around(&gateway, request, |request| next.run(request)).await
+}
+
+/// `authenticate` around `inner`, the rest of the request's walk.
+async fn authenticate_around<F, Fut>(gateway: &Gateway, mut request: Request, inner: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: Future<Output = Response>,
+{
+    let mut ctx = request_ctx(gateway, &request);
     let strip = match admit::authenticate(&mut ctx, credentials(&request)).await {
         Ok(strip) => strip,
         Err(error) => return error.into_response(),
@@ -95,7 +152,7 @@ pub(crate) async fn authenticate(
     }
     let tenant = ctx.tenant().cloned();
     request.extensions_mut().insert(ctx.caller);
-    let mut response = next.run(request).await;
+    let mut response = inner(request).await;
     if let Some(tenant) = tenant {
         response.extensions_mut().insert(Tenant(tenant));
     }
@@ -453,6 +510,42 @@ impl IntoResponse for GatewayError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_inference_urls_skip_the_router() {
+        let target = |method: Method, path: &str| {
+            let request = Request::builder()
+                .method(method)
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            inference_target(&request)
+        };
+        assert_eq!(
+            target(Method::POST, "/v2/models/add_sub/infer"),
+            Some(ModelRef::new("add_sub", None))
+        );
+        assert_eq!(
+            target(Method::POST, "/v2/models/add_sub/versions/2/infer"),
+            Some(ModelRef::new("add_sub", Some("2".into())))
+        );
+        // The router answers these (405, 404, a decoded name, Triton's version error).
+        for (method, path) in [
+            (Method::GET, "/v2/models/add_sub/infer"),
+            (Method::POST, "/v2/models//infer"),
+            (Method::POST, "/v2/models/add_sub/versions/x/infer"),
+            (Method::POST, "/v2/models/add_sub/versions//infer"),
+            (Method::POST, "/v2/models/a%2Fb/infer"),
+            (Method::POST, "/v2/models/add_sub/generate"),
+            (Method::POST, "/v2/models/add_sub/extra/infer"),
+            (
+                Method::POST,
+                "/v2/models/add_sub/versions/99999999999999999999/infer",
+            ),
+        ] {
+            assert_eq!(target(method.clone(), path), None, "{method} {path}");
+        }
+    }
 
     #[test]
     fn a_refused_credential_is_challenged_without_echoing_it() {
