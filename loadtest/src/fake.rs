@@ -13,12 +13,17 @@
 //! per-request overhead, and a dynamic one (`--dynamic-model`: one FP32 input
 //! of any length), so body-size benchmarks (`infergate-load --body-size`) pass
 //! the gateway's validation whatever size they send.
+//!
+//! Loads and unloads (the repository extension) change what the index says
+//! and what infer answers, as on Triton, so a gateway placing models on the
+//! fake (evicting, loading on demand) sees its own decisions: `--unloaded`
+//! starts with nothing loaded, and `--load-delay` gives a load a known cost.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
@@ -49,6 +54,10 @@ pub struct FakeConfig {
     pub delay: Duration,
     /// Fraction (0.0..=1.0) of infer requests answered with HTTP 500.
     pub fail_rate: f64,
+    /// Time a repository load takes before it answers.
+    pub load_delay: Duration,
+    /// Start with no model loaded (each is UNAVAILABLE until a load).
+    pub unloaded: bool,
 }
 
 impl Default for FakeConfig {
@@ -58,6 +67,8 @@ impl Default for FakeConfig {
             dynamic_models: Vec::new(),
             delay: Duration::ZERO,
             fail_rate: 0.0,
+            load_delay: Duration::ZERO,
+            unloaded: false,
         }
     }
 }
@@ -103,8 +114,9 @@ impl ModelKind {
     }
 }
 
-/// Precomputed responses for one model.
+/// Precomputed responses for one model, and whether it is loaded.
 struct ModelBodies {
+    loaded: AtomicBool,
     metadata: Bytes,
     config: Bytes,
     infer_json: Bytes,
@@ -116,12 +128,14 @@ struct ModelBodies {
 /// that answering is a reference-count increment, not a serialization.
 pub struct FakeTriton {
     models: HashMap<String, ModelBodies>,
+    /// Served model names in the index's order.
+    names: Vec<String>,
     server_metadata: Bytes,
-    repository_index: Bytes,
     metrics: Bytes,
     injected_failure: Bytes,
     delay: Duration,
     fail_rate: f64,
+    load_delay: Duration,
     infer_count: AtomicU64,
     body_bytes: AtomicU64,
 }
@@ -193,6 +207,8 @@ struct IndexEntry<'a> {
     name: &'a str,
     version: &'static str,
     state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -207,7 +223,7 @@ struct ErrorBody<'a> {
     error: &'a str,
 }
 
-fn model_bodies(name: &str, kind: ModelKind) -> ModelBodies {
+fn model_bodies(name: &str, kind: ModelKind, loaded: bool) -> ModelBodies {
     let dim = kind.dim();
     let meta = |names: &'static [&'static str]| {
         names
@@ -265,6 +281,7 @@ fn model_bodies(name: &str, kind: ModelKind) -> ModelBodies {
     let header_len = binary.len();
     binary.resize(header_len + kind.outputs().len() * elements * 4, 0);
     ModelBodies {
+        loaded: AtomicBool::new(loaded),
         metadata: to_bytes(&metadata),
         config: to_bytes(&config),
         infer_json: to_bytes(&infer(false)),
@@ -343,14 +360,7 @@ impl FakeTriton {
             add_sub.chain(cfg.dynamic_models.iter().map(|m| (m, ModelKind::Dynamic)))
         };
         let models: HashMap<String, ModelBodies> = served()
-            .map(|(m, kind)| (m.clone(), model_bodies(m, kind)))
-            .collect();
-        let index: Vec<IndexEntry<'_>> = served()
-            .map(|(m, _)| IndexEntry {
-                name: m,
-                version: "1",
-                state: "READY",
-            })
+            .map(|(m, kind)| (m.clone(), model_bodies(m, kind, !cfg.unloaded)))
             .collect();
         let mut metrics = String::from(
             "# HELP nv_inference_request_success Number of successful inference requests, all batch sizes\n\
@@ -363,6 +373,7 @@ impl FakeTriton {
         }
         FakeTriton {
             models,
+            names: served().map(|(m, _)| m.clone()).collect(),
             server_metadata: to_bytes(&ServerMetadata {
                 name: "triton",
                 version: "2.51.0",
@@ -382,14 +393,31 @@ impl FakeTriton {
                     "logging",
                 ],
             }),
-            repository_index: to_bytes(&index),
             metrics: metrics.into(),
             injected_failure: error_body("injected failure"),
             delay: cfg.delay,
             fail_rate: cfg.fail_rate,
+            load_delay: cfg.load_delay,
             infer_count: AtomicU64::new(0),
             body_bytes: AtomicU64::new(0),
         }
+    }
+
+    /// The repository index as Triton words it: READY for a loaded model, UNAVAILABLE
+    /// (reason "unloaded") otherwise.
+    fn repository_index(&self) -> Bytes {
+        let index: Vec<IndexEntry<'_>> = (self.names.iter())
+            .map(|m| {
+                let loaded = self.models[m].loaded.load(Ordering::Relaxed);
+                IndexEntry {
+                    name: m,
+                    version: "1",
+                    state: if loaded { "READY" } else { "UNAVAILABLE" },
+                    reason: (!loaded).then_some("unloaded"),
+                }
+            })
+            .collect();
+        to_bytes(&index)
     }
 
     /// Number of infer requests received so far (answered or failed), for
@@ -452,7 +480,7 @@ impl FakeTriton {
             }
             "/v2/repository/index" => {
                 return if post {
-                    json_ok(&self.repository_index)
+                    json_ok(&self.repository_index())
                 } else {
                     method_not_allowed()
                 };
@@ -469,12 +497,17 @@ impl FakeTriton {
 
         if let Some(rest) = path.strip_prefix("/v2/repository/models/") {
             return match rest.split_once('/') {
-                Some((m, "load" | "unload")) if self.models.contains_key(m) => {
-                    if post {
-                        empty_ok()
-                    } else {
-                        method_not_allowed()
+                Some((m, action @ ("load" | "unload"))) if self.models.contains_key(m) => {
+                    if !post {
+                        return method_not_allowed();
                     }
+                    if action == "load" && !self.load_delay.is_zero() {
+                        tokio::time::sleep(self.load_delay).await;
+                    }
+                    self.models[m]
+                        .loaded
+                        .store(action == "load", Ordering::Relaxed);
+                    empty_ok()
                 }
                 Some((m, "load" | "unload")) => {
                     not_found(&format!("failed to load '{m}', no version is available"))
@@ -507,6 +540,16 @@ impl FakeTriton {
         }
         if segs.next().is_some() {
             return not_found(&format!("unknown path {path}"));
+        }
+        if !model.loaded.load(Ordering::Relaxed) {
+            // Triton's words for a model it has not loaded (HTTP 400).
+            return respond(
+                StatusCode::BAD_REQUEST,
+                Some(APPLICATION_JSON),
+                error_body(&format!(
+                    "Request for unknown model: '{model_name}' has no available versions"
+                )),
+            );
         }
         match action {
             None | Some("") => {
@@ -654,6 +697,54 @@ mod tests {
                 {"name": "other", "version": "1", "state": "READY"}
             ])
         );
+    }
+
+    #[tokio::test]
+    async fn loads_and_unloads_change_the_index_and_infer() {
+        let s = FakeTriton::new(&FakeConfig {
+            unloaded: true,
+            load_delay: Duration::from_millis(20),
+            ..Default::default()
+        });
+        let index = || async {
+            let (_, _, b) = call(&s, Method::POST, "/v2/repository/index", false).await;
+            serde_json::from_slice::<Value>(&b).unwrap()[0].clone()
+        };
+        assert_eq!(
+            index().await,
+            json!({"name": "add_sub", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"})
+        );
+        let (st, _, b) = call(&s, Method::POST, "/v2/models/add_sub/infer", false).await;
+        assert_eq!(st, 400);
+        assert!(
+            std::str::from_utf8(&b)
+                .unwrap()
+                .contains("Request for unknown model")
+        );
+
+        let t0 = std::time::Instant::now();
+        let (st, _, _) = call(
+            &s,
+            Method::POST,
+            "/v2/repository/models/add_sub/load",
+            false,
+        )
+        .await;
+        assert_eq!(st, 200);
+        assert!(t0.elapsed() >= Duration::from_millis(20));
+        assert_eq!(index().await["state"], "READY");
+        let (st, _, _) = call(&s, Method::POST, "/v2/models/add_sub/infer", false).await;
+        assert_eq!(st, 200);
+
+        let (st, _, _) = call(
+            &s,
+            Method::POST,
+            "/v2/repository/models/add_sub/unload",
+            false,
+        )
+        .await;
+        assert_eq!(st, 200);
+        assert_eq!(index().await["state"], "UNAVAILABLE");
     }
 
     #[tokio::test]

@@ -39,6 +39,15 @@ struct Args {
     #[arg(long, default_value_t = 0.0, value_name = "FRACTION")]
     fail_rate: f64,
 
+    /// Time a repository load takes before it answers (e.g. 0ms, 20ms).
+    #[arg(long, default_value = "0ms", value_name = "DURATION")]
+    load_delay: String,
+
+    /// Start with no model loaded: each is UNAVAILABLE in the index, and answers 400
+    /// "Request for unknown model", until a repository load.
+    #[arg(long)]
+    unloaded: bool,
+
     /// Tokio worker threads (default: all cores).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -73,6 +82,8 @@ fn run(args: Args) -> Result<()> {
         dynamic_models: args.dynamic_models,
         delay: parse_duration(&args.delay).context("--delay")?,
         fail_rate: args.fail_rate,
+        load_delay: parse_duration(&args.load_delay).context("--load-delay")?,
+        unloaded: args.unloaded,
     };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all();
