@@ -502,6 +502,31 @@ fn placing_replica(
     )
 }
 
+/// Starts a placing replica (16 GiB backends) per name and waits until each sees them all
+/// registered and is not degraded.
+async fn placing_replicas(
+    test: &str,
+    tritons: &[&Triton],
+    etcd: &Etcd,
+    names: &[&str],
+) -> Vec<TestGateway> {
+    let mut replicas = Vec::new();
+    for name in names {
+        replicas
+            .push(TestGateway::start(&placing_replica(test, tritons, etcd, name, "16GiB")).await);
+    }
+    for gateway in &replicas {
+        wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "every replica registered",
+            |v| v["replicas"].as_array().unwrap().len() == names.len() && v["degraded"] == false,
+        )
+        .await;
+    }
+    replicas
+}
+
 /// Successful loads of new copies the replicas ran on `test`'s backends (the metrics
 /// registry is the process's, shared by the in-process replicas).
 async fn loads(gateway: &TestGateway, test: &str) -> u64 {
@@ -547,20 +572,7 @@ async fn replicas_load_a_model_once_for_cold_requests_spread_over_all_of_them() 
     let (etcd, t0, t1) = (etcd.unwrap(), t0.unwrap(), t1.unwrap());
     let tritons = [&t0, &t1];
     let test = "once";
-    let mut replicas = Vec::new();
-    for name in ["a", "b", "c"] {
-        replicas
-            .push(TestGateway::start(&placing_replica(test, &tritons, &etcd, name, "16GiB")).await);
-    }
-    for gateway in &replicas {
-        wait_for(
-            gateway.admin,
-            Duration::from_secs(10),
-            "three replicas",
-            |v| v["replicas"].as_array().unwrap().len() == 3 && v["degraded"] == false,
-        )
-        .await;
-    }
+    let replicas = placing_replicas(test, &tritons, &etcd, &["a", "b", "c"]).await;
     let client = reqwest::Client::new();
     // 24 cold requests at once, 8 to each replica.
     let cold = (0..24).map(|i| {
@@ -1096,21 +1108,12 @@ async fn a_load_that_failed_on_one_replica_is_not_tried_again_by_the_others_duri
     let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
     let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
     let test = "backoff";
-    let a = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "a", "16GiB")).await;
-    let b = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "b", "16GiB")).await;
-    for gateway in [&a, &b] {
-        wait_for(
-            gateway.admin,
-            Duration::from_secs(10),
-            "two replicas",
-            |v| v["replicas"].as_array().unwrap().len() == 2 && v["degraded"] == false,
-        )
-        .await;
-    }
+    let replicas = placing_replicas(test, &[&triton], &etcd, &["a", "b"]).await;
+    let (a, b) = (&replicas[0], &replicas[1]);
     let client = reqwest::Client::new();
     let (status, body) = infer(&client, &a.url(), "failing_model", None).await;
     assert_eq!(status, 503, "{body}");
-    let tried = failed_loads(&a, test).await;
+    let tried = failed_loads(a, test).await;
     assert!(tried >= 1);
     // The registry has the backoff; replica b takes it from there.
     let mut etcd_client = etcd_client::Client::connect([etcd.endpoint()], None)
@@ -1141,7 +1144,7 @@ async fn a_load_that_failed_on_one_replica_is_not_tried_again_by_the_others_duri
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("failed to load"), "{body}");
     assert_eq!(
-        failed_loads(&a, test).await,
+        failed_loads(a, test).await,
         tried,
         "replica b did not load it again"
     );
@@ -1153,17 +1156,8 @@ async fn a_model_unloaded_through_one_replicas_repository_api_is_loaded_by_no_re
     let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
     let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
     let test = "specs";
-    let a = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "a", "16GiB")).await;
-    let b = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "b", "16GiB")).await;
-    for gateway in [&a, &b] {
-        wait_for(
-            gateway.admin,
-            Duration::from_secs(10),
-            "two replicas",
-            |v| v["replicas"].as_array().unwrap().len() == 2 && v["degraded"] == false,
-        )
-        .await;
-    }
+    let replicas = placing_replicas(test, &[&triton], &etcd, &["a", "b"]).await;
+    let (a, b) = (&replicas[0], &replicas[1]);
     let client = reqwest::Client::new();
     assert_eq!(infer(&client, &b.url(), "sized_a", None).await.0, 200);
     let unloaded = client
