@@ -80,23 +80,39 @@ fn backend_key(view: &View, backend: &str) -> String {
     view.key(&format!("{}{backend}", view::BACKENDS))
 }
 
+/// A model's record in the view, and its revision (0: absent).
+fn model_in(view: &View, model: &str) -> (Option<ModelRecord>, i64) {
+    let entry = view.get(&format!("{}{model}", view::COPIES));
+    let record = entry.and_then(|e| serde_json::from_slice(&e.value).ok());
+    (record, entry.map_or(0, |e| e.mod_revision))
+}
+
+/// A backend record's revision in the view (0: absent).
+fn backend_in(view: &View, backend: &str) -> i64 {
+    view.get(&format!("{}{backend}", view::BACKENDS))
+        .map_or(0, |e| e.mod_revision)
+}
+
+/// The touched models' records as the view has them, with their revisions.
+fn touched(view: &View, change: &Change) -> Vec<(String, Option<ModelRecord>, i64)> {
+    (change.copies.iter())
+        .map(|c| {
+            let (record, revision) = model_in(view, &c.model);
+            (c.model.clone(), record, revision)
+        })
+        .collect()
+}
+
 /// The records the view has for a change's keys: what the books take when it is not agreed.
 fn known(view: &View, change: &Change) -> Vec<Record> {
-    let mut records: Vec<Record> = change
-        .copies
-        .iter()
-        .map(|c| {
-            let entry = view.get(&format!("{}{}", view::COPIES, c.model));
-            let record = entry.and_then(|e| serde_json::from_slice(&e.value).ok());
-            Record::Model(c.model.clone(), record, entry.map_or(0, |e| e.mod_revision))
-        })
-        .collect();
-    let backend = view.get(&format!("{}{}", view::BACKENDS, change.backend));
-    records.push(Record::Backend(
-        change.backend.clone(),
-        backend.map_or(0, |e| e.mod_revision),
-    ));
-    records
+    let models = touched(view, change).into_iter();
+    models
+        .map(|(model, record, revision)| Record::Model(model, record, revision))
+        .chain([Record::Backend(
+            change.backend.clone(),
+            backend_in(view, &change.backend),
+        )])
+        .collect()
 }
 
 /// Compares a key's revision: `0` means it must not exist.
@@ -228,23 +244,10 @@ impl Registry for Cluster {
         // The view is as new as the books, or newer: a key it has at another revision than
         // the books saw has changed since they decided.
         let records = known(&view, &change);
-        let stale = change.expect_models.iter().any(|(model, expected)| {
-            view.get(&format!("{}{model}", view::COPIES))
-                .map_or(0, |e| e.mod_revision)
-                != *expected
-        }) || view
-            .get(&format!("{}{}", view::BACKENDS, change.backend))
-            .map_or(0, |e| e.mod_revision)
-            != change.expect_backend;
-        let current: Vec<(String, Option<ModelRecord>, i64)> = change
-            .copies
-            .iter()
-            .map(|c| {
-                let entry = view.get(&format!("{}{}", view::COPIES, c.model));
-                let record = entry.and_then(|e| serde_json::from_slice(&e.value).ok());
-                (c.model.clone(), record, entry.map_or(0, |e| e.mod_revision))
-            })
-            .collect();
+        let stale = (change.expect_models.iter())
+            .any(|(model, expected)| model_in(&view, model).1 != *expected)
+            || backend_in(&view, &change.backend) != change.expect_backend;
+        let current = touched(&view, &change);
         let planned = (!stale)
             .then(|| plan(&view, &change, &current, change.expect_backend, false))
             .flatten();
@@ -285,12 +288,10 @@ impl Registry for Cluster {
 
     fn known(&self, models: &[String]) -> Vec<Record> {
         let view = self.view();
-        models
-            .iter()
+        (models.iter())
             .map(|model| {
-                let entry = view.get(&format!("{}{model}", view::COPIES));
-                let record = entry.and_then(|e| serde_json::from_slice(&e.value).ok());
-                Record::Model(model.clone(), record, entry.map_or(0, |e| e.mod_revision))
+                let (record, revision) = model_in(&view, model);
+                Record::Model(model.clone(), record, revision)
             })
             .collect()
     }
@@ -519,13 +520,10 @@ impl Cluster {
                 continue;
             };
             if let Some(model) = relative.strip_prefix(view::COPIES) {
-                let entry = view.get(relative);
-                let record = entry.and_then(|e| serde_json::from_slice(&e.value).ok());
-                records.push(Record::Model(
-                    model.to_string(),
-                    record,
-                    entry.map_or(revision, |e| e.mod_revision),
-                ));
+                // A deleted record carries the deletion's revision: news to the books.
+                let (record, at) = model_in(&view, model);
+                let at = if record.is_some() { at } else { revision };
+                records.push(Record::Model(model.to_string(), record, at));
             } else if let Some(backend) = relative.strip_prefix(view::BACKENDS) {
                 let entry = view.get(relative);
                 records.push(Record::Backend(
