@@ -27,6 +27,21 @@ fn replica_config(
     )
 }
 
+/// Runs a replica as the built binary (so a test can `kill -9` it) from `config`, written to
+/// a temporary directory that lives as long as the returned guard.
+fn spawn_replica(config: &str) -> (std::process::Child, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"));
+    command
+        .arg("--config")
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    (support::spawn_in_own_group(command).unwrap(), dir)
+}
+
 /// The admin key of the limits test's config (ignored where auth is off).
 const ADMIN_KEY: &str = "admin-key";
 
@@ -266,20 +281,8 @@ async fn a_killed_replicas_record_vanishes_when_its_lease_runs_out() {
     let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
     let (etcd, triton) = (etcd.unwrap(), triton.unwrap());
     let a = TestGateway::start(&replica_config("crash", &[&triton], &etcd, "a", "")).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gateway.toml");
-    std::fs::write(
-        &config,
-        replica_config("crash", &[&triton], &etcd, "doomed", ""),
-    )
-    .unwrap();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"));
-    command
-        .arg("--config")
-        .arg(&config)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut doomed = support::spawn_in_own_group(command).unwrap();
+    let (mut doomed, _dir) =
+        spawn_replica(&replica_config("crash", &[&triton], &etcd, "doomed", ""));
     wait_for(
         a.admin,
         Duration::from_secs(20),
@@ -785,21 +788,12 @@ async fn a_load_left_by_a_killed_replica_is_finished_by_the_leader_and_served_wi
     })
     .await;
     let [port] = support::free_ports::<1>().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.toml");
     let text = config("doomed").replacen(
         "http = \"127.0.0.1:0\"",
         &format!("http = \"127.0.0.1:{port}\""),
         1,
     );
-    std::fs::write(&path, text).unwrap();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"));
-    command
-        .arg("--config")
-        .arg(&path)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut doomed = support::spawn_in_own_group(command).unwrap();
+    let (mut doomed, _dir) = spawn_replica(&text);
     wait_for(a.admin, Duration::from_secs(20), "two replicas", |v| {
         names(v) == ["a", "doomed"]
     })
@@ -1211,17 +1205,8 @@ async fn a_replica_killed_mid_traffic_behind_haproxy_hangs_no_client_and_the_oth
     let test = "midkill";
     let a = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "a", "16GiB")).await;
     let [port] = support::free_ports::<1>().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.toml");
     let text = replica_on_port(test, &[&triton], &etcd, "doomed", "16GiB", port, "");
-    std::fs::write(&path, text).unwrap();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"));
-    command
-        .arg("--config")
-        .arg(&path)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut doomed = support::spawn_in_own_group(command).unwrap();
+    let (mut doomed, _dir) = spawn_replica(&text);
     wait_for(a.admin, Duration::from_secs(20), "two replicas", |v| {
         names(v) == ["a", "doomed"]
     })

@@ -216,15 +216,19 @@ async fn a_slowloris_is_closed_after_header_read_timeout_while_others_are_served
     assert!(timeouts >= 320.0, "{timeouts} header timeouts counted");
 }
 
+/// The head of a JSON inference request whose body is `length` bytes.
+fn json_head(length: usize) -> String {
+    format!(
+        "POST {INFER} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+         content-length: {length}\r\n\r\n"
+    )
+}
+
 #[tokio::test]
 async fn a_body_trickled_at_a_byte_a_second_is_cut_after_body_read_timeout() {
     let (_triton, gateway) = gateway("trickle", "body_read_timeout = \"500ms\"").await;
     let body = add_sub_body();
-    let head = format!(
-        "POST {INFER} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n",
-        body.len()
-    );
+    let head = json_head(body.len());
     let clients = (0..20)
         .map(|_| Trickle {
             head: head.clone(),
@@ -249,11 +253,7 @@ async fn a_body_trickled_at_a_byte_a_second_is_cut_after_body_read_timeout() {
 async fn a_stalled_body_is_answered_with_an_error_naming_body_read_timeout() {
     let (_triton, gateway) = gateway("stalled", "body_read_timeout = \"300ms\"").await;
     let body = add_sub_body();
-    let request = format!(
-        "POST {INFER} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n",
-        body.len(),
-    );
+    let request = json_head(body.len());
     let answer = answer_to_stalled(&gateway, &request, &body.as_bytes()[..10]).await;
     assert!(answer.starts_with("HTTP/1.1 400"), "answer: {answer}");
     assert!(

@@ -400,6 +400,19 @@ fn tree_size(path: &Path, depth: u32) -> u64 {
 mod tests {
     use super::*;
 
+    /// `[[models]] name = "sized"` with `size = "1GiB"`.
+    fn sized_1gib() -> config::Model {
+        config::Model {
+            name: "sized".into(),
+            size: Some(config::ByteSize(1 << 30)),
+            min_copies: 0,
+            max_copies: None,
+            preload: false,
+            keep: false,
+            cost_weight: None,
+        }
+    }
+
     #[test]
     fn explicit_then_disk_then_default() {
         let repo = tempfile::tempdir().unwrap();
@@ -416,15 +429,7 @@ mod tests {
             size_multiplier: 2.0,
             ..Default::default()
         };
-        let models = [config::Model {
-            name: "sized".into(),
-            size: Some(config::ByteSize(1 << 30)),
-            min_copies: 0,
-            max_copies: None,
-            preload: false,
-            keep: false,
-            cost_weight: None,
-        }];
+        let models = [sized_1gib()];
         let estimator = Estimator::new(&placement, &models);
         assert_eq!(
             estimator.estimate("sized"),
@@ -557,15 +562,7 @@ mod tests {
             default_model_size: config::ByteSize(1 << 30),
             ..Default::default()
         };
-        let models = [config::Model {
-            name: "sized".into(),
-            size: Some(config::ByteSize(1 << 30)),
-            min_copies: 0,
-            max_copies: None,
-            preload: false,
-            keep: false,
-            cost_weight: None,
-        }];
+        let models = [sized_1gib()];
         let estimator = Estimator::new(&placement, &models);
         let latest = Versions::latest();
         let raised = estimator.raise_after_out_of_memory("m", &latest, 3 << 30);
