@@ -39,7 +39,7 @@ pub mod internals {
     pub use crate::placement::estimate::{Estimate, SizeSource};
     pub use crate::placement::policy::EvictionOrder;
     pub use crate::placement::table::{BackendView, Decision, Policy, Table};
-    pub use crate::tls::{ServerTls, certificate_identity};
+    pub use crate::tls::{ServerTls, certificate_identity, etcd_connector};
     pub use crate::trace::{RequestTrace, TRACEPARENT};
     pub use crate::upstream::{Backend, Pool};
     pub use crate::validate::http::{BodyView, Parsed, parse};
@@ -104,10 +104,12 @@ impl Gateway {
             )),
             None => None,
         };
-        let cluster = config
-            .cluster
-            .as_ref()
-            .map(|c| Arc::new(cluster::Cluster::new(c)));
+        let cluster = match &config.cluster {
+            Some(settings) => Some(Arc::new(
+                cluster::Cluster::new(settings).map_err(anyhow::Error::msg)?,
+            )),
+            None => None,
+        };
         if let Some(cluster) = &cluster {
             placement.share_through(cluster.clone());
         }

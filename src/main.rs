@@ -111,6 +111,14 @@ fn check_files(config: Config) -> Result<Config, infergate::config::ConfigErrors
     {
         errors.push(error);
     }
+    if let Some(cluster) = &config.cluster
+        && let Err(error) = infergate::internals::etcd_connector(
+            cluster.tls.as_ref(),
+            std::time::Duration::from_secs(1),
+        )
+    {
+        errors.push(error);
+    }
     for (i, backend) in config.backends.iter().enumerate() {
         if let Err(message) = infergate::internals::Pool::build(backend, &config) {
             let key = if backend.tls_ca.is_some() {

@@ -801,3 +801,36 @@ fn the_demo_shows_a_cold_load_then_a_warm_request_and_the_books() {
         );
     }
 }
+
+#[test]
+fn check_loads_the_etcd_tls_files_and_names_the_one_that_does_not_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |ca: &std::path::Path| {
+        write_config(&format!(
+            "[listen]\nhttp = \"127.0.0.1:8000\"\n[[backends]]\nname = \"a\"\nhttp = \"http://127.0.0.1:1\"\n\
+             [cluster]\netcd = [\"https://127.0.0.1:2379\"]\n[cluster.tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            ca.display(),
+            dir.path().join("missing.crt").display(),
+            dir.path().join("missing.key").display(),
+        ))
+    };
+    let not_pem = dir.path().join("ca.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let stderr = |file: &tempfile::NamedTempFile| {
+        let output = check(file.path());
+        assert_eq!(output.status.code(), Some(1));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let text = stderr(&config(&not_pem));
+    assert!(text.contains("cluster.tls.ca: "), "{text}");
+    assert!(
+        text.contains("no certificate (BEGIN CERTIFICATE)"),
+        "{text}"
+    );
+
+    let ca = rcgen::generate_simple_self_signed(vec!["etcd".into()]).unwrap();
+    let ca_path = dir.path().join("real-ca.pem");
+    std::fs::write(&ca_path, ca.cert.pem()).unwrap();
+    let text = stderr(&config(&ca_path));
+    assert!(text.contains("cluster.tls.cert: cannot read"), "{text}");
+}

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use support::cluster::{Etcd, Haproxy};
 use support::gateway::{TestGateway, pool_config};
+use support::pki::Pki;
 use support::{Triton, TritonOptions};
 
 /// A replica's config: the pool over `tritons`, `[cluster]` on `etcd` under a prefix of the
@@ -30,11 +31,20 @@ fn replica_config(
 /// Runs a replica as the built binary (so a test can `kill -9` it) from `config`, written to
 /// a temporary directory that lives as long as the returned guard.
 fn spawn_replica(config: &str) -> (std::process::Child, tempfile::TempDir) {
+    spawn_replica_with(config, &[])
+}
+
+/// `spawn_replica` with `env` set for the process (an etcd password).
+fn spawn_replica_with(
+    config: &str,
+    env: &[(&str, &str)],
+) -> (std::process::Child, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, config).unwrap();
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_infergate"));
     command
+        .envs(env.iter().copied())
         .arg("--config")
         .arg(&path)
         .stdout(std::process::Stdio::null())
@@ -1270,4 +1280,167 @@ async fn a_replica_killed_mid_traffic_behind_haproxy_hangs_no_client_and_the_oth
     let failures = answers.iter().filter(|a| a.0 != 200).count();
     assert!(failures <= 8, "{failures} of {} failed", answers.len());
     assert_eq!(infer(&client, &a.url(), "sized_a", None).await.0, 200);
+}
+
+/// Waits until a replica process's admin listener accepts connections.
+async fn wait_for_admin(admin: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(admin).await.is_err() {
+        assert!(Instant::now() < deadline, "no admin listener on {admin}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Turns on etcd's authentication (through its plain listener): a root user, and `user`
+/// with read and write on `prefix` only, as an operator sharing one etcd between pools would.
+async fn require_users(etcd: &Etcd, prefix: &str, user: &str, password: &str) {
+    let mut admin = etcd_client::Client::connect([etcd.plain_endpoint()], None)
+        .await
+        .unwrap();
+    admin.user_add("root", "root-password", None).await.unwrap();
+    let _ = admin.role_add("root").await; // built in on some etcd versions
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.role_add("pool").await.unwrap();
+    admin
+        .role_grant_permission(
+            "pool",
+            etcd_client::Permission::read_write(prefix).with_prefix(),
+        )
+        .await
+        .unwrap();
+    admin.user_add(user, password, None).await.unwrap();
+    admin.user_grant_role(user, "pool").await.unwrap();
+    admin.auth_enable().await.unwrap();
+}
+
+/// `[cluster.tls]` trusting `ca`'s CA, with a client certificate for `replica` from `issuer`.
+fn cluster_tls(ca: &Pki, issuer: &Pki, replica: &str) -> String {
+    let issued = issuer.client(replica);
+    format!(
+        "[cluster.tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+        ca.path("ca.pem").display(),
+        issuer
+            .write(&format!("{replica}.crt"), &issued.cert)
+            .display(),
+        issuer
+            .write(&format!("{replica}.key"), &issued.key)
+            .display(),
+    )
+}
+
+#[tokio::test]
+async fn replicas_share_one_placement_through_an_etcd_that_requires_tls_client_certificates_and_a_user()
+ {
+    let pki = Pki::new("etcd");
+    let (etcd, t0, t1) = tokio::join!(
+        Etcd::start_tls(&pki),
+        Triton::start(TritonOptions::default()),
+        Triton::start(TritonOptions::default())
+    );
+    let (etcd, t0, t1) = (etcd.unwrap(), t0.unwrap(), t1.unwrap());
+    let test = "etcdtls";
+    let prefix = format!("/infergate/{test}");
+    require_users(&etcd, &prefix, "gateway", "pool-password").await;
+    let credentials = "username = \"gateway\"\npassword_env = \"ETCD_PASSWORD\"\n";
+
+    // Two replicas as processes, each with its own client certificate and the password in
+    // its environment only; b lists a dead etcd member first, and goes on to the next.
+    let mut replicas = Vec::new();
+    for name in ["a", "b"] {
+        let [http, admin, dead] = support::free_ports::<3>().unwrap();
+        let mut text = placing_replica(test, &[&t0, &t1], &etcd, name, "16GiB");
+        if name == "b" {
+            text = text.replacen(
+                "etcd = [\"",
+                &format!("etcd = [\"https://127.0.0.1:{dead}\", \""),
+                1,
+            );
+        }
+        let text =
+            text.replacen(
+                "http = \"127.0.0.1:0\"",
+                &format!("http = \"127.0.0.1:{http}\""),
+                1,
+            )
+            .replacen(
+                "admin = \"127.0.0.1:0\"",
+                &format!("admin = \"127.0.0.1:{admin}\""),
+                1,
+            ) + credentials
+                + &cluster_tls(&pki, &pki, name);
+        let child = spawn_replica_with(&text, &[("ETCD_PASSWORD", "pool-password")]);
+        let addr = |port: u16| -> SocketAddr { format!("127.0.0.1:{port}").parse().unwrap() };
+        replicas.push((child, addr(http), addr(admin)));
+    }
+    let admins: Vec<SocketAddr> = replicas.iter().map(|r| r.2).collect();
+    for admin in &admins {
+        wait_for_admin(*admin).await;
+        wait_for(
+            *admin,
+            Duration::from_secs(20),
+            "both registered over TLS",
+            |v| names(v) == ["a", "b"] && v["degraded"] == false && v["leader"].is_string(),
+        )
+        .await;
+    }
+
+    // Cold requests spread over both replicas: one load, one copy, every answer 200.
+    let client = reqwest::Client::new();
+    let cold = (0..12).map(|i| {
+        let (client, base) = (client.clone(), format!("http://{}", replicas[i % 2].1));
+        async move { infer(&client, &base, "sized_a", None).await }
+    });
+    for (status, body) in futures_util::future::join_all(cold).await {
+        assert_eq!(status, 200, "{body}");
+    }
+    let copies: usize = indexes(&[&t0, &t1])
+        .await
+        .iter()
+        .map(|index| index.iter().filter(|m| *m == "sized_a").count())
+        .sum();
+    assert_eq!(copies, 1, "one copy for the pool");
+
+    // The registry the replicas agreed through is in that etcd, under the pool's prefix.
+    let mut root = etcd_client::Client::connect(
+        [etcd.plain_endpoint()],
+        Some(etcd_client::ConnectOptions::new().with_user("root", "root-password")),
+    )
+    .await
+    .unwrap();
+    let record = root
+        .get(format!("{prefix}/copies/sized_a"), None)
+        .await
+        .unwrap();
+    let record: Value = serde_json::from_slice(record.kvs()[0].value()).unwrap();
+    assert_eq!(record["copies"].as_object().unwrap().len(), 1, "{record}");
+
+    // The checks are real on both sides: a replica whose certificate another CA signed (etcd
+    // refuses it) and one that does not trust etcd's CA (it refuses etcd) never join; each
+    // says so and answers a cold model 503.
+    let stranger = Pki::new("stranger");
+    for (name, tls) in [
+        ("wrong-cert", cluster_tls(&pki, &stranger, "wrong-cert")),
+        ("wrong-ca", cluster_tls(&stranger, &pki, "wrong-ca")),
+    ] {
+        let outsider = TestGateway::start_unready(
+            &(placing_replica(test, &[&t0, &t1], &etcd, name, "16GiB") + &tls),
+            None,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let view = cluster_view(outsider.admin).await;
+        assert_eq!(view["degraded"], true, "{name}: {view}");
+        let reason = view["degraded_reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("etcd"), "{name}: {view}");
+        if name == "wrong-ca" {
+            assert!(reason.contains("invalid peer certificate"), "{view}");
+        }
+        let (status, body) = infer(&client, &outsider.url(), "sized_b", None).await;
+        assert_eq!(status, 503, "{name}: {body}");
+        assert_eq!(names(&cluster_view(admins[0]).await), ["a", "b"], "{name}");
+    }
+    for ((mut child, _dir), ..) in replicas {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

@@ -17,17 +17,14 @@ mod support;
 use infergate::config::ClientIdentity;
 use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use infergate::protocol::inference::{ModelInferRequest, ServerLiveRequest};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair,
-};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::gateway::TestGateway;
+use support::pki::{Issued, Pki};
 use support::{Triton, TritonOptions};
 use tokio::sync::OnceCell;
 
@@ -43,81 +40,6 @@ async fn triton() -> &'static Triton {
                 .expect("triton")
         })
         .await
-}
-
-/// A test CA that issues server and client certificates into a temporary directory.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: CertifiedIssuer<'static, KeyPair>,
-}
-
-/// A certificate and its key, PEM.
-struct Issued {
-    cert: String,
-    key: String,
-}
-
-impl Pki {
-    fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("{name} test CA"));
-        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        let pki = Self {
-            dir: tempfile::tempdir().unwrap(),
-            ca,
-        };
-        pki.write("ca.pem", &pki.ca.pem());
-        pki
-    }
-
-    fn issue(&self, cn: &str, sans: &[&str], usage: ExtendedKeyUsagePurpose) -> Issued {
-        let key = KeyPair::generate().unwrap();
-        let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
-        let mut params = CertificateParams::new(sans).unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        params.extended_key_usages = vec![usage];
-        let cert = params.signed_by(&key, &self.ca).unwrap();
-        Issued {
-            cert: cert.pem(),
-            key: key.serialize_pem(),
-        }
-    }
-
-    /// A server certificate for 127.0.0.1 and localhost.
-    fn server(&self, cn: &str) -> Issued {
-        self.issue(
-            cn,
-            &["127.0.0.1", "localhost"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        )
-    }
-
-    fn client(&self, cn: &str) -> Issued {
-        self.issue(cn, &[], ExtendedKeyUsagePurpose::ClientAuth)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.path(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-
-    /// Writes `server.crt` and `server.key`.
-    fn install_server(&self, issued: &Issued) {
-        self.write("server.crt", &issued.cert);
-        self.write("server.key", &issued.key);
-    }
-
-    fn ca_pem(&self) -> String {
-        self.ca.pem()
-    }
 }
 
 /// Gateway config over the test Triton with `[listen.tls]` (plus `tls_extra` keys there).

@@ -1,41 +1,139 @@
 //! The etcd connection: options from `[cluster]`, and one way to make a round trip (timed
 //! into `infergate_cluster_etcd_duration_seconds`, bounded by a deadline).
 //!
-//! etcd-client balances over the endpoints and reconnects by itself, and a call made while
+//! The channel under etcd-client is ours (`Failover`, over the gateway's rustls connector, so
+//! `[cluster.tls]` needs no second TLS stack): it reconnects by itself, and a call made while
 //! no endpoint is up waits for one rather than failing: every call goes through `call`,
 //! whose deadline turns that wait into an error, so the session notices etcd is gone.
 
 use crate::config;
 use crate::telemetry;
+use crate::tls::HttpsConnector;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Endpoint};
 
 /// Longest wait for one round trip before etcd counts as unreachable.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Connects (lazily: no endpoint need be up yet) with `[cluster]`'s TLS and credentials.
-pub async fn connect(cluster: &config::Cluster) -> Result<etcd_client::Client, String> {
-    // No per-request timeout on the client: a follower's campaign waits, by design, until
-    // it is elected; every other call is bounded by `call`.
-    let mut options = etcd_client::ConnectOptions::new()
-        .with_connect_timeout(CALL_TIMEOUT)
-        // HTTP/2 pings find an etcd that stopped answering without closing the connection.
-        .with_keep_alive(Duration::from_secs(2), CALL_TIMEOUT)
-        .with_keep_alive_while_idle(true);
+/// The channel every session's client goes over: one per replica, so which endpoint is up
+/// is remembered from one session to the next.
+pub type EtcdChannel = tower::util::BoxCloneSyncService<EtcdRequest, EtcdResponse, tower::BoxError>;
+
+/// The connector to `[cluster]`'s endpoints, plain or with `[cluster.tls]` (whose files are
+/// read here, once, so a file that does not load stops the gateway at start).
+pub fn connector(cluster: &config::Cluster) -> Result<HttpsConnector, String> {
+    crate::tls::etcd_connector(cluster.tls.as_ref(), CALL_TIMEOUT).map_err(|e| e.to_string())
+}
+
+/// The channel over `connector` to `[cluster]`'s endpoints; connects lazily (but needs the
+/// runtime, which its workers are spawned on).
+pub fn channel(
+    cluster: &config::Cluster,
+    connector: &HttpsConnector,
+) -> Result<EtcdChannel, String> {
+    Failover::over(&cluster.etcd, connector)
+}
+
+/// A client over `channel` with `[cluster]`'s credentials. Authenticating with a user is
+/// the one round trip made here.
+pub async fn connect(
+    cluster: &config::Cluster,
+    channel: &EtcdChannel,
+) -> Result<etcd_client::Client, String> {
+    let mut options = etcd_client::ConnectOptions::new();
     if let (Some(user), Some(env)) = (&cluster.username, &cluster.password_env) {
         let password = std::env::var(env).map_err(|_| {
             format!("cluster.password_env: the environment variable {env} is not set")
         })?;
         options = options.with_user(user, password);
     }
-    let endpoints = cluster.etcd.clone();
+    let channel = etcd_client::Channel::Custom(channel.clone());
     tokio::time::timeout(
         CALL_TIMEOUT,
-        etcd_client::Client::connect(endpoints, Some(options)),
+        etcd_client::Client::from_channel(channel, Some(options)),
     )
     .await
     .map_err(|_| "etcd did not answer the connection within 2s".to_string())?
     .map_err(|e| format!("cannot connect to etcd: {e}"))
+}
+
+type EtcdRequest = http::Request<tonic::body::Body>;
+type EtcdResponse = http::Response<tonic::body::Body>;
+
+/// The etcd endpoints as one channel: calls go to one endpoint until a call there fails at
+/// the transport (refused, reset, keep-alive unanswered), then to the next, as etcd's own
+/// clients pin an endpoint. Our channel, not etcd-client's balancer, so the TLS under it is
+/// the gateway's rustls connector.
+#[derive(Clone)]
+struct Failover {
+    /// One lazily connecting channel per endpoint (each clone holds its own handles, so the
+    /// one polled ready is the one called).
+    channels: Vec<Channel>,
+    /// The endpoint calls go to, shared by every clone.
+    current: Arc<AtomicUsize>,
+    /// The endpoint `poll_ready` readied, for the `call` after it.
+    picked: usize,
+}
+
+impl Failover {
+    fn over(endpoints: &[String], connector: &HttpsConnector) -> Result<EtcdChannel, String> {
+        let channels = endpoints
+            .iter()
+            .map(|url| {
+                let endpoint = Endpoint::from_shared(url.clone())
+                    .map_err(|e| format!("cluster.etcd: {url:?}: {e}"))?
+                    .connect_timeout(CALL_TIMEOUT)
+                    .tcp_nodelay(true)
+                    // HTTP/2 pings find an etcd that stopped answering without closing the
+                    // connection; no per-request timeout: a follower's campaign waits, by
+                    // design, until it is elected, and every other call is bounded by `call`.
+                    .http2_keep_alive_interval(Duration::from_secs(2))
+                    .keep_alive_timeout(CALL_TIMEOUT)
+                    .keep_alive_while_idle(true);
+                Ok(endpoint.connect_with_connector_lazy(connector.clone()))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(tower::util::BoxCloneSyncService::new(Failover {
+            channels,
+            current: Arc::new(AtomicUsize::new(0)),
+            picked: 0,
+        }))
+    }
+}
+
+impl tower::Service<EtcdRequest> for Failover {
+    type Response = EtcdResponse;
+    type Error = tower::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<EtcdResponse, tower::BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), tower::BoxError>> {
+        self.picked = self.current.load(Ordering::Relaxed) % self.channels.len();
+        self.channels[self.picked]
+            .poll_ready(cx)
+            .map_err(Into::into)
+    }
+
+    fn call(&mut self, request: EtcdRequest) -> Self::Future {
+        let (picked, count, current) = (self.picked, self.channels.len(), self.current.clone());
+        let answer = self.channels[picked].call(request);
+        Box::pin(async move {
+            answer.await.map_err(|error| {
+                // Move on, unless another call already did.
+                let _ = current.compare_exchange(
+                    picked,
+                    (picked + 1) % count,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                error.into()
+            })
+        })
+    }
 }
 
 /// One round trip named `op`: timed, and an error once `CALL_TIMEOUT` passes.

@@ -35,6 +35,8 @@ pub struct Cluster {
     started_at_unix: f64,
     /// The placement it shares, for copies the registry no longer counts (`registry`).
     placement: std::sync::OnceLock<std::sync::Arc<crate::placement::Placement>>,
+    /// To etcd: plain TCP, or TLS with `[cluster.tls]`'s files (read once, at start).
+    connector: crate::tls::HttpsConnector,
     /// The current session's etcd client, for placement's transactions (`registry`).
     client: Mutex<Option<etcd_client::Client>>,
     /// Outcomes placement reports, applied in order by `settle_loop`.
@@ -53,10 +55,12 @@ impl std::fmt::Debug for Cluster {
 
 impl Cluster {
     /// The replica's state before it has reached etcd: degraded until the first session
-    /// registers it.
-    pub fn new(config: &config::Cluster) -> Self {
+    /// registers it. Fails when `[cluster.tls]`'s files do not load (naming the key).
+    pub fn new(config: &config::Cluster) -> Result<Self, String> {
+        let connector = etcd::connector(config)?;
         let (settles, settles_rx) = tokio::sync::mpsc::unbounded_channel();
         let this = Self {
+            connector,
             client: Mutex::new(None),
             placement: std::sync::OnceLock::new(),
             settles,
@@ -71,7 +75,7 @@ impl Cluster {
                 .map_or(0.0, |d| d.as_secs_f64()),
         };
         this.gauge(telemetry::CLUSTER_DEGRADED).set(1.0);
-        this
+        Ok(this)
     }
 
     /// This replica's name in the registry.

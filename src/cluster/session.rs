@@ -34,12 +34,16 @@ impl Cluster {
         if let Some(settles) = self.settles_rx.lock().expect("settles").take() {
             tokio::spawn(self.clone().settle_loop(settles, shutdown.clone()));
         }
+        let channel = match etcd::channel(&self.config, &self.connector) {
+            Ok(channel) => channel,
+            Err(reason) => return self.set_degraded(Some(reason)),
+        };
         let mut shared = Shared::default();
         let mut backoff = FIRST_BACKOFF;
         let mut client = None;
         loop {
             if client.is_none() {
-                match etcd::connect(&self.config).await {
+                match etcd::connect(&self.config, &channel).await {
                     Ok(connected) => client = Some(connected),
                     Err(reason) => self.set_degraded(Some(reason)),
                 }

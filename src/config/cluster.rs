@@ -148,14 +148,6 @@ impl Cluster {
                 "cert and key go together (the client certificate etcd verifies)".into(),
             );
         }
-        if self.tls.is_some() {
-            // tonic's own TLS would take over every gRPC channel of the process, the
-            // backends' (which have a rustls connector of their own) included.
-            error(
-                "tls",
-                "TLS to etcd is not supported yet: use http:// endpoints on a private network, or a local TLS-terminating proxy".into(),
-            );
-        }
     }
 }
 

@@ -14,12 +14,14 @@
 //!
 //! Backends: `upstream::https_connector` builds the connector the HTTP pools and gRPC
 //! channels use for `https://` URLs, trusting a configured CA bundle or the system's roots.
+//! etcd: `upstream::etcd_connector` does the same for `[cluster.tls]`, with this replica's
+//! client certificate when etcd asks for one.
 
 mod listener;
 mod upstream;
 
 pub use listener::handshake;
-pub use upstream::{HttpsConnector, https_connector};
+pub use upstream::{HttpsConnector, etcd_connector, https_connector};
 
 use crate::config::{ClientAuth, ClientIdentity, ConfigError, ListenTls};
 use crate::telemetry;
@@ -291,20 +293,36 @@ fn parse_certificates(
 }
 
 fn load_certified_key(settings: &ListenTls) -> Result<CertifiedKey, ConfigError> {
-    let chain = load_certificates("listen.tls.cert", &settings.cert)?;
-    let pem = read("listen.tls.key", &settings.key)?;
-    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| ConfigError {
-        key: "listen.tls.key".into(),
-        message: format!("{}: no PEM private key in it: {e}", settings.key.display()),
+    let (chain, key) = load_key_pair(
+        ("listen.tls.cert", &settings.cert),
+        ("listen.tls.key", &settings.key),
+    )?;
+    Ok(CertifiedKey::from_der(chain, key, &provider()).expect("load_key_pair checked the pair"))
+}
+
+/// A certificate chain and its private key from two PEM files, checked to go together;
+/// each error names the config key of the file it is about.
+pub(crate) fn load_key_pair(
+    (cert_key, cert): (&str, &Path),
+    (key_key, key): (&str, &Path),
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ConfigError> {
+    let chain = load_certificates(cert_key, cert)?;
+    let pem = read(key_key, key)?;
+    let private = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| ConfigError {
+        key: key_key.into(),
+        message: format!("{}: no PEM private key in it: {e}", key.display()),
     })?;
-    CertifiedKey::from_der(chain, key, &provider()).map_err(|e| ConfigError {
-        key: "listen.tls.key".into(),
-        message: format!(
-            "{} does not go with the certificate in {}: {e}",
-            settings.key.display(),
-            settings.cert.display()
-        ),
-    })
+    CertifiedKey::from_der(chain.clone(), private.clone_key(), &provider()).map_err(|e| {
+        ConfigError {
+            key: key_key.into(),
+            message: format!(
+                "{} does not go with the certificate in {}: {e}",
+                key.display(),
+                cert.display()
+            ),
+        }
+    })?;
+    Ok((chain, private))
 }
 
 /// The CA bundle's bytes, when `listen.tls.client_ca` is set.

@@ -4,6 +4,7 @@
 //! group, and are killed on drop, also when a test panics (and with the test process,
 //! through `spawn_in_own_group`).
 
+use super::pki::Pki;
 use super::{free_ports, spawn_in_own_group, tail};
 use anyhow::{Context, bail};
 use std::fs::File;
@@ -16,21 +17,56 @@ use std::time::{Duration, Instant};
 pub struct Etcd {
     pub client_port: u16,
     peer_port: u16,
+    /// A second, plain client listener next to the TLS one, for the test's own setup and
+    /// health checks (the same as `client_port` without TLS).
+    plain_port: u16,
+    /// With TLS: clients must present a certificate signed by this CA.
+    tls: Option<EtcdTls>,
     child: Option<Child>,
     log_path: PathBuf,
     dir: tempfile::TempDir,
 }
 
+/// etcd's own TLS files (`--cert-file`, `--key-file`, `--trusted-ca-file`).
+struct EtcdTls {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+}
+
 impl Etcd {
     /// Starts etcd and waits until `/health` says so.
     pub async fn start() -> anyhow::Result<Etcd> {
-        let [client_port, peer_port] = free_ports::<2>()?;
+        Self::start_with(None).await
+    }
+
+    /// Starts etcd serving TLS with a certificate from `pki` for 127.0.0.1, and requiring
+    /// client certificates signed by `pki`'s CA (`--client-cert-auth`), as a secured
+    /// production etcd does; plus a plain listener for the test itself (`plain_endpoint`).
+    pub async fn start_tls(pki: &Pki) -> anyhow::Result<Etcd> {
+        let issued = pki.server("etcd");
+        let tls = EtcdTls {
+            cert: pki.write("etcd.crt", &issued.cert),
+            key: pki.write("etcd.key", &issued.key),
+            ca: pki.path("ca.pem"),
+        };
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<EtcdTls>) -> anyhow::Result<Etcd> {
+        let [client_port, peer_port, plain_port] = free_ports::<3>()?;
         let dir = tempfile::Builder::new()
             .prefix("infergate-etcd-")
             .tempdir()?;
         let mut etcd = Etcd {
             client_port,
             peer_port,
+            plain_port: if tls.is_some() {
+                plain_port
+            } else {
+                client_port
+            },
+            tls,
             child: None,
             log_path: dir.path().join("etcd.log"),
             dir,
@@ -39,15 +75,21 @@ impl Etcd {
         Ok(etcd)
     }
 
-    /// `http://127.0.0.1:port`, for `cluster.etcd`.
+    /// `http://127.0.0.1:port` (`https://` with TLS), for `cluster.etcd`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The plain listener, for the test's own calls (health, setting up users).
+    pub fn plain_endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.plain_port)
     }
 
     /// (Re)starts the server on the same ports and data directory.
     pub async fn start_again(&mut self) -> anyhow::Result<()> {
         assert!(self.child.is_none(), "etcd is running");
-        let (client, peer) = (
+        let (mut client, peer) = (
             self.endpoint(),
             format!("http://127.0.0.1:{}", self.peer_port),
         );
@@ -56,13 +98,22 @@ impl Etcd {
             .append(true)
             .open(&self.log_path)?;
         let mut cmd = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            cmd.arg(format!("--cert-file={}", tls.cert.display()))
+                .arg(format!("--key-file={}", tls.key.display()))
+                .arg(format!("--trusted-ca-file={}", tls.ca.display()))
+                .arg("--client-cert-auth");
+            cmd.arg(format!("--advertise-client-urls={client}"));
+            client = format!("{client},{}", self.plain_endpoint());
+        } else {
+            cmd.arg(format!("--advertise-client-urls={client}"));
+        }
         cmd.arg("--name=test")
             .arg(format!(
                 "--data-dir={}",
                 self.dir.path().join("data").display()
             ))
             .arg(format!("--listen-client-urls={client}"))
-            .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
             .arg(format!("--initial-cluster=test={peer}"))
@@ -79,7 +130,7 @@ impl Etcd {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let health = client
-                .get(format!("{}/health", self.endpoint()))
+                .get(format!("{}/health", self.plain_endpoint()))
                 .timeout(Duration::from_secs(1))
                 .send()
                 .await;

@@ -14,6 +14,7 @@
 pub mod cluster;
 pub mod gateway;
 pub mod grpc;
+pub mod pki;
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
