@@ -6,7 +6,7 @@
 
 mod support;
 
-use infergate::config::Config;
+use infergate::config::{Backend, Config, HumanDuration};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -92,9 +92,121 @@ fn image_config() -> Config {
     Config::load(&kit("gateway.toml")).unwrap_or_else(|e| panic!("docker/gateway.toml: {e}"))
 }
 
+/// Every profile set a user may run: each Triton flavour, alone or with the second replica.
+const PROFILE_SETS: [&str; 4] = ["cpu", "gpu", "cpu,replicas", "gpu,replicas"];
+
+/// The stack as compose resolves it for `profiles` (`services` only holds every service,
+/// whatever its profiles: docker-compose v1 lists them all).
+fn resolved_stack(profiles: &str) -> Value {
+    let resolved = assert_ok(&compose_config(profiles), "docker-compose config");
+    yaml(&[], Some(&resolved)).remove(0)["services"].take()
+}
+
+/// The services `up` starts with `profiles`: those in no profile, and those in one of them.
+fn running<'a>(stack: &'a Value, profiles: &str) -> Vec<(&'a str, &'a Value)> {
+    let active: Vec<&str> = profiles.split(',').collect();
+    stack
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, service)| {
+            service["profiles"]
+                .as_array()
+                .is_none_or(|p| p.iter().any(|p| active.contains(&p.as_str().unwrap())))
+        })
+        .map(|(name, service)| (name.as_str(), service))
+        .collect()
+}
+
+/// A gateway of the stack: its service, and the config it runs (the file mounted over the
+/// image's, or the image's own), parsed by the gateway and as raw TOML (to tell a key left
+/// to its default from one set).
+struct Gateway<'a> {
+    name: &'a str,
+    service: &'a Value,
+    config: Config,
+    toml: toml::Table,
+}
+
+impl Gateway<'_> {
+    /// What replicas of one pool share: the registry (endpoints and prefix) and the Tritons.
+    fn pool(&self) -> (Option<(&Vec<String>, &String)>, &Vec<Backend>) {
+        let cluster = self.config.cluster.as_ref();
+        (cluster.map(|c| (&c.etcd, &c.prefix)), &self.config.backends)
+    }
+}
+
+/// The gateways among `services` (those built from docker/Dockerfile).
+fn gateways<'a>(services: &[(&'a str, &'a Value)]) -> Vec<Gateway<'a>> {
+    services
+        .iter()
+        .filter(|(_, s)| s["build"]["dockerfile"] == "docker/Dockerfile")
+        .map(|&(name, service)| {
+            let mounted = service["volumes"].as_array().and_then(|volumes| {
+                volumes.iter().find_map(|v| {
+                    v.as_str()?
+                        .strip_suffix(":/etc/infergate/gateway.toml:ro")
+                        .map(PathBuf::from)
+                })
+            });
+            let path = mounted.unwrap_or_else(|| kit("gateway.toml"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let config =
+                Config::parse(&text).unwrap_or_else(|e| panic!("{name}: {}: {e}", path.display()));
+            let toml = text.parse().unwrap();
+            Gateway {
+                name,
+                service,
+                config,
+                toml,
+            }
+        })
+        .collect()
+}
+
+/// Whether the raw config sets `cluster.replica` itself (else the host name is the name).
+fn names_its_replica(toml: &toml::Table) -> bool {
+    toml.get("cluster").and_then(|c| c.get("replica")).is_some()
+}
+
+/// `host` and `port` of an `http://host:port` endpoint.
+fn host_port(url: &str) -> (&str, u16) {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (host, port) = rest
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("{url}: no port"));
+    (host, port.parse().unwrap())
+}
+
+/// The value of `--flag=` in an etcd command line.
+fn flag<'a>(command: &'a Value, flag: &str) -> &'a str {
+    command
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|a| a.as_str()?.strip_prefix(&format!("--{flag}=")))
+        .unwrap_or_else(|| panic!("etcd runs without --{flag}: {command}"))
+}
+
+/// etcd listens on `port` on every interface, with history compaction on (the registry
+/// rewrites its keys all the time: without it etcd fills its quota and refuses writes).
+fn assert_etcd_serves(command: &Value, port: u16, what: &str) {
+    let listen = flag(command, "listen-client-urls");
+    assert!(
+        listen
+            .split(',')
+            .any(|u| u == format!("http://0.0.0.0:{port}")),
+        "{what} does not listen on {port}: {listen}"
+    );
+    assert!(
+        !flag(command, "auto-compaction-retention").is_empty(),
+        "{what}: no compaction"
+    );
+}
+
 #[test]
 fn compose_accepts_the_stack_with_its_env_file_in_every_profile() {
-    for profiles in ["cpu", "gpu", "cpu,replicas"] {
+    for profiles in PROFILE_SETS {
         let quiet = run(Command::new("docker-compose")
             .arg("-f")
             .arg(kit("compose.yaml"))
@@ -109,11 +221,12 @@ fn compose_accepts_the_stack_with_its_env_file_in_every_profile() {
         .arg(kit("compose.yaml")));
     assert_ok(&schema, "check-jsonschema (compose spec)");
 
-    let resolved = assert_ok(&compose_config("cpu"), "docker-compose config");
-    let stack = &yaml(&[], Some(&resolved))[0]["services"];
-    // Every backend of the gateway's config is a name the stack answers to in both the
+    let stack = &resolved_stack("cpu,replicas");
+    let gateways = gateways(&running(stack, "cpu,replicas"));
+    assert_eq!(gateways.len(), 2, "two replicas with `replicas`");
+    // Every backend of the gateways' config is a name the stack answers to in both the
     // CPU and the GPU profile (a service name, or a GPU service's alias).
-    for backend in &image_config().backends {
+    for backend in gateways.iter().flat_map(|g| &g.config.backends) {
         let host = backend.http.trim_start_matches("http://");
         let host = host.split(':').next().unwrap();
         assert!(
@@ -147,18 +260,90 @@ fn compose_accepts_the_stack_with_its_env_file_in_every_profile() {
             );
         }
     }
-    // The gateway publishes every port its config listens on.
-    for service in ["infergate", "infergate-2"] {
-        let published: BTreeSet<u16> = stack[service]["ports"]
+    // Each gateway publishes every port its config listens on.
+    for gateway in &gateways {
+        let published: BTreeSet<u16> = gateway.service["ports"]
             .as_array()
             .unwrap()
             .iter()
             .map(|p| p["target"].as_u64().unwrap() as u16)
             .collect();
-        assert_eq!(published, ports_of(&image_config()), "{service}");
+        assert_eq!(published, ports_of(&gateway.config), "{}", gateway.name);
     }
     assert_eq!(stack["infergate-2"]["profiles"][0], "replicas");
-    assert_eq!(stack["etcd"]["profiles"][0], "replicas");
+}
+
+#[test]
+fn compose_replicas_share_one_registry_they_can_reach_in_every_profile() {
+    for profiles in PROFILE_SETS {
+        let stack = resolved_stack(profiles);
+        let services = running(&stack, profiles);
+        let gateways = gateways(&services);
+        assert!(!gateways.is_empty(), "no gateway runs with {profiles}");
+        let mut names = BTreeSet::new();
+        for gateway in &gateways {
+            let (name, service) = (gateway.name, gateway.service);
+            // Two replicas with books of their own would overcommit the Tritons.
+            let Some(cluster) = &gateway.config.cluster else {
+                assert_eq!(
+                    gateways.len(),
+                    1,
+                    "{profiles}: {name} has no [cluster]: it keeps placement books of its own"
+                );
+                continue;
+            };
+            // The same registry (endpoints and prefix) over the same Tritons as the first.
+            assert_eq!(
+                gateway.pool(),
+                gateways[0].pool(),
+                "{profiles}: {name} and {} are not one pool",
+                gateways[0].name
+            );
+            for url in &cluster.etcd {
+                let (host, port) = host_port(url);
+                let (etcd_name, etcd) = services
+                    .iter()
+                    .find(|(n, _)| *n == host)
+                    .unwrap_or_else(|| panic!("{profiles}: {name}'s etcd {host} does not run"));
+                assert_etcd_serves(&etcd["command"], port, etcd_name);
+                let advertised = flag(&etcd["command"], "advertise-client-urls");
+                assert!(
+                    advertised.split(',').any(|u| u == url),
+                    "{etcd_name} advertises {advertised}, not {url}"
+                );
+                assert!(
+                    service["depends_on"][etcd_name].is_object(),
+                    "{profiles}: {name} does not start {etcd_name}: {}",
+                    service["depends_on"]
+                );
+            }
+            // The replica's name in the registry: its own key, else its host name (a
+            // container without `hostname:` is named by its id, new on every recreate).
+            let replica = if names_its_replica(&gateway.toml) {
+                cluster.replica.clone()
+            } else {
+                service["hostname"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{name} has no hostname"))
+                    .to_string()
+            };
+            assert!(
+                names.insert(replica.clone()),
+                "{profiles}: two replicas named {replica}"
+            );
+            // docker stop waits for the shutdown delay and the drain, then kills.
+            let grace = HumanDuration::parse(service["stop_grace_period"].as_str().unwrap())
+                .unwrap()
+                .0;
+            let server = &gateway.config.server;
+            assert!(
+                server.shutdown_delay.0 + server.drain_timeout.0 < grace,
+                "{name}: shutdown_delay {} + drain_timeout {} >= stop_grace_period {grace:?}",
+                server.shutdown_delay,
+                server.drain_timeout
+            );
+        }
+    }
 }
 
 #[test]
@@ -201,10 +386,16 @@ fn the_image_exposes_serves_and_checks_what_its_config_says() {
         .parse()
         .expect("numeric uid");
     assert_ne!(uid, 0, "runs as root");
-    // The second replica's config is the same gateway (until [cluster] lands).
-    let second = Config::load(&kit("gateway-2.toml")).unwrap();
-    assert_eq!(ports_of(&second), ports_of(&config));
-    assert_eq!(second.backends, config.backends);
+    // The baked config is the one the image runs, and a lone `docker run` needs no etcd.
+    assert!(
+        runtime.contains("\nCOPY docker/gateway.toml /etc/infergate/gateway.toml\n")
+            && runtime.contains("INFERGATE_CONFIG=/etc/infergate/gateway.toml "),
+        "the image runs another config than docker/gateway.toml"
+    );
+    assert!(
+        config.cluster.is_none(),
+        "docker/gateway.toml has [cluster]: a lone `docker run` would need an etcd"
+    );
 }
 
 #[test]
@@ -225,6 +416,12 @@ fn kubernetes_manifests_validate_and_agree_with_the_gateway_config() {
     assert_eq!(warnings.len(), 1, "{report}");
     assert!(warnings[0].contains("kind ServiceMonitor"), "{report}");
     let passed = report.lines().filter(|l| l.contains(" passed ")).count();
+    for resource in ["service/etcd", "statefulset/etcd"] {
+        assert!(
+            report.contains(&format!("etcd.yaml passed for resource {resource} ")),
+            "{report}"
+        );
+    }
 
     let documents = yaml(&files.iter().map(|p| p.as_path()).collect::<Vec<_>>(), None);
     assert_eq!(passed, documents.len() - 1, "{report}");
@@ -242,6 +439,7 @@ fn kubernetes_manifests_validate_and_agree_with_the_gateway_config() {
     let deployment = find("Deployment", "infergate");
     assert!(deployment["spec"]["replicas"].as_u64().unwrap() >= 2);
     let pod = &deployment["spec"]["template"]["spec"];
+    assert_shares_the_etcd_statefulset(text, &config, pod, &find);
     let container = &pod["containers"][0];
     let port = |name: &str| -> u16 {
         container["ports"]
@@ -266,15 +464,25 @@ fn kubernetes_manifests_validate_and_agree_with_the_gateway_config() {
         assert_eq!(container[probe]["httpGet"]["path"], path);
         assert_eq!(container[probe]["httpGet"]["port"], "http");
     }
-    // SIGTERM comes after preStop; the drain must end before the grace period does.
+    // SIGTERM comes after preStop (if any); the shutdown delay and the drain must end
+    // before the grace period does, or the pod is killed with requests in flight.
     let pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
         .as_u64()
-        .unwrap();
+        .unwrap_or(0);
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
-    let drain = config.server.drain_timeout.0.as_secs();
+    let delay = config.server.shutdown_delay.0.as_secs_f64();
+    let drain = config.server.drain_timeout.0.as_secs_f64();
     assert!(
-        pre_stop + drain < grace,
-        "preStop {pre_stop}s + drain {drain}s >= grace {grace}s"
+        pre_stop as f64 + delay + drain < grace as f64,
+        "preStop {pre_stop}s + shutdown_delay {delay}s + drain {drain}s >= grace {grace}s"
+    );
+    // The kubelet's readiness probe sees the not-ready replica before its listeners close.
+    let ready = &container["readinessProbe"];
+    let probe_time =
+        ready["periodSeconds"].as_u64().unwrap() * ready["failureThreshold"].as_u64().unwrap();
+    assert!(
+        delay >= probe_time as f64,
+        "shutdown_delay {delay}s < readiness probe {probe_time}s"
     );
     assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
@@ -326,6 +534,78 @@ fn kubernetes_manifests_validate_and_agree_with_the_gateway_config() {
             rules.contains(&format!("record: {recorded}\n")),
             "{recorded} is not recorded"
         );
+    }
+}
+
+/// The gateway pods' `[cluster]` reaches the etcd StatefulSet, and each pod registers
+/// under a name of its own.
+fn assert_shares_the_etcd_statefulset<'a>(
+    text: &str,
+    config: &Config,
+    pod: &Value,
+    find: &impl Fn(&str, &str) -> &'a Value,
+) {
+    let cluster = config
+        .cluster
+        .as_ref()
+        .expect("the ConfigMap has no [cluster]: each replica keeps placement books of its own");
+    // The name is the host name, which is the pod's own name unless the pod spec sets one.
+    assert!(
+        !names_its_replica(&text.parse().unwrap()),
+        "every pod would register under the ConfigMap's cluster.replica"
+    );
+    assert!(
+        pod["hostname"].is_null(),
+        "every pod has the same host name"
+    );
+    for url in &cluster.etcd {
+        let (host, port) = host_port(url);
+        // `pod.service` (a StatefulSet member), or the Service alone.
+        let (member, service_name) = host.split_once('.').unwrap_or(("", host));
+        let service = find("Service", service_name);
+        let set = find("StatefulSet", "etcd");
+        assert_eq!(set["spec"]["serviceName"], service_name, "{url}");
+        let labels = &set["spec"]["template"]["metadata"]["labels"];
+        for (key, value) in service["spec"]["selector"].as_object().unwrap() {
+            assert_eq!(&labels[key], value, "{service_name} selects no etcd pod");
+        }
+        if !member.is_empty() {
+            let index: u64 = member
+                .strip_prefix("etcd-")
+                .and_then(|i| i.parse().ok())
+                .unwrap_or_else(|| panic!("{url}: {member} is no member of StatefulSet etcd"));
+            assert!(
+                index < set["spec"]["replicas"].as_u64().unwrap(),
+                "{url}: StatefulSet etcd has no member {member}"
+            );
+        }
+        let service_port = service["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["port"] == port)
+            .unwrap_or_else(|| panic!("{url}: Service {service_name} has no port {port}"));
+        // The Service port leads to the container port (by name or number) etcd listens on.
+        let container = &set["spec"]["template"]["spec"]["containers"][0];
+        let target = service_port
+            .get("targetPort")
+            .unwrap_or(&service_port["port"]);
+        let container_port = container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == *target || p["containerPort"] == *target)
+            .unwrap_or_else(|| panic!("{url}: the etcd container has no port {target}"));
+        let container_port = container_port["containerPort"].as_u64().unwrap() as u16;
+        assert_etcd_serves(
+            &container["command"],
+            container_port,
+            "the etcd StatefulSet",
+        );
+        if !member.is_empty() {
+            let advertised = flag(&container["command"], "advertise-client-urls");
+            assert_eq!(advertised.replace("$(POD_NAME)", member), *url);
+        }
     }
 }
 
