@@ -317,10 +317,16 @@ impl Auth {
         let token = std::str::from_utf8(token)
             .map_err(|_| unauthenticated("malformed token"))?
             .trim();
+        let jwt_shaped = token.bytes().filter(|&b| b == b'.').count() == 2;
+        // A token verified before is a JWT: answered from the cache without hashing it as
+        // an API key first (the digest cost as much as the rest of a warm check).
+        if jwt_shaped && let Some(identity) = self.cached_jwt(token) {
+            return Ok(identity);
+        }
         if let Some(identity) = self.api_keys.find(token.as_bytes()) {
             return Ok(identity.clone());
         }
-        if token.bytes().filter(|&b| b == b'.').count() != 2 {
+        if !jwt_shaped {
             return Err(unauthenticated(if self.jwt.is_empty() {
                 "unknown API key"
             } else {
@@ -332,13 +338,6 @@ impl Auth {
                 "JWTs are not accepted: no jwt_keys configured",
             ));
         }
-        if let Some(cache) = &self.cache
-            && let Some(identity) = cache.get(token)
-            && identity.expires.is_some_and(|exp| exp > unix_now())
-            && identity.key_generation == self.jwt.generation()
-        {
-            return Ok(identity);
-        }
         let generation = self.jwt.generation();
         let claims = self.jwt.verify(token).await.map_err(unauthenticated)?;
         let identity = Arc::new(self.identity(claims, generation)?);
@@ -346,6 +345,15 @@ impl Auth {
             cache.insert(token.to_owned(), identity.clone());
         }
         Ok(identity)
+    }
+
+    /// The identity of a JWT verified before, while it and the keys that verified it are
+    /// still valid.
+    fn cached_jwt(&self, token: &str) -> Option<Arc<Identity>> {
+        let identity = self.cache.as_ref()?.get(token)?;
+        (identity.expires.is_some_and(|exp| exp > unix_now())
+            && identity.key_generation == self.jwt.generation())
+        .then_some(identity)
     }
 
     /// The identity a verified token stands for.
@@ -522,6 +530,21 @@ mod tests {
         assert_eq!(wrong.to_string(), "invalid credentials: unknown API key");
         let none = auth.authenticate(Credentials::default()).await.unwrap_err();
         assert!(none.to_string().contains("no credentials"), "{none}");
+    }
+
+    #[tokio::test]
+    async fn a_bearer_api_key_shaped_like_a_jwt_is_still_an_api_key() {
+        let auth = auth(&format!(
+            "[[auth.api_keys]]\nname = \"dotted\"\ntenant = \"dots\"\nsha256 = \"{}\"",
+            hash_key("x.y.z")
+        ));
+        let bearer = Credentials {
+            authorization: Some(b"Bearer x.y.z"),
+            api_key: None,
+            peer: None,
+        };
+        let identity = auth.authenticate(bearer).await.unwrap();
+        assert_eq!(&*identity.tenant, "dots");
     }
 
     #[test]
