@@ -7,7 +7,7 @@ use crate::pipeline::ModelRef;
 use crate::upstream::{Backend, TritonClient, TritonError};
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// What the checker needs to know about a model.
@@ -176,12 +176,25 @@ struct Entry {
     generation: u64,
 }
 
+/// What is known of one model: its generation (bumped by every `invalidate`) and the
+/// signatures fetched in that generation, by version asked for. Read on every validated
+/// request, so a hit is one read lock and a short scan, with nothing allocated.
+#[derive(Default)]
+struct Known {
+    generation: u64,
+    signatures: Vec<(Option<String>, Arc<Signature>)>,
+}
+
 /// Signatures per (model, version or latest), each fetched once from a backend that serves
 /// the model. Concurrent misses for one key share one fetch; other models never wait on it.
 pub struct SignatureCache {
+    /// Hits: the current generation's signatures (at most `capacity` of them).
+    known: RwLock<HashMap<String, Known>>,
+    capacity: usize,
+    /// Misses: one fetch per key (`try_get_with`), bounded; and the failures of the last
+    /// `RETRY_AFTER`.
     entries: moka::future::Cache<Key, Arc<Entry>>,
     unavailable: moka::future::Cache<Key, u64>,
-    generations: Mutex<HashMap<String, u64>>,
     fetch_timeout: Duration,
 }
 
@@ -197,7 +210,8 @@ impl SignatureCache {
                 .max_capacity(config.signature_cache_capacity)
                 .time_to_live(RETRY_AFTER)
                 .build(),
-            generations: Mutex::new(HashMap::new()),
+            known: RwLock::new(HashMap::new()),
+            capacity: usize::try_from(config.signature_cache_capacity).unwrap_or(usize::MAX),
             fetch_timeout: config.signature_fetch_timeout.0,
         }
     }
@@ -209,9 +223,12 @@ impl SignatureCache {
     /// requests the new model accepts. A fetch already under way when this is called does
     /// not count: its result is dropped and fetched again.
     pub fn invalidate(&self, model: &str) {
-        let mut generations = self.generations.lock().unwrap_or_else(|e| e.into_inner());
-        *generations.entry(model.to_owned()).or_insert(0) += 1;
-        drop(generations);
+        {
+            let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+            let known = known.entry(model.to_owned()).or_default();
+            known.generation += 1;
+            known.signatures.clear();
+        }
         // Frees the memory soon; correctness comes from the generation check in `get`.
         let model = model.to_owned();
         let _ = self
@@ -220,14 +237,46 @@ impl SignatureCache {
     }
 
     fn generation(&self, model: &str) -> u64 {
-        let generations = self.generations.lock().unwrap_or_else(|e| e.into_inner());
-        generations.get(model).copied().unwrap_or(0)
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        known.get(model).map_or(0, |k| k.generation)
+    }
+
+    /// The signature of `model` fetched in its current generation, if any.
+    fn hit(&self, model: &ModelRef) -> Option<Arc<Signature>> {
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        let (_, signature) = known
+            .get(model.name.as_str())?
+            .signatures
+            .iter()
+            .find(|(version, _)| *version == model.version)?;
+        Some(signature.clone())
+    }
+
+    /// Keeps a fetched signature for `hit`, unless the model was invalidated since the fetch
+    /// began (`generation`) or `capacity` signatures are kept already.
+    fn remember(&self, model: &ModelRef, generation: u64, signature: &Arc<Signature>) {
+        let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+        let kept: usize = known.values().map(|k| k.signatures.len()).sum();
+        if kept >= self.capacity {
+            return;
+        }
+        let known = known.entry(model.name.clone()).or_default();
+        if known.generation == generation
+            && !known.signatures.iter().any(|(v, _)| *v == model.version)
+        {
+            known
+                .signatures
+                .push((model.version.clone(), signature.clone()));
+        }
     }
 
     /// The signature of `model`, fetched from `backend` if not cached; `None` when it cannot
     /// be had (the failure is logged once per `RETRY_AFTER`, and the caller forwards the
     /// request unvalidated: never refuse what Triton might accept).
     pub async fn get(&self, backend: &Arc<Backend>, model: &ModelRef) -> Option<Arc<Signature>> {
+        if let Some(signature) = self.hit(model) {
+            return Some(signature);
+        }
         let key = Key {
             model: model.name.clone(),
             version: model.version.clone(),
@@ -236,6 +285,7 @@ impl SignatureCache {
             let generation = self.generation(&model.name);
             if let Some(entry) = self.entries.get(&key).await {
                 if entry.generation == generation {
+                    self.remember(model, generation, &entry.signature);
                     return Some(entry.signature.clone());
                 }
                 self.entries.invalidate(&key).await;
@@ -258,6 +308,7 @@ impl SignatureCache {
                 .await;
             match fetched {
                 Ok(entry) if entry.generation == self.generation(&model.name) => {
+                    self.remember(model, entry.generation, &entry.signature);
                     return Some(entry.signature.clone());
                 }
                 // Invalidated while fetching: drop it and fetch again.
