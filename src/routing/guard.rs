@@ -169,23 +169,24 @@ impl Guard {
     /// The limit canary `i` breaks now, if any, with the figures in words.
     fn broken(&self, i: usize, now: Instant) -> Option<(&'static str, String)> {
         let window = self.limits.window;
-        let canary = self.windows[i].lock().expect("guard window").merged(now);
-        if canary.requests < self.limits.min_requests {
+        // Counts first: merging the latency histograms is only worth it for a p95 limit.
+        let (requests, failures) = self.windows[i].lock().expect("guard window").counts(now);
+        if requests < self.limits.min_requests {
             return None;
         }
         if let Some(max) = self.limits.max_error_rate {
-            let rate = canary.failures as f64 / canary.requests as f64;
+            let rate = failures as f64 / requests as f64;
             if rate > max {
                 return Some((
                     "error_rate",
                     format!(
-                        "error rate {rate:.3} ({} of {} requests in {window}) is above max_error_rate {max}",
-                        canary.failures, canary.requests
+                        "error rate {rate:.3} ({failures} of {requests} requests in {window}) is above max_error_rate {max}"
                     ),
                 ));
             }
         }
         let max = self.limits.max_p95_ratio?;
+        let canary = self.windows[i].lock().expect("guard window").merged(now);
         let stable = self.windows[self.stable]
             .lock()
             .expect("guard window")
@@ -259,16 +260,28 @@ impl Window {
     /// thread may have added to it after this caller read the clock (the canary's and the
     /// stable target's windows are locked one after the other, never together).
     fn merged(&self, now: Instant) -> Slot {
-        let epoch = self.epoch(now);
         let mut sum = Slot::default();
-        for slot in &self.slots {
-            if slot.requests > 0 && epoch.saturating_sub(slot.epoch) < SLOTS as u64 {
-                sum.requests += slot.requests;
-                sum.failures += slot.failures;
-                sum.latency.merge(&slot.latency);
-            }
+        for slot in self.live(now) {
+            sum.requests += slot.requests;
+            sum.failures += slot.failures;
+            sum.latency.merge(&slot.latency);
         }
         sum
+    }
+
+    /// Requests and failures of the slots still inside the window (`merged` without the
+    /// latency, so without allocating).
+    fn counts(&self, now: Instant) -> (u64, u64) {
+        self.live(now).fold((0, 0), |(r, f), slot| {
+            (r + slot.requests, f + slot.failures)
+        })
+    }
+
+    fn live(&self, now: Instant) -> impl Iterator<Item = &Slot> {
+        let epoch = self.epoch(now);
+        self.slots.iter().filter(move |slot| {
+            slot.requests > 0 && epoch.saturating_sub(slot.epoch) < SLOTS as u64
+        })
     }
 }
 
