@@ -130,9 +130,7 @@ fn free_port() -> u16 {
 
 #[tokio::test]
 async fn runs_logs_json_with_request_ids_and_exits_cleanly_on_sigterm() {
-    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
-        .await
-        .unwrap();
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
     // Tokio's multi-thread scheduler by default; the current-thread one with one worker.
     for workers in [None, Some("1")] {
         serve_one_request_and_stop(&triton, workers).await;
@@ -318,9 +316,7 @@ async fn an_open_gateway_beyond_loopback_says_so_at_start_and_after_a_reload() {
 async fn access_logs_name_the_tenant_and_never_a_credential() {
     const SECRET: &str = "a-cli-test-hmac-secret-of-32-bytes!!";
     const API_KEY: &str = "cli-batch-key-0123456789";
-    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
-        .await
-        .unwrap();
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
     let config = format!(
         r#"
 [listen]
@@ -466,9 +462,9 @@ fn signal(child: &Child, name: &str) {
     assert!(status.success());
 }
 
-/// A gateway binary over one Triton serving slow_model, with a metrics listener, and a
-/// slow_model request sent through it that is in flight (the gateway's gauge says so) when
-/// this returns.
+/// A gateway binary over one Triton, with a metrics listener, and a slow_model request sent
+/// through it that is in flight (the gateway's gauge says so) when this returns: waiting for
+/// slow_model's load on the first gateway over a Triton, at the backend after that.
 struct SlowRequestInFlight {
     child: Child,
     http_port: u16,
@@ -542,9 +538,7 @@ fn refuses_connections(port: u16) -> bool {
 // In its own process: the gauge is process-wide, and the in-process tests run in parallel.
 #[tokio::test]
 async fn the_in_flight_gauge_counts_a_slow_request_until_it_is_answered() {
-    let triton = Triton::start(TritonOptions::with_models(&["slow_model"]))
-        .await
-        .unwrap();
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
     // Returns once the gauge reads 1.
     let run = slow_request_in_flight(&triton, "30s", 500).await;
     let response = run.response.await.unwrap().unwrap();
@@ -566,9 +560,7 @@ async fn the_in_flight_gauge_counts_a_slow_request_until_it_is_answered() {
 
 #[tokio::test]
 async fn sigterm_and_sigint_let_the_request_in_flight_finish_and_exit_0() {
-    let triton = Triton::start(TritonOptions::with_models(&["slow_model"]))
-        .await
-        .unwrap();
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
     for name in ["TERM", "INT"] {
         let run = slow_request_in_flight(&triton, "30s", 1500).await;
         signal(&run.child, name);
@@ -610,9 +602,7 @@ async fn sigterm_and_sigint_let_the_request_in_flight_finish_and_exit_0() {
 
 #[tokio::test]
 async fn a_request_longer_than_drain_timeout_is_cut_and_the_process_exits() {
-    let triton = Triton::start(TritonOptions::with_models(&["slow_model"]))
-        .await
-        .unwrap();
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
     let mut run = slow_request_in_flight(&triton, "300ms", 10_000).await;
     let signalled = Instant::now();
     signal(&run.child, "TERM");
@@ -646,9 +636,7 @@ async fn a_request_longer_than_drain_timeout_is_cut_and_the_process_exits() {
 
 #[tokio::test]
 async fn sighup_reloads_the_config_file() {
-    let triton = Triton::start(TritonOptions::with_models(&["sized_a", "sized_b"]))
-        .await
-        .unwrap();
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
     let port = free_port();
     let config_for = |target: &str| {
         format!(

@@ -10,7 +10,7 @@ use infergate::protocol::inference::{
     ServerLiveRequest,
 };
 use std::time::{Duration, Instant};
-use support::gateway::{TestGateway, config_for};
+use support::gateway::{TestGateway, config_for, min_copies};
 use support::{Triton, TritonOptions};
 use tonic::transport::Channel;
 
@@ -19,9 +19,8 @@ use tonic::transport::Channel;
 /// suite, which moves the same counters (bad shapes, oversized messages).
 static COUNTERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-const LOADED: [&str; 4] = ["add_sub", "string_echo", "batched_double", "slow_model"];
-/// The streaming models (decoupled, sequence), loaded on every backend of the Python suite's
-/// pool so that a stream split across backends would show.
+/// The streaming models (decoupled, sequence), kept by the gateway on every backend of the
+/// Python suite's pool (`min_copies`) so that a stream split across backends would show.
 const STREAMING: [&str; 2] = ["decoupled_repeat", "sequence_sum"];
 
 /// Runs the Python suite against the gateway's gRPC listener; `extra` are more pytest args.
@@ -54,19 +53,24 @@ async fn pytest(gateway: &TestGateway, env: &[(&str, &str)], extra: &[&str]) -> 
 #[tokio::test]
 async fn tritonclient_grpc_works_through_the_gateway() {
     let _counters = COUNTERS.lock().await;
-    let models = [&LOADED[..], &STREAMING].concat();
     let (t0, t1) = tokio::join!(
-        Triton::start(TritonOptions::with_models(&models)),
-        Triton::start(TritonOptions::with_models(&models)),
+        Triton::start(TritonOptions::default()),
+        Triton::start(TritonOptions::default()),
     );
     let (t0, t1) = (t0.unwrap(), t1.unwrap());
-    let gateway = TestGateway::start(&config_for(
+    let mut config = config_for(
         "pygrpc",
         &[&t0, &t1],
         "",
         "max_grpc_message_size = \"1MiB\"",
-    ))
-    .await;
+    );
+    for model in STREAMING {
+        config.push_str(&min_copies(model, 2));
+    }
+    let gateway = TestGateway::start(&config).await;
+    for model in STREAMING {
+        gateway.wait_for_copies(model, 2).await;
+    }
     let descriptors = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(descriptors.path(), reflected_descriptors(&gateway).await).unwrap();
     let tritons = format!("127.0.0.1:{},127.0.0.1:{}", t0.grpc_port, t1.grpc_port);
@@ -182,9 +186,7 @@ fn sum(response: &ModelInferResponse) -> Vec<f32> {
 #[tokio::test]
 async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     let _counters = COUNTERS.lock().await;
-    let t0 = Triton::start(TritonOptions::with_models(&["add_sub", "slow_model"]))
-        .await
-        .unwrap();
+    let t0 = Triton::start(TritonOptions::default()).await.unwrap();
     let gateway = TestGateway::start(&config_for("tonic", &[&t0], "", "")).await;
     let mut client = client(&gateway).await;
 
@@ -377,15 +379,18 @@ fn slow_request(delay_ms: i64) -> tonic::Request<ModelInferRequest> {
 
 #[tokio::test]
 async fn a_killed_backend_gives_unavailable_not_a_hang() {
-    let mut t0 = Triton::start(TritonOptions::with_models(&["add_sub", "slow_model"]))
-        .await
-        .unwrap();
+    let mut t0 = Triton::start(TritonOptions::default()).await.unwrap();
     let gateway = TestGateway::start(&config_for("killed", &[&t0], "", "")).await;
     let mut client = client(&gateway).await;
-    client
-        .model_infer(add_sub_request([1.0; 4], [1.0; 4]))
-        .await
-        .unwrap();
+    // The first requests load add_sub and slow_model (at once), so that the stream's request
+    // below is at the backend, not waiting for a load, when the backend dies.
+    let (mut first, mut second) = (client.clone(), client.clone());
+    let (add_sub, slow) = tokio::join!(
+        first.model_infer(add_sub_request([1.0; 4], [1.0; 4])),
+        second.model_infer(slow_request(0)),
+    );
+    add_sub.unwrap();
+    slow.unwrap();
 
     // A stream with a request in flight on the backend when it dies.
     let (requests, queue) = tokio::sync::mpsc::channel(4);
@@ -602,9 +607,7 @@ const KEY: &str = "deadline-key-0123456789";
 
 #[tokio::test]
 async fn the_gateway_honours_the_clients_deadline_and_passes_it_on() {
-    let triton = Triton::start(TritonOptions::with_models(&["add_sub", "slow_model"]))
-        .await
-        .unwrap();
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
     let relay = RecordingRelay::start(&triton).await;
     let mut config =
         config_for("deadline", &[&triton], "", "").replace(&triton.grpc_url(), &relay.url);
@@ -625,23 +628,52 @@ async fn the_gateway_honours_the_clients_deadline_and_passes_it_on() {
             &["kind=\"deadline_exceeded\"", "route=\"deadline_route\""],
         )
     };
-    let before = deadline_errors(&gateway.metrics_text("/metrics").await);
-
-    // 400 ms given, 3 s needed: the gateway itself ends the call, about when the time is up.
-    let started = Instant::now();
     let mut slow = support::grpc::slow(3_000);
     slow.model_name = "deadline_route".into();
-    let answer = support::grpc::raw_unary(
-        gateway.grpc,
-        "ModelInfer",
-        &slow,
-        &[
+    let call = async |id: &str| {
+        let headers = [
             ("grpc-timeout", "400m"),
-            ("x-request-id", "deadline-1"),
+            ("x-request-id", id),
             ("x-api-key", KEY),
-        ],
-    )
-    .await;
+        ];
+        support::grpc::raw_unary(gateway.grpc, "ModelInfer", &slow, &headers).await
+    };
+
+    // slow_model is not loaded: the 400 ms pass while the first call waits for its load,
+    // and the gateway ends the call then, before any backend saw it.
+    let started = Instant::now();
+    let answer = call("deadline-0").await;
+    assert_eq!(answer.status, "4", "DEADLINE_EXCEEDED: {}", answer.message);
+    assert!(
+        answer.message.contains("passed in the gateway"),
+        "{}",
+        answer.message
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(380) && took < Duration::from_millis(1_500),
+        "answered after {took:?}"
+    );
+    assert!(
+        relay
+            .calls("/inference.GRPCInferenceService/ModelInfer")
+            .is_empty()
+    );
+    // The load goes on without it (an HTTP call, which the relay does not see, waits for it).
+    let loaded = reqwest::Client::new()
+        .post(format!("{}/v2/models/deadline_route/infer", gateway.url()))
+        .header("x-api-key", KEY)
+        .json(&serde_json::json!({"parameters": {"delay_ms": 0},
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(loaded.status(), 200);
+
+    let before = deadline_errors(&gateway.metrics_text("/metrics").await);
+    // 400 ms given, 3 s needed: the gateway itself ends the call, about when the time is up.
+    let started = Instant::now();
+    let answer = call("deadline-1").await;
     let took = started.elapsed();
     assert_eq!(answer.status, "4", "DEADLINE_EXCEEDED: {}", answer.message);
     assert!(
@@ -750,9 +782,7 @@ async fn triton_successes(triton: &Triton) -> f64 {
 
 #[tokio::test]
 async fn the_load_tools_grpc_mode_checks_answers_and_counts_errors_by_code() {
-    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
-        .await
-        .unwrap();
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
     let gateway = TestGateway::start(&config_for("loadgrpc", &[&triton], "", "")).await;
 
     // Every answer through the gateway has its outputs (--check), and Triton served at least
@@ -829,9 +859,7 @@ impl ClientStream {
 #[tokio::test]
 async fn a_stream_carries_its_request_id_and_a_message_over_the_limit_ends_it() {
     let _counters = COUNTERS.lock().await;
-    let triton = Triton::start(TritonOptions::with_models(&["add_sub"]))
-        .await
-        .unwrap();
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
     let relay = RecordingRelay::start(&triton).await;
     let config = config_for(
         "streamid",

@@ -6,11 +6,13 @@ mod support;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use support::gateway::{TestGateway, config_for};
+use support::gateway::{TestGateway, config_for, min_copies};
 use support::{Triton, TritonOptions};
 
-async fn triton(models: &[&str]) -> Triton {
-    Triton::start(TritonOptions::with_models(models))
+/// A Triton as users run one: default flags, nothing loaded (the gateway loads each model on
+/// its first request).
+async fn triton() -> Triton {
+    Triton::start(TritonOptions::default())
         .await
         .expect("triton starts")
 }
@@ -50,13 +52,12 @@ async fn post_json(url: &str, body: &Value) -> (StatusCode, Value) {
 
 #[tokio::test]
 async fn infers_json_binary_bytes_and_batched_through_two_tritons() {
-    let models = ["add_sub", "string_echo", "batched_double"];
-    let (t0, t1) = tokio::join!(triton(&models), triton(&["add_sub"]));
+    let (t0, t1) = tokio::join!(triton(), triton());
     let gateway = TestGateway::start(&config_for("infer", &[&t0, &t1], "", "")).await;
     let base = gateway.url();
     let client = reqwest::Client::new();
 
-    // JSON tensors, with a client request id echoed back.
+    // JSON tensors, with a client request id echoed back (the first request loads add_sub).
     let response = client
         .post(format!("{base}/v2/models/add_sub/infer"))
         .header("x-request-id", "test-id-1")
@@ -118,7 +119,9 @@ async fn infers_json_binary_bytes_and_batched_through_two_tritons() {
         }
     };
     let via_gateway = send_binary(format!("{base}/v2/models/add_sub/infer")).await;
-    let direct = send_binary(format!("{}/v2/models/add_sub/infer", t0.http_url())).await;
+    // Compared with the Triton the gateway loaded add_sub on.
+    let direct_to = [&t0, &t1][gateway.holder("add_sub").await];
+    let direct = send_binary(format!("{}/v2/models/add_sub/infer", direct_to.http_url())).await;
     assert_eq!(via_gateway.status(), 200);
     let header_len: usize = via_gateway.headers()["inference-header-content-length"]
         .to_str()
@@ -160,7 +163,7 @@ async fn infers_json_binary_bytes_and_batched_through_two_tritons() {
     assert_eq!(output(&body, "OUTPUT0")["shape"], json!([3, 4]));
     assert_eq!(output(&body, "OUTPUT0")["data"][11], json!(24.0));
 
-    // string_echo is only on triton-0: 20 requests all land there and succeed.
+    // string_echo, loaded on one backend by its first request: 20 more all succeed.
     for _ in 0..20 {
         let (status, _) = post_json(
             &format!("{base}/v2/models/string_echo/infer"),
@@ -173,9 +176,25 @@ async fn infers_json_binary_bytes_and_batched_through_two_tritons() {
 
 #[tokio::test]
 async fn serves_every_metadata_health_and_repository_endpoint() {
-    let (t0, t1) = tokio::join!(triton(&["add_sub"]), triton(&["add_sub_int"]));
+    let (t0, t1) = tokio::join!(triton(), triton());
     let gateway = TestGateway::start(&config_for("endpoints", &[&t0, &t1], "", "")).await;
     let base = gateway.url();
+    // The first inference of each model loads it, both at once (metadata, config and
+    // statistics never load a model, as on Triton).
+    let int_request = json!({"inputs": [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [4], "data": [1, 2, 3, 4]},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [4], "data": [1, 1, 1, 1]}]});
+    let (add_sub_url, int_url, add_sub_body) = (
+        format!("{base}/v2/models/add_sub/infer"),
+        format!("{base}/v2/models/add_sub_int/infer"),
+        add_sub_request(),
+    );
+    let (add_sub, add_sub_int) = tokio::join!(
+        post_json(&add_sub_url, &add_sub_body),
+        post_json(&int_url, &int_request),
+    );
+    assert_eq!(add_sub.0, 200, "{}", add_sub.1);
+    assert_eq!(add_sub_int.0, 200, "{}", add_sub_int.1);
     let get = |path: &str| {
         let url = format!("{base}{path}");
         async move {
@@ -321,8 +340,18 @@ async fn serves_every_metadata_health_and_repository_endpoint() {
             .collect()
     };
     let (m0, m1) = (models(&backends[0]), models(&backends[1]));
-    assert!(m0.contains(&"add_sub".to_string()), "{m0:?}");
-    assert!(m1.contains(&"add_sub_int".to_string()), "{m1:?}");
+    // add_sub and add_sub_int, each on the backend whose Triton loaded it.
+    for model in ["add_sub", "add_sub_int"] {
+        let on: Vec<usize> = [&m0, &m1]
+            .iter()
+            .enumerate()
+            .filter(|(_, models)| models.iter().any(|m| m == model))
+            .map(|(b, _)| b)
+            .collect();
+        assert_eq!(on.len(), 1, "{model}: {m0:?} {m1:?}");
+        let loaded = [&t0, &t1][on[0]].loaded_models().await.unwrap();
+        assert!(loaded.iter().any(|m| m == model), "{model}: {loaded:?}");
+    }
     let echo_copies = m0.iter().chain(&m1).filter(|m| *m == "string_echo").count();
     assert_eq!(
         echo_copies, 1,
@@ -332,7 +361,7 @@ async fn serves_every_metadata_health_and_repository_endpoint() {
 
 #[tokio::test]
 async fn bad_requests_get_tritons_error_shape_and_the_gateway_keeps_serving() {
-    let t0 = triton(&["add_sub", "slow_model"]).await;
+    let t0 = triton().await;
     let gateway = TestGateway::start(&config_for(
         "badreq",
         &[&t0],
@@ -437,7 +466,15 @@ async fn bad_requests_get_tritons_error_shape_and_the_gateway_keeps_serving() {
     .await;
     assert_eq!(status, 413, "{error}");
 
-    // A backend slower than request_timeout: 504, without waiting for it.
+    // A backend slower than request_timeout: 504, without waiting for it. (slow_model's
+    // first request loads it, so the timed one measures the backend alone.)
+    let (status, body) = post_json(
+        &format!("{base}/v2/models/slow_model/infer"),
+        &json!({"parameters": {"delay_ms": 0},
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
     let started = Instant::now();
     let (status, error) = error_of(
         client
@@ -501,7 +538,7 @@ async fn bad_requests_get_tritons_error_shape_and_the_gateway_keeps_serving() {
 
 #[tokio::test]
 async fn a_killed_backend_fails_fast_and_the_other_keeps_serving() {
-    let (mut t0, t1) = tokio::join!(triton(&["add_sub"]), triton(&["add_sub"]));
+    let (t0, t1) = tokio::join!(triton(), triton());
     let gateway = TestGateway::start(&config_for(
         "killed",
         &[&t0, &t1],
@@ -514,9 +551,13 @@ async fn a_killed_backend_fails_fast_and_the_other_keeps_serving() {
         assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
     }
 
-    t0.kill();
-    // Every request gets an answer quickly: success from triton-1, or a clear 502 naming the
-    // dead backend until it is ejected.
+    // The backend the first request loaded add_sub on dies.
+    let mut tritons = [t0, t1];
+    let dead = gateway.holder("add_sub").await;
+    let alive = 1 - dead;
+    tritons[dead].kill();
+    // Every request gets an answer quickly: success from the other backend (which loads
+    // add_sub), or a clear 502 naming the dead backend until it is ejected.
     let mut failures = 0;
     let started = Instant::now();
     for _ in 0..40 {
@@ -531,7 +572,7 @@ async fn a_killed_backend_fails_fast_and_the_other_keeps_serving() {
                     body["error"]
                         .as_str()
                         .unwrap()
-                        .contains("backend 'killed-0' is unreachable"),
+                        .contains(&format!("backend 'killed-{dead}' is unreachable")),
                     "{body}"
                 );
             }
@@ -540,31 +581,35 @@ async fn a_killed_backend_fails_fast_and_the_other_keeps_serving() {
     }
     assert!(
         failures <= 3,
-        "triton-0 was not ejected after its failures ({failures})"
+        "killed-{dead} was not ejected after its failures ({failures})"
     );
     assert!(started.elapsed() < Duration::from_secs(20));
 
     gateway.wait_for_ready_backends(1).await;
     let backends = gateway.admin_backends().await;
-    assert_eq!(backends[0]["ready"], false);
-    assert!(backends[0]["last_error"].as_str().is_some());
+    assert_eq!(backends[dead]["ready"], false);
+    assert!(backends[dead]["last_error"].as_str().is_some());
     for _ in 0..10 {
         assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
     }
     let metrics = gateway.metrics_text("/metrics").await;
     assert!(
-        metrics.contains("infergate_backend_up{backend=\"killed-0\"} 0"),
+        metrics.contains(&format!(
+            "infergate_backend_up{{backend=\"killed-{dead}\"}} 0"
+        )),
         "{metrics}"
     );
     assert!(
-        metrics.contains("infergate_backend_up{backend=\"killed-1\"} 1"),
+        metrics.contains(&format!(
+            "infergate_backend_up{{backend=\"killed-{alive}\"}} 1"
+        )),
         "{metrics}"
     );
 }
 
 #[tokio::test]
 async fn no_ready_backend_means_not_ready_and_503() {
-    let mut t0 = triton(&["add_sub"]).await;
+    let mut t0 = triton().await;
     let gateway = TestGateway::start(&config_for("noready", &[&t0], "", "")).await;
     t0.kill();
     gateway.wait_for_ready_backends(0).await;
@@ -590,8 +635,11 @@ async fn no_ready_backend_means_not_ready_and_503() {
 
 #[tokio::test]
 async fn metrics_cover_requests_and_reexport_each_backends_series() {
-    let (t0, t1) = tokio::join!(triton(&["add_sub"]), triton(&["add_sub"]));
-    let gateway = TestGateway::start(&config_for("metrics", &[&t0, &t1], "", "")).await;
+    let (t0, t1) = tokio::join!(triton(), triton());
+    // A copy on each backend, so both report add_sub's series.
+    let config = config_for("metrics", &[&t0, &t1], "", "") + &min_copies("add_sub", 2);
+    let gateway = TestGateway::start(&config).await;
+    gateway.wait_for_copies("add_sub", 2).await;
     let url = format!("{}/v2/models/add_sub/infer", gateway.url());
     for _ in 0..5 {
         assert_eq!(post_json(&url, &add_sub_request()).await.0, 200);
@@ -655,7 +703,7 @@ async fn metrics_cover_requests_and_reexport_each_backends_series() {
 
 #[tokio::test]
 async fn shutdown_lets_in_flight_requests_finish() {
-    let t0 = triton(&["slow_model"]).await;
+    let t0 = triton().await;
     let mut gateway = TestGateway::start(&config_for(
         "drain",
         &[&t0],
@@ -775,10 +823,13 @@ async fn add_sub_successes(triton: &Triton) -> f64 {
 
 #[tokio::test]
 async fn a_backend_that_stops_answering_is_marked_down_and_readmitted_when_it_recovers() {
-    let (t0, t1) = tokio::join!(triton(&["add_sub"]), triton(&["add_sub"]));
+    let (t0, t1) = tokio::join!(triton(), triton());
+    // A copy of add_sub on each backend: the readmitted one has one to be given traffic on.
     let config = config_for("readmit", &[&t0, &t1], "", "")
-        .replace("health_timeout = \"3s\"", "health_timeout = \"500ms\"");
+        .replace("health_timeout = \"3s\"", "health_timeout = \"500ms\"")
+        + &min_copies("add_sub", 2);
     let gateway = TestGateway::start(&config).await;
+    gateway.wait_for_copies("add_sub", 2).await;
     let url = format!("{}/v2/models/add_sub/infer", gateway.url());
 
     // Wedged, not dead: its sockets stay open, nothing answers.

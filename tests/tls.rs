@@ -28,14 +28,13 @@ use support::pki::{Issued, Pki};
 use support::{Triton, TritonOptions};
 use tokio::sync::OnceCell;
 
-const MODELS: [&str; 3] = ["add_sub", "string_echo", "batched_double"];
-
-/// One Triton for the whole binary: each test starts its own gateway in front of it.
+/// One Triton for the whole binary, started empty with default flags: each test starts its
+/// own gateway in front of it, and the first to ask for a model loads it.
 async fn triton() -> &'static Triton {
     static TRITON: OnceCell<Triton> = OnceCell::const_new();
     TRITON
         .get_or_init(|| async {
-            Triton::start(TritonOptions::with_models(&MODELS))
+            Triton::start(TritonOptions::default())
                 .await
                 .expect("triton")
         })

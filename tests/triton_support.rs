@@ -1,5 +1,7 @@
-//! Smoke test of tests/support: two real Tritons side by side, one inference each,
-//! one python stub per loaded model, and a model whose load fails with a clear error.
+//! Smoke test of tests/support: two real Tritons side by side, one started empty (as every
+//! gateway test starts them) and given add_sub by `load_model`, one with add_sub preloaded;
+//! one inference each, one python stub per loaded model, and a model whose load fails with a
+//! clear error.
 mod support;
 
 use serde_json::{Value, json};
@@ -21,12 +23,18 @@ async fn infer_add_sub(client: &reqwest::Client, triton: &Triton) -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tritons_infer_and_failing_load() -> anyhow::Result<()> {
     let (a, b) = tokio::join!(
-        Triton::start(TritonOptions::with_models(&["add_sub"])),
+        Triton::start(TritonOptions::default()),
+        // Kept preloaded: this tests the support's own `--load-model` option (`models`).
         Triton::start(TritonOptions::with_models(&["add_sub"])),
     );
     let (mut a, b) = (a?, b?);
     assert_ne!(a.http_port, b.http_port);
     let client = reqwest::Client::new();
+
+    // Default options load nothing, which the gateway tests rely on.
+    assert_eq!(a.loaded_models().await?, Vec::<String>::new());
+    assert_eq!(a.stub_count(), 0, "no python stub before a load");
+    a.load_model("add_sub").await?;
 
     for triton in [&a, &b] {
         let out = infer_add_sub(&client, triton).await?;

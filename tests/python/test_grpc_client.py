@@ -1,11 +1,11 @@
 """KServe v2 gRPC checks with the official tritonclient.grpc client.
 
 Runs against infergate's gRPC listener (most checks would pass against a plain Triton too;
-those about the gateway itself say so). The pool must have add_sub, string_echo,
-batched_double and slow_model loaded, the streaming models decoupled_repeat and
-sequence_sum loaded on every backend, and add_sub_int in its repository but not loaded
-(it is loaded by the first request for it). The gateway's server.max_grpc_message_size must
-be 1MiB.
+those about the gateway itself say so). The suite loads add_sub, string_echo,
+batched_double and slow_model itself, through the repository API, as a user of explicit
+mode does. The pool must have the streaming models decoupled_repeat and sequence_sum loaded
+on every backend, and add_sub_int in its repository but not loaded (it is loaded by the
+first request for it). The gateway's server.max_grpc_message_size must be 1MiB.
 
     INFERGATE_GRPC_URL=127.0.0.1:8001 .venv/bin/python -m pytest -q tests/python/test_grpc_client.py
 
@@ -20,6 +20,7 @@ import os
 import queue
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -40,6 +41,16 @@ live_pool = pytest.mark.skipif(KILLED, reason="the pool's backend was killed for
 
 A = np.array([1.5, 2.0, -3.0, 4.25], dtype=np.float32)
 B = np.array([10.0, 0.5, 3.0, -4.0], dtype=np.float32)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded():
+    """Loads LOADED through the server (all at once, as the gateway may place them on
+    different backends), unless the pool was killed for this run."""
+    if KILLED:
+        return
+    with grpcclient.InferenceServerClient(URL) as c, ThreadPoolExecutor(len(LOADED)) as pool:
+        list(pool.map(c.load_model, LOADED))
 
 
 @pytest.fixture(scope="module")
@@ -377,9 +388,18 @@ def test_protos_match_what_tritonclient_ships():
 @pytest.mark.skipif(not TRITONS, reason="set INFERGATE_TRITON_GRPC_URLS to compare with Triton")
 @pytest.mark.parametrize("model", LOADED + ["decoupled_repeat", "sequence_sum"])
 def test_config_and_metadata_are_tritons(client, model):
-    with grpcclient.InferenceServerClient(TRITONS[0]) as direct:
+    with grpcclient.InferenceServerClient(holder(model)) as direct:
         assert client.get_model_config(model, as_json=True) == direct.get_model_config(model, as_json=True)
         assert client.get_model_metadata(model, as_json=True) == direct.get_model_metadata(model, as_json=True)
+
+
+def holder(model):
+    """A backend that has `model` loaded (where the gateway placed it)."""
+    for url in TRITONS:
+        with grpcclient.InferenceServerClient(url) as direct:
+            if direct.is_model_ready(model):
+                return url
+    pytest.fail(f"no backend has {model} loaded")
 
 
 @live_pool

@@ -99,6 +99,12 @@ pub fn pool_config_in(
     text
 }
 
+/// A `[[models]]` table keeping `copies` copies of `model` from the start, for tests about
+/// one model on several backends: the gateway loads them, the Tritons start empty.
+pub fn min_copies(model: &str, copies: usize) -> String {
+    format!("[[models]]\nname = \"{model}\"\nmin_copies = {copies}\n")
+}
+
 impl TestGateway {
     /// Starts a gateway from config text and waits until every backend is ready.
     pub async fn start(config_text: &str) -> Self {
@@ -280,6 +286,43 @@ impl TestGateway {
                 copies
             })
             .collect()
+    }
+
+    /// Pool indexes of the backends with a ready copy of `model` on the books: where the
+    /// gateway placed it, for tests that then ask that Triton directly.
+    pub async fn ready_copies(&self, model: &str) -> Vec<usize> {
+        let placement = self.placement().await;
+        let backends = placement["backends"].as_array().unwrap();
+        (0..backends.len())
+            .filter(|&b| {
+                backends[b]["models"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|m| m["name"] == model && m["state"] == "ready")
+            })
+            .collect()
+    }
+
+    /// Pool index of a backend with a ready copy of `model`; panics if there is none.
+    pub async fn holder(&self, model: &str) -> usize {
+        let copies = self.ready_copies(model).await;
+        *copies
+            .first()
+            .unwrap_or_else(|| panic!("no ready copy of {model}"))
+    }
+
+    /// Waits until `model` has a ready copy on `count` backends (`min_copies` loading).
+    pub async fn wait_for_copies(&self, model: &str, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.ready_copies(model).await.len() < count {
+            assert!(
+                Instant::now() < deadline,
+                "{model}: not {count} ready copies: {:?}",
+                self.placed().await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Text of the gateway's own `/metrics`.

@@ -169,7 +169,10 @@ pub struct TritonOptions {
 }
 
 impl TritonOptions {
-    /// Options loading the given models at start.
+    /// Options loading the given models at start: only for tests about Triton itself or
+    /// about adopting what a Triton already has. A gateway test starts Triton with
+    /// `TritonOptions::default()` and lets the gateway load each model on its first request,
+    /// as users run it; a preload would hide what goes wrong there.
     pub fn with_models(models: &[&str]) -> Self {
         TritonOptions {
             models: models.iter().map(|m| m.to_string()).collect(),
