@@ -12,6 +12,23 @@ use support::gateway::{TestGateway, pool_config};
 use support::pki::Pki;
 use support::{Triton, TritonOptions};
 
+/// A fresh etcd and two empty Tritons (default flags), started at once.
+async fn etcd_and_two_tritons() -> (Etcd, Triton, Triton) {
+    etcd_and_two_tritons_with(Etcd::start()).await
+}
+
+/// `etcd_and_two_tritons` with the etcd `start` starts (plain or TLS).
+async fn etcd_and_two_tritons_with(
+    start: impl std::future::Future<Output = anyhow::Result<Etcd>>,
+) -> (Etcd, Triton, Triton) {
+    let (etcd, t0, t1) = tokio::join!(
+        start,
+        Triton::start(TritonOptions::default()),
+        Triton::start(TritonOptions::default())
+    );
+    (etcd.unwrap(), t0.unwrap(), t1.unwrap())
+}
+
 /// A replica's config: the pool over `tritons`, `[cluster]` on `etcd` under a prefix of the
 /// test's own, a 2 s lease, and `extra` tables.
 fn replica_config(
@@ -577,12 +594,7 @@ fn size_of(model: &str) -> u64 {
 
 #[tokio::test]
 async fn replicas_load_a_model_once_for_cold_requests_spread_over_all_of_them() {
-    let (etcd, t0, t1) = tokio::join!(
-        Etcd::start(),
-        Triton::start(TritonOptions::default()),
-        Triton::start(TritonOptions::default())
-    );
-    let (etcd, t0, t1) = (etcd.unwrap(), t0.unwrap(), t1.unwrap());
+    let (etcd, t0, t1) = etcd_and_two_tritons().await;
     let tritons = [&t0, &t1];
     let test = "once";
     let replicas = placing_replicas(test, &tritons, &etcd, &["a", "b", "c"]).await;
@@ -615,12 +627,7 @@ async fn replicas_load_a_model_once_for_cold_requests_spread_over_all_of_them() 
 
 #[tokio::test]
 async fn replicas_evicting_in_turn_never_overcommit_a_backend_or_answer_unknown_model() {
-    let (etcd, t0, t1) = tokio::join!(
-        Etcd::start(),
-        Triton::start(TritonOptions::default()),
-        Triton::start(TritonOptions::default())
-    );
-    let (etcd, t0, t1) = (etcd.unwrap(), t0.unwrap(), t1.unwrap());
+    let (etcd, t0, t1) = etcd_and_two_tritons().await;
     let tritons = [&t0, &t1];
     let test = "churn";
     // 5 MiB each: a and c fit together, b and c do not.
@@ -946,12 +953,7 @@ async fn load_through(
 
 #[tokio::test]
 async fn five_thousand_requests_churning_over_three_replicas_get_200_or_503_with_retry_after() {
-    let (etcd, t0, t1) = tokio::join!(
-        Etcd::start(),
-        Triton::start(TritonOptions::default()),
-        Triton::start(TritonOptions::default())
-    );
-    let (etcd, t0, t1) = (etcd.unwrap(), t0.unwrap(), t1.unwrap());
+    let (etcd, t0, t1) = etcd_and_two_tritons().await;
     let tritons = [&t0, &t1];
     let test = "storm";
     // 4.5 and 2.5 MiB: sized_c (4 MiB) fits only on the first, alone, and a and b (1 and
@@ -1332,12 +1334,7 @@ fn cluster_tls(ca: &Pki, issuer: &Pki, replica: &str) -> String {
 async fn replicas_share_one_placement_through_an_etcd_that_requires_tls_client_certificates_and_a_user()
  {
     let pki = Pki::new("etcd");
-    let (etcd, t0, t1) = tokio::join!(
-        Etcd::start_tls(&pki),
-        Triton::start(TritonOptions::default()),
-        Triton::start(TritonOptions::default())
-    );
-    let (etcd, t0, t1) = (etcd.unwrap(), t0.unwrap(), t1.unwrap());
+    let (etcd, t0, t1) = etcd_and_two_tritons_with(Etcd::start_tls(&pki)).await;
     let test = "etcdtls";
     let prefix = format!("/infergate/{test}");
     require_users(&etcd, &prefix, "gateway", "pool-password").await;
