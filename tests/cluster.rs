@@ -545,16 +545,21 @@ async fn placing_replicas(
         replicas
             .push(TestGateway::start(&placing_replica(test, tritons, etcd, name, "16GiB")).await);
     }
-    for gateway in &replicas {
+    wait_registered(&replicas).await;
+    replicas
+}
+
+/// Waits until each of `replicas` sees them all registered and is not degraded.
+async fn wait_registered(replicas: &[TestGateway]) {
+    for gateway in replicas {
         wait_for(
             gateway.admin,
             Duration::from_secs(10),
             "every replica registered",
-            |v| v["replicas"].as_array().unwrap().len() == names.len() && v["degraded"] == false,
+            |v| v["replicas"].as_array().unwrap().len() == replicas.len() && v["degraded"] == false,
         )
         .await;
     }
-    replicas
 }
 
 /// Successful loads of new copies the replicas ran on `test`'s backends (the metrics
@@ -645,15 +650,7 @@ async fn replicas_evicting_in_turn_never_overcommit_a_backend_or_answer_unknown_
             .await,
         );
     }
-    for gateway in &replicas {
-        wait_for(
-            gateway.admin,
-            Duration::from_secs(10),
-            "two replicas",
-            |v| v["replicas"].as_array().unwrap().len() == 2 && v["degraded"] == false,
-        )
-        .await;
-    }
+    wait_registered(&replicas).await;
     let client = reqwest::Client::new();
     let models = ["sized_a", "sized_b", "sized_c"];
     let mut statuses = std::collections::BTreeMap::new();
@@ -970,15 +967,7 @@ async fn five_thousand_requests_churning_over_three_replicas_get_200_or_503_with
         );
         replicas.push(TestGateway::start(&config).await);
     }
-    for gateway in &replicas {
-        wait_for(
-            gateway.admin,
-            Duration::from_secs(10),
-            "three replicas",
-            |v| v["replicas"].as_array().unwrap().len() == 3 && v["degraded"] == false,
-        )
-        .await;
-    }
+    wait_registered(&replicas).await;
     let haproxy = Haproxy::start(&replicas.iter().map(|g| g.http).collect::<Vec<_>>())
         .await
         .unwrap();
