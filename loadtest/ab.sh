@@ -49,25 +49,7 @@ config() { # port everything-on(0/1) workers
     [[ -n "$3" ]] && printf '[server]\nworkers = %s\n\n' "$3"
     printf '[[backends]]\nname = "backend"\nhttp = "http://127.0.0.1:%s"\ncapacity = "16GiB"\n\n' "$BASE"
     if (($2)); then
-        cat <<EOF
-[validation]
-enabled = true
-
-[auth]
-mode = "required"
-issuers = ["bench"]
-audiences = ["infergate"]
-
-[[auth.jwt_keys]]
-id = "bench"
-algorithms = ["RS256"]
-pem_file = "$TMP/jwt.pub.pem"
-
-[[routes]]
-model = "bench"
-targets = [{ model = "add_sub", weight = 90 }, { model = "add_sub", version = "1", weight = 10 }]
-guard = { max_error_rate = 0.5, window = "30s", min_requests = 100 }
-EOF
+        everything_on_tables
     else
         printf '[validation]\nenabled = false\n'
     fi

@@ -156,8 +156,9 @@ enabled = false
 EOF
 }
 
-# Stage 4: infergate with everything on. This one heredoc grows with the gateway; the
-# arguments its blocks need from the load (the JWT, the route name) are set in run_pass.
+# Stage 4: infergate with everything on (`everything_on_tables` in lib.sh, shared with ab.sh,
+# grows with the gateway); the arguments its blocks need from the load (the JWT, the route
+# name) are set in run_pass.
 # The canary route splits between two targets that are both add_sub (latest, and version 1)
 # so the fake backend answers both and the load is the same as the other stages'.
 stage4_config() { # http_port backend_port
@@ -172,35 +173,8 @@ name = "backend"
 http = "http://127.0.0.1:$2"
 capacity = "16GiB"
 
-#>> validation: every request checked against add_sub's signature before it is forwarded
-[validation]
-enabled = true
-#<<
-
-#>> jwt-auth: a JWT (RS256) on every request, verified-token cache on (the default), tenant admitted
-[auth]
-mode = "required"
-issuers = ["bench"]
-audiences = ["infergate"]
-
-[[auth.jwt_keys]]
-id = "bench"
-algorithms = ["RS256"]
-pem_file = "$TMP/jwt.pub.pem"
-
-[[auth.api_keys]]
-name = "bench-admin"
-sha256 = "$ADMIN_HASH"
-roles = ["admin"]
-#<<
-
-#>> canary-route: the load calls route "bench", split 90/10 between add_sub and add_sub version 1, with an error-rate guard
-[[routes]]
-model = "bench"
-targets = [{ model = "add_sub", weight = 90 }, { model = "add_sub", version = "1", weight = 10 }]
-guard = { max_error_rate = 0.5, window = "30s", min_requests = 100 }
-#<<
 EOF
+    everything_on_tables
 }
 
 # ---------------------------------------------------------------- measuring

@@ -209,6 +209,44 @@ mint_jwt() { # alg kid key
     printf '%s.%s.%s' "$header" "$payload" "$signature"
 }
 
+# "Everything on" for infergate, the same in bench.sh's stage 4 and ab.sh: validation, an
+# RS256 JWT on every request (key $TMP/jwt.pub.pem), and a 90/10 route "bench" with an
+# error-rate guard; with ADMIN_HASH set, an admin API key too. Each feature is a block
+# between "#>> name: what it does" and "#<<", which bench.sh keeps only when this build has it.
+everything_on_tables() {
+    cat <<EOF
+#>> validation: every request checked against add_sub's signature before it is forwarded
+[validation]
+enabled = true
+#<<
+
+#>> jwt-auth: a JWT (RS256) on every request, verified-token cache on (the default), tenant admitted
+[auth]
+mode = "required"
+issuers = ["bench"]
+audiences = ["infergate"]
+
+[[auth.jwt_keys]]
+id = "bench"
+algorithms = ["RS256"]
+pem_file = "$TMP/jwt.pub.pem"
+
+$(admin_key_table)
+#<<
+
+#>> canary-route: the load calls route "bench", split 90/10 between add_sub and add_sub version 1, with an error-rate guard
+[[routes]]
+model = "bench"
+targets = [{ model = "add_sub", weight = 90 }, { model = "add_sub", version = "1", weight = 10 }]
+guard = { max_error_rate = 0.5, window = "30s", min_requests = 100 }
+#<<
+EOF
+}
+admin_key_table() {
+    [[ -n "${ADMIN_HASH:-}" ]] || return 0
+    printf '[[auth.api_keys]]\nname = "bench-admin"\nsha256 = "%s"\nroles = ["admin"]\n' "$ADMIN_HASH"
+}
+
 # ---------------------------------------------------------------- /proc
 HZ="$(getconf CLK_TCK)"
 # CPU ticks (user + system) of processes, for CPU per request.
