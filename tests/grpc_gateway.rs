@@ -470,6 +470,60 @@ async fn a_killed_backend_gives_unavailable_not_a_hang() {
     .await;
 }
 
+/// Eight clients, each on a connection of its own, all calling at once; every answer checked.
+async fn eight_clients_infer(clients: &[GrpcInferenceServiceClient<Channel>]) -> Vec<tonic::Code> {
+    let calls = clients.iter().enumerate().map(|(i, client)| {
+        let mut client = client.clone();
+        async move {
+            let a = [i as f32; 4];
+            match client.model_infer(add_sub_request(a, [2.0; 4])).await {
+                Ok(answer) => {
+                    assert_eq!(sum(answer.get_ref()), a.map(|x| x + 2.0));
+                    tonic::Code::Ok
+                }
+                Err(status) => status.code(),
+            }
+        }
+    });
+    futures_util::future::join_all(calls).await
+}
+
+#[tokio::test]
+async fn each_worker_multiplexes_its_calls_and_a_restarted_backend_is_reached_again() {
+    let mut triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start(&config_for("restarted", &[&triton], "", "workers = 2")).await;
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(client(&gateway).await);
+    }
+    assert_eq!(eight_clients_infer(&clients).await, [tonic::Code::Ok; 8]);
+    // However many clients, a worker's calls share its one HTTP/2 connection to the backend.
+    let open = connections_to(triton.grpc_port);
+    assert!((1..=2).contains(&open), "{open} connections for 2 workers");
+
+    // The backend comes back at its address, empty, as a restarted pod does. The gateway's
+    // connections to the old one are dead: each worker makes a new one, and the model is
+    // loaded again on the first request for it.
+    triton.restart(TritonOptions::default()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let codes = eight_clients_infer(&clients).await;
+        for code in &codes {
+            assert!(
+                matches!(code, tonic::Code::Ok | tonic::Code::Unavailable),
+                "only answers or a clear UNAVAILABLE while the backend is back: {codes:?}"
+            );
+        }
+        if codes == [tonic::Code::Ok; 8] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {codes:?} after 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let open = connections_to(triton.grpc_port);
+    assert!((1..=2).contains(&open), "{open} connections for 2 workers");
+}
+
 #[tokio::test]
 async fn a_route_name_is_resolved_and_its_target_named_in_metadata() {
     let triton = Triton::start(TritonOptions::default()).await.unwrap();

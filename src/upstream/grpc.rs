@@ -1,21 +1,21 @@
-//! Calling a backend over gRPC: one tonic `Channel` per backend (a single HTTP/2 connection,
-//! multiplexed, kept alive with pings), and every transport failure turned into a
-//! `GatewayError` that names the backend, while the backend's own answers (a wrong shape, an
-//! unknown model) pass through as the backend wrote them.
+//! Calling a backend over gRPC: an HTTP/2 connection per worker (`multiplex`, multiplexed,
+//! kept alive with pings), and every transport failure turned into a `GatewayError` that names
+//! the backend, while the backend's own answers (a wrong shape, an unknown model) pass through
+//! as the backend wrote them.
 
 use super::Backend;
+use super::multiplex::{ConnectFailed, Connections, Link, innermost};
 use crate::config;
 use crate::error::GatewayError;
 use crate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use http::Uri;
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
 
-/// The generated client over a backend's channel.
-pub type InferenceClient = GrpcInferenceServiceClient<Channel>;
+/// The generated client over this worker's connection to a backend.
+pub type InferenceClient = GrpcInferenceServiceClient<Link>;
 
 /// Keep-alive pings on idle and busy connections alike: a backend that vanishes without a
 /// FIN (a host gone, a cable pulled) is noticed within interval + timeout, not at the next
@@ -49,63 +49,38 @@ pub fn parse_url(text: &str) -> Result<Uri, String> {
     Ok(uri)
 }
 
-/// A backend's gRPC endpoint. The channel is made on first use: making one spawns its
-/// connection task, which needs the runtime, and `infergate check` builds backends without
-/// serving.
+/// A backend's gRPC endpoint. Connections are made on first use, on the worker that uses
+/// them: `infergate check` builds backends without serving.
 #[derive(Debug)]
 pub struct GrpcUpstream {
-    endpoint: Endpoint,
-    /// For `https://`: rustls with ALPN h2 under tonic (tonic's own TLS features are off).
-    tls: Option<crate::tls::HttpsConnector>,
-    channel: OnceLock<Channel>,
+    connections: Arc<Connections>,
 }
 
 impl GrpcUpstream {
     /// Prepares the endpoint from a (validated) URL and the upstream settings; connects lazily.
-    /// `tls_ca` verifies an `https://` backend (else the system's roots).
+    /// `tls_ca` verifies an `https://` backend (else the system's roots; rustls with ALPN h2).
     pub fn new(
         url: &str,
         upstream: &config::Upstream,
         tls_ca: Option<&std::path::Path>,
     ) -> Result<Self, String> {
         let uri = parse_url(url)?;
-        let tls = if uri.scheme_str() == Some("https") {
-            Some(crate::tls::https_connector(
-                true,
-                tls_ca,
-                true,
-                upstream.connect_timeout.0,
-            )?)
-        } else {
-            None
-        };
-        let endpoint = Endpoint::from(uri)
-            .connect_timeout(upstream.connect_timeout.0)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
-            .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-            .keep_alive_while_idle(true)
-            // Large tensors: let the HTTP/2 windows grow with the measured bandwidth instead
-            // of stalling on the 64 KiB default.
-            .http2_adaptive_window(true);
+        let tls = uri.scheme_str() == Some("https");
+        let connector = crate::tls::https_connector(tls, tls_ca, true, upstream.connect_timeout.0)?;
         Ok(Self {
-            endpoint,
-            tls,
-            channel: OnceLock::new(),
+            connections: Arc::new(Connections::new(
+                uri,
+                connector,
+                (KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT),
+            )),
         })
     }
 
-    /// A client over the shared channel: cheap, one per call. Message sizes are not limited
-    /// here: the front-end limits what clients send, and a backend's answers are trusted.
+    /// A client over this worker's connection: cheap, one per call. Message sizes are not
+    /// limited here: the front-end limits what clients send, and a backend's answers are
+    /// trusted.
     pub fn client(&self) -> InferenceClient {
-        let channel = self
-            .channel
-            .get_or_init(|| match &self.tls {
-                Some(connector) => self.endpoint.connect_with_connector_lazy(connector.clone()),
-                None => self.endpoint.connect_lazy(),
-            })
-            .clone();
-        GrpcInferenceServiceClient::new(channel)
+        GrpcInferenceServiceClient::with_origin(self.connections.link(), self.connections.origin())
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
     }
@@ -141,7 +116,7 @@ where
             backend.record_latency(started.elapsed());
             Ok(response)
         }
-        Ok(Err(status)) => Err(classify(backend, status, Some(timeout))),
+        Ok(Err(status)) => Err(classify(backend, status)),
         Err(_) => Err(GatewayError::UpstreamTimeout {
             backend: backend.name.clone(),
             after: timeout,
@@ -149,42 +124,27 @@ where
     }
 }
 
-/// Tells a transport failure (tonic made the status from an error of its own: it has a
-/// source) from the backend's own answer (no source), and counts connection failures.
-/// `timeout` is the `grpc-timeout` the call was sent with: tonic's client enforces it too,
-/// and its expiry (which tonic calls CANCELLED) is the backend being too slow.
-pub fn classify(backend: &Backend, status: Status, timeout: Option<Duration>) -> GatewayError {
+/// Tells a transport failure (the status was made from an error under tonic's client: it has
+/// a source) from the backend's own answer (no source), and counts connection failures.
+pub fn classify(backend: &Backend, status: Status) -> GatewayError {
     let Some(source) = std::error::Error::source(&status) else {
         backend.record_success();
         return GatewayError::Backend(status);
     };
-    let mut connect = false;
-    let mut expired = false;
-    let mut innermost = source.to_string();
     let mut next = Some(source);
     while let Some(error) = next {
-        connect |= error.is::<tonic::ConnectError>();
-        expired |= error.is::<tonic::TimeoutExpired>();
-        innermost = error.to_string();
+        if let Some(ConnectFailed(reason)) = error.downcast_ref::<ConnectFailed>() {
+            backend.record_connect_failure(reason);
+            return GatewayError::UpstreamUnreachable {
+                backend: backend.name.clone(),
+                reason: reason.clone(),
+            };
+        }
         next = error.source();
     }
-    if expired {
-        return GatewayError::UpstreamTimeout {
-            backend: backend.name.clone(),
-            after: timeout.unwrap_or_default(),
-        };
-    }
-    if connect {
-        backend.record_connect_failure(&innermost);
-        GatewayError::UpstreamUnreachable {
-            backend: backend.name.clone(),
-            reason: innermost,
-        }
-    } else {
-        GatewayError::UpstreamFailed {
-            backend: backend.name.clone(),
-            reason: format!("{}: {innermost}", status.message()),
-        }
+    GatewayError::UpstreamFailed {
+        backend: backend.name.clone(),
+        reason: format!("{}: {}", status.message(), innermost(source)),
     }
 }
 
@@ -223,16 +183,25 @@ mod tests {
     #[test]
     fn answers_pass_through_and_failures_are_named() {
         let backend = backend();
-        match classify(&backend, Status::invalid_argument("bad shape"), None) {
+        match classify(&backend, Status::invalid_argument("bad shape")) {
             GatewayError::Backend(status) => assert_eq!(status.message(), "bad shape"),
             other => panic!("{other:?}"),
         }
-        // tonic's own expiry of the grpc-timeout it sent: the backend was too slow.
-        let expired = Status::from_error(Box::new(tonic::TimeoutExpired(())));
-        match classify(&backend, expired, Some(Duration::from_millis(300))) {
-            error @ GatewayError::UpstreamTimeout { .. } => {
-                assert_eq!(error.grpc_code(), tonic::Code::DeadlineExceeded);
-                assert_eq!(error.to_string(), "backend 'b' did not answer within 300ms");
+        // What tonic's client makes of a connection attempt that failed under it.
+        let refused = Status::from_error(Box::new(ConnectFailed("Connection refused".into())));
+        match classify(&backend, refused) {
+            error @ GatewayError::UpstreamUnreachable { .. } => {
+                assert_eq!(error.grpc_code(), tonic::Code::Unavailable);
+                assert!(error.to_string().contains("Connection refused"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(backend.last_error().as_deref(), Some("Connection refused"));
+        // A working connection that broke: named, but not counted as unreachable.
+        let reset = Status::from_error(Box::new(std::io::Error::other("connection reset")));
+        match classify(&backend, reset) {
+            error @ GatewayError::UpstreamFailed { .. } => {
+                assert!(error.to_string().contains("connection reset"), "{error}");
             }
             other => panic!("{other:?}"),
         }

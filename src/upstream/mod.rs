@@ -7,6 +7,7 @@ pub mod grpc;
 mod health;
 mod index;
 pub mod metrics_scrape;
+mod multiplex;
 mod queues;
 mod triton;
 

@@ -214,8 +214,34 @@ impl Triton {
 
     /// Outer error: start failed. Inner error: a port was taken, retry with others.
     async fn try_start(opts: &TritonOptions) -> anyhow::Result<Result<Triton, anyhow::Error>> {
+        Self::start_on(opts, free_ports::<3>()?).await
+    }
+
+    /// Kills this server and starts another with `opts` on the same ports, as a restarted
+    /// pod comes back at its address: what a client holding connections to it must survive.
+    pub async fn restart(&mut self, opts: TritonOptions) -> anyhow::Result<()> {
+        self.kill();
+        let ports = [self.http_port, self.grpc_port, self.metrics_port];
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match Self::start_on(&opts, ports).await? {
+                Ok(triton) => {
+                    *self = triton;
+                    return Ok(());
+                }
+                // The old server's sockets may linger a moment.
+                Err(taken) if Instant::now() > deadline => return Err(taken),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    /// Starts on the given ports (http, grpc, metrics); the inner error as for `try_start`.
+    async fn start_on(
+        opts: &TritonOptions,
+        [http_port, grpc_port, metrics_port]: [u16; 3],
+    ) -> anyhow::Result<Result<Triton, anyhow::Error>> {
         let server_dir = tritonserver_dir()?;
-        let [http_port, grpc_port, metrics_port] = free_ports::<3>()?;
         let dir = tempfile::Builder::new()
             .prefix("infergate-triton-")
             .tempdir()?;

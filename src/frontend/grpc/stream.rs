@@ -447,9 +447,19 @@ async fn relay_answers(
         .get("grpc-timeout")
         .and_then(|v| super::call::parse_timeout(v.as_bytes()));
     let mut client = upstream_grpc::client(backend)?;
-    let mut answers = match client.model_stream_infer(request).await {
+    let opened = client.model_stream_infer(request);
+    let opened = match timeout {
+        Some(after) => tokio::time::timeout(after, opened).await.map_err(|_| {
+            GatewayError::UpstreamTimeout {
+                backend: backend.name.clone(),
+                after,
+            }
+        })?,
+        None => opened.await,
+    };
+    let mut answers = match opened {
         Ok(response) => response.into_inner(),
-        Err(status) => return Err(upstream_grpc::classify(backend, status, timeout)),
+        Err(status) => return Err(upstream_grpc::classify(backend, status)),
     };
     backend.record_success();
     let mut relayed = 0;
@@ -465,7 +475,7 @@ async fn relay_answers(
                 }
             }
             Ok(None) => return Ok(relayed),
-            Err(status) => return Err(upstream_grpc::classify(backend, status, timeout)),
+            Err(status) => return Err(upstream_grpc::classify(backend, status)),
         }
     }
 }
