@@ -24,11 +24,13 @@
 #
 # Knobs (environment):
 #   BENCH_BASE_PORT=29500    ports used: base..base+2 (Triton http/grpc/metrics),
-#                            base+10 (nginx), base+20..23 and base+30..33 (infergate)
+#                            base+10 (nginx), base+20..23, base+30..33, base+40..43 (infergate)
 #   BENCH_WARMUP=1s BENCH_WINDOW=2s BENCH_WINDOWS=3   per step (infergate-load flags)
 #   BENCH_CONCURRENCY="1 16 64"
 #   BENCH_ROUNDS=3           times every stage is measured at every level (median reported)
 #   BENCH_VALIDATION_OFF=1   0 drops the ig-off stage
+#   BENCH_BEFORE=BINARY      an A/B: a fifth stage, ig-before, runs this other infergate
+#                            binary exactly as ig-on (validation on), in the same turns
 #   BENCH_PROXY_WORKERS=1    nginx worker_processes and infergate's server.workers;
 #                            "auto" = one per core for both
 #   BENCH_LOAD_THREADS=1     load generator threads
@@ -58,6 +60,8 @@ STARTED=$SECONDS
 
 STAGES=(direct nginx ig-off ig-on)
 [[ "${BENCH_VALIDATION_OFF:-1}" == 1 ]] || STAGES=(direct nginx ig-on)
+BEFORE="${BENCH_BEFORE:+$(realpath "$BENCH_BEFORE")}"
+[[ -n "$BEFORE" ]] && STAGES+=(ig-before)
 
 # shellcheck source=loadtest/lib.sh
 source loadtest/lib.sh
@@ -85,7 +89,8 @@ source scripts/env.sh >/dev/null 2>&1 || true
     die "the python backend stub is not in place: run scripts/setup.sh once"
 
 check_ports "$BASE" $((BASE + 1)) $((BASE + 2)) $((BASE + 10)) $((BASE + 20)) $((BASE + 21)) $((BASE + 22)) \
-    $((BASE + 23)) $((BASE + 30)) $((BASE + 31)) $((BASE + 32)) $((BASE + 33))
+    $((BASE + 23)) $((BASE + 30)) $((BASE + 31)) $((BASE + 32)) $((BASE + 33)) $((BASE + 40)) $((BASE + 41)) \
+    $((BASE + 42)) $((BASE + 43))
 build_release infergate infergate-load
 
 LOAD_ARGS=(--protocol grpc -i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --threads "$LOAD_THREADS"
@@ -150,12 +155,16 @@ read -r -a BACKEND_PIDS <<<"$TRITON_PID $(children "$TRITON_PID")"
 start_nginx nginx $((BASE + 10)) $((TPORT + 1)) grpc.conf.template
 infergate_config $((BASE + 20)) "$TPORT" false >"$TMP/ig-off.toml"
 infergate_config $((BASE + 30)) "$TPORT" true >"$TMP/ig-on.toml"
+infergate_config $((BASE + 40)) "$TPORT" true >"$TMP/ig-before.toml"
 IG_STAGES=()
 for s in "${STAGES[@]}"; do [[ "$s" == ig-* ]] && IG_STAGES+=("$s"); done
-for s in "${IG_STAGES[@]}"; do start_infergate "$s" "$TMP/$s.toml"; done
+for s in "${IG_STAGES[@]}"; do
+    if [[ "$s" == ig-before ]]; then start_infergate "$s" "$TMP/$s.toml" "$BEFORE"; else start_infergate "$s" "$TMP/$s.toml"; fi
+done
 declare -A URL=([direct]="http://127.0.0.1:$((TPORT + 1))" [nginx]="http://127.0.0.1:$((BASE + 10))"
-    [ig-off]="http://127.0.0.1:$((BASE + 21))" [ig-on]="http://127.0.0.1:$((BASE + 31))")
-declare -A ADMIN=([ig-off]=$((BASE + 23)) [ig-on]=$((BASE + 33)))
+    [ig-off]="http://127.0.0.1:$((BASE + 21))" [ig-on]="http://127.0.0.1:$((BASE + 31))"
+    [ig-before]="http://127.0.0.1:$((BASE + 41))")
+declare -A ADMIN=([ig-off]=$((BASE + 23)) [ig-on]=$((BASE + 33)) [ig-before]=$((BASE + 43)))
 wait_port $((BASE + 10)) || die "nginx did not start: $(cat "$TMP/nginx-nginx/error.log")"
 for s in "${IG_STAGES[@]}"; do
     wait_port "${URL[$s]##*:}" || die "infergate $s did not start: $(tail "$TMP/$s.log")"
@@ -216,6 +225,7 @@ label() {
         nginx) echo "nginx grpc_pass" ;;
         ig-off) echo "infergate, validation off" ;;
         ig-on) echo "infergate, validation on" ;;
+        ig-before) echo "infergate before (\`$BEFORE\`), validation on" ;;
     esac
 }
 
@@ -269,7 +279,7 @@ report() {
     echo
     echo "- Machine: $NPROC × $CPU_MODEL, $MEM memory, $KERNEL."
     echo "- Load average (1, 5, 15 min): $LOAD_BEFORE before, $LOAD_AFTER after. The machine is shared: the per-step load average is in the table; compare stages within this run, and prefer CPU per request (from /proc/PID/stat, warm-up included, requests estimated from the measured rate), which is less sensitive to other work than throughput."
-    echo "- infergate: commit $SHA$( ((DIRTY)) && echo " plus $DIRTY uncommitted changed paths under src/, proto/, Cargo.toml, Cargo.lock at run time"), release profile, \`listen.grpc\` with the backend's \`grpc\` URL (one HTTP/2 channel to Triton). nginx: $("$NGINX" -v 2>&1 | cut -d/ -f2) (Debian package), config \`loadtest/nginx/grpc.conf.template\` (\`grpc_pass\`, \`listen ... http2\`, keep-alive upstream: nginx sends one request at a time on each upstream connection). Triton: $TRITON_VERSION (nvidia-pytriton wheel, CPU, python backend, \`add_sub\` from tests/models, explicit model control)."
+    echo "- infergate: commit $SHA$( ((DIRTY)) && echo " plus $DIRTY uncommitted changed paths under src/, proto/, Cargo.toml, Cargo.lock at run time"), release profile, \`listen.grpc\` with the backend's \`grpc\` URL (one HTTP/2 connection to Triton per worker). nginx: $("$NGINX" -v 2>&1 | cut -d/ -f2) (Debian package), config \`loadtest/nginx/grpc.conf.template\` (\`grpc_pass\`, \`listen ... http2\`, keep-alive upstream: nginx sends one request at a time on each upstream connection). Triton: $TRITON_VERSION (nvidia-pytriton wheel, CPU, python backend, \`add_sub\` from tests/models, explicit model control)."
     echo "- Load: \`infergate-load --protocol grpc -i INPUT0:FP32:4 -i INPUT1:FP32:4 --check\` (KServe v2 \`ModelInfer\`, tensors as \`raw_input_contents\`), closed loop, one HTTP/2 connection per concurrent worker (the tool's default), warm-up $WARMUP then $WINDOWS × $WINDOW windows per step, $LOAD_THREADS load-generator thread(s); the stages take turns at each concurrency level, and the whole sequence ran $ROUNDS times (stage order rotated each round)."
     echo "- Proxies: $WORKERS_LABEL worker(s) each (nginx \`worker_processes\`, infergate \`server.workers\`). Access logs: $ACCESS_LOG for both (a line per request to a file)."
     echo "- Triton CPU counts tritonserver and its python stub process. Python stubs left under Triton at the end: $STUBS_AFTER (1 expected: add_sub)."

@@ -160,8 +160,8 @@ start_nginx() { # name listen_port upstream_port template
 
 # infergate's log goes to $TMP/NAME.log, like nginx's access log; at warn level (ACCESS_LOG
 # not on) it has no per-request line. The config is checked first.
-start_infergate() { # name config
-    local level=info
+start_infergate() { # name config [binary, default $BIN/infergate]
+    local level=info binary="${3:-$BIN/infergate}"
     [[ "$ACCESS_LOG" == on ]] || level=warn
     local config="$2"
     if [[ "$WORKERS" != auto ]]; then
@@ -173,9 +173,9 @@ start_infergate() { # name config
             { printf '[server]\nworkers = %s\n' "$WORKERS"; cat "$2"; } >"$config"
         fi
     fi
-    "$BIN/infergate" check --config "$config" >"$TMP/check.out" 2>&1 ||
+    "$binary" check --config "$config" >"$TMP/check.out" 2>&1 ||
         { cat "$TMP/check.out" >&2; die "infergate check refused the $1 config"; }
-    RUST_LOG="$level" "$BIN/infergate" --config "$config" >"$TMP/$1.log" 2>&1 &
+    RUST_LOG="$level" "$binary" --config "$config" >"$TMP/$1.log" 2>&1 &
     PIDS+=("$!")
     PID[$1]=$!
 }
