@@ -47,6 +47,18 @@ ensure_nginx() {
     NGINX="$(command -v nginx)"
 }
 
+# valgrind (callgrind, callgrind_control, callgrind_annotate) from Debian's package, installed
+# when missing (root only), for instructions.sh.
+ensure_valgrind() {
+    if ! command -v valgrind >/dev/null || ! command -v callgrind_control >/dev/null; then
+        [[ $(id -u) == 0 ]] || die "valgrind is missing; run as root or: sudo apt-get install -y valgrind"
+        say "installing valgrind (Debian package)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y valgrind >"$TMP/apt.log" 2>&1 ||
+            { apt-get update >>"$TMP/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y valgrind >>"$TMP/apt.log" 2>&1; } ||
+            { tail -20 "$TMP/apt.log" >&2; die "apt-get install valgrind failed"; }
+    fi
+}
+
 port_busy() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
 check_ports() { local p; for p in "$@"; do if port_busy "$p"; then die "port $p is in use (set the base port knob)"; fi; done; }
 
