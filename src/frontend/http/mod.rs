@@ -66,7 +66,10 @@ pub fn router(gateway: Gateway) -> Router {
 pub(crate) async fn infer(gateway: Gateway, request: Request, model: ModelRef) -> Response {
     edge::around(&gateway, request, |request| {
         authenticate_around(&gateway, request, |request| {
-            to_model(&gateway, model, Ask::Inference, request)
+            // The pipeline's state machine is kilobytes (every phase's locals): boxed once
+            // here, so the edge's layers above it move a pointer, not all of it, each time
+            // one wraps the next (instructions.sh counted five such copies per request).
+            Box::pin(to_model(&gateway, model, Ask::Inference, request))
         })
     })
     .await
