@@ -11,6 +11,7 @@ pub mod config;
 mod error;
 mod frontend;
 mod listen;
+mod log_fields;
 mod pipeline;
 mod placement;
 pub mod protocol;

@@ -318,7 +318,9 @@ pub fn init_logging(format: LogFormat) {
         .with_ansi(ansi)
         .with_writer(LogSink::global().clone());
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder
+            .fmt_fields(crate::log_fields::PlainFields)
+            .try_init(),
         LogFormat::Json => builder
             .json()
             .flatten_event(true)
