@@ -7,6 +7,7 @@ use super::driven::Driven;
 use super::{Backend, BackendUrl};
 use crate::config;
 use crate::error::GatewayError;
+use crate::listen::PerWorker;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri, header};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct UpstreamClient {
     /// One pool per worker, and one for background work (see `new`).
-    clients: Arc<[Client<crate::tls::HttpsConnector, Body>]>,
+    clients: Arc<PerWorker<Client<crate::tls::HttpsConnector, Body>>>,
     /// A plain HTTP/1.1 backend's connections for the workers' requests.
     driven: Option<Arc<Driven>>,
     request_timeout: Duration,
@@ -45,16 +46,13 @@ impl UpstreamClient {
             .pool_idle_timeout(config.pool_idle_timeout.0)
             .pool_max_idle_per_host(config.pool_max_idle)
             .http2_only(url.http2);
-        // A pool per worker (`crate::listen`), so a connection's task runs on the thread whose
-        // requests use it (14-29% less CPU per request with two workers, measured in
+        // A pool per worker, so a connection's task runs on the thread whose requests use it
+        // (14-29% less CPU per request with two workers, measured in
         // loadtest/results/2026-12-02-workers-accept-path.md), and one for background work.
-        // Sized by the cores, the workers' default; more workers than that share by index.
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         let driven = (!url.http2 && !url.tls).then(|| Driven::new(url.address(), workers, config));
         Ok(Self {
-            clients: (0..=workers)
-                .map(|_| builder.build(connector.clone()))
-                .collect(),
+            clients: Arc::new(PerWorker::new(|| builder.build(connector.clone()))),
             driven,
             request_timeout: config.request_timeout.0,
             connect_timeout: config.connect_timeout.0,
@@ -63,8 +61,7 @@ impl UpstreamClient {
 
     /// This thread's pool.
     fn client(&self) -> &Client<crate::tls::HttpsConnector, Body> {
-        let index = crate::listen::worker_index().map_or(0, |i| i + 1);
-        &self.clients[index % self.clients.len()]
+        self.clients.get()
     }
 
     /// Sends a request and answers with the head of the answer, its body streaming behind.
@@ -226,37 +223,19 @@ pub(super) fn classify(
     if let Some(stalled) = crate::listen::BodyReadTimeout::in_chain(error) {
         return GatewayError::BadRequest(format!("could not read request body: {stalled}"));
     }
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    let mut connect = false;
-    let mut timed_out = false;
-    let mut innermost = error.to_string();
-    while let Some(e) = source {
-        if let Some(e) = e.downcast_ref::<std::io::Error>() {
-            timed_out |= e.kind() == std::io::ErrorKind::TimedOut;
-        }
-        if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
-            connect |= e.is_connect();
-        }
-        innermost = e.to_string();
-        source = e.source();
-    }
-    if connect && timed_out {
+    let connect = super::failure::chain(error).any(|e| {
+        e.downcast_ref::<hyper_util::client::legacy::Error>()
+            .is_some_and(hyper_util::client::legacy::Error::is_connect)
+    });
+    if connect {
         GatewayError::UpstreamUnreachable {
             backend: backend.to_string(),
-            reason: format!(
-                "no connection within upstream.connect_timeout ({}ms)",
-                connect_timeout.as_millis()
-            ),
-        }
-    } else if connect {
-        GatewayError::UpstreamUnreachable {
-            backend: backend.to_string(),
-            reason: innermost,
+            reason: super::failure::connect_reason(error, connect_timeout),
         }
     } else {
         GatewayError::UpstreamFailed {
             backend: backend.to_string(),
-            reason: innermost,
+            reason: super::failure::innermost(error),
         }
     }
 }

@@ -177,9 +177,8 @@ impl Driven {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(error)) => return Err(unreachable(format!("tcp connect error: {error}"))),
                 Err(_) => {
-                    return Err(unreachable(format!(
-                        "no connection within upstream.connect_timeout ({}ms)",
-                        self.connect_timeout.as_millis()
+                    return Err(unreachable(super::failure::no_connection_within(
+                        self.connect_timeout,
                     )));
                 }
             };

@@ -4,7 +4,8 @@
 //! as the backend wrote them.
 
 use super::Backend;
-use super::multiplex::{ConnectFailed, Connections, Link, innermost};
+use super::failure::innermost;
+use super::multiplex::{ConnectFailed, Connections, Link};
 use crate::config;
 use crate::error::GatewayError;
 use crate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
@@ -71,6 +72,7 @@ impl GrpcUpstream {
             connections: Arc::new(Connections::new(
                 uri,
                 connector,
+                upstream.connect_timeout.0,
                 (KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT),
             )),
         })
@@ -87,7 +89,7 @@ impl GrpcUpstream {
 }
 
 /// The backend's gRPC client, or an error saying that this backend has no gRPC endpoint.
-pub fn client(backend: &Backend) -> Result<InferenceClient, GatewayError> {
+fn client(backend: &Backend) -> Result<InferenceClient, GatewayError> {
     backend
         .grpc
         .as_ref()
@@ -98,8 +100,8 @@ pub fn client(backend: &Backend) -> Result<InferenceClient, GatewayError> {
         })
 }
 
-/// Makes one unary call within `timeout`, with passive health: connection failures count
-/// against the backend, any answer (even an error status) resets the count.
+/// Makes one unary call within `timeout`, with passive health (see `answered`) and the
+/// backend's latency recorded.
 pub async fn unary<R, Fut>(
     backend: &Arc<Backend>,
     timeout: Duration,
@@ -108,19 +110,52 @@ pub async fn unary<R, Fut>(
 where
     Fut: Future<Output = Result<tonic::Response<R>, Status>>,
 {
-    let client = client(backend)?;
     let started = Instant::now();
-    match tokio::time::timeout(timeout, call(client)).await {
-        Ok(Ok(response)) => {
+    let response = answered(backend, Some(timeout), call).await?;
+    backend.record_latency(started.elapsed());
+    Ok(response)
+}
+
+/// Opens a stream: its answer's head within the client's deadline when it has one (a stream
+/// may wait for its first message as long as the client lets it).
+pub async fn open_stream<R, Fut>(
+    backend: &Arc<Backend>,
+    deadline: Option<Duration>,
+    call: impl FnOnce(InferenceClient) -> Fut,
+) -> Result<tonic::Response<R>, GatewayError>
+where
+    Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+{
+    answered(backend, deadline, call).await
+}
+
+/// A call's answer (a unary answer, or a stream's head) within `timeout`, with passive
+/// health: connection failures count against the backend, any answer (even an error status)
+/// resets the count. The one place a gRPC call to a backend is bounded and its failure named.
+async fn answered<R, Fut>(
+    backend: &Arc<Backend>,
+    timeout: Option<Duration>,
+    call: impl FnOnce(InferenceClient) -> Fut,
+) -> Result<tonic::Response<R>, GatewayError>
+where
+    Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+{
+    let answer = call(client(backend)?);
+    let answer = match timeout {
+        Some(after) => tokio::time::timeout(after, answer).await.map_err(|_| {
+            GatewayError::UpstreamTimeout {
+                backend: backend.name.clone(),
+                after,
+            }
+        })?,
+        None => answer.await,
+    };
+    match answer {
+        Ok(response) => {
             backend.record_success();
-            backend.record_latency(started.elapsed());
             Ok(response)
         }
-        Ok(Err(status)) => Err(classify(backend, status)),
-        Err(_) => Err(GatewayError::UpstreamTimeout {
-            backend: backend.name.clone(),
-            after: timeout,
-        }),
+        Err(status) => Err(classify(backend, status)),
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod client;
 mod driven;
+mod failure;
 pub mod grpc;
 mod health;
 mod index;

@@ -8,6 +8,8 @@
 //! straight to it. A connection that closes is replaced on the next call; concurrent first
 //! calls share one connection attempt.
 
+use super::failure::connect_reason;
+use crate::listen::PerWorker;
 use crate::tls::HttpsConnector;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
@@ -23,6 +25,8 @@ use tower::ServiceExt;
 
 type Body = tonic::body::Body;
 type Sender = http2::SendRequest<Body>;
+/// A worker's connection, once made; replaced by an empty cell when it closes.
+type Slot = Mutex<Arc<OnceCell<Sender>>>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A connection attempt that failed: the backend is unreachable (refused, timed out, TLS).
@@ -38,20 +42,27 @@ impl std::fmt::Display for ConnectFailed {
 
 impl std::error::Error for ConnectFailed {}
 
-/// Where and how to connect, and the connections: slot 0 for threads that are not workers,
-/// slot `i + 1` for worker `i` (more workers than slots share by index, as the HTTP pools do).
+/// Where and how to connect, and a slot per worker for its connection (`PerWorker`).
 #[derive(Debug)]
 pub struct Connections {
     uri: Uri,
     connector: HttpsConnector,
+    /// Named when an attempt runs out of it.
+    connect_timeout: Duration,
     http2: http2::Builder<TokioExecutor>,
-    slots: Box<[Mutex<Arc<OnceCell<Sender>>>]>,
+    slots: PerWorker<Slot>,
 }
 
 impl Connections {
-    /// Connections to `uri` (`http://` or `https://host:port`) through `connector`, with
-    /// keep-alive pings every `keep_alive.0` (answered within `keep_alive.1`), busy or idle.
-    pub fn new(uri: Uri, connector: HttpsConnector, keep_alive: (Duration, Duration)) -> Self {
+    /// Connections to `uri` (`http://` or `https://host:port`) through `connector` (which
+    /// gives up after `connect_timeout`), with keep-alive pings every `keep_alive.0` (answered
+    /// within `keep_alive.1`), busy or idle.
+    pub fn new(
+        uri: Uri,
+        connector: HttpsConnector,
+        connect_timeout: Duration,
+        keep_alive: (Duration, Duration),
+    ) -> Self {
         let mut http2 = http2::Builder::new(TokioExecutor::new());
         http2
             .timer(TokioTimer::new())
@@ -61,21 +72,19 @@ impl Connections {
             // Large tensors: let the windows grow with the measured bandwidth instead of
             // stalling on the 64 KiB default.
             .adaptive_window(true);
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self {
             uri,
             connector,
+            connect_timeout,
             http2,
-            slots: (0..=workers).map(|_| Mutex::default()).collect(),
+            slots: PerWorker::new(Slot::default),
         }
     }
 
-    /// The service tonic's client sends this thread's calls through.
+    /// The service tonic's client sends its calls through.
     pub fn link(self: &Arc<Self>) -> Link {
-        let slot = crate::listen::worker_index().map_or(0, |i| i + 1) % self.slots.len();
         Link {
             connections: self.clone(),
-            slot,
         }
     }
 
@@ -84,27 +93,25 @@ impl Connections {
         self.uri.clone()
     }
 
-    /// Sends on the slot's connection, connecting first when it has none or it has closed.
-    async fn send(
-        &self,
-        slot: usize,
-        request: Request<Body>,
-    ) -> Result<Response<Incoming>, BoxError> {
-        let mut sender = self.sender(slot).await?;
+    /// Sends on this worker's connection, connecting first when it has none or it has closed.
+    async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, BoxError> {
+        let mut sender = self.sender().await?;
         Ok(sender.send_request(request).await?)
     }
 
-    /// The slot's open connection, made if need be (once, however many calls wait for it).
-    async fn sender(&self, slot: usize) -> Result<Sender, ConnectFailed> {
+    /// This worker's open connection, made if need be (once, however many calls wait for it),
+    /// its task on this worker's runtime.
+    async fn sender(&self) -> Result<Sender, ConnectFailed> {
+        let slot = self.slots.get();
         loop {
-            let cell = self.slots[slot].lock().expect("poisoned").clone();
+            let cell = slot.lock().expect("poisoned").clone();
             let sender = cell.get_or_try_init(|| self.connect()).await?;
             if !sender.is_closed() {
                 return Ok(sender.clone());
             }
             // Closed (the backend went away, or its runtime ended): the next attempt is a new
             // connection, unless another call has already put one in.
-            let mut current = self.slots[slot].lock().expect("poisoned");
+            let mut current = slot.lock().expect("poisoned");
             if Arc::ptr_eq(&current, &cell) {
                 *current = Arc::default();
             }
@@ -118,12 +125,12 @@ impl Connections {
             .clone()
             .oneshot(self.uri.clone())
             .await
-            .map_err(|e| ConnectFailed(innermost(e.as_ref())))?;
+            .map_err(|e| ConnectFailed(connect_reason(e.as_ref(), self.connect_timeout)))?;
         let (sender, connection) = self
             .http2
             .handshake(io)
             .await
-            .map_err(|e| ConnectFailed(innermost(&e)))?;
+            .map_err(|e| ConnectFailed(connect_reason(&e, self.connect_timeout)))?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "gRPC backend connection ended");
@@ -133,20 +140,10 @@ impl Connections {
     }
 }
 
-/// The innermost cause's words ("Connection refused (os error 111)"), which say the most.
-pub(super) fn innermost(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut error = error;
-    while let Some(source) = error.source() {
-        error = source;
-    }
-    error.to_string()
-}
-
 /// A call's way to its worker's connection: the tower service under tonic's client.
 #[derive(Debug, Clone)]
 pub struct Link {
     connections: Arc<Connections>,
-    slot: usize,
 }
 
 impl tower::Service<Request<Body>> for Link {
@@ -160,7 +157,6 @@ impl tower::Service<Request<Body>> for Link {
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let connections = self.connections.clone();
-        let slot = self.slot;
-        Box::pin(async move { connections.send(slot, request).await })
+        Box::pin(async move { connections.send(request).await })
     }
 }

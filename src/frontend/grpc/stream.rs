@@ -446,22 +446,11 @@ async fn relay_answers(
         .metadata()
         .get("grpc-timeout")
         .and_then(|v| super::call::parse_timeout(v.as_bytes()));
-    let mut client = upstream_grpc::client(backend)?;
-    let opened = client.model_stream_infer(request);
-    let opened = match timeout {
-        Some(after) => tokio::time::timeout(after, opened).await.map_err(|_| {
-            GatewayError::UpstreamTimeout {
-                backend: backend.name.clone(),
-                after,
-            }
-        })?,
-        None => opened.await,
-    };
-    let mut answers = match opened {
-        Ok(response) => response.into_inner(),
-        Err(status) => return Err(upstream_grpc::classify(backend, status)),
-    };
-    backend.record_success();
+    let mut answers = upstream_grpc::open_stream(backend, timeout, |mut client| async move {
+        client.model_stream_infer(request).await
+    })
+    .await?
+    .into_inner();
     let mut relayed = 0;
     loop {
         match answers.message().await {

@@ -1,0 +1,79 @@
+//! How a failed connection to a backend is put into words, once for every way of reaching
+//! one: the pooled HTTP client, the driven HTTP/1.1 connections and the gRPC connections.
+
+use std::error::Error;
+use std::time::Duration;
+
+/// A connection attempt that ran out of `upstream.connect_timeout`. The connector's own
+/// words ("deadline has elapsed") name neither the timeout nor the setting.
+pub(super) fn no_connection_within(connect_timeout: Duration) -> String {
+    format!(
+        "no connection within upstream.connect_timeout ({}ms)",
+        connect_timeout.as_millis()
+    )
+}
+
+/// The innermost cause's words ("Connection refused (os error 111)"), which say the most.
+pub(super) fn innermost(error: &(dyn Error + 'static)) -> String {
+    chain(error).last().unwrap_or(error).to_string()
+}
+
+/// Whether anything in the chain is an I/O timeout.
+pub(super) fn timed_out(error: &(dyn Error + 'static)) -> bool {
+    chain(error).any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
+    })
+}
+
+/// What a failed connection attempt says: the timeout when it ran out, else its cause.
+pub(super) fn connect_reason(error: &(dyn Error + 'static), connect_timeout: Duration) -> String {
+    if timed_out(error) {
+        no_connection_within(connect_timeout)
+    } else {
+        innermost(error)
+    }
+}
+
+/// The error and its sources, outermost first.
+pub(super) fn chain<'e>(
+    error: &'e (dyn Error + 'static),
+) -> impl Iterator<Item = &'e (dyn Error + 'static)> {
+    std::iter::successors(Some(error), |&e| e.source())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("tcp connect error")
+        }
+    }
+    impl Error for Outer {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_timeout_names_the_setting_and_anything_else_its_cause() {
+        let timeout = Duration::from_millis(300);
+        let refused = Outer(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "Connection refused",
+        ));
+        assert_eq!(connect_reason(&refused, timeout), "Connection refused");
+        let slow = Outer(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "deadline has elapsed",
+        ));
+        assert_eq!(
+            connect_reason(&slow, timeout),
+            "no connection within upstream.connect_timeout (300ms)"
+        );
+    }
+}
