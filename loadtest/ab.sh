@@ -40,20 +40,7 @@ ensure_nginx
 check_ports "$BASE" $((BASE + 10)) $((BASE + 20)) $((BASE + 30)) $((BASE + 40)) $((BASE + 50))
 describe_machine src
 
-openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$TMP/jwt.pem" 2>/dev/null
-openssl pkey -in "$TMP/jwt.pem" -pubout -out "$TMP/jwt.pub.pem"
-TOKEN="$(mint_jwt RS256 bench "$TMP/jwt.pem")"
-
-config() { # port everything-on(0/1) workers
-    printf '[listen]\nhttp = "127.0.0.1:%s"\n\n' "$1"
-    [[ -n "$3" ]] && printf '[server]\nworkers = %s\n\n' "$3"
-    printf '[[backends]]\nname = "backend"\nhttp = "http://127.0.0.1:%s"\ncapacity = "16GiB"\n\n' "$BASE"
-    if (($2)); then
-        everything_on_tables
-    else
-        printf '[validation]\nenabled = false\n'
-    fi
-}
+everything_on_key
 
 "$BIN/fake-triton" --listen "127.0.0.1:$BASE" --threads 1 >"$TMP/fake.log" 2>&1 &
 PIDS+=("$!")
@@ -67,7 +54,7 @@ for side in before after; do
     workers_var="AB_${side^^}_WORKERS"
     for on in 0 1; do
         stage="$side-$([[ $on == 1 ]] && echo on || echo off)"
-        config "$port" "$on" "${!workers_var:-}" >"$TMP/$stage.toml"
+        fake_gateway_config "$port" "$on" "${!workers_var:-}" "$BASE" >"$TMP/$stage.toml"
         RUST_LOG=info "${GATEWAY_BIN[$side]}" --config "$TMP/$stage.toml" >"$TMP/$stage.log" 2>&1 &
         PIDS+=("$!")
         PROXY[$stage]=$!

@@ -81,11 +81,9 @@ STAGE4_LOAD_ARGS=()
 
 # Stage 4's JWT: an RS256 key and a token minted with openssl, and an admin API key for the
 # admin calls this script makes (placement checks).
-openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$TMP/jwt.pem" 2>/dev/null
-openssl pkey -in "$TMP/jwt.pem" -pubout -out "$TMP/jwt.pub.pem"
+everything_on_key
 ADMIN_KEY="$(openssl rand -hex 16)"
 ADMIN_HASH="$(printf '%s' "$ADMIN_KEY" | sha256sum | cut -d' ' -f1)"
-TOKEN="$(mint_jwt RS256 bench "$TMP/jwt.pem")"
 
 describe_machine src Cargo.toml Cargo.lock
 

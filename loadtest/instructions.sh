@@ -83,20 +83,7 @@ check_ports "$BASE" $((BASE + 10)) $((BASE + 11))
 describe_machine src
 VG="$TMP/vgdb" # vgdb's FIFOs, ours alone
 
-openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$TMP/jwt.pem" 2>/dev/null
-openssl pkey -in "$TMP/jwt.pem" -pubout -out "$TMP/jwt.pub.pem"
-TOKEN="$(mint_jwt RS256 bench "$TMP/jwt.pem")"
-
-config() { # port everything-on(0/1) workers — ab.sh's config, plus a metrics listener
-    printf '[listen]\nhttp = "127.0.0.1:%s"\nmetrics = "127.0.0.1:%s"\n\n' "$1" $(($1 + 1))
-    [[ -n "$3" ]] && printf '[server]\nworkers = %s\n\n' "$3"
-    printf '[[backends]]\nname = "backend"\nhttp = "http://127.0.0.1:%s"\ncapacity = "16GiB"\n\n' "$BASE"
-    if (($2)); then
-        everything_on_tables
-    else
-        printf '[validation]\nenabled = false\n'
-    fi
-}
+everything_on_key
 
 "$BIN/fake-triton" --listen "127.0.0.1:$BASE" --threads 1 >"$TMP/fake.log" 2>&1 &
 PIDS+=("$!")
@@ -169,7 +156,7 @@ measure() {
     local name="$1" side="$2" on="$3" port="$4" workers_var="IC_${2^^}_WORKERS"
     local url="http://127.0.0.1:$port" route=add_sub step=() pid t0=$SECONDS
     ((on)) && { route=bench; step=(--bearer "$TOKEN" --route bench); }
-    config "$port" "$on" "${!workers_var:-}" >"$TMP/$name.toml"
+    fake_gateway_config "$port" "$on" "${!workers_var:-}" "$BASE" $((port + 1)) >"$TMP/$name.toml"
     "${GATEWAY_BIN[$side]}" check --config "$TMP/$name.toml" >"$TMP/$name.check" 2>&1 ||
         { cat "$TMP/$name.check" >&2; die "infergate check refused the $name config"; }
     RUST_LOG=info GLIBC_TUNABLES="$TUNABLES" valgrind --tool=callgrind --vgdb-prefix="$VG" --callgrind-out-file="$TMP/$name.cg" \

@@ -221,6 +221,31 @@ mint_jwt() { # alg kid key
     printf '%s.%s.%s' "$header" "$payload" "$signature"
 }
 
+# everything_on_key — the RS256 key pair everything_on_tables names ($TMP/jwt.pem, its public
+# half $TMP/jwt.pub.pem) and TOKEN, a JWT signed with it for the load's bearer.
+everything_on_key() {
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$TMP/jwt.pem" 2>/dev/null
+    openssl pkey -in "$TMP/jwt.pem" -pubout -out "$TMP/jwt.pub.pem"
+    # shellcheck disable=SC2034 # read by the scripts that source this
+    TOKEN="$(mint_jwt RS256 bench "$TMP/jwt.pem")"
+}
+
+# fake_gateway_config PORT ON WORKERS BACKEND_PORT [METRICS_PORT] — a gateway on PORT in front
+# of one fake-triton: validation off (ON=0), or everything on (ON=1); server.workers when
+# WORKERS is set; a metrics listener when asked. ab.sh's and instructions.sh's gateways.
+fake_gateway_config() {
+    printf '[listen]\nhttp = "127.0.0.1:%s"\n' "$1"
+    [[ -n "${5:-}" ]] && printf 'metrics = "127.0.0.1:%s"\n' "$5"
+    printf '\n'
+    [[ -n "$3" ]] && printf '[server]\nworkers = %s\n\n' "$3"
+    printf '[[backends]]\nname = "backend"\nhttp = "http://127.0.0.1:%s"\ncapacity = "16GiB"\n\n' "$4"
+    if (($2)); then
+        everything_on_tables
+    else
+        printf '[validation]\nenabled = false\n'
+    fi
+}
+
 # "Everything on" for infergate, the same in bench.sh's stage 4 and ab.sh: validation, an
 # RS256 JWT on every request (key $TMP/jwt.pub.pem), and a 90/10 route "bench" with an
 # error-rate guard; with ADMIN_HASH set, an admin API key too. Each feature is a block
