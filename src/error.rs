@@ -143,6 +143,12 @@ pub enum GatewayError {
     /// The gateway is draining for shutdown.
     #[error("the gateway is shutting down")]
     ShuttingDown,
+    /// A replica that has not read the pool's registry yet: it knows no copy the others
+    /// placed, so its readiness waits (a load balancer sends it nothing it would refuse).
+    #[error(
+        "this replica has not read the pool's registry (etcd) yet; it takes traffic once it has"
+    )]
+    NotJoined,
     /// No valid credential: missing, malformed, expired, badly signed, unknown. `reason`
     /// says which, never repeating the credential.
     #[error("invalid credentials: {reason}")]
@@ -214,7 +220,9 @@ impl GatewayError {
             | Self::UpstreamFailed { .. }
             | Self::SequenceLost { .. }
             | Self::Backend(_) => ErrorSource::Upstream,
-            Self::ShuttingDown | Self::RegistryUnreachable { .. } => ErrorSource::Gateway,
+            Self::ShuttingDown | Self::NotJoined | Self::RegistryUnreachable { .. } => {
+                ErrorSource::Gateway
+            }
         }
     }
 
@@ -245,6 +253,7 @@ impl GatewayError {
             Self::LoadTimeout { .. } => "load_timeout",
             Self::SequenceLost { .. } => "sequence_lost",
             Self::ShuttingDown => "shutting_down",
+            Self::NotJoined => "not_joined",
             Self::Unauthenticated { .. } => "unauthenticated",
             Self::Forbidden { .. } => "forbidden",
             Self::RateLimited { .. } => "rate_limited",
@@ -288,6 +297,7 @@ impl GatewayError {
             | Self::Churn { .. }
             | Self::LoadFailed { .. }
             | Self::RegistryUnreachable { .. }
+            | Self::NotJoined
             | Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
             Self::UpstreamUnreachable { .. } | Self::UpstreamFailed { .. } => {
                 (StatusCode::BAD_GATEWAY, Code::Unavailable)
@@ -616,6 +626,7 @@ mod tests {
                 Upstream,
             ),
             (GatewayError::ShuttingDown, 503, Unavailable, Gateway),
+            (GatewayError::NotJoined, 503, Unavailable, Gateway),
             (
                 GatewayError::MessageTooLarge { limit: 1 },
                 413,

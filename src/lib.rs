@@ -236,10 +236,13 @@ impl Gateway {
     }
 
     /// The gateway's readiness, for every protocol's probe: ready while at least one backend
-    /// is, and not once shutdown has begun.
+    /// is, not once shutdown has begun, and in a pool not before the replica has read the
+    /// registry once (a later etcd outage leaves it ready: it serves what it knows).
     pub fn readiness(&self) -> Result<(), error::GatewayError> {
         if self.is_draining() {
             Err(error::GatewayError::ShuttingDown)
+        } else if self.cluster().is_some_and(|c| !c.has_joined()) {
+            Err(error::GatewayError::NotJoined)
         } else if !self.pool().any_ready() {
             Err(error::GatewayError::NoBackendReady)
         } else {

@@ -693,7 +693,8 @@ async fn replicas_evicting_in_turn_never_overcommit_a_backend_or_answer_unknown_
 }
 
 #[tokio::test]
-async fn with_etcd_down_warm_requests_are_served_and_cold_ones_get_503_with_retry_after() {
+async fn with_etcd_down_warm_requests_are_served_cold_ones_get_503_and_a_new_replica_is_not_ready()
+{
     let (etcd, triton) = tokio::join!(Etcd::start(), Triton::start(TritonOptions::default()));
     let (mut etcd, triton) = (etcd.unwrap(), triton.unwrap());
     let test = "blind";
@@ -738,11 +739,44 @@ async fn with_etcd_down_warm_requests_are_served_and_cold_ones_get_503_with_retr
             .contains(&"sized_b".to_string()),
         "nothing loaded blind"
     );
+    // A replica started now has never read the registry: it knows none of the copies the
+    // pool placed, so it is not ready, and says why; the one that has read it stays ready.
+    let b = TestGateway::start(&placing_replica(test, &[&triton], &etcd, "b", "16GiB")).await;
+    let ready = |gateway: &TestGateway| {
+        let url = format!("{}/v2/health/ready", gateway.url());
+        let client = client.clone();
+        async move {
+            let answer = client.get(url).send().await.unwrap();
+            (answer.status().as_u16(), answer.text().await.unwrap())
+        }
+    };
+    let (status, body) = ready(&b).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("has not read the pool's registry"), "{body}");
+    assert_eq!(
+        ready(&a).await.0,
+        200,
+        "a replica that has read it stays ready"
+    );
     etcd.start_again().await.unwrap();
     wait_for(a.admin, Duration::from_secs(15), "recovered", |v| {
         v["degraded"] == false
     })
     .await;
+    wait_for(b.admin, Duration::from_secs(15), "joined", |v| {
+        v["degraded"] == false
+    })
+    .await;
+    assert_eq!(
+        ready(&b).await.0,
+        200,
+        "ready once it has read the registry"
+    );
+    assert_eq!(
+        infer(&client, &b.url(), "sized_a", None).await.0,
+        200,
+        "the new replica serves the copy the pool placed"
+    );
     assert_eq!(
         infer(&client, &a.url(), "sized_b", None).await.0,
         200,
@@ -865,6 +899,14 @@ async fn a_load_left_by_a_killed_replica_is_finished_by_the_leader_and_served_wi
             "the doomed replica never started the load"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The record says loading before the load request goes out: the kill waits for Triton
+    // to be loading the model, so the load is truly left half done. Its log says so (its
+    // index may not: an HTTP thread busy with a load holds up the connections it serves).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !triton.log().contains("loading: slow_start:1") {
+        assert!(Instant::now() < deadline, "Triton never started the load");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     doomed.kill().unwrap(); // SIGKILL mid-load
     doomed.wait().unwrap();
@@ -1072,8 +1114,9 @@ async fn restarting_each_replica_in_turn_behind_haproxy_under_load_fails_no_requ
         tokio::time::sleep(Duration::from_millis(500)).await;
         replica.begin_shutdown().await.unwrap().unwrap();
         *replica = TestGateway::start(&config(i)).await;
-        // HAProxy sees it ready again before the next one goes.
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        // HAProxy sees it ready again before the next one goes, as a rolling update waits
+        // for the new pod's readiness.
+        haproxy.wait_all_up(Duration::from_secs(20)).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

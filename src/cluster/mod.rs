@@ -28,6 +28,8 @@ pub struct Cluster {
     config: config::Cluster,
     view: Mutex<View>,
     degraded: AtomicBool,
+    /// Set once a session has read the registry: readiness waits for it.
+    joined: AtomicBool,
     /// Why the last session ended, while degraded.
     last_error: Mutex<Option<String>>,
     /// The lease this replica's keys are bound to (0 before the first grant).
@@ -68,6 +70,7 @@ impl Cluster {
             view: Mutex::new(View::new(&config.prefix)),
             config: config.clone(),
             degraded: AtomicBool::new(true),
+            joined: AtomicBool::new(false),
             last_error: Mutex::new(Some("not connected to etcd yet".into())),
             lease: AtomicI64::new(0),
             started_at_unix: SystemTime::now()
@@ -88,6 +91,12 @@ impl Cluster {
         self.degraded.load(Ordering::Relaxed)
     }
 
+    /// True once a session has read the registry and mirrored its copies: from then on
+    /// the replica knows what the pool placed, even through a later outage.
+    pub fn has_joined(&self) -> bool {
+        self.joined.load(Ordering::Relaxed)
+    }
+
     fn view(&self) -> MutexGuard<'_, View> {
         self.view.lock().expect("cluster view")
     }
@@ -96,9 +105,13 @@ impl Cluster {
         metrics::gauge!(name, "replica" => self.config.replica.clone())
     }
 
-    /// Marks the replica degraded (with the reason) or, with `None`, healthy again.
+    /// Marks the replica degraded (with the reason) or, with `None`, healthy again (and
+    /// joined: the session calls it once it has read the registry).
     fn set_degraded(&self, reason: Option<String>) {
         let degraded = reason.is_some();
+        if !degraded {
+            self.joined.store(true, Ordering::Relaxed);
+        }
         if self.degraded.swap(degraded, Ordering::Relaxed) != degraded {
             match &reason {
                 Some(reason) => {
@@ -124,6 +137,7 @@ impl Cluster {
             "replica": self.replica(),
             "prefix": self.config.prefix,
             "degraded": self.is_degraded(),
+            "joined": self.has_joined(),
             "degraded_reason": *self.last_error.lock().expect("cluster error"),
             "revision": view.revision(),
             "leader": leader,

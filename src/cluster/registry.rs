@@ -18,7 +18,7 @@ use crate::placement::registry::{
 use crate::telemetry;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -638,37 +638,38 @@ impl Cluster {
     }
 
     /// The leader's round over loads whose replica died (its lease is gone): each is
-    /// finished or undone once (`Placement::finish_orphan`).
+    /// finished or undone once (`Placement::finish_orphan`). `orphans` holds, per load,
+    /// when this leader first saw its replica gone, or `None` once the load is settled.
     pub(super) fn finish_orphans(
         &self,
         placement: &Placement,
-        handled: &mut HashSet<(String, String, i64)>,
+        orphans: &mut HashMap<(String, String, i64), Option<tokio::time::Instant>>,
     ) {
         if !self.leads() {
             return;
         }
         let view = self.view();
         let live: HashSet<i64> = view.under(view::REPLICAS).map(|(_, e)| e.lease).collect();
-        let mut orphans = Vec::new();
+        let mut found = Vec::new();
         for (model, entry) in view.under(view::COPIES) {
             let Ok(record) = serde_json::from_slice::<ModelRecord>(&entry.value) else {
                 continue;
             };
             for (backend, copy) in record.copies {
                 let dead = !live.contains(&copy.lease);
-                let id = (model.to_string(), backend.clone(), copy.lease);
-                if dead
-                    && copy.state == crate::placement::registry::SharedState::Loading
-                    && !handled.contains(&id)
-                {
-                    orphans.push((id, copy));
+                if dead && copy.state == crate::placement::registry::SharedState::Loading {
+                    found.push(((model.to_string(), backend, copy.lease), copy));
                 }
             }
         }
         drop(view);
-        for (id, copy) in orphans {
-            if placement.finish_orphan(&id.0, &id.1, &copy) {
-                handled.insert(id);
+        let now = tokio::time::Instant::now();
+        for (id, copy) in found {
+            let Some(seen_dead) = *orphans.entry(id.clone()).or_insert(Some(now)) else {
+                continue;
+            };
+            if placement.finish_orphan(&id.0, &id.1, &copy, seen_dead) {
+                orphans.insert(id, None);
             }
         }
     }

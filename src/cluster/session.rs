@@ -103,7 +103,7 @@ impl Cluster {
         let placement = gateway.placement();
         self.resync(placement);
         let mut marks_sent = None;
-        let mut orphans = std::collections::HashSet::new();
+        let mut orphans = std::collections::HashMap::new();
         let mut watch = call(
             "watch",
             &me,

@@ -385,8 +385,15 @@ impl Placement {
     /// The leader's part when a replica died while loading `model` on `backend` (its lease
     /// is gone): the load is finished if the backend has the model ready, undone if it has
     /// not got it at all, and left for the next round (`false`) while the backend still
-    /// loads it.
-    pub fn finish_orphan(&self, model: &str, backend: &str, copy: &SharedCopy) -> bool {
+    /// loads it, or while its index was read before `seen_dead` (an older index may predate
+    /// the load request the dead replica sent).
+    pub fn finish_orphan(
+        &self,
+        model: &str,
+        backend: &str,
+        copy: &SharedCopy,
+        seen_dead: tokio::time::Instant,
+    ) -> bool {
         let Some(registry) = self.registry() else {
             return true;
         };
@@ -394,6 +401,9 @@ impl Placement {
             return true;
         };
         let index = self.pool.backends()[b].index();
+        if index.read_at().is_none_or(|at| at < seen_dead) {
+            return false;
+        }
         let ready = index.ready_versions(model);
         if ready.is_empty() && index.holds(model) {
             return false;

@@ -186,6 +186,8 @@ impl Drop for Etcd {
 /// `/v2/health/ready` fails (checked every 200 ms).
 pub struct Haproxy {
     pub port: u16,
+    /// Its runtime API (`stats socket`), for what its health checks concluded.
+    socket: PathBuf,
     child: Option<Child>,
     _dir: tempfile::TempDir,
 }
@@ -197,13 +199,15 @@ impl Haproxy {
         let dir = tempfile::Builder::new()
             .prefix("infergate-haproxy-")
             .tempdir()?;
+        let socket = dir.path().join("admin.sock");
         let mut config = format!(
-            "global\n  maxconn 512\n\
+            "global\n  maxconn 512\n  stats socket {}\n\
              defaults\n  mode http\n  timeout connect 1s\n  timeout client 30s\n  timeout server 30s\n  \
              retries 2\n  option redispatch\n\
              frontend gateways\n  bind 127.0.0.1:{port}\n  default_backend replicas\n\
              backend replicas\n  balance roundrobin\n  option httpchk GET /v2/health/ready\n  \
-             default-server inter 200ms fall 2 rise 1\n"
+             default-server inter 200ms fall 2 rise 1\n",
+            socket.display()
         );
         for (i, addr) in backends.iter().enumerate() {
             config.push_str(&format!("  server gw{i} {addr} check\n"));
@@ -222,6 +226,7 @@ impl Haproxy {
             .context("cannot start haproxy (scripts/setup.sh installs it)")?;
         let haproxy = Haproxy {
             port,
+            socket,
             child: Some(child),
             _dir: dir,
         };
@@ -241,6 +246,50 @@ impl Haproxy {
     /// `http://127.0.0.1:port` of the frontend.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Whether HAProxy's checks have each replica up, in the order given to `start`
+    /// (`show stat` on its runtime API).
+    pub async fn servers_up(&self) -> anyhow::Result<Vec<bool>> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::UnixStream::connect(&self.socket).await?;
+        stream.write_all(b"show stat\n").await?;
+        let mut csv = String::new();
+        stream.read_to_string(&mut csv).await?;
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines
+            .next()
+            .and_then(|h| h.strip_prefix("# "))
+            .context("show stat: no header")?
+            .split(',')
+            .collect();
+        let column = |name: &str| header.iter().position(|c| *c == name);
+        let (Some(proxy), Some(server), Some(status)) =
+            (column("pxname"), column("svname"), column("status"))
+        else {
+            bail!("show stat: unexpected header {header:?}");
+        };
+        Ok(lines
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .filter(|row| row.get(proxy) == Some(&"replicas"))
+            .filter(|row| row.get(server).is_some_and(|s| s.starts_with("gw")))
+            .map(|row| row.get(status) == Some(&"UP"))
+            .collect())
+    }
+
+    /// Waits until HAProxy's checks have every replica up.
+    pub async fn wait_all_up(&self, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let up = self.servers_up().await?;
+            if up.iter().all(|&u| u) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("haproxy still has replicas down: {up:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
