@@ -11,7 +11,7 @@ pub mod config;
 mod error;
 mod frontend;
 mod listen;
-mod log_fields;
+mod log_text;
 mod pipeline;
 mod placement;
 pub mod protocol;

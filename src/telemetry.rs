@@ -319,7 +319,8 @@ pub fn init_logging(format: LogFormat) {
         .with_writer(LogSink::global().clone());
     let _ = match format {
         LogFormat::Text => builder
-            .fmt_fields(crate::log_fields::PlainFields)
+            .fmt_fields(crate::log_text::PlainFields)
+            .event_format(crate::log_text::PlainLine)
             .try_init(),
         LogFormat::Json => builder
             .json()
