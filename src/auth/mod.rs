@@ -13,10 +13,10 @@ pub mod tenants;
 use crate::config::{self, AuthMode};
 use crate::error::GatewayError;
 use api_keys::ApiKeys;
+use foldhash::HashMap;
 use jwt::{Claims, JwtKeys};
 use limits::{Concurrency, Share, Slot, TokenBucket};
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tenants::ModelAccess;
@@ -144,7 +144,7 @@ pub struct Auth {
     jwt: JwtKeys,
     api_keys: ApiKeys,
     tenants: HashMap<Arc<str>, TenantPolicy>,
-    cache: Option<moka::sync::Cache<String, Arc<Identity>>>,
+    cache: Option<moka::sync::Cache<String, Arc<Identity>, foldhash::fast::RandomState>>,
     refresh_interval: Duration,
     client_certificates: bool,
     /// How many replicas share the tenants' limits; one per gateway, kept across reloads.
@@ -232,7 +232,7 @@ impl Auth {
             moka::sync::Cache::builder()
                 .max_capacity(config.token_cache_capacity)
                 .expire_after(UntilExpiry)
-                .build()
+                .build_with_hasher(foldhash::fast::RandomState::default())
         });
         Ok(Self {
             mode: config.mode,

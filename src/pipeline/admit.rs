@@ -7,8 +7,8 @@ use super::RequestCtx;
 use crate::auth::{Access, Admission, Auth, Credentials, Decision, Identity};
 use crate::error::GatewayError;
 use crate::telemetry;
+use foldhash::HashMap;
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, RwLock};
 
 /// The headers (HTTP) and metadata keys (gRPC) that carry a credential: read here, and

@@ -4,8 +4,8 @@
 
 use super::Served;
 use crate::telemetry;
+use foldhash::HashMap;
 use metrics::{Counter, Gauge, Histogram};
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, LazyLock, OnceLock, RwLock};
 

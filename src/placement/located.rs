@@ -2,7 +2,7 @@
 //! reloading or ready). A warm request reads one entry instead of asking every backend's
 //! books, so its cost does not grow with the pool.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 /// The index of copies by model. `Table` keeps it in step with every `Books::put` and

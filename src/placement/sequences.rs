@@ -14,7 +14,7 @@
 //! Copies are told apart by an id given when they go on the books, so a copy loaded again in
 //! the same place after a loss is not taken for the one the sequence started on.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
 

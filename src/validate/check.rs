@@ -13,7 +13,7 @@ use super::datatype::{DataType, protocol_string};
 use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData, dims_to_string};
 use super::signature::{InputSpec, Signature};
 use super::triton_order::iteration_order;
-use std::collections::HashSet;
+use foldhash::{HashSet, HashSetExt};
 
 const BATCH_NOTE: &str = "NOTE: Setting a non-zero max_batch_size in the model config requires \
 a batch dimension to be prepended to each input shape. If you want to specify the full shape \

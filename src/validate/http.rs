@@ -11,7 +11,7 @@ use super::datatype::DataType;
 use super::json::{self, ElementCheck, Kind, Value};
 use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData};
 use bytes::Bytes;
-use std::collections::HashSet;
+use foldhash::{HashSet, HashSetExt};
 
 /// The result of reading a request that Triton's reader would not refuse.
 #[derive(Debug, PartialEq)]

@@ -5,8 +5,8 @@ use super::datatype::DataType;
 use crate::config;
 use crate::pipeline::ModelRef;
 use crate::upstream::{Backend, TritonClient, TritonError};
+use foldhash::{HashMap, HashMapExt};
 use serde::Deserialize;
-use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 

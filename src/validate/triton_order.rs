@@ -12,7 +12,7 @@
 //! Pinned against Triton 2.51: inserting `INPUT0, INPUT1, NOPE` iterates
 //! `NOPE, INPUT1, INPUT0`; `A`..`L` iterate `L, J, G, F, K, E, H, B, I, D, C, A`.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 const MUL: u64 = (0xc6a4_a793_u64 << 32) + 0x5bd1_e995;
 const SEED: u64 = 0xc70f_6907;
