@@ -75,6 +75,14 @@ impl RequestTrace {
         self.context.trace_id()
     }
 
+    /// The trace id as `TraceId`'s `Display` writes it (32 lowercase hex digits), made
+    /// without `fmt` for the request span, which every request creates.
+    pub fn trace_id_hex(&self) -> TraceHex {
+        let mut hex = [0; 32];
+        write_hex(&mut hex, &self.context.trace_id().to_bytes());
+        TraceHex(hex)
+    }
+
     /// The `traceparent` for the backend: this trace, the gateway's span as parent.
     pub fn traceparent(&self) -> HeaderValue {
         let mut value = *b"00-00000000000000000000000000000000-0000000000000000-00";
@@ -238,6 +246,16 @@ fn hex_value(digits: &[u8]) -> Option<u128> {
 }
 
 /// Writes `bytes` as lowercase hex into `out` (twice as long).
+/// A trace id in hex (`RequestTrace::trace_id_hex`).
+pub struct TraceHex([u8; 32]);
+
+impl TraceHex {
+    /// The 32 digits.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits")
+    }
+}
+
 fn write_hex(out: &mut [u8], bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for (pair, byte) in out.chunks_exact_mut(2).zip(bytes) {
@@ -388,6 +406,10 @@ mod tests {
         );
         let sent = parse_traceparent(headers[&TRACEPARENT].as_bytes()).unwrap();
         assert_eq!(sent.trace_id(), joined.trace_id());
+        assert_eq!(
+            joined.trace_id_hex().as_str(),
+            joined.trace_id().to_string()
+        );
         assert_ne!(sent.span_id().to_string(), "00f067aa0ba902b7");
         assert!(
             sent.is_sampled(),

@@ -25,10 +25,11 @@ pub(crate) fn request_span(
     trace: &crate::trace::RequestTrace,
     extensions: &::http::Extensions,
 ) -> tracing::Span {
+    let trace_id = trace.trace_id_hex();
     let span = tracing::info_span!(
         "request",
         request_id = %id.to_str().unwrap_or_default(),
-        trace_id = %trace.trace_id(),
+        trace_id = %trace_id.as_str(),
         peer = tracing::field::Empty
     );
     if let Some(peer) = extensions.get::<crate::tls::PeerIdentity>() {
