@@ -277,6 +277,13 @@ impl SignatureCache {
         if let Some(signature) = self.hit(model) {
             return Some(signature);
         }
+        // The miss's state (moka's loader, the fetch) is some 7 KB: boxed, so the future of
+        // every request, which holds this one, stays small for the warm hit.
+        Box::pin(self.miss(backend, model)).await
+    }
+
+    /// `get` when the signature is not in `known`: the cache, then one fetch per key.
+    async fn miss(&self, backend: &Arc<Backend>, model: &ModelRef) -> Option<Arc<Signature>> {
         let key = Key {
             model: model.name.clone(),
             version: model.version.clone(),
