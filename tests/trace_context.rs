@@ -153,6 +153,30 @@ impl Collector {
         }
     }
 
+    /// Waits until Triton has exported `count` request spans, so every request so far is
+    /// done there before the gateway stops. Once in the suite the last gRPC call's span never
+    /// came, presumably because its connection closed as Triton finished the call; a failure
+    /// here says which spans did come.
+    async fn wait_for_triton_spans(&self, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let triton: Vec<Received> = self
+                .spans()
+                .into_iter()
+                .filter(|s| !s.from_gateway && s.name == "InferRequest")
+                .collect();
+            if triton.len() >= count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Triton exported {} of {count} request spans: {triton:?}",
+                triton.len()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Triton's request span of the trace, once it came.
     async fn triton_span(&self, trace_id: &str) -> Received {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -327,6 +351,7 @@ async fn the_trace_reaches_triton_the_log_and_the_collector_over_http_and_grpc()
     http_infer(&gateway, "http-new", None).await;
     grpc_infer(&gateway, "grpc-joined", Some(&grpc_parent)).await;
     grpc_infer(&gateway, "grpc-new", Some("00-not-a-valid-traceparent-01")).await;
+    collector.wait_for_triton_spans(4).await;
     let logs = gateway.stop().await;
 
     // Joined: the gateway's span is the client's child, and Triton's the gateway's.
@@ -381,6 +406,7 @@ async fn the_trace_reaches_triton_the_log_and_the_collector_over_http_and_grpc()
         Some(&format!("00-{trace}-{CLIENT_SPAN}-01")),
     )
     .await;
+    collector.wait_for_triton_spans(5).await;
     let logs = quiet.stop().await;
     assert_eq!(logged_trace_id(&logs, "quiet"), trace);
     let triton_span = collector.triton_span(trace).await;
