@@ -98,11 +98,7 @@ fn write_time(writer: &mut Writer<'_>, since: std::time::Duration) -> fmt::Resul
         SECOND.set((secs, text));
     }
     let mut micros = *b"000000Z ";
-    let mut n = since.subsec_micros();
-    for digit in micros[..6].iter_mut().rev() {
-        *digit = b'0' + (n % 10) as u8;
-        n /= 10;
-    }
+    put_digits(&mut micros[..6], u64::from(since.subsec_micros()));
     // Both are ASCII digits and punctuation.
     writer.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)?;
     writer.write_str(std::str::from_utf8(&micros).map_err(|_| fmt::Error)?)
@@ -113,19 +109,21 @@ fn second_text(secs: u64) -> [u8; 20] {
     let (days, rest) = (secs / 86_400, secs % 86_400);
     let (year, month, day) = civil_from_days(days as i64);
     let mut text = *b"0000-00-00T00:00:00.";
-    let mut put = |at: usize, width: usize, mut value: u64| {
-        for digit in text[at..at + width].iter_mut().rev() {
-            *digit = b'0' + (value % 10) as u8;
-            value /= 10;
-        }
-    };
-    put(0, 4, year as u64);
-    put(5, 2, month);
-    put(8, 2, day);
-    put(11, 2, rest / 3600);
-    put(14, 2, rest / 60 % 60);
-    put(17, 2, rest % 60);
+    put_digits(&mut text[0..4], year as u64);
+    put_digits(&mut text[5..7], month);
+    put_digits(&mut text[8..10], day);
+    put_digits(&mut text[11..13], rest / 3600);
+    put_digits(&mut text[14..16], rest / 60 % 60);
+    put_digits(&mut text[17..19], rest % 60);
     text
+}
+
+/// Writes `value`'s last `out.len()` decimal digits into `out`, zero-padded.
+fn put_digits(out: &mut [u8], mut value: u64) {
+    for digit in out.iter_mut().rev() {
+        *digit = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
 }
 
 /// Year, month and day of a day count since 1970-01-01 (Howard Hinnant's `civil_from_days`).
