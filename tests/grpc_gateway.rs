@@ -742,14 +742,15 @@ async fn the_gateway_honours_the_clients_deadline_and_passes_it_on() {
     let after = deadline_errors(&gateway.metrics_text("/metrics").await);
     assert_eq!(after - before, 1.0, "one deadline_exceeded counted");
 
-    // The backend was given what was left of the 400 ms, the client's request id, and no
+    // The backend was given what was left of the 400 ms and the gateway's grace of 500 ms
+    // (the gateway, not the backend, ends the call), the client's request id, and no
     // credential.
     let calls = relay.calls("/inference.GRPCInferenceService/ModelInfer");
     assert_eq!(calls.len(), 1, "{calls:?}");
     let sent = &calls[0];
     let passed_on = grpc_timeout(sent["grpc-timeout"].to_str().unwrap());
     assert!(
-        passed_on > Duration::from_millis(100) && passed_on <= Duration::from_millis(400),
+        passed_on > Duration::from_millis(600) && passed_on <= Duration::from_millis(900),
         "grpc-timeout to the backend: {passed_on:?}"
     );
     assert_eq!(sent["x-request-id"], "deadline-1");
@@ -1207,5 +1208,76 @@ targets = [
             &["model=\"sized_a\""]
         ),
         f64::from(CALLS)
+    );
+}
+
+/// Triton answers a call whose `grpc-timeout` has run out with its trailers several times over
+/// (seen here: HEADERS, RST_STREAM, HEADERS, RST_STREAM, HEADERS on one stream), which an
+/// HTTP/2 client may take as a protocol error of the whole connection. The gateway shares one
+/// connection per worker among all its calls to a backend, so a client's deadline must end
+/// that client's call and nothing else: every other call on the connection is answered.
+#[tokio::test]
+async fn a_clients_deadline_ends_its_own_call_and_no_other() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start(&config_for("deadlines", &[&triton], "", "")).await;
+    // One client connection: its calls are served by one worker, over that worker's one
+    // connection to Triton.
+    let channel = client(&gateway).await;
+    let mut warm = channel.clone();
+    warm.model_infer(support::grpc::slow(0)).await.unwrap();
+    warm.model_infer(add_sub_request([1.0; 4], [1.0; 4]))
+        .await
+        .unwrap();
+
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fast = (0..4).map(|_| {
+        let (mut client, done) = (channel.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let mut answered = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                match client
+                    .model_infer(add_sub_request([1.0; 4], [2.0; 4]))
+                    .await
+                {
+                    Ok(answer) => {
+                        assert_eq!(sum(answer.get_ref()), [3.0; 4]);
+                        answered += 1;
+                    }
+                    Err(status) => {
+                        failures.push(format!("{:?}: {}", status.code(), status.message()))
+                    }
+                }
+            }
+            (answered, failures)
+        })
+    });
+    let fast: Vec<_> = fast.collect();
+    let mut slow_codes = Vec::new();
+    for _ in 0..30 {
+        let mut request = tonic::Request::new(support::grpc::slow(150));
+        request.set_timeout(Duration::from_millis(100));
+        let code = match channel.clone().model_infer(request).await {
+            Ok(_) => tonic::Code::Ok,
+            Err(status) => status.code(),
+        };
+        slow_codes.push(code);
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut answered = 0;
+    for task in fast {
+        let (count, failures) = task.await.unwrap();
+        assert!(
+            failures.is_empty(),
+            "calls beside the deadlines failed: {failures:?}"
+        );
+        answered += count;
+    }
+    assert!(answered > 30, "only {answered} calls beside the deadlines");
+    assert!(
+        slow_codes
+            .iter()
+            .all(|code| matches!(code, tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)),
+        "the slow calls ended with {slow_codes:?}"
     );
 }

@@ -94,9 +94,40 @@ impl Connections {
     }
 
     /// Sends on this worker's connection, connecting first when it has none or it has closed.
+    /// A connection can close between the check and the send (the backend went away, or the
+    /// connection failed for another call's sake); a request it closed on before writing
+    /// anything is sent once more, on a new connection: the backend never saw it.
     async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, BoxError> {
-        let mut sender = self.sender().await?;
-        Ok(sender.send_request(request).await?)
+        self.send_from(self.sender().await?, request).await
+    }
+
+    /// `send`, first on `sender`.
+    async fn send_from(
+        &self,
+        sender: Sender,
+        request: Request<Body>,
+    ) -> Result<Response<Incoming>, BoxError> {
+        match Self::send_on(sender, request).await? {
+            Ok(response) => Ok(response),
+            Err(unsent) => Ok(Self::send_on(self.sender().await?, unsent)
+                .await?
+                .map_err(|_| "the backend's new connection closed before the request was sent")?),
+        }
+    }
+
+    /// Sends on `sender`: the answer, or the request back when the connection closed before
+    /// any of it was written.
+    async fn send_on(
+        mut sender: Sender,
+        request: Request<Body>,
+    ) -> Result<Result<Response<Incoming>, Request<Body>>, hyper::Error> {
+        match sender.try_send_request(request).await {
+            Ok(response) => Ok(Ok(response)),
+            Err(mut failed) => match failed.take_message() {
+                Some(request) => Ok(Err(request)),
+                None => Err(failed.into_error()),
+            },
+        }
     }
 
     /// This worker's open connection, made if need be (once, however many calls wait for it),
@@ -158,5 +189,75 @@ impl tower::Service<Request<Body>> for Link {
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let connections = self.connections.clone();
         Box::pin(async move { connections.send(request).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::net::TcpListener;
+
+    /// An HTTP/2 server that answers 200 to anything, counts its connections, and hands back
+    /// each connection's task, so that a test can end one.
+    async fn server() -> (
+        Uri,
+        Arc<AtomicUsize>,
+        tokio::sync::mpsc::UnboundedReceiver<tokio::task::JoinHandle<()>>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (tasks, handles) = tokio::sync::mpsc::unbounded_channel();
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (io, _) = listener.accept().await.unwrap();
+                counted.fetch_add(1, Ordering::SeqCst);
+                let service = hyper::service::service_fn(|_| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<
+                        bytes::Bytes,
+                    >::new()))
+                });
+                let serve = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+                let _ = tasks.send(tokio::spawn(async move {
+                    let _ = serve.await;
+                }));
+            }
+        });
+        (uri, accepted, handles)
+    }
+
+    fn request(uri: &Uri) -> Request<Body> {
+        Request::post(uri.clone()).body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_its_connection_closed_on_unsent_goes_on_a_new_one() {
+        let (uri, accepted, mut handles) = server().await;
+        let connector = crate::tls::https_connector(false, None, true, Duration::from_secs(2))
+            .expect("plain connector");
+        let connections = Connections::new(
+            uri.clone(),
+            connector,
+            Duration::from_secs(2),
+            (Duration::from_secs(20), Duration::from_secs(10)),
+        );
+        let answer = connections.send(request(&uri)).await.unwrap();
+        assert_eq!(answer.status(), 200);
+
+        // The connection closes after the sender was taken, as when it fails between the
+        // check for a closed connection and the send.
+        let stale = connections.sender().await.unwrap();
+        handles.recv().await.unwrap().abort();
+        while !stale.is_closed() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let answer = connections.send_from(stale, request(&uri)).await.unwrap();
+        assert_eq!(answer.status(), 200);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "a second connection");
     }
 }

@@ -203,8 +203,16 @@ impl InferenceService {
     }
 }
 
+/// How much longer than the gateway's own timer a backend is told it has (`grpc-timeout`).
+/// The gateway ends a call whose time is up by resetting its stream, and an HTTP/2 client
+/// ignores whatever a backend still sends on a stream it has reset. A backend whose deadline
+/// passes first answers on its own, and Triton does so with its trailers several times over,
+/// which hyper's HTTP/2 client takes as a protocol error of the whole connection: every other
+/// call on this worker's connection to that backend would fail with it.
+const BACKEND_DEADLINE_GRACE: Duration = Duration::from_millis(500);
+
 /// A request to a backend: the client's metadata without hop headers, the request's id, the
-/// call's trace, and a `grpc-timeout` when there is a time budget.
+/// call's trace, and a `grpc-timeout` when there is a time budget (with the grace above).
 fn upstream_request<T>(
     (call, ctx): (&Call, &RequestCtx),
     mut metadata: MetadataMap,
@@ -218,7 +226,7 @@ fn upstream_request<T>(
     }
     call.stamp_trace(request.metadata_mut());
     if let Some(timeout) = timeout {
-        request.set_timeout(timeout);
+        request.set_timeout(timeout + BACKEND_DEADLINE_GRACE);
     }
     request
 }
