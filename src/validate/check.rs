@@ -10,7 +10,9 @@
 //! the count in range (Triton hands such a request to the model without the tensor).
 
 use super::datatype::{DataType, protocol_string};
-use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData, dims_to_string};
+use super::request::{
+    InferRequest, InputTensor, LogPrefix, Reason, Rejection, TensorData, dims_to_string,
+};
 use super::signature::{InputSpec, Signature};
 use super::triton_order::iteration_order;
 use foldhash::{HashSet, HashSetExt};
@@ -61,7 +63,7 @@ pub fn check(request: &InferRequest, signature: &Signature) -> Result<(), Reject
         } else {
             Reason::MissingInput
         };
-        return Err(count_error(request, signature, &order, &log, reason));
+        return Err(count_error(request, signature, &order, log, reason));
     }
 
     let unknown = |input: &InputTensor| {
@@ -130,7 +132,7 @@ pub fn check(request: &InferRequest, signature: &Signature) -> Result<(), Reject
                 ),
             ));
         }
-        check_shape(input, spec, batched, &log, model)?;
+        check_shape(input, spec, batched, log, model)?;
         specs[i] = Some(spec);
     }
 
@@ -151,7 +153,7 @@ pub fn check(request: &InferRequest, signature: &Signature) -> Result<(), Reject
             elements = elements.wrapping_mul(i64::from(batch));
         }
         match spec.datatype.size() {
-            None => check_strings(input, elements, &log, model)?,
+            None => check_strings(input, elements, log, model)?,
             Some(_) if skip_fixed_sizes => {}
             Some(size) => {
                 let expected = elements.wrapping_mul(size as i64);
@@ -182,7 +184,7 @@ pub fn check(request: &InferRequest, signature: &Signature) -> Result<(), Reject
             request,
             signature,
             &order,
-            &log,
+            log,
             Reason::MissingInput,
         ));
     }
@@ -257,7 +259,7 @@ fn count_error(
     request: &InferRequest,
     signature: &Signature,
     order: &[usize],
-    log: &str,
+    log: LogPrefix<'_>,
     reason: Reason,
 ) -> Rejection {
     let model = &signature.name;
@@ -303,7 +305,7 @@ fn check_shape(
     input: &InputTensor,
     spec: &InputSpec,
     batched: bool,
-    log: &str,
+    log: LogPrefix<'_>,
     model: &str,
 ) -> Result<(), Rejection> {
     let dims = if batched && !spec.is_shape_tensor {
@@ -356,7 +358,7 @@ fn check_shape(
 fn check_strings(
     input: &InputTensor,
     elements: i64,
-    log: &str,
+    log: LogPrefix<'_>,
     model: &str,
 ) -> Result<(), Rejection> {
     let name = &input.name;

@@ -104,8 +104,6 @@ pub fn parse(
     if let Some(parameters) = document.find("parameters") {
         request_parameters(parameters)?;
     }
-    let log = request.log_prefix();
-
     let inputs = member_array(&document, "inputs")?;
     let mut next = header_length;
     let mut names = HashSet::new();
@@ -121,7 +119,10 @@ pub fn parse(
         if !names.insert(name.clone()) {
             return Err(Rejection::new(
                 Reason::DuplicateInput,
-                format!("{log}input '{name}' already exists in request"),
+                format!(
+                    "{}input '{name}' already exists in request",
+                    request.log_prefix()
+                ),
             ));
         }
         let parameters = input.find("parameters");

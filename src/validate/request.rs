@@ -19,14 +19,24 @@ pub struct InferRequest {
 }
 
 impl InferRequest {
-    /// `[request id: <id>] `, Triton's prefix for messages about the request.
-    pub fn log_prefix(&self) -> String {
-        let id = if self.id.is_empty() {
+    /// `[request id: <id>] `, Triton's prefix for messages about the request; written only
+    /// into a refusal's message, so nothing is built for a request that passes.
+    pub fn log_prefix(&self) -> LogPrefix<'_> {
+        LogPrefix(if self.id.is_empty() {
             "<id_unknown>"
         } else {
             &self.id
-        };
-        format!("[request id: {id}] ")
+        })
+    }
+}
+
+/// `InferRequest::log_prefix`: the request id, displayed in Triton's brackets.
+#[derive(Clone, Copy)]
+pub struct LogPrefix<'a>(&'a str);
+
+impl std::fmt::Display for LogPrefix<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[request id: {}] ", self.0)
     }
 }
 
