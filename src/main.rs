@@ -8,12 +8,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
-/// mimalloc instead of glibc's malloc: a request makes some eighty small allocations, and
+mod allocator;
+
+/// mimalloc instead of glibc's malloc: a request makes some seventy small allocations, and
 /// with mimalloc's thread-local free lists it costs 6–9% fewer instructions
-/// (`loadtest/instructions.sh`, docs/performance.md). Built without transparent huge pages,
-/// which would take idle RSS from 18 to 31 MiB.
+/// (`loadtest/instructions.sh`, docs/performance.md); `allocator` says how it is called.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Mimalloc = allocator::Mimalloc;
 
 #[derive(Parser)]
 #[command(
