@@ -16,7 +16,7 @@ pub use client::{UpstreamClient, forward};
 pub use health::{HealthChecks, refresh_index};
 pub use index::{ModelEntry, ModelIndex};
 pub use queues::Queues;
-pub use triton::{TritonClient, TritonError, path_segment};
+pub use triton::{TritonClient, TritonError, model_path};
 
 use crate::config;
 use arc_swap::ArcSwap;

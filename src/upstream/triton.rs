@@ -12,28 +12,33 @@ use serde::de::DeserializeOwned;
 use std::fmt;
 use std::time::Duration;
 
-/// Percent-encodes a model name or version as one URL path segment: names are usually
-/// plain, but Triton takes any, and a space, slash or non-ASCII letter must reach it as
-/// the same name. Public because the HTTP front-end writes the same segments when it
-/// retargets a request to a routed model.
-pub fn path_segment(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
+/// Percent-encodes a model name or version as one URL path segment onto `out`: names are
+/// usually plain, but Triton takes any, and a space, slash or non-ASCII letter must reach it
+/// as the same name.
+fn push_segment(out: &mut String, name: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for byte in name.bytes() {
         if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
             out.push(byte as char);
         } else {
-            out.push_str(&format!("%{byte:02X}"));
+            out.extend([
+                '%',
+                HEX[usize::from(byte >> 4)] as char,
+                HEX[usize::from(byte & 15)] as char,
+            ]);
         }
     }
-    out
 }
 
-/// `/v2/models/{name}[/versions/{version}]{tail}`, each segment encoded.
-fn model_path(name: &str, version: Option<&str>, tail: &str) -> String {
-    let mut path = format!("/v2/models/{}", path_segment(name));
+/// `/v2/models/{name}[/versions/{version}]{tail}`, each segment encoded. Public because the
+/// HTTP front-end writes the same path when it retargets a request to a routed model.
+pub fn model_path(name: &str, version: Option<&str>, tail: &str) -> String {
+    let mut path = String::with_capacity(11 + name.len() + 10 + 8 + tail.len());
+    path.push_str("/v2/models/");
+    push_segment(&mut path, name);
     if let Some(version) = version {
         path.push_str("/versions/");
-        path.push_str(&path_segment(version));
+        push_segment(&mut path, version);
     }
     path.push_str(tail);
     path
@@ -41,7 +46,11 @@ fn model_path(name: &str, version: Option<&str>, tail: &str) -> String {
 
 /// `/v2/repository/models/{name}/{action}`.
 fn repository_path(name: &str, action: &str) -> String {
-    format!("/v2/repository/models/{}/{action}", path_segment(name))
+    let mut path = String::from("/v2/repository/models/");
+    push_segment(&mut path, name);
+    path.push('/');
+    path.push_str(action);
+    path
 }
 
 /// What a control call to Triton came to when it was not a 200 with a readable answer.
@@ -322,6 +331,11 @@ mod tests {
 
     #[test]
     fn names_and_versions_are_one_encoded_segment_each() {
+        let path_segment = |name: &str| {
+            let mut out = String::new();
+            push_segment(&mut out, name);
+            out
+        };
         assert_eq!(path_segment("add_sub-1.x"), "add_sub-1.x");
         assert_eq!(path_segment("~"), "~");
         assert_eq!(path_segment("a b/c"), "a%20b%2Fc");

@@ -222,15 +222,11 @@ pub(super) fn target_uri(uri: &http::Uri, target: &ModelRef) -> http::Uri {
     let after_model = path
         .strip_prefix("/v2/models/")
         .map_or("", |tail| tail.find('/').map_or("", |i| &tail[i..]));
-    let mut rewritten = format!("/v2/models/{}", upstream::path_segment(&target.name));
-    if let Some(version) = &target.version {
-        rewritten.push_str("/versions/");
-        rewritten.push_str(&upstream::path_segment(version));
-    }
-    rewritten.push_str(after_model);
+    let mut rewritten = upstream::model_path(&target.name, target.version.as_deref(), after_model);
     if let Some(query) = uri.query() {
         rewritten.push('?');
         rewritten.push_str(query);
     }
-    rewritten.parse().unwrap_or_else(|_| uri.clone())
+    // From the string's own buffer: parsing a `&str` would copy it first.
+    http::Uri::from_maybe_shared(bytes::Bytes::from(rewritten)).unwrap_or_else(|_| uri.clone())
 }
