@@ -12,16 +12,20 @@ use std::borrow::Cow;
 use std::sync::{Arc, LazyLock, RwLock};
 
 /// The headers (HTTP) and metadata keys (gRPC) that carry a credential: read here, and
-/// never forwarded to a backend while auth is on.
-pub const CREDENTIAL_HEADERS: [&str; 2] = ["authorization", "x-api-key"];
+/// never forwarded to a backend while auth is on. Names, not strings: a header map finds a
+/// name without parsing it first.
+pub const CREDENTIAL_HEADERS: [http::HeaderName; 2] = [
+    http::header::AUTHORIZATION,
+    http::HeaderName::from_static("x-api-key"),
+];
 
 /// The credentials a request carries: `header` reads a header (or metadata entry), `peer`
 /// is the subject of the client's verified certificate.
 pub fn credentials<'a>(
-    header: impl Fn(&str) -> Option<&'a [u8]>,
+    header: impl Fn(&http::HeaderName) -> Option<&'a [u8]>,
     peer: Option<&'a str>,
 ) -> Credentials<'a> {
-    let [authorization, api_key] = CREDENTIAL_HEADERS;
+    let [authorization, api_key] = &CREDENTIAL_HEADERS;
     Credentials {
         authorization: header(authorization),
         api_key: header(api_key),

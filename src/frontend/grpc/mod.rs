@@ -136,11 +136,13 @@ async fn authenticate(
     ctx: &mut RequestCtx,
     metadata: &mut MetadataMap,
 ) -> Result<(), GatewayError> {
-    let credentials =
-        admit::credentials(|name| metadata.get(name).map(|v| v.as_bytes()), call.peer());
+    let credentials = admit::credentials(
+        |name| metadata.get(name.as_str()).map(|v| v.as_bytes()),
+        call.peer(),
+    );
     if admit::authenticate(ctx, credentials).await? {
-        for name in CREDENTIAL_HEADERS {
-            metadata.remove(name);
+        for name in &CREDENTIAL_HEADERS {
+            metadata.remove(name.as_str());
         }
     }
     Ok(())

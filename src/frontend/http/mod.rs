@@ -149,7 +149,7 @@ where
         Err(error) => return error.into_response(),
     };
     if strip {
-        for name in CREDENTIAL_HEADERS {
+        for name in &CREDENTIAL_HEADERS {
             request.headers_mut().remove(name);
         }
     }

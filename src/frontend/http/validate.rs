@@ -16,7 +16,8 @@ use axum::extract::Request;
 use std::sync::Arc;
 
 /// The `Inference-Header-Content-Length` header of the binary tensor extension.
-pub(super) const HEADER_LENGTH: &str = "inference-header-content-length";
+pub(super) const HEADER_LENGTH: http::HeaderName =
+    http::HeaderName::from_static("inference-header-content-length");
 
 /// Checks an inference request to `model` on `backend`, and returns the request to forward.
 pub(super) async fn infer_request(
@@ -39,16 +40,16 @@ pub(super) async fn infer_request(
     let (parts, body) = request.into_parts();
     let limit = gateway.config().server.max_body_size.bytes();
     let declared = body::declared_length(&parts.headers);
-    let header = |name| parts.headers.get(name).map(http::HeaderValue::as_bytes);
+    let header = |name: &http::HeaderName| parts.headers.get(name).map(http::HeaderValue::as_bytes);
     let read = |body: validate::http::BodyView<'_>| {
         validate::http::parse(
             body,
-            header(HEADER_LENGTH),
-            header(http::header::CONTENT_ENCODING.as_str()),
+            header(&HEADER_LENGTH),
+            header(&http::header::CONTENT_ENCODING),
             &model.name,
         )
     };
-    let whole = match streamable(declared, limit, header(HEADER_LENGTH)) {
+    let whole = match streamable(declared, limit, header(&HEADER_LENGTH)) {
         Some((length, header_length)) => {
             let (head, rest) = read_head(body, header_length, limit).await?;
             let view = validate::http::BodyView {

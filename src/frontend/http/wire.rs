@@ -85,7 +85,7 @@ impl Wire for HttpWire {
             return Ok(None);
         }
         let header_length: Option<usize> = headers
-            .get(HEADER_LENGTH)
+            .get(&HEADER_LENGTH)
             .and_then(|v| v.to_str().ok()?.trim().parse().ok());
         let declared = body::declared_length(headers);
         let (parts, whole) = request.into_parts();
