@@ -12,8 +12,6 @@
 //! Pinned against Triton 2.51: inserting `INPUT0, INPUT1, NOPE` iterates
 //! `NOPE, INPUT1, INPUT0`; `A`..`L` iterate `L, J, G, F, K, E, H, B, I, D, C, A`.
 
-use foldhash::{HashMap, HashMapExt};
-
 const MUL: u64 = (0xc6a4_a793_u64 << 32) + 0x5bd1_e995;
 const SEED: u64 = 0xc70f_6907;
 
@@ -97,118 +95,204 @@ impl RehashPolicy {
     }
 }
 
-/// The node list of a hash table: runs of nodes that share a bucket. The list's head is the
-/// last run; within a run the first node is the last one pushed.
-#[derive(Default)]
-struct NodeList {
-    runs: Vec<Vec<usize>>,
-    run_of_bucket: HashMap<u64, usize>,
+/// No node: the end of the list, or an empty bucket.
+const NONE: usize = usize::MAX;
+/// The list's "before begin" node, which an empty table's first bucket points at.
+const BEFORE: usize = usize::MAX - 1;
+
+/// libstdc++'s unique-key hash table, as far as iteration order goes: one singly linked list
+/// of every node, and per bucket the node *before* its first one (`BEFORE` for the bucket
+/// holding the list's head). Nodes are the indices of `names`.
+struct Table<'n, S> {
+    names: &'n [S],
+    /// Each node's hash and the next node of the list.
+    nodes: Vec<(u64, usize)>,
+    head: usize,
+    buckets: Vec<usize>,
 }
 
-impl NodeList {
-    /// `_M_insert_bucket_begin`: at the front of its bucket's run, or at the head of the
-    /// list in a new run.
-    fn insert(&mut self, bucket: u64, node: usize) {
-        match self.run_of_bucket.get(&bucket) {
-            Some(&run) => self.runs[run].push(node),
-            None => {
-                self.run_of_bucket.insert(bucket, self.runs.len());
-                self.runs.push(vec![node]);
-            }
+impl<S: AsRef<[u8]>> Table<'_, S> {
+    fn next_of(&self, node: usize) -> usize {
+        if node == BEFORE {
+            self.head
+        } else {
+            self.nodes[node].1
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        self.runs
-            .iter()
-            .rev()
-            .flat_map(|run| run.iter().rev().copied())
+    fn set_next(&mut self, node: usize, next: usize) {
+        if node == BEFORE {
+            self.head = next;
+        } else {
+            self.nodes[node].1 = next;
+        }
+    }
+
+    fn bucket(&self, node: usize) -> usize {
+        (self.nodes[node].0 % self.buckets.len() as u64) as usize
+    }
+
+    /// `_M_find_before_node`: whether the node's bucket already holds its name.
+    fn contains(&self, node: usize) -> bool {
+        let bucket = self.bucket(node);
+        if self.buckets[bucket] == NONE {
+            return false;
+        }
+        let mut at = self.next_of(self.buckets[bucket]);
+        while at != NONE && self.bucket(at) == bucket {
+            if self.names[at].as_ref() == self.names[node].as_ref() {
+                return true;
+            }
+            at = self.nodes[at].1;
+        }
+        false
+    }
+
+    /// `_M_insert_bucket_begin`: at the front of its bucket, or at the head of the list when
+    /// its bucket is empty (the old head's bucket then starts after the new node).
+    fn insert(&mut self, node: usize) {
+        let bucket = self.bucket(node);
+        let before = self.buckets[bucket];
+        if before != NONE {
+            let next = self.next_of(before);
+            self.nodes[node].1 = next;
+            self.set_next(before, node);
+        } else {
+            self.nodes[node].1 = self.head;
+            self.head = node;
+            let next = self.nodes[node].1;
+            if next != NONE {
+                let next_bucket = self.bucket(next);
+                self.buckets[next_bucket] = node;
+            }
+            self.buckets[bucket] = BEFORE;
+        }
+    }
+
+    /// `_M_rehash_aux` for unique keys: the old list walked from its head, each node put at
+    /// the front of its new bucket, or at the head of the list when the bucket is new.
+    fn rehash(&mut self, count: usize) {
+        let mut at = std::mem::replace(&mut self.head, NONE);
+        self.buckets.clear();
+        self.buckets.resize(count, NONE);
+        let mut head_bucket = 0;
+        while at != NONE {
+            let next = self.nodes[at].1;
+            let bucket = self.bucket(at);
+            if self.buckets[bucket] == NONE {
+                self.nodes[at].1 = self.head;
+                self.head = at;
+                self.buckets[bucket] = BEFORE;
+                if self.nodes[at].1 != NONE {
+                    self.buckets[head_bucket] = at;
+                }
+                head_bucket = bucket;
+            } else {
+                let before = self.buckets[bucket];
+                let after = self.next_of(before);
+                self.nodes[at].1 = after;
+                self.set_next(before, at);
+            }
+            at = next;
+        }
     }
 }
-
-/// Up to this many names, the walk keeps its node list flat instead of in maps: a request's
-/// handful of inputs is ordered on every validated request, and the maps' allocations cost
-/// more than the walk.
-const SMALL: usize = 16;
 
 /// Indices of `names` in the order Triton iterates a request's inputs, each name inserted in
 /// request order; a name seen before is skipped (Triton refuses it as a duplicate).
 pub fn iteration_order<S: AsRef<[u8]>>(names: &[S]) -> Vec<usize> {
-    if names.len() <= SMALL {
-        small_order(names)
-    } else {
-        large_order(names)
-    }
-}
-
-/// `iteration_order` for at most `SMALL` names: the list head first, a bucket's first node
-/// found by a scan (a bucket's nodes are adjacent), and the result the only allocation.
-fn small_order<S: AsRef<[u8]>>(names: &[S]) -> Vec<usize> {
-    let mut hashes = [0u64; SMALL];
-    for (hash, name) in hashes.iter_mut().zip(names) {
-        *hash = std_hash(name.as_ref());
-    }
-    let insert = |list: &mut Vec<usize>, buckets: u64, node: usize| {
-        let bucket = hashes[node] % buckets;
-        let at = list
+    let mut table = Table {
+        names,
+        nodes: names
             .iter()
-            .position(|&other| hashes[other] % buckets == bucket)
-            .unwrap_or(0);
-        list.insert(at, node);
+            .map(|name| (std_hash(name.as_ref()), NONE))
+            .collect(),
+        head: NONE,
+        buckets: vec![NONE],
     };
     let mut policy = RehashPolicy { next_resize: 0 };
-    let mut buckets = 1u64;
-    let mut list = Vec::with_capacity(names.len());
-    for (node, name) in names.iter().enumerate() {
-        if names[..node].iter().any(|n| n.as_ref() == name.as_ref()) {
+    let mut count = 0;
+    for node in 0..names.len() {
+        if table.contains(node) {
             continue;
         }
-        if let Some(grown) = policy.need_rehash(buckets, list.len() as u64) {
-            let mut old = [0usize; SMALL];
-            old[..list.len()].copy_from_slice(&list);
-            let count = list.len();
-            buckets = grown;
-            list.clear();
-            for &node in &old[..count] {
-                insert(&mut list, buckets, node);
-            }
+        if let Some(grown) = policy.need_rehash(table.buckets.len() as u64, count) {
+            table.rehash(grown as usize);
         }
-        insert(&mut list, buckets, node);
-    }
-    list
-}
-
-/// `iteration_order` for any number of names, in time linear in them.
-fn large_order<S: AsRef<[u8]>>(names: &[S]) -> Vec<usize> {
-    let hashes: Vec<u64> = names.iter().map(|n| std_hash(n.as_ref())).collect();
-    let mut policy = RehashPolicy { next_resize: 0 };
-    let mut buckets = 1u64;
-    let mut list = NodeList::default();
-    let mut count = 0u64;
-    let mut seen: HashMap<&[u8], ()> = HashMap::new();
-    for (node, name) in names.iter().enumerate() {
-        if seen.insert(name.as_ref(), ()).is_some() {
-            continue;
-        }
-        if let Some(grown) = policy.need_rehash(buckets, count) {
-            // `_M_rehash_aux` walks the old list and re-links each node exactly as an
-            // insert would.
-            let order: Vec<usize> = list.iter().collect();
-            buckets = grown;
-            list = NodeList::default();
-            for old in order {
-                list.insert(hashes[old] % buckets, old);
-            }
-        }
-        list.insert(hashes[node] % buckets, node);
+        table.insert(node);
         count += 1;
     }
-    list.iter().collect()
+    let mut order = Vec::with_capacity(count as usize);
+    let mut at = table.head;
+    while at != NONE {
+        order.push(at);
+        at = table.nodes[at].1;
+    }
+    order
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use foldhash::{HashMap, HashMapExt};
+
+    /// An independent model of the same table, for comparison: runs of nodes that share a
+    /// bucket, kept in maps and rebuilt whole on each rehash.
+    /// The node list of a hash table: runs of nodes that share a bucket. The list's head is the
+    /// last run; within a run the first node is the last one pushed.
+    #[derive(Default)]
+    struct NodeList {
+        runs: Vec<Vec<usize>>,
+        run_of_bucket: HashMap<u64, usize>,
+    }
+
+    impl NodeList {
+        /// `_M_insert_bucket_begin`: at the front of its bucket's run, or at the head of the
+        /// list in a new run.
+        fn insert(&mut self, bucket: u64, node: usize) {
+            match self.run_of_bucket.get(&bucket) {
+                Some(&run) => self.runs[run].push(node),
+                None => {
+                    self.run_of_bucket.insert(bucket, self.runs.len());
+                    self.runs.push(vec![node]);
+                }
+            }
+        }
+
+        fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+            self.runs
+                .iter()
+                .rev()
+                .flat_map(|run| run.iter().rev().copied())
+        }
+    }
+
+    fn reference_order<S: AsRef<[u8]>>(names: &[S]) -> Vec<usize> {
+        let hashes: Vec<u64> = names.iter().map(|n| std_hash(n.as_ref())).collect();
+        let mut policy = RehashPolicy { next_resize: 0 };
+        let mut buckets = 1u64;
+        let mut list = NodeList::default();
+        let mut count = 0u64;
+        let mut seen: HashMap<&[u8], ()> = HashMap::new();
+        for (node, name) in names.iter().enumerate() {
+            if seen.insert(name.as_ref(), ()).is_some() {
+                continue;
+            }
+            if let Some(grown) = policy.need_rehash(buckets, count) {
+                // `_M_rehash_aux` walks the old list and re-links each node exactly as an
+                // insert would.
+                let order: Vec<usize> = list.iter().collect();
+                buckets = grown;
+                list = NodeList::default();
+                for old in order {
+                    list.insert(hashes[old] % buckets, old);
+                }
+            }
+            list.insert(hashes[node] % buckets, node);
+            count += 1;
+        }
+        list.iter().collect()
+    }
 
     fn order(names: &[&str]) -> Vec<String> {
         iteration_order(names)
@@ -261,7 +345,7 @@ mod tests {
     }
 
     #[test]
-    fn the_flat_walk_orders_as_the_mapped_one() {
+    fn the_linked_table_orders_as_the_mapped_model() {
         // Names from a small alphabet, so that repeats and shared buckets are common.
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut next = move |below: u64| {
@@ -271,9 +355,13 @@ mod tests {
             state % below
         };
         for _ in 0..5_000 {
-            let count = next(SMALL as u64 + 1) as usize;
-            let names: Vec<String> = (0..count).map(|_| format!("IN{}", next(24))).collect();
-            assert_eq!(small_order(&names), large_order(&names), "{names:?}");
+            let count = next(64) as usize;
+            let names: Vec<String> = (0..count).map(|_| format!("IN{}", next(40))).collect();
+            assert_eq!(
+                iteration_order(&names),
+                reference_order(&names),
+                "{names:?}"
+            );
         }
     }
 
