@@ -18,8 +18,11 @@ use libmimalloc_sys::{
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
 
-/// The alignment every mimalloc block has.
-const WORD: usize = std::mem::size_of::<usize>();
+/// Whether any mimalloc block meets the layout's alignment (a word or less: every block is a
+/// whole number of words from a 16-byte-aligned page start), so the plain calls serve it.
+fn plain(layout: Layout) -> bool {
+    layout.align() <= std::mem::size_of::<usize>()
+}
 
 /// mimalloc, with the unaligned entry points where the layout allows them.
 pub struct Mimalloc;
@@ -30,7 +33,7 @@ pub struct Mimalloc;
 unsafe impl GlobalAlloc for Mimalloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         unsafe {
-            if layout.align() <= WORD {
+            if plain(layout) {
                 mi_malloc(layout.size()).cast()
             } else {
                 mi_malloc_aligned(layout.size(), layout.align()).cast()
@@ -40,7 +43,7 @@ unsafe impl GlobalAlloc for Mimalloc {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         unsafe {
-            if layout.align() <= WORD {
+            if plain(layout) {
                 mi_zalloc(layout.size()).cast()
             } else {
                 mi_zalloc_aligned(layout.size(), layout.align()).cast()
@@ -54,7 +57,7 @@ unsafe impl GlobalAlloc for Mimalloc {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         unsafe {
-            if layout.align() <= WORD {
+            if plain(layout) {
                 mi_realloc(ptr.cast::<c_void>(), new_size).cast()
             } else {
                 mi_realloc_aligned(ptr.cast::<c_void>(), new_size, layout.align()).cast()

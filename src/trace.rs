@@ -245,7 +245,6 @@ fn hex_value(digits: &[u8]) -> Option<u128> {
     })
 }
 
-/// Writes `bytes` as lowercase hex into `out` (twice as long).
 /// A trace id in hex (`RequestTrace::trace_id_hex`).
 pub struct TraceHex([u8; 32]);
 
@@ -256,6 +255,7 @@ impl TraceHex {
     }
 }
 
+/// Writes `bytes` as lowercase hex into `out` (twice as long).
 fn write_hex(out: &mut [u8], bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for (pair, byte) in out.chunks_exact_mut(2).zip(bytes) {

@@ -168,8 +168,9 @@ where
 
     /// Sends the client's metadata (less what belongs to one hop), the request id, and the
     /// time left before the client's deadline (capped by `upstream.request_timeout`), which
-    /// bounds the call here and, with a grace, the backend's `grpc-timeout`. The message is sent as a clone, kept for a second send:
-    /// tensors in `raw_input_contents` are shared, not copied.
+    /// bounds the call here and, with a grace, the backend's `grpc-timeout`. The message is
+    /// sent as a clone, kept for a second send: tensors in `raw_input_contents` are shared,
+    /// not copied.
     async fn send(
         &mut self,
         ctx: &RequestCtx,
