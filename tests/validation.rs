@@ -517,6 +517,8 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 async fn differential_against_real_triton() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let repository = test_repository();
+    // Preloaded on purpose: every request is also sent to Triton directly (the differential),
+    // and nothing would load a model for a direct request; the gateway adopts the copies.
     let triton = Triton::start(TritonOptions {
         models: MODELS.iter().map(|m| m.to_string()).collect(),
         verbose: true,
@@ -1091,6 +1093,8 @@ async fn random_mutations_agree_with_triton() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0x5eed);
     let repository = test_repository();
+    // Preloaded on purpose: every request is also sent to Triton directly (the differential),
+    // and nothing would load a model for a direct request; the gateway adopts the copies.
     let triton = Triton::start(TritonOptions {
         models: MODELS.iter().map(|m| m.to_string()).collect(),
         verbose: true,
