@@ -1,32 +1,60 @@
 //! The official Triton client examples' behaviours, through the gateway as against Triton.
 //!
 //! tests/python/test_examples.py does what each example in triton-inference-server/client
-//! (src/python/examples) does and checks what it checks, on models with the examples' names
-//! and signatures (tests/example_models). It runs twice: against a plain tritonserver, which
-//! proves the suite itself, then through infergate over two Tritons started empty, with
-//! Triton's default flags, where every model is placed by the gateway.
+//! (src/python/examples) does, in the example's own order, and checks what it checks, on
+//! models with the examples' names and signatures (tests/example_models). It runs twice:
+//! against one tritonserver with every model loaded, which proves the suite itself, then
+//! through infergate over two Tritons started empty, with Triton's default flags, where each
+//! test meets its models cold (the suite unloads them through the admin API first): most
+//! examples ask for metadata, config or readiness before their first inference.
+//!
+//! Beside it, in Rust: model metadata and config through the gateway for a model loaded
+//! nowhere equal Triton's own for the loaded model (HTTP and gRPC); unknown models and
+//! versions get Triton's own refusal without a load; a burst of cold metadata calls loads once.
 
 mod support;
 
+use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use infergate::protocol::inference::{ModelConfigRequest, ModelMetadataRequest};
+use serde_json::Value;
 use support::gateway::{TestGateway, pool_config_in};
 use support::{Triton, TritonOptions};
+use tonic::transport::Channel;
 
 fn example_models() -> std::path::PathBuf {
     support::repo_root().join("tests").join("example_models")
 }
 
 async fn empty_triton() -> Triton {
+    triton_with(&[], false).await
+}
+
+/// A Triton over tests/example_models with `models` loaded at start (`*`: all of them);
+/// `verbose` logs every HTTP request it gets (how load calls are counted).
+async fn triton_with(models: &[&str], verbose: bool) -> Triton {
     Triton::start(TritonOptions {
         repository: Some(example_models()),
-        ..Default::default()
+        verbose,
+        ..TritonOptions::with_models(models)
     })
     .await
     .expect("tritonserver")
 }
 
+/// How many times `model` was loaded through this Triton's repository API (a verbose Triton).
+fn load_calls(triton: &Triton, model: &str) -> usize {
+    triton
+        .log()
+        .matches(&format!(
+            "HTTP request: 2 /v2/repository/models/{model}/load"
+        ))
+        .count()
+}
+
 /// Runs the suite against `http` and `grpc` (host:port) and fails the test on any failure or
-/// skip, with pytest's output.
-async fn run_suite(http: &str, grpc: &str, against: &str) {
+/// skip, with pytest's output. With `admin` (the gateway's admin API), each test's models are
+/// unloaded there before it, so it starts cold.
+async fn run_suite(http: &str, grpc: &str, admin: Option<&str>, against: &str) {
     let suite = support::repo_root().join("tests/python/test_examples.py");
     let output = support::run_python(
         std::path::Path::new("-m"),
@@ -38,7 +66,11 @@ async fn run_suite(http: &str, grpc: &str, against: &str) {
             "-rs",
             suite.to_str().unwrap(),
         ],
-        &[("EXAMPLES_HTTP", http), ("EXAMPLES_GRPC", grpc)],
+        &[
+            ("EXAMPLES_HTTP", http),
+            ("EXAMPLES_GRPC", grpc),
+            ("EXAMPLES_ADMIN", admin.unwrap_or("")),
+        ],
     )
     .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -54,10 +86,19 @@ async fn run_suite(http: &str, grpc: &str, against: &str) {
 #[tokio::test]
 async fn the_official_examples_pass_against_triton_and_through_the_gateway() {
     // The reference run: Triton itself, so a check the gateway fails is one Triton passes.
+    // Triton in explicit mode answers for loaded models only, so it has every model loaded
+    // (`--load-model=*`); the examples' order against models nothing loaded is the gateway's
+    // case, where the Tritons start empty.
     {
-        let triton = empty_triton().await;
+        let triton = triton_with(&["*"], false).await;
         let host = |port: u16| format!("127.0.0.1:{port}");
-        run_suite(&host(triton.http_port), &host(triton.grpc_port), "Triton").await;
+        run_suite(
+            &host(triton.http_port),
+            &host(triton.grpc_port),
+            None,
+            "Triton",
+        )
+        .await;
     }
     let (t0, t1) = tokio::join!(empty_triton(), empty_triton());
     let config = pool_config_in(&example_models(), "examples", &[&t0, &t1], "1GiB", "", "");
@@ -65,6 +106,7 @@ async fn the_official_examples_pass_against_triton_and_through_the_gateway() {
     run_suite(
         &gateway.http.to_string(),
         &gateway.grpc.to_string(),
+        Some(&format!("http://{}", gateway.admin)),
         "the gateway",
     )
     .await;
@@ -77,4 +119,289 @@ async fn the_official_examples_pass_against_triton_and_through_the_gateway() {
     let mut booked: Vec<String> = placed.into_iter().flatten().collect();
     booked.sort();
     assert_eq!(loaded, booked, "Triton's indexes and the gateway's books");
+}
+
+/// The models whose metadata and config are compared: plain, batched, strings, sequence,
+/// decoupled, a classifier with reshapes and labels, an ensemble and one of its steps.
+const COMPARED: &[&str] = &[
+    "simple",
+    "simple_string",
+    "simple_sequence",
+    "repeat_int32",
+    "densenet_onnx",
+    "preprocess_inception_ensemble",
+    "inception_graphdef",
+];
+
+async fn get_json(url: &str) -> (u16, Value) {
+    let response = reqwest::get(url).await.expect(url);
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text));
+    (status, body)
+}
+
+async fn grpc_client(url: String) -> GrpcInferenceServiceClient<Channel> {
+    GrpcInferenceServiceClient::connect(url)
+        .await
+        .expect("gRPC listener")
+}
+
+/// `Ok(answer)` or `Err((code, message))` of one gRPC call, comparable across servers.
+type Answer<T> = Result<T, (tonic::Code, String)>;
+
+fn answer<T>(result: Result<tonic::Response<T>, tonic::Status>) -> Answer<T> {
+    result
+        .map(tonic::Response::into_inner)
+        .map_err(|status| (status.code(), status.message().to_string()))
+}
+
+async fn grpc_metadata(
+    client: &mut GrpcInferenceServiceClient<Channel>,
+    model: &str,
+    version: &str,
+) -> Answer<infergate::protocol::inference::ModelMetadataResponse> {
+    answer(
+        client
+            .model_metadata(ModelMetadataRequest {
+                name: model.into(),
+                version: version.into(),
+            })
+            .await,
+    )
+}
+
+async fn grpc_config(
+    client: &mut GrpcInferenceServiceClient<Channel>,
+    model: &str,
+    version: &str,
+) -> Answer<infergate::protocol::inference::ModelConfigResponse> {
+    answer(
+        client
+            .model_config(ModelConfigRequest {
+                name: model.into(),
+                version: version.into(),
+            })
+            .await,
+    )
+}
+
+/// The paths of a model's metadata and config, latest and version 1.
+fn http_paths(model: &str) -> [String; 4] {
+    [
+        format!("/v2/models/{model}"),
+        format!("/v2/models/{model}/config"),
+        format!("/v2/models/{model}/versions/1"),
+        format!("/v2/models/{model}/versions/1/config"),
+    ]
+}
+
+/// The differential check of issue 28: what the examples ask first (metadata and config)
+/// answered through the gateway for models loaded nowhere is what Triton answers for them
+/// loaded, over HTTP (parsed JSON) and gRPC (decoded messages).
+#[tokio::test]
+async fn cold_metadata_and_config_through_the_gateway_equal_tritons_own() {
+    let (reference, t0, t1) =
+        tokio::join!(triton_with(COMPARED, false), empty_triton(), empty_triton());
+    let config = pool_config_in(
+        &example_models(),
+        "differential",
+        &[&t0, &t1],
+        "1GiB",
+        "",
+        "",
+    );
+    let gateway = TestGateway::start(&config).await;
+    assert!(
+        gateway.placed().await.concat().is_empty(),
+        "nothing placed before a request"
+    );
+    let mut triton_grpc = grpc_client(reference.grpc_url()).await;
+    let mut gateway_grpc = grpc_client(gateway.grpc_url()).await;
+    let mut differences = Vec::new();
+    // gRPC first for half of the models, HTTP first for the others: either may be the call
+    // that meets the model cold.
+    for (n, model) in COMPARED.iter().enumerate() {
+        for round in 0..2 {
+            if (n + round) % 2 == 0 {
+                for path in http_paths(model) {
+                    let expected = get_json(&format!("{}{path}", reference.http_url())).await;
+                    assert_eq!(expected.0, 200, "Triton's {path}: {:?}", expected.1);
+                    let got = get_json(&format!("{}{path}", gateway.url())).await;
+                    if got != expected {
+                        differences.push(format!(
+                            "HTTP {path}:\n  Triton  {expected:?}\n  gateway {got:?}"
+                        ));
+                    }
+                }
+            } else {
+                for version in ["", "1"] {
+                    let expected = grpc_metadata(&mut triton_grpc, model, version).await;
+                    assert!(
+                        expected.is_ok(),
+                        "Triton's ModelMetadata {model}: {expected:?}"
+                    );
+                    let got = grpc_metadata(&mut gateway_grpc, model, version).await;
+                    if got != expected {
+                        differences.push(format!(
+                            "gRPC ModelMetadata {model} '{version}':\n  Triton  {expected:?}\n  gateway {got:?}"
+                        ));
+                    }
+                    let expected = grpc_config(&mut triton_grpc, model, version).await;
+                    assert!(
+                        expected.is_ok(),
+                        "Triton's ModelConfig {model}: {expected:?}"
+                    );
+                    let got = grpc_config(&mut gateway_grpc, model, version).await;
+                    if got != expected {
+                        differences.push(format!(
+                            "gRPC ModelConfig {model} '{version}':\n  Triton  {expected:?}\n  gateway {got:?}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{} answers differ:\n{}",
+        differences.len(),
+        differences.join("\n")
+    );
+}
+
+/// Unknown models and versions: the gateway answers with Triton's own status and words,
+/// and loads nothing to find out.
+#[tokio::test]
+async fn unknown_models_and_versions_get_tritons_refusal_without_a_load() {
+    let (reference, t0, t1) = tokio::join!(
+        triton_with(&["simple"], false),
+        triton_with(&[], true),
+        triton_with(&[], true)
+    );
+    let config = pool_config_in(&example_models(), "unknown", &[&t0, &t1], "1GiB", "", "");
+    let gateway = TestGateway::start(&config).await;
+    let mut differences = Vec::new();
+    for path in [
+        "/v2/models/wrong_model_name",
+        "/v2/models/wrong_model_name/config",
+        "/v2/models/wrong_model_name/versions/1",
+        "/v2/models/simple/versions/7",
+        "/v2/models/simple/versions/7/config",
+    ] {
+        let expected = get_json(&format!("{}{path}", reference.http_url())).await;
+        assert_eq!(expected.0, 404, "Triton's {path}: {:?}", expected.1);
+        let got = get_json(&format!("{}{path}", gateway.url())).await;
+        if got != expected {
+            differences.push(format!(
+                "HTTP {path}:\n  Triton  {expected:?}\n  gateway {got:?}"
+            ));
+        }
+    }
+    let mut triton_grpc = grpc_client(reference.grpc_url()).await;
+    let mut gateway_grpc = grpc_client(gateway.grpc_url()).await;
+    for (model, version) in [
+        ("wrong_model_name", ""),
+        ("wrong_model_name", "1"),
+        ("simple", "7"),
+    ] {
+        let expected = grpc_metadata(&mut triton_grpc, model, version)
+            .await
+            .map(|_| ());
+        assert!(
+            matches!(&expected, Err((tonic::Code::NotFound, _))),
+            "Triton's ModelMetadata {model} '{version}': {expected:?}"
+        );
+        let got = grpc_metadata(&mut gateway_grpc, model, version)
+            .await
+            .map(|_| ());
+        if got != expected {
+            differences.push(format!(
+                "gRPC ModelMetadata {model} '{version}':\n  Triton  {expected:?}\n  gateway {got:?}"
+            ));
+        }
+        let expected = grpc_config(&mut triton_grpc, model, version)
+            .await
+            .map(|_| ());
+        let got = grpc_config(&mut gateway_grpc, model, version)
+            .await
+            .map(|_| ());
+        if got != expected {
+            differences.push(format!(
+                "gRPC ModelConfig {model} '{version}':\n  Triton  {expected:?}\n  gateway {got:?}"
+            ));
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{} answers differ:\n{}",
+        differences.len(),
+        differences.join("\n")
+    );
+    for model in ["wrong_model_name", "simple"] {
+        assert_eq!(
+            load_calls(&t0, model) + load_calls(&t1, model),
+            0,
+            "{model} loaded"
+        );
+    }
+    assert!(
+        gateway.placed().await.concat().is_empty(),
+        "{:?}",
+        gateway.placed().await
+    );
+}
+
+/// Eight clients asking for a cold model's metadata at once (HTTP and gRPC, metadata and
+/// config, as eight examples started together): one load, and all get the same answers.
+#[tokio::test]
+async fn concurrent_cold_metadata_calls_load_the_model_once() {
+    let (t0, t1) = tokio::join!(triton_with(&[], true), triton_with(&[], true));
+    let config = pool_config_in(
+        &example_models(),
+        "burst",
+        &[&t0, &t1],
+        "1GiB",
+        "scale_up_rps = 0.0",
+        "",
+    );
+    let gateway = TestGateway::start(&config).await;
+    let model = "densenet_onnx";
+    let http = (0..4).map(|n| {
+        let url = format!("{}{}", gateway.url(), http_paths(model)[n % 2]);
+        async move { get_json(&url).await }
+    });
+    let grpc = (0..4).map(|n| {
+        let url = gateway.grpc_url();
+        async move {
+            let mut client = grpc_client(url).await;
+            if n % 2 == 0 {
+                grpc_metadata(&mut client, model, "")
+                    .await
+                    .map(|m| format!("{m:?}"))
+            } else {
+                grpc_config(&mut client, model, "")
+                    .await
+                    .map(|c| format!("{c:?}"))
+            }
+        }
+    });
+    let (http, grpc) = tokio::join!(
+        futures_util::future::join_all(http),
+        futures_util::future::join_all(grpc)
+    );
+    for (status, body) in &http {
+        assert_eq!(*status, 200, "{body}");
+    }
+    assert_eq!(http[0], http[2]);
+    assert_eq!(http[1], http[3]);
+    assert!(grpc.iter().all(Result::is_ok), "{grpc:?}");
+    assert_eq!(grpc[0], grpc[2]);
+    assert_eq!(grpc[1], grpc[3]);
+    assert_eq!(
+        load_calls(&t0, model) + load_calls(&t1, model),
+        1,
+        "loads of {model}"
+    );
+    assert_eq!(gateway.placed().await.concat(), [model]);
 }
