@@ -373,7 +373,8 @@ fn endpoints(
 }
 
 /// Drops a model's cached signature whenever placement loads or unloads it, so the next
-/// request is checked against what the backend now serves.
+/// request is checked against what the backend now serves; its description (metadata and
+/// config) only when it is loaded again, so a model unloaded is still described.
 async fn forget_signatures_on_change(gateway: Gateway, shutdown: CancellationToken) {
     let mut events = gateway.placement().subscribe();
     loop {
@@ -382,9 +383,11 @@ async fn forget_signatures_on_change(gateway: Gateway, shutdown: CancellationTok
             event = events.recv() => event,
         };
         match event {
-            Ok(placement::ModelEvent::Loaded(model) | placement::ModelEvent::Unloaded(model)) => {
-                gateway.signatures().invalidate(&model)
+            Ok(placement::ModelEvent::Loaded(model)) => {
+                gateway.signatures().invalidate(&model);
+                gateway.signatures().forget_described(&model);
             }
+            Ok(placement::ModelEvent::Unloaded(model)) => gateway.signatures().invalidate(&model),
             Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                 tracing::warn!(missed, "signature cache missed placement events");
             }

@@ -137,7 +137,7 @@ async fn get_json(url: &str) -> (u16, Value) {
     let response = reqwest::get(url).await.expect(url);
     let status = response.status().as_u16();
     let text = response.text().await.unwrap();
-    let body = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text));
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
     (status, body)
 }
 

@@ -2,7 +2,8 @@
 //! examples' flow (load, config override, unload, a model that does not exist, model files)
 //! gets the same answers from the gateway over two backends as from one Triton; an override
 //! reaches every copy the gateway loads, on any backend and for chosen versions; an explicit
-//! unload holds until the next load; readiness, metadata, config and statistics never load.
+//! unload holds until the next load; readiness and statistics never load, while metadata and
+//! config load a model the gateway has never seen answer them.
 
 mod support;
 
@@ -96,7 +97,14 @@ async fn the_examples_model_control_flow_answers_as_triton_does() {
                 gateway.grpc.to_string(),
             ),
         };
-        let expected = transcript(protocol, &direct, "batched_double").await;
+        let mut expected = transcript(protocol, &direct, "batched_double").await;
+        // The one deliberate difference: a model of the repository that nothing has loaded
+        // is ready through the gateway, which loads it on the next request (README). After
+        // the first transcript's explicit unload, it is not, as on Triton.
+        assert_eq!(expected[0], json!(["ready before any load", false]));
+        if protocol == "http" {
+            expected[0] = json!(["ready before any load", true]);
+        }
         let answered = transcript(protocol, &through, "batched_double").await;
         for (want, got) in expected.iter().zip(&answered) {
             assert_eq!(got, want, "{protocol}: the gateway differs from Triton");
@@ -109,7 +117,7 @@ async fn the_examples_model_control_flow_answers_as_triton_does() {
 }
 
 #[tokio::test]
-async fn an_override_reaches_every_copy_and_calls_that_ask_never_load() {
+async fn an_override_reaches_every_copy_and_readiness_and_statistics_never_load() {
     let (t0, t1) = tokio::join!(empty_triton(), empty_triton());
     let tritons = [&t0, &t1];
     let gateway = TestGateway::start(&pool_config(
@@ -123,14 +131,14 @@ async fn an_override_reaches_every_copy_and_calls_that_ask_never_load() {
     let base = gateway.url();
     let admin = format!("http://{}", gateway.admin);
 
-    // Readiness, metadata, config and statistics of a model loaded nowhere load nothing,
-    // and answer as Triton answers a model it has not loaded.
+    // Readiness and statistics of a model loaded nowhere load nothing: it is ready (the
+    // next request would load it), and has no statistics, as Triton answers a model it has
+    // not loaded. A version the repository lacks is not ready.
     for (path, status) in [
-        ("/ready", 400),
-        ("", 404),
-        ("/config", 404),
+        ("/ready", 200),
         ("/stats", 400),
-        ("/versions/1/ready", 400),
+        ("/versions/1/ready", 200),
+        ("/versions/7/ready", 400),
     ] {
         let (got, body) = get(&format!("{base}/v2/models/batched_double{path}")).await;
         assert_eq!(got, status, "{path}: {body}");
@@ -283,5 +291,127 @@ async fn an_override_reaches_every_copy_and_calls_that_ask_never_load() {
         config["parameters"],
         json!({}),
         "the unload dropped the override"
+    );
+}
+
+/// Metadata and config are most clients' first request: for a model loaded nowhere they
+/// place it, as a cold inference does, and are answered by the copy. Once the gateway has
+/// seen a copy's answers, a model unloaded since (evicted) is described without a load, on
+/// both protocols, in the words Triton uses; it is ready all along.
+#[tokio::test]
+async fn metadata_places_a_cold_model_and_a_described_one_is_answered_without_a_load() {
+    use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use infergate::protocol::inference::{ModelConfigRequest, ModelMetadataRequest};
+    use infergate::protocol::inference::{ModelReadyRequest, ModelReadyResponse};
+
+    let (t0, t1) = tokio::join!(empty_triton(), empty_triton());
+    let tritons = [&t0, &t1];
+    let gateway = TestGateway::start(&pool_config(
+        "described",
+        &tritons,
+        "1GiB",
+        "scale_up_rps = 0.0",
+        "",
+    ))
+    .await;
+    let (base, admin) = (gateway.url(), format!("http://{}", gateway.admin));
+    let mut grpc = GrpcInferenceServiceClient::connect(gateway.grpc_url())
+        .await
+        .unwrap();
+    let ready = |name: &str| ModelReadyRequest {
+        name: name.into(),
+        version: String::new(),
+    };
+    assert!(
+        grpc.model_ready(ready("add_sub"))
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+    );
+    assert_eq!(get(&format!("{base}/v2/models/add_sub/ready")).await.0, 200);
+    assert_eq!(gateway.placed().await, [Vec::<String>::new(), vec![]]);
+
+    // The first request is metadata: it loads the model, and the copy answers.
+    let (status, metadata) = get(&format!("{base}/v2/models/add_sub")).await;
+    assert_eq!(status, 200, "{metadata}");
+    let holder = holder(&gateway, "add_sub").await.expect("placed");
+    let direct = tritons[holder].http_url();
+    assert_eq!(
+        metadata,
+        get(&format!("{direct}/v2/models/add_sub")).await.1
+    );
+    let (_, config) = get(&format!("{direct}/v2/models/add_sub/config")).await;
+    let mut direct_grpc = GrpcInferenceServiceClient::connect(tritons[holder].grpc_url())
+        .await
+        .unwrap();
+    let metadata_request = ModelMetadataRequest {
+        name: "add_sub".into(),
+        version: String::new(),
+    };
+    let config_request = ModelConfigRequest {
+        name: "add_sub".into(),
+        version: String::new(),
+    };
+    let grpc_metadata = direct_grpc
+        .model_metadata(metadata_request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let grpc_config = direct_grpc
+        .model_config(config_request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+
+    // An inference (validated: the gateway reads the copy's metadata and config), then the
+    // copy goes (as an eviction takes it).
+    let request = json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1, 1, 1, 1]}]});
+    let (status, body) = post(&format!("{base}/v2/models/add_sub/infer"), request).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = post(&format!("{admin}/admin/models/add_sub/unload"), json!({})).await;
+    assert_eq!(status, 200);
+    assert!(t0.loaded_models().await.unwrap().is_empty());
+    assert!(t1.loaded_models().await.unwrap().is_empty());
+
+    // Described from what the copy said: equal answers, and nothing loaded.
+    assert_eq!(
+        get(&format!("{base}/v2/models/add_sub")).await,
+        (200, metadata)
+    );
+    assert_eq!(
+        get(&format!("{base}/v2/models/add_sub/config")).await,
+        (200, config)
+    );
+    let answered = grpc.model_metadata(metadata_request).await.unwrap();
+    assert_eq!(answered.into_inner(), grpc_metadata);
+    let answered = grpc.model_config(config_request).await.unwrap();
+    assert_eq!(answered.into_inner(), grpc_config);
+    assert_eq!(
+        grpc.model_ready(ready("add_sub"))
+            .await
+            .unwrap()
+            .into_inner(),
+        ModelReadyResponse { ready: true }
+    );
+    assert_eq!(gateway.placed().await, [Vec::<String>::new(), vec![]]);
+    assert!(t0.loaded_models().await.unwrap().is_empty());
+    assert!(t1.loaded_models().await.unwrap().is_empty());
+
+    // A model no repository has is Triton's 404 / ready false, with nothing loaded.
+    let (status, body) = get(&format!("{base}/v2/models/nope")).await;
+    assert_eq!(
+        (status, body["error"].as_str().unwrap_or_default()),
+        (404, "Request for unknown model: 'nope' is not found")
+    );
+    assert!(
+        !grpc
+            .model_ready(ready("nope"))
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
     );
 }

@@ -56,6 +56,10 @@ pub(crate) trait Wire {
     /// Whether an answer counts as a failure of the target for the route's guard (a 5xx).
     fn failed(answer: &Self::Answer) -> bool;
 
+    /// The gateway's own answer about a servable model loaded nowhere (`place::Local`), in
+    /// this wire's encoding.
+    fn local(&mut self, answer: place::Local) -> Result<Self::Answer, GatewayError>;
+
     /// The answer when no copy could be placed: the failure, unless the wire answers it
     /// otherwise (gRPC's `ModelReady` answers `ready: false`, as Triton does).
     fn unplaced(&mut self, error: GatewayError) -> Result<Self::Answer, GatewayError> {
@@ -96,11 +100,13 @@ pub(crate) async fn forward<W: Wire>(
     let answer = wire.send(ctx, &backend).await;
     match wire.gone(answer).await {
         Sent::Answer(answer) => answer,
-        Sent::Again => {
-            place::again(ctx).await?;
-            let backend = ctx.lease()?.backend().clone();
-            wire.send(ctx, &backend).await
-        }
+        Sent::Again => match place::again(ctx).await? {
+            place::Placing::Leased => {
+                let backend = ctx.lease()?.backend().clone();
+                wire.send(ctx, &backend).await
+            }
+            place::Placing::Answered(local) => wire.local(local),
+        },
     }
 }
 

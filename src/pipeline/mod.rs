@@ -30,7 +30,7 @@ pub mod statistics;
 pub use admit::Caller;
 pub use ctx::{RequestCtx, Served, request_id};
 pub(crate) use forward::{Sent, Wire};
-pub use place::place;
+pub use place::{Local, Placing, place};
 pub use route::{PIN_HEADER, RouteTable, Routed, Tally, route};
 
 use crate::error::GatewayError;
@@ -58,8 +58,10 @@ pub(crate) async fn serve<W: Wire>(
 /// The phases from reading the request to the backend's answer.
 async fn placed<W: Wire>(ctx: &mut RequestCtx, wire: &mut W) -> Result<W::Answer, GatewayError> {
     ctx.sequence = wire.sequence(ctx).await?;
-    if let Err(error) = place(ctx).await {
-        return wire.unplaced(error);
+    match place(ctx).await {
+        Ok(Placing::Leased) => {}
+        Ok(Placing::Answered(local)) => return wire.local(local),
+        Err(error) => return wire.unplaced(error),
     }
     if ctx.ask == Ask::Inference {
         let backend = ctx.lease()?.backend().clone();
@@ -88,9 +90,10 @@ pub async fn model_statistics<'h>(
     statistics::of_model(&ctx.gateway, target).await
 }
 
-/// What a model request asks. Only an inference may load the model (on its first request);
-/// readiness, metadata, config and statistics are answered from the copies loaded now, as
-/// Triton answers them from what it has loaded, and each words a model that is not loaded
+/// What a model request asks. An inference, metadata and config may load the model (on its
+/// first request: most Triton clients ask metadata and config before they infer); readiness
+/// never loads, and answers what the gateway would do (ready for a model it would place);
+/// statistics are read from the copies loaded now. Each words a model that is not servable
 /// its own way (`GatewayError::NotLoaded`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ask {
@@ -107,9 +110,10 @@ pub enum Ask {
 }
 
 impl Ask {
-    /// Whether this request may load the model when no copy is loaded.
+    /// Whether this request may load the model when no copy is loaded (metadata and config
+    /// only when the gateway has not seen the model's answer before, `place`).
     pub fn loads(self) -> bool {
-        self == Self::Inference
+        matches!(self, Self::Inference | Self::Metadata | Self::Config)
     }
 }
 

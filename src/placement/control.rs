@@ -1,6 +1,6 @@
 //! The repository API's levers on placement, as Triton's model control works: a load with
 //! a config override (applied to every copy, `spec`), an explicit unload that holds, and the
-//! calls that must never load (readiness, metadata, config, statistics).
+//! calls that ask before they load (readiness, metadata, config, statistics).
 
 use super::table::{self, BackendView, Decision};
 use super::{Lease, Placement, Priority, Versions};
@@ -147,30 +147,41 @@ impl Placement {
         self.unload(model).await
     }
 
-    /// A lease on a copy that is loaded now, for a request that must not load the model
-    /// (readiness, metadata, config): none loaded, or the model unloaded explicitly (a copy
-    /// may still be leaving, or have been loaded behind the gateway's back), is
-    /// `NotLoaded`, worded for `ask`.
+    /// A lease on a copy that is loaded now, for a request that asks before (or instead of)
+    /// loading: readiness, metadata, config. `None` when no copy is loaded but the model is
+    /// servable (a ready backend's repository has it, the version asked for exists, and no
+    /// explicit unload holds): the next request that loads would place it. A model unloaded
+    /// explicitly (a copy may still be leaving, or have been loaded behind the gateway's
+    /// back) is `NotLoaded`, worded for `ask`; an unknown one Triton's own refusal.
     pub fn lease_loaded(
         self: &Arc<Self>,
         model: &ModelRef,
         ask: Ask,
-    ) -> Result<Lease, GatewayError> {
+    ) -> Result<Option<Lease>, GatewayError> {
         let view = self.view(&model.name);
         if self.specs.is_unloaded(&model.name) {
             return Err(not_loaded(model, ask));
         }
         if let Some(Decision::Serve(backend)) = self.books().hit(model, &view) {
             let in_flight = self.pool.backends()[backend].start_request();
-            return Ok(Lease {
+            return Ok(Some(Lease {
                 placement: self.clone(),
                 backend,
                 model: model.name.clone(),
                 version: model.version_number().ok().flatten(),
                 in_flight,
-            });
+            }));
         }
-        Err(self.why_not_loaded(model, &view, ask))
+        match self.servable(model, &view) {
+            Ok(()) => Ok(None),
+            // Triton's readiness words every model it would not serve alike.
+            Err(GatewayError::UnknownModel { .. } | GatewayError::UnknownVersion { .. })
+                if ask == Ask::Ready =>
+            {
+                Err(not_loaded(model, ask))
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// The backends with a ready copy serving what `model` asks for (statistics are read
@@ -179,7 +190,8 @@ impl Placement {
         let view = self.view(&model.name);
         let holders = self.books().holders(model, &view);
         if holders.is_empty() || self.specs.is_unloaded(&model.name) {
-            return Err(self.why_not_loaded(model, &view, ask));
+            self.servable(model, &view)?;
+            return Err(not_loaded(model, ask));
         }
         Ok(holders
             .into_iter()
@@ -187,21 +199,19 @@ impl Placement {
             .collect())
     }
 
-    /// What a request that may not load gets when no copy serves it: no backend, an unknown
-    /// model, a version refused as a load would refuse it, else `NotLoaded`.
-    fn why_not_loaded(&self, model: &ModelRef, view: &[BackendView], ask: Ask) -> GatewayError {
+    /// Whether a request that loads would place `model`: a ready backend, one whose
+    /// repository has the model, and a version a load would not refuse; else why not, as a
+    /// load would refuse it.
+    fn servable(&self, model: &ModelRef, view: &[BackendView]) -> Result<(), GatewayError> {
         if !view.iter().any(|v| v.ready) {
-            return GatewayError::NoBackendReady;
+            return Err(GatewayError::NoBackendReady);
         }
         if !view.iter().any(|v| v.ready && v.knows) {
-            return GatewayError::UnknownModel {
+            return Err(GatewayError::UnknownModel {
                 model: model.name.clone(),
-            };
+            });
         }
-        if let Err(error) = table::requested_version(model, &self.estimator.sizing(&model.name)) {
-            return error;
-        }
-        not_loaded(model, ask)
+        table::requested_version(model, &self.estimator.sizing(&model.name)).map(drop)
     }
 }
 

@@ -5,6 +5,7 @@ use super::datatype::DataType;
 use crate::config;
 use crate::pipeline::ModelRef;
 use crate::upstream::{Backend, TritonClient, TritonError};
+use bytes::Bytes;
 use foldhash::{HashMap, HashMapExt};
 use serde::Deserialize;
 use std::sync::{Arc, RwLock};
@@ -171,6 +172,7 @@ struct Key {
 
 struct Entry {
     signature: Arc<Signature>,
+    description: Arc<Description>,
     /// The model's generation when the fetch began: an entry from before the latest
     /// `invalidate` is stale even if it was stored after it.
     generation: u64,
@@ -185,6 +187,16 @@ struct Known {
     signatures: Vec<(Option<String>, Arc<Signature>)>,
 }
 
+/// A model's metadata and config as a copy of it answered them (Triton's JSON): what a
+/// client asking for them is told while the model is loaded nowhere, instead of a load.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Description {
+    /// `GET /v2/models/{m}[/versions/{v}]`.
+    pub metadata: Bytes,
+    /// `GET /v2/models/{m}[/versions/{v}]/config`.
+    pub config: Bytes,
+}
+
 /// Signatures per (model, version or latest), each fetched once from a backend that serves
 /// the model. Concurrent misses for one key share one fetch; other models never wait on it.
 pub struct SignatureCache {
@@ -196,6 +208,9 @@ pub struct SignatureCache {
     entries: moka::future::Cache<Key, Arc<Entry>>,
     unavailable: moka::future::Cache<Key, u64>,
     fetch_timeout: Duration,
+    /// The descriptions fetched with the signatures, kept when the model is unloaded (its
+    /// files have not changed) and forgotten when it is loaded again (they may have).
+    described: RwLock<HashMap<Key, Arc<Description>>>,
 }
 
 impl SignatureCache {
@@ -213,6 +228,33 @@ impl SignatureCache {
             known: RwLock::new(HashMap::new()),
             capacity: usize::try_from(config.signature_cache_capacity).unwrap_or(usize::MAX),
             fetch_timeout: config.signature_fetch_timeout.0,
+            described: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// What a copy answered for `model`'s metadata and config, if a fetch has seen it since
+    /// the model was last loaded.
+    pub fn described(&self, model: &ModelRef) -> Option<Arc<Description>> {
+        let key = Key {
+            model: model.name.clone(),
+            version: model.version.clone(),
+        };
+        let described = self.described.read().unwrap_or_else(|e| e.into_inner());
+        described.get(&key).cloned()
+    }
+
+    /// Forgets `model`'s descriptions: it was loaded again, maybe from other files or with
+    /// a config override.
+    pub fn forget_described(&self, model: &str) {
+        let mut described = self.described.write().unwrap_or_else(|e| e.into_inner());
+        described.retain(|key, _| key.model != model);
+    }
+
+    /// Keeps a fetched description (within the cache's capacity).
+    fn describe(&self, key: &Key, description: &Arc<Description>) {
+        let mut described = self.described.write().unwrap_or_else(|e| e.into_inner());
+        if described.len() < self.capacity || described.contains_key(key) {
+            described.insert(key.clone(), description.clone());
         }
     }
 
@@ -303,19 +345,21 @@ impl SignatureCache {
             let fetched = self
                 .entries
                 .try_get_with(key.clone(), async {
-                    fetch(backend, model, self.fetch_timeout)
-                        .await
-                        .map(|signature| {
+                    fetch(backend, model, self.fetch_timeout).await.map(
+                        |(signature, description)| {
                             Arc::new(Entry {
                                 signature: Arc::new(signature),
+                                description: Arc::new(description),
                                 generation,
                             })
-                        })
+                        },
+                    )
                 })
                 .await;
             match fetched {
                 Ok(entry) if entry.generation == self.generation(&model.name) => {
                     self.remember(model, entry.generation, &entry.signature);
+                    self.describe(&key, &entry.description);
                     return Some(entry.signature.clone());
                 }
                 // Invalidated while fetching: drop it and fetch again.
@@ -343,12 +387,13 @@ impl SignatureCache {
     }
 }
 
-/// Fetches metadata and config concurrently and builds the signature.
+/// Fetches metadata and config concurrently and builds the signature; the answers are kept
+/// as the model's description.
 async fn fetch(
     backend: &Backend,
     model: &ModelRef,
     timeout: Duration,
-) -> Result<Signature, String> {
+) -> Result<(Signature, Description), String> {
     let triton = TritonClient::new(backend, timeout);
     let version = model.version.as_deref();
     let (metadata, config) = tokio::join!(
@@ -356,7 +401,12 @@ async fn fetch(
         triton.model_config(&model.name, version)
     );
     let failed = |error: TritonError| error.to_string();
-    Signature::from_triton(&metadata.map_err(failed)?, &config.map_err(failed)?)
+    let description = Description {
+        metadata: metadata.map_err(failed)?,
+        config: config.map_err(failed)?,
+    };
+    let signature = Signature::from_triton(&description.metadata, &description.config)?;
+    Ok((signature, description))
 }
 
 #[cfg(test)]

@@ -158,10 +158,10 @@ impl InferenceService {
         (rpc, ask): (&'static str, Ask),
         request: Request<M>,
         send: F,
-        unplaced: Option<wire::Unplaced<Res>>,
     ) -> Result<Response<Res>, Status>
     where
         M: ModelMessage,
+        Res: wire::ModelAnswer,
         F: Fn(InferenceClient, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
@@ -174,9 +174,6 @@ impl InferenceService {
                 authenticate(&call, ctx, &mut metadata).await?;
                 ctx.about(requested, ask);
                 let mut wire = Unary::new(&call, metadata, message, send);
-                if let Some(unplaced) = unplaced {
-                    wire = wire.when_unplaced(unplaced);
-                }
                 pipeline::serve(ctx, &mut wire).await
             })
             .await;
@@ -296,14 +293,10 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelReadyRequest>,
     ) -> Result<Response<ModelReadyResponse>, Status> {
         // Who may ask is decided first: a refusal is an error, not `ready: false`; Triton
-        // answers an unknown or unloadable model with `ready: false`.
-        let not_ready = |_| Ok(Response::new(ModelReadyResponse { ready: false }));
-        self.model_call(
-            ("ModelReady", Ask::Ready),
-            request,
-            |mut c, r| async move { c.model_ready(r).await },
-            Some(not_ready),
-        )
+        // answers an unknown or unloadable model with `ready: false` (`ModelAnswer`).
+        self.model_call(("ModelReady", Ask::Ready), request, |mut c, r| async move {
+            c.model_ready(r).await
+        })
         .await
     }
 
@@ -315,7 +308,6 @@ impl GrpcInferenceService for InferenceService {
             ("ModelMetadata", Ask::Metadata),
             request,
             |mut c, r| async move { c.model_metadata(r).await },
-            None,
         )
         .await
     }
@@ -328,7 +320,6 @@ impl GrpcInferenceService for InferenceService {
             ("ModelInfer", Ask::Inference),
             request,
             |mut c, r| async move { c.model_infer(r).await },
-            None,
         )
         .await
     }
@@ -365,7 +356,6 @@ impl GrpcInferenceService for InferenceService {
             ("ModelConfig", Ask::Config),
             request,
             |mut c, r| async move { c.model_config(r).await },
-            None,
         )
         .await
     }
@@ -395,13 +385,16 @@ impl GrpcInferenceService for InferenceService {
                     answer?
                 };
                 match answer {
-                    Statistics::Merged(value) => statistics_message(&value)
-                        .map(Response::new)
-                        .map_err(|reason| {
-                            GatewayError::Backend(Status::internal(format!(
-                                "statistics cannot be written as protobuf: {reason}"
-                            )))
-                        }),
+                    Statistics::Merged(value) => json_message::<ModelStatisticsResponse>(
+                        "inference.ModelStatisticsResponse",
+                        &value,
+                    )
+                    .map(Response::new)
+                    .map_err(|reason| {
+                        GatewayError::Backend(Status::internal(format!(
+                            "statistics cannot be written as protobuf: {reason}"
+                        )))
+                    }),
                     Statistics::Refused { status, body } => {
                         Err(GatewayError::from_backend_http(status, &body))
                     }
@@ -577,23 +570,26 @@ impl GrpcInferenceService for InferenceService {
     }
 }
 
-/// Statistics in Triton's JSON (its HTTP answer, summed over copies) as the gRPC message: the
-/// field names are the proto's, so the one merge serves both front-ends.
-fn statistics_message(value: &serde_json::Value) -> Result<ModelStatisticsResponse, String> {
-    use prost::Message;
+/// Triton's JSON for a message (its HTTP answer) as the gRPC message: the field names are
+/// the proto's, so one reading of Triton's answers serves both front-ends (statistics summed
+/// over copies, a model's description).
+pub(super) fn json_message<T: prost::Message + Default>(
+    name: &str,
+    value: &serde_json::Value,
+) -> Result<T, String> {
+    use prost::Message as _;
     use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage};
-    static SCHEMA: std::sync::OnceLock<prost_reflect::MessageDescriptor> =
-        std::sync::OnceLock::new();
-    let schema = SCHEMA.get_or_init(|| {
-        DescriptorPool::decode(FILE_DESCRIPTOR_SET)
-            .expect("build.rs writes a valid descriptor set")
-            .get_message_by_name("inference.ModelStatisticsResponse")
-            .expect("grpc_service.proto defines ModelStatisticsResponse")
+    static POOL: std::sync::OnceLock<DescriptorPool> = std::sync::OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        DescriptorPool::decode(FILE_DESCRIPTOR_SET).expect("build.rs writes a valid descriptor set")
     });
+    let schema = pool
+        .get_message_by_name(name)
+        .ok_or_else(|| format!("no message {name} in the descriptor set"))?;
     let options = DeserializeOptions::new().deny_unknown_fields(false);
-    let message = DynamicMessage::deserialize_with_options(schema.clone(), value, &options)
+    let message = DynamicMessage::deserialize_with_options(schema, value, &options)
         .map_err(|e| e.to_string())?;
-    ModelStatisticsResponse::decode(message.encode_to_vec().as_slice()).map_err(|e| e.to_string())
+    T::decode(message.encode_to_vec().as_slice()).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -610,7 +606,8 @@ mod tests {
             "batch_stats": [{"batch_size": 1, "compute_infer": {"count": 3, "ns": 9}}],
             "memory_usage": [], "some_future_field": true
         }]});
-        let message = statistics_message(&json).unwrap();
+        let message: ModelStatisticsResponse =
+            json_message("inference.ModelStatisticsResponse", &json).unwrap();
         let row = &message.model_stats[0];
         assert_eq!((row.name.as_str(), row.version.as_str()), ("m", "1"));
         assert_eq!(row.last_inference, 1796156218584);

@@ -7,7 +7,7 @@ use super::{upstream_request, version};
 use crate::error::GatewayError;
 use crate::pipeline::forward::Placed;
 use crate::pipeline::mirror::{self, Shadow};
-use crate::pipeline::{ModelRef, RequestCtx, Routed, Sent, Wire, forward, sequence};
+use crate::pipeline::{Local, ModelRef, RequestCtx, Routed, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
 use crate::protocol::inference::*;
 use crate::upstream::Backend;
@@ -102,8 +102,75 @@ impl ModelMessage for ModelInferRequest {
     }
 }
 
-/// The answer when no copy could be placed, for RPCs that answer that themselves.
-pub(super) type Unplaced<Res> = fn(GatewayError) -> Result<Response<Res>, GatewayError>;
+/// A per-model RPC's answer, for the answers the gateway gives itself.
+pub(crate) trait ModelAnswer: Sized {
+    /// The answer about a servable model loaded nowhere (`pipeline::Local`).
+    fn local(answer: Local) -> Result<Self, GatewayError>;
+
+    /// The answer when no copy can be placed: the failure, unless the RPC words it itself.
+    fn unplaced(error: GatewayError) -> Result<Self, GatewayError> {
+        Err(error)
+    }
+}
+
+impl ModelAnswer for ModelReadyResponse {
+    fn local(answer: Local) -> Result<Self, GatewayError> {
+        Ok(Self {
+            ready: answer == Local::Ready,
+        })
+    }
+
+    /// Triton answers an unknown or unloadable model with `ready: false`, not an error.
+    fn unplaced(error: GatewayError) -> Result<Self, GatewayError> {
+        tracing::debug!(%error, "model is not ready");
+        Ok(Self { ready: false })
+    }
+}
+
+impl ModelAnswer for ModelMetadataResponse {
+    fn local(answer: Local) -> Result<Self, GatewayError> {
+        described(answer, "inference.ModelMetadataResponse", |json| json)
+    }
+}
+
+impl ModelAnswer for ModelConfigResponse {
+    fn local(answer: Local) -> Result<Self, GatewayError> {
+        described(
+            answer,
+            "inference.ModelConfigResponse",
+            |json| serde_json::json!({ "config": json }),
+        )
+    }
+}
+
+impl ModelAnswer for ModelInferResponse {
+    fn local(_: Local) -> Result<Self, GatewayError> {
+        Err(GatewayError::Backend(Status::internal(
+            "an inference is always placed",
+        )))
+    }
+}
+
+/// A description (Triton's JSON, as HTTP answers it) as the gRPC message, `shape`d first.
+fn described<T: prost::Message + Default>(
+    answer: Local,
+    name: &str,
+    shape: impl FnOnce(serde_json::Value) -> serde_json::Value,
+) -> Result<T, GatewayError> {
+    let Local::Described(json) = answer else {
+        return Err(GatewayError::Backend(Status::internal(
+            "no description to answer with",
+        )));
+    };
+    serde_json::from_slice(&json)
+        .map_err(|e| e.to_string())
+        .and_then(|value| super::json_message(name, &shape(value)))
+        .map_err(|reason| {
+            GatewayError::Backend(Status::internal(format!(
+                "the model's description cannot be written as protobuf: {reason}"
+            )))
+        })
+}
 
 /// One unary call about a model: its metadata and message, and `send`, the backend method.
 pub(super) struct Unary<'c, M, Res, F> {
@@ -111,7 +178,7 @@ pub(super) struct Unary<'c, M, Res, F> {
     metadata: MetadataMap,
     message: M,
     send: F,
-    unplaced: Option<Unplaced<Res>>,
+    answer: std::marker::PhantomData<fn() -> Res>,
 }
 
 impl<'c, M, Res, F, Fut> Unary<'c, M, Res, F>
@@ -126,20 +193,15 @@ where
             metadata,
             message,
             send,
-            unplaced: None,
+            answer: std::marker::PhantomData,
         }
-    }
-
-    /// Answers `unplaced` instead of the failure when no copy can be placed.
-    pub(super) fn when_unplaced(mut self, unplaced: Unplaced<Res>) -> Self {
-        self.unplaced = Some(unplaced);
-        self
     }
 }
 
 impl<M, Res, F, Fut> Wire for Unary<'_, M, Res, F>
 where
     M: ModelMessage,
+    Res: ModelAnswer,
     F: Fn(InferenceClient, Request<M>) -> Fut,
     Fut: Future<Output = Result<Response<Res>, Status>>,
 {
@@ -206,13 +268,11 @@ where
         false
     }
 
+    fn local(&mut self, answer: Local) -> Result<Response<Res>, GatewayError> {
+        Res::local(answer).map(Response::new)
+    }
+
     fn unplaced(&mut self, error: GatewayError) -> Result<Response<Res>, GatewayError> {
-        match self.unplaced {
-            Some(answer) => {
-                tracing::debug!(%error, "model is not ready");
-                answer(error)
-            }
-            None => Err(error),
-        }
+        Res::unplaced(error).map(Response::new)
     }
 }

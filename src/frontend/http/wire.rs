@@ -7,7 +7,7 @@ use super::validate::{self, HEADER_LENGTH};
 use crate::error::GatewayError;
 use crate::pipeline::forward::Placed;
 use crate::pipeline::mirror::{self, Shadow};
-use crate::pipeline::{Ask, ModelRef, RequestCtx, Routed, Sent, Wire, forward, sequence};
+use crate::pipeline::{Ask, Local, ModelRef, RequestCtx, Routed, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
 use crate::upstream::{self, Backend};
 use axum::body::Body;
@@ -204,6 +204,21 @@ impl Wire for HttpWire {
 
     fn failed(answer: &Response) -> bool {
         answer.status().is_server_error()
+    }
+
+    /// Triton's answers: readiness is a 200 with no body, metadata and config its JSON.
+    fn local(&mut self, answer: Local) -> Result<Response, GatewayError> {
+        Ok(match answer {
+            Local::Ready => Response::new(Body::empty()),
+            Local::Described(json) => {
+                let mut response = Response::new(Body::from(json));
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                response
+            }
+        })
     }
 }
 
