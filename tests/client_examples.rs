@@ -405,3 +405,55 @@ async fn concurrent_cold_metadata_calls_load_the_model_once() {
     );
     assert_eq!(gateway.placed().await.concat(), [model]);
 }
+
+/// An ensemble's first request (here metadata, as ensemble_image_client.py sends it) places
+/// the ensemble and the two models it runs on one backend, booked as Triton holds them; a
+/// direct request to one of its steps is served by the copy already there, with no load.
+#[tokio::test]
+async fn an_ensemble_is_placed_with_its_steps_on_one_backend() {
+    let (t0, t1) = tokio::join!(empty_triton(), empty_triton());
+    let config = pool_config_in(&example_models(), "group", &[&t0, &t1], "1GiB", "", "");
+    let gateway = TestGateway::start(&config).await;
+    let get = |path: &str| reqwest::get(format!("{}{path}", gateway.url()));
+    let answer = get("/v2/models/preprocess_inception_ensemble")
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "{}", answer.text().await.unwrap());
+    let group = [
+        "image_preprocess_inception",
+        "inception_graphdef",
+        "preprocess_inception_ensemble",
+    ];
+    let booked = |placed: Vec<Vec<String>>| {
+        placed
+            .into_iter()
+            .map(|mut names| {
+                names.sort();
+                names
+            })
+            .collect::<Vec<_>>()
+    };
+    let placed = booked(gateway.placed().await);
+    let holder = placed
+        .iter()
+        .position(|names| !names.is_empty())
+        .expect("placed");
+    assert_eq!(placed[holder], group, "the group, on one backend");
+    assert!(placed[1 - holder].is_empty(), "{placed:?}");
+    let tritons = [&t0, &t1];
+    let mut loaded = tritons[holder].loaded_models().await.unwrap();
+    loaded.sort();
+    assert_eq!(loaded, group, "the books are what Triton holds");
+
+    // A step asked for directly: served where the ensemble runs it, nothing else loaded.
+    let answer = get("/v2/models/inception_graphdef/config").await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(booked(gateway.placed().await), placed);
+    assert!(
+        tritons[1 - holder]
+            .loaded_models()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -54,6 +54,9 @@ pub struct Sizing {
     /// The model on disk, when the repository has it: what "latest" means, and disk sizes.
     disk: Option<Arc<OnDisk>>,
     multiplier: f64,
+    /// For an ensemble: the estimates of the models it runs, which Triton loads with it on
+    /// the same backend, so the group is placed where all of it fits.
+    parts: u64,
 }
 
 impl Sizing {
@@ -73,8 +76,17 @@ impl Sizing {
             _ => self.per_version * resolved.len().max(1) as u64,
         };
         Estimate {
-            bytes,
+            bytes: bytes + self.parts,
             source: self.source,
+        }
+    }
+
+    /// The model alone, without the parts of an ensemble: what its own copy is counted for
+    /// once its parts have copies of their own (`Table::hold_parts`).
+    pub fn without_parts(&self) -> Self {
+        Self {
+            parts: 0,
+            ..self.clone()
         }
     }
 
@@ -101,8 +113,10 @@ impl Sizing {
             disk: Some(Arc::new(OnDisk {
                 config,
                 versions: versions.iter().copied().collect(),
+                parts: Arc::default(),
             })),
             multiplier: 1.0,
+            parts: 0,
         }
     }
 }
@@ -115,15 +129,18 @@ impl From<Estimate> for Sizing {
             per_version: estimate.bytes,
             disk: None,
             multiplier: 1.0,
+            parts: 0,
         }
     }
 }
 
-/// A model directory: bytes of config.pbtxt and of each numbered version directory.
+/// A model directory: bytes of config.pbtxt and of each numbered version directory, and
+/// the models an ensemble's config names in its steps.
 #[derive(Debug)]
 struct OnDisk {
     config: u64,
     versions: BTreeMap<u64, u64>,
+    parts: Arc<[String]>,
 }
 
 /// Sizes models; cheap to call repeatedly.
@@ -205,16 +222,36 @@ impl Estimator {
         self.sizing(model).estimate(&Versions::latest())
     }
 
-    /// How the model is sized, for any version set. Reads the disk the first time a model is
-    /// asked about (a few `stat` calls), outside any placement lock.
-    pub fn sizing(&self, model: &str) -> Sizing {
+    /// The models an ensemble runs (its steps, as its config.pbtxt in the repository names
+    /// them); empty for any other model, or without `placement.model_repository`.
+    pub fn parts(&self, model: &str) -> Arc<[String]> {
+        self.on_disk(model)
+            .map(|d| d.parts.clone())
+            .unwrap_or_default()
+    }
+
+    /// The model's directory, read the first time it is asked about.
+    fn on_disk(&self, model: &str) -> Option<Arc<OnDisk>> {
         let cached = self
             .disk
             .lock()
             .expect("estimator lock")
             .get(model)
             .cloned();
-        let disk = cached.or_else(|| self.read_disk(model));
+        cached.or_else(|| self.read_disk(model))
+    }
+
+    /// How the model is sized, for any version set. Reads the disk the first time a model is
+    /// asked about (a few `stat` calls), outside any placement lock. An ensemble counts the
+    /// models it runs as well.
+    pub fn sizing(&self, model: &str) -> Sizing {
+        self.sizing_within(model, MAX_NESTING)
+    }
+
+    /// `sizing`, with ensembles of ensembles followed `depth` levels down at most (Triton
+    /// refuses a cycle; a repository with one still gets an answer here).
+    fn sizing_within(&self, model: &str, depth: u32) -> Sizing {
+        let disk = self.on_disk(model);
         let explicit = self.explicit.get(model).copied();
         let learned = self
             .learned
@@ -228,11 +265,22 @@ impl Estimator {
             (None, None, Some(_)) => (SizeSource::Disk, 0),
             (None, None, None) => (SizeSource::Default, self.default),
         };
+        let parts = match &disk {
+            Some(disk) if depth > 0 => (disk.parts.iter())
+                .filter(|part| part.as_str() != model)
+                .map(|part| {
+                    let sizing = self.sizing_within(part, depth - 1);
+                    sizing.estimate(&Versions::latest()).bytes
+                })
+                .sum(),
+            _ => 0,
+        };
         Sizing {
             source,
             per_version,
             disk,
             multiplier: self.multiplier,
+            parts,
         }
     }
 
@@ -275,6 +323,7 @@ impl Estimator {
             per_version: self.default,
             disk: None,
             multiplier: self.multiplier,
+            parts: 0,
         }
     }
 }
@@ -372,12 +421,59 @@ fn scan(repository: &Path, model: &str, known: Option<&OnDisk>) -> Option<OnDisk
     if versions.is_empty() {
         return None;
     }
-    let config = std::fs::metadata(dir.join("config.pbtxt")).map_or(0, |m| m.len());
-    Some(OnDisk { config, versions })
+    let config_path = dir.join("config.pbtxt");
+    let config = std::fs::metadata(&config_path).map_or(0, |m| m.len());
+    let parts = std::fs::read_to_string(&config_path)
+        .map(|text| ensemble_steps(&text).into())
+        .unwrap_or_default();
+    Some(OnDisk {
+        config,
+        versions,
+        parts,
+    })
+}
+
+/// The models an ensemble's config (protobuf text format) runs, each once, in step order;
+/// empty for a config whose platform is not `ensemble`. Read loosely, as a list of
+/// `model_name: "..."` fields after `ensemble_scheduling`: no other field of a model config
+/// has that name.
+fn ensemble_steps(config: &str) -> Vec<String> {
+    let text: String = config
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let is_ensemble = quoted_after(&text, "platform").is_some_and(|p| p.1 == "ensemble");
+    let Some(scheduling) = text.find("ensemble_scheduling").filter(|_| is_ensemble) else {
+        return Vec::new();
+    };
+    let mut steps: Vec<String> = Vec::new();
+    let mut rest = &text[scheduling..];
+    while let Some((after, name)) = quoted_after(rest, "model_name") {
+        if !steps.iter().any(|s| s == name) {
+            steps.push(name.to_string());
+        }
+        rest = after;
+    }
+    steps
+}
+
+/// The first `field: "value"` (or `field "value"`) in `text`: what follows it, and the value.
+fn quoted_after<'t>(text: &'t str, field: &str) -> Option<(&'t str, &'t str)> {
+    let at = text.find(field)?;
+    let rest = text[at + field.len()..].trim_start();
+    let rest = rest.strip_prefix(':').unwrap_or(rest).trim_start();
+    let quote = rest.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+    let value = &rest[1..];
+    let end = value.find(quote)?;
+    Some((&value[end + 1..], &value[..end]))
 }
 
 /// Deeper than any model directory; a symbolic link loop ends here.
 const MAX_DEPTH: u32 = 16;
+
+/// Ensembles of ensembles deeper than this are sized without their deeper parts.
+const MAX_NESTING: u32 = 4;
 
 /// Bytes of every file under `path`. Symbolic links are followed, as Triton follows them
 /// when it loads the model (repositories mounted by Kubernetes, or versions linked to one
@@ -398,6 +494,26 @@ fn tree_size(path: &Path, depth: u32) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    /// The steps of an ensemble's config, in order and once each, as Triton's text format
+    /// writes them (comments, either quote, with or without a colon); none for other models.
+    #[test]
+    fn reads_the_models_an_ensemble_runs() {
+        let ensemble = r#"
+            name: "e"  # model_name: "commented"
+            platform : "ensemble"
+            input [ { name: "IN" data_type: TYPE_STRING dims: [ 1 ] } ]
+            ensemble_scheduling {
+              step [
+                { model_name: "pre" model_version: -1 input_map { key: "x" value: "IN" } },
+                { model_name 'net' model_version: -1 },
+                { model_name: "pre" model_version: 2 }
+              ]
+            }"#;
+        assert_eq!(ensemble_steps(ensemble), ["pre", "net"]);
+        let plain = r#"name: "m" backend: "python" # ensemble_scheduling { model_name: "x" }"#;
+        assert!(ensemble_steps(plain).is_empty());
+    }
+
     use super::*;
 
     /// `[[models]] name = "sized"` with `size = "1GiB"`.

@@ -470,7 +470,12 @@ impl Placement {
             }
         }
         let took = started.elapsed();
-        {
+        let group = if outcome.is_ok() {
+            self.group(&plan)
+        } else {
+            None
+        };
+        let parts_added = {
             let mut books = self.books();
             if outcome.is_ok() && plan.reason == LoadReason::New {
                 books.learn_load_time(&plan.model, took);
@@ -479,6 +484,14 @@ impl Placement {
             if let Some(serving) = serving {
                 books.set_serving(plan.backend, &plan.model, serving);
             }
+            group.map_or_else(Vec::new, |(own, parts)| {
+                books.hold_parts(plan.backend, (&plan.model, own), &parts, Instant::now())
+            })
+        };
+        for part in &parts_added {
+            tracing::info!(model = part, ensemble = plan.model, backend = %backend.name,
+                "loaded as a part of an ensemble");
+            self.settle_copy(plan.backend, part, None);
         }
         self.publish_usage(plan.backend);
         self.settle_load(&plan);
@@ -488,6 +501,22 @@ impl Placement {
             // A new copy that failed has left the books: its bytes are free.
             self.offer_room(plan.backend);
         }
+    }
+
+    /// For an ensemble: its own estimate, and the sizing of each model it runs (read outside
+    /// the books' lock, as sizing may read the disk); `None` for any other model.
+    fn group(&self, plan: &LoadPlan) -> Option<(estimate::Estimate, Vec<(String, Sizing)>)> {
+        let parts = self.estimator.parts(&plan.model);
+        if parts.is_empty() {
+            return None;
+        }
+        let sizing = self.estimator.sizing(&plan.model).without_parts();
+        let parts = parts
+            .iter()
+            .filter(|part| **part != plan.model)
+            .map(|part| (part.clone(), self.estimator.sizing(part)))
+            .collect();
+        Some((sizing.estimate(&plan.versions), parts))
     }
 
     /// Reads whether the model has sequence batching, and its idle timeout, from its config
@@ -535,7 +564,9 @@ impl Placement {
         let running = &backend.loads_running;
         let alone_at_start = running.fetch_add(1, Ordering::AcqRel) == 0;
         let timeout = Duration::from_secs(2);
-        let before = if alone_at_start && plan.reason == LoadReason::New {
+        // An ensemble's load is its parts' too: the rise is not the ensemble's own size.
+        let measured = plan.reason == LoadReason::New && self.estimator.parts(model).is_empty();
+        let before = if alone_at_start && measured {
             metrics_scrape::read_sum(backend, &self.memory_metric, timeout).await
         } else {
             None

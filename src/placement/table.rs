@@ -90,6 +90,12 @@ pub struct CopyEntry {
     /// When one of this replica's own requests last finished with it: what this replica
     /// publishes as its use (`last_used` also takes other replicas' use).
     pub used_here: Option<Instant>,
+    /// For an ensemble: the models it runs, which are on this backend as copies of their
+    /// own while it is (`Table::hold_parts`) and leave with it when it is evicted.
+    pub parts: Arc<[String]>,
+    /// Ensemble copies on this backend that run this copy: while any does, it is not
+    /// evicted on its own (Triton would take the ensemble down with it).
+    pub held: u32,
 }
 
 /// A new copy's id.
@@ -101,7 +107,7 @@ fn next_copy_id() -> u64 {
 impl CopyEntry {
     /// Whether a request, a live sequence, or another replica's request holds it.
     fn busy(&self) -> bool {
-        self.in_flight > 0 || self.sequences > 0 || self.remote_busy
+        self.in_flight > 0 || self.sequences > 0 || self.remote_busy || self.held > 0
     }
 
     /// Whether a request for `version` (`None`: the default policy) can use this copy now.
@@ -269,6 +275,9 @@ impl Books {
         let mut copy = self.copies.remove(name)?;
         located.remove(name, at);
         self.idle.unfile(&mut copy);
+        for part in copy.parts.iter() {
+            self.modify(part, |part| part.held = part.held.saturating_sub(1));
+        }
         Some(copy)
     }
 
@@ -1041,6 +1050,8 @@ impl Table {
                 rank: None,
                 remote_busy: false,
                 used_here: Some(now),
+                parts: Arc::default(),
+                held: 0,
             },
             (&mut self.located, backend),
         );
@@ -1113,6 +1124,52 @@ impl Table {
             }
             Err(reason) => self.back_off(backend, model, reason, now),
         }
+    }
+
+    /// After an ensemble's load on `backend`: the models it runs, which Triton loaded with it
+    /// (or found there), are on the books as copies of their own, held while the ensemble is
+    /// there; the ensemble, planned for the whole group, is counted for its own bytes from
+    /// then on. Returns the parts that were not on the books before.
+    pub fn hold_parts(
+        &mut self,
+        backend: usize,
+        ensemble: (&str, Estimate),
+        parts: &[(String, Sizing)],
+        now: Instant,
+    ) -> Vec<String> {
+        let books = &mut self.backends[backend];
+        let (name, own) = ensemble;
+        let names: Arc<[String]> = parts.iter().map(|(part, _)| part.clone()).collect();
+        let Some((before, held_already)) = books.modify(name, |copy| {
+            let held_already = !copy.parts.is_empty();
+            copy.parts = names.clone();
+            (std::mem::replace(&mut copy.size, own.bytes), held_already)
+        }) else {
+            return Vec::new();
+        };
+        books.committed = books.committed - before + own.bytes;
+        let mut added = Vec::new();
+        if held_already {
+            // A reload of the ensemble: its parts are held since its first load.
+            return added;
+        }
+        for (part, sizing) in parts {
+            if books.modify(part, |copy| copy.held += 1).is_some() {
+                continue;
+            }
+            let found = Indexed {
+                name: part.clone(),
+                estimate: sizing.estimate(&Versions::latest()),
+                serving: Versions::latest().resolve(sizing.newest()),
+            };
+            let mut copy = adopt(&found, false, now);
+            copy.held = 1;
+            books.committed += copy.size;
+            books.put(copy, (&mut self.located, backend));
+            added.push(part.clone());
+        }
+        books.changed = now;
+        added
     }
 
     fn back_off(&mut self, backend: usize, model: &str, reason: &Arc<str>, now: Instant) {
@@ -1588,6 +1645,8 @@ fn adopt(found: &Indexed, pinned: bool, now: Instant) -> CopyEntry {
         rank: None,
         remote_busy: false,
         used_here: None,
+        parts: Arc::default(),
+        held: 0,
     }
 }
 
@@ -1601,12 +1660,10 @@ pub struct Reconciled {
 }
 
 /// The first ranked copies in the eviction order (never one of `model`) whose removal frees
-/// `size`, and the rank of the last of them; `None` if even all of them would not do.
+/// `size`, and the rank of the last of them; `None` if even all of them would not do. An
+/// ensemble is taken with the parts only it holds here: the group leaves together.
 fn victims(books: &Books, size: u64, model: &str) -> Option<(Vec<String>, Rank)> {
     let mut free = books.free();
-    if free + books.idle.ranked_bytes < size {
-        return None;
-    }
     let mut chosen = Vec::new();
     let mut top = None;
     for (rank, name) in books
@@ -1618,11 +1675,40 @@ fn victims(books: &Books, size: u64, model: &str) -> Option<(Vec<String>, Rank)>
         if free >= size {
             break;
         }
-        free += books.copies[&**name].size;
+        let copy = &books.copies[&**name];
+        free += copy.size;
         chosen.push(name.to_string());
+        for part in leaving_with(books, copy, model) {
+            free += books.copies[part].size;
+            chosen.push(part.to_string());
+        }
         top = Some(*rank);
     }
     (free >= size).then(|| (chosen, top.expect("at least one victim")))
+}
+
+/// The parts of an ensemble copy that leave with it: those it alone holds, idle otherwise
+/// (never `model`, the one being placed).
+fn leaving_with<'b>(
+    books: &'b Books,
+    ensemble: &'b CopyEntry,
+    model: &'b str,
+) -> impl Iterator<Item = &'b str> {
+    ensemble
+        .parts
+        .iter()
+        .map(String::as_str)
+        .filter(move |part| {
+            *part != model
+                && books.copies.get(*part).is_some_and(|c| {
+                    c.held == 1
+                        && matches!(c.state, CopyState::Ready)
+                        && c.in_flight == 0
+                        && c.sequences == 0
+                        && !c.remote_busy
+                        && !c.pinned
+                })
+        })
 }
 
 /// Puts the ready copy of `model` on `backend` into `Reloading` towards `to` and books its
@@ -2458,5 +2544,76 @@ mod tests {
             }
             assert_within_capacity(&table);
         }
+    }
+
+    /// An ensemble is placed with the models it runs, which stay while it does and leave
+    /// with it: eviction never takes a part the ensemble still runs, and takes the group
+    /// together when it takes the ensemble.
+    #[tokio::test(start_paused = true)]
+    async fn an_ensemble_and_its_parts_stay_and_leave_together() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), start);
+        // Planned for the group (its own 1 MiB and its two 30 MiB parts), then booked as
+        // three copies once Triton has loaded them.
+        let group = load(&mut table, "ensemble", 61, start);
+        let parts = [("pre".to_string(), est(30)), ("net".to_string(), est(30))];
+        let own = est(1).estimate(&Versions::latest());
+        let added = table.hold_parts(group, ("ensemble", own), &parts, start);
+        assert_eq!(added, ["pre", "net"]);
+        assert_eq!(table.backends[0].committed, 61 * MIB);
+        assert_within_capacity(&table);
+        // A part is served where the ensemble put it.
+        let net = model("net");
+        assert!(matches!(
+            table.hit(&net, &view(1)),
+            Some(Decision::Serve(0))
+        ));
+        table.release(0, "net", start);
+        // While the ensemble is busy, its parts are not evicted on their own.
+        let later = start + Duration::from_secs(3600);
+        assert!(matches!(
+            table.hit(&model("ensemble"), &view(1)),
+            Some(Decision::Serve(0))
+        ));
+        let refused = table.decide(&model("x"), &est(60), &view(1), false, true, later);
+        assert!(
+            matches!(refused, Decision::Refuse(GatewayError::NoRoom { .. })),
+            "{refused:?}"
+        );
+        // Once it is idle, the group leaves together.
+        table.release(0, "ensemble", later);
+        let much_later = later + Duration::from_secs(3600);
+        match table.decide(&model("x"), &est(60), &view(1), false, true, much_later) {
+            Decision::Load(plan) => {
+                let mut evicted: Vec<&str> = plan.evict.iter().map(|e| e.model.as_str()).collect();
+                evicted.sort();
+                assert_eq!(evicted, ["ensemble", "net", "pre"]);
+                depart_victims(&mut table, &plan, much_later);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_within_capacity(&table);
+    }
+
+    /// A part the ensemble found on the backend (a direct request loaded it first) is held,
+    /// not booked twice, and stays when the ensemble leaves.
+    #[tokio::test(start_paused = true)]
+    async fn an_ensemble_holds_a_part_that_was_there_and_lets_it_go() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), start);
+        load(&mut table, "net", 30, start);
+        load(&mut table, "ensemble", 61, start);
+        let parts = [("pre".to_string(), est(30)), ("net".to_string(), est(30))];
+        let own = est(1).estimate(&Versions::latest());
+        assert_eq!(
+            table.hold_parts(0, ("ensemble", own), &parts, start),
+            ["pre"]
+        );
+        assert_eq!(table.backends[0].committed, 61 * MIB);
+        assert_eq!(table.backends[0].copies["net"].held, 1);
+        assert!(table.remove_copy(0, "ensemble", start));
+        assert_eq!(table.backends[0].copies["net"].held, 0);
+        assert_eq!(table.backends[0].copies["pre"].held, 0);
+        assert_within_capacity(&table);
     }
 }

@@ -223,6 +223,8 @@ impl Table {
                 rank: None,
                 remote_busy: false,
                 used_here: None,
+                parts: Arc::default(),
+                held: 0,
             },
             (&mut self.located, b),
         );
