@@ -24,9 +24,8 @@ flock 9
 #    image has no package lists): python3-venv to create the venv, curl for scripts/demo.sh,
 #    openssl for the auth tests' keys, prometheus (with promtool) and docker-compose for the
 #    deployment kit's tests (docker/); etcd-server (etcd 3.4, v3 API) and haproxy for the
-#    replicas' tests (tests/cluster.rs); protobuf-compiler and libprotobuf-dev (protoc and its
-#    well-known types) for the etcd-client crate's build script; libpython for the python
-#    backend stub (step 3).
+#    replicas' tests (tests/cluster.rs); libpython for the python backend stub (step 3).
+#    No protoc: the build compiles every .proto in pure Rust (build.rs, protox).
 apt_updated=""
 apt_install() { # package...
     command -v apt-get >/dev/null || die "missing: $* (install them; no apt-get here)"
@@ -51,8 +50,6 @@ command -v curl >/dev/null || need+=(curl)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v haproxy >/dev/null || need+=(haproxy)
-command -v protoc >/dev/null || need+=(protobuf-compiler)
-[[ -e /usr/include/google/protobuf/descriptor.proto ]] || need+=(libprotobuf-dev)
 # Debian's python3 has no venv/ensurepip without python3-venv (only needed to create .venv).
 if [[ ! -x "$VENV/bin/python" ]] && [[ "$PYTHON" == python3 ]] \
     && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then

@@ -7,7 +7,7 @@ mod support;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use support::cluster::{Etcd, Haproxy};
+use support::cluster::{Etcd, Haproxy, prefix_range};
 use support::gateway::{TestGateway, pool_config};
 use support::pki::Pki;
 use support::{Triton, TritonOptions};
@@ -276,13 +276,8 @@ async fn an_etcd_outage_degrades_every_replica_while_warm_requests_flow_and_reco
     // The records are lost (both leases revoked behind the replicas' backs): they are
     // written again, on new leases.
     let before = cluster_view(a.admin).await["lease"].clone();
-    let mut etcd_client = etcd_client::Client::connect([etcd.endpoint()], None)
-        .await
-        .unwrap();
-    let leases = etcd_client.leases().await.unwrap();
-    for lease in leases.leases() {
-        etcd_client.lease_revoke(lease.id()).await.unwrap();
-    }
+    let etcd_json = etcd.json();
+    etcd_json.revoke_every_lease().await.unwrap();
     for gateway in [&a, &b] {
         wait_for(
             gateway.admin,
@@ -292,14 +287,11 @@ async fn an_etcd_outage_degrades_every_replica_while_warm_requests_flow_and_reco
         )
         .await;
     }
-    let records = etcd_client
-        .get(
-            "/infergate/outage/replicas/",
-            Some(etcd_client::GetOptions::new().with_prefix()),
-        )
+    let records = etcd_json
+        .get_prefix("/infergate/outage/replicas/")
         .await
         .unwrap();
-    assert_eq!(records.kvs().len(), 2);
+    assert_eq!(records.len(), 2);
     assert_ne!(cluster_view(a.admin).await["lease"], before, "a new lease");
 }
 
@@ -872,23 +864,12 @@ async fn a_load_left_by_a_killed_replica_is_finished_by_the_leader_and_served_wi
             sent.json(&request()).send().await.is_err()
         }
     });
-    let mut etcd_client = etcd_client::Client::connect([etcd.endpoint()], None)
-        .await
-        .unwrap();
+    let etcd_json = etcd.json();
     let key = format!("/infergate/{test}/copies/slow_start");
-    let record = |client: &mut etcd_client::Client| {
-        let key = key.clone();
-        let mut client = client.clone();
-        async move {
-            let got = client.get(key, None).await.unwrap();
-            got.kvs()
-                .first()
-                .map(|kv| serde_json::from_slice::<Value>(kv.value()).unwrap())
-        }
-    };
+    let record = || async { etcd_json.get(&key).await.unwrap() };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Some(r) = record(&mut etcd_client).await
+        if let Some(r) = record().await
             && r["copies"][format!("{test}-0")]["state"] == "loading"
         {
             assert_eq!(r["copies"][format!("{test}-0")]["replica"], "doomed", "{r}");
@@ -914,7 +895,7 @@ async fn a_load_left_by_a_killed_replica_is_finished_by_the_leader_and_served_wi
     // The lease runs out, the leader finds the load Triton finished, and marks it ready.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let r = record(&mut etcd_client).await;
+        let r = record().await;
         if r.as_ref()
             .is_some_and(|r| r["copies"][format!("{test}-0")]["state"] == "ready")
         {
@@ -1154,17 +1135,11 @@ async fn a_load_that_failed_on_one_replica_is_not_tried_again_by_the_others_duri
     let tried = failed_loads(a, test).await;
     assert!(tried >= 1);
     // The registry has the backoff; replica b takes it from there.
-    let mut etcd_client = etcd_client::Client::connect([etcd.endpoint()], None)
-        .await
-        .unwrap();
+    let etcd_json = etcd.json();
     let key = format!("/infergate/{test}/copies/failing_model");
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let got = etcd_client.get(key.clone(), None).await.unwrap();
-        let record: Option<Value> = got
-            .kvs()
-            .first()
-            .map(|kv| serde_json::from_slice(kv.value()).unwrap());
+        let record = etcd_json.get(&key).await.unwrap();
         if record
             .as_ref()
             .is_some_and(|r| r["backoffs"][format!("{test}-0")]["failures"].as_u64() >= Some(1))
@@ -1328,23 +1303,25 @@ async fn wait_for_admin(admin: SocketAddr) {
 /// Turns on etcd's authentication (through its plain listener): a root user, and `user`
 /// with read and write on `prefix` only, as an operator sharing one etcd between pools would.
 async fn require_users(etcd: &Etcd, prefix: &str, user: &str, password: &str) {
-    let mut admin = etcd_client::Client::connect([etcd.plain_endpoint()], None)
-        .await
-        .unwrap();
-    admin.user_add("root", "root-password", None).await.unwrap();
-    let _ = admin.role_add("root").await; // built in on some etcd versions
-    admin.user_grant_role("root", "root").await.unwrap();
-    admin.role_add("pool").await.unwrap();
-    admin
-        .role_grant_permission(
-            "pool",
-            etcd_client::Permission::read_write(prefix).with_prefix(),
-        )
-        .await
-        .unwrap();
-    admin.user_add(user, password, None).await.unwrap();
-    admin.user_grant_role(user, "pool").await.unwrap();
-    admin.auth_enable().await.unwrap();
+    let admin = etcd.json();
+    let call = |path: &'static str, body: Value| {
+        let admin = &admin;
+        async move { admin.call(path, body).await.unwrap() }
+    };
+    call(
+        "auth/user/add",
+        json!({"name": "root", "password": "root-password"}),
+    )
+    .await;
+    let _ = admin.call("auth/role/add", json!({"name": "root"})).await; // built in on some etcd versions
+    call("auth/user/grant", json!({"user": "root", "role": "root"})).await;
+    call("auth/role/add", json!({"name": "pool"})).await;
+    let (key, range_end) = prefix_range(prefix);
+    let perm = json!({"permType": "READWRITE", "key": key, "range_end": range_end});
+    call("auth/role/grant", json!({"name": "pool", "perm": perm})).await;
+    call("auth/user/add", json!({"name": user, "password": password})).await;
+    call("auth/user/grant", json!({"user": user, "role": "pool"})).await;
+    call("auth/enable", json!({})).await;
 }
 
 /// `[cluster.tls]` trusting `ca`'s CA, with a client certificate for `replica` from `issuer`.
@@ -1430,17 +1407,12 @@ async fn replicas_share_one_placement_through_an_etcd_that_requires_tls_client_c
     assert_eq!(copies, 1, "one copy for the pool");
 
     // The registry the replicas agreed through is in that etcd, under the pool's prefix.
-    let mut root = etcd_client::Client::connect(
-        [etcd.plain_endpoint()],
-        Some(etcd_client::ConnectOptions::new().with_user("root", "root-password")),
-    )
-    .await
-    .unwrap();
+    let root = etcd.json().login("root", "root-password").await.unwrap();
     let record = root
-        .get(format!("{prefix}/copies/sized_a"), None)
+        .get(&format!("{prefix}/copies/sized_a"))
         .await
+        .unwrap()
         .unwrap();
-    let record: Value = serde_json::from_slice(record.kvs()[0].value()).unwrap();
     assert_eq!(record["copies"].as_object().unwrap().len(), 1, "{record}");
 
     // The checks are real on both sides: a replica whose certificate another CA signed (etcd

@@ -15,7 +15,7 @@ fn script(path: &Path, body: &str) {
 }
 
 /// Commands setup.sh installs when missing, and the Debian package that brings each.
-const INSTALLED: [(&str, &str); 8] = [
+const INSTALLED: [(&str, &str); 7] = [
     ("openssl", "openssl"),
     ("curl", "curl"),
     ("prometheus", "prometheus"),
@@ -23,7 +23,6 @@ const INSTALLED: [(&str, &str); 8] = [
     ("docker-compose", "docker-compose"),
     ("etcd", "etcd-server"),
     ("haproxy", "haproxy"),
-    ("protoc", "protobuf-compiler"),
 ];
 
 /// A `PATH` directory with the system's commands but without those setup.sh installs, and
@@ -97,7 +96,7 @@ fn setup_installs_missing_packages_after_one_update_and_is_quiet_when_done() {
         calls.lines().collect::<Vec<_>>(),
         [
             "update -q",
-            "install -y -q --no-install-recommends openssl curl prometheus docker-compose etcd-server haproxy protobuf-compiler"
+            "install -y -q --no-install-recommends openssl curl prometheus docker-compose etcd-server haproxy"
         ],
         "{stderr}"
     );
@@ -108,4 +107,40 @@ fn setup_installs_missing_packages_after_one_update_and_is_quiet_when_done() {
     assert_eq!(std::fs::read_to_string(&log).unwrap(), calls);
     assert_eq!(String::from_utf8_lossy(&second.stderr), "");
     assert_eq!(String::from_utf8_lossy(&second.stdout), "");
+}
+
+/// Crates that generate Rust from .proto files, with `protoc` unless handed descriptors.
+const PROTO_GENERATORS: [&str; 4] = [
+    "prost-build",
+    "tonic-build",
+    "tonic-prost-build",
+    "protobuf-codegen",
+];
+
+/// setup.sh installs no `protoc`, so nothing in the build may run one. Our own build scripts
+/// hand the generators protox's descriptors (pure Rust); a crate from a registry that uses a
+/// generator compiles its protos in its build script with `protoc` (as `etcd-client` did),
+/// and would break the build on a machine with Rust only. Read from Cargo.lock, whose
+/// entries list each crate's normal and build dependencies.
+#[test]
+fn no_dependency_compiles_protos_with_protoc() {
+    let lock = std::fs::read_to_string(support::repo_root().join("Cargo.lock")).unwrap();
+    let lock: toml::Table = toml::from_str(&lock).unwrap();
+    let generates = |package: &toml::Value| {
+        let dependencies = package.get("dependencies").and_then(|d| d.as_array());
+        (dependencies.into_iter().flatten())
+            .filter_map(|d| d.as_str()?.split(' ').next())
+            .any(|d| PROTO_GENERATORS.contains(&d))
+    };
+    let offenders: Vec<&str> = (lock["package"].as_array().unwrap().iter())
+        // From a registry (a workspace crate has no `source`), and not a generator itself.
+        .filter(|p| p.get("source").is_some())
+        .filter(|p| !PROTO_GENERATORS.contains(&p["name"].as_str().unwrap()))
+        .filter(|p| generates(p))
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "these crates run protoc in their build: {offenders:?}"
+    );
 }

@@ -1,10 +1,18 @@
-//! The etcd connection: options from `[cluster]`, and one way to make a round trip (timed
-//! into `infergate_cluster_etcd_duration_seconds`, bounded by a deadline).
+//! The etcd connection: options from `[cluster]`, the client (`client`, over our own stubs
+//! of etcd's v3 API), and one way to make a round trip (timed into
+//! `infergate_cluster_etcd_duration_seconds`, bounded by a deadline).
 //!
-//! The channel under etcd-client is ours (`Failover`, over the gateway's rustls connector, so
-//! `[cluster.tls]` needs no second TLS stack): it reconnects by itself, and a call made while
-//! no endpoint is up waits for one rather than failing: every call goes through `call`,
-//! whose deadline turns that wait into an error, so the session notices etcd is gone.
+//! The channel under the client is ours too (`EtcdChannel`, over the gateway's rustls
+//! connector, so `[cluster.tls]` needs no second TLS stack): it reconnects by itself, and a
+//! call made while no endpoint is up waits for one rather than failing: every call goes
+//! through `call`, whose deadline turns that wait into an error, so the session notices etcd
+//! is gone.
+
+mod client;
+
+pub use client::Client;
+pub use client::pb::etcdserverpb::{Compare, RequestOp, ResponseOp, TxnRequest, response_op};
+pub use client::pb::mvccpb::{Event, KeyValue, event::EventType};
 
 use crate::config;
 use crate::telemetry;
@@ -20,10 +28,6 @@ use tonic::transport::{Channel, Endpoint};
 /// Longest wait for one round trip before etcd counts as unreachable.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The channel every session's client goes over: one per replica, so which endpoint is up
-/// is remembered from one session to the next.
-pub type EtcdChannel = tower::util::BoxCloneSyncService<EtcdRequest, EtcdResponse, tower::BoxError>;
-
 /// The connector to `[cluster]`'s endpoints, plain or with `[cluster.tls]` (whose files are
 /// read here, once, so a file that does not load stops the gateway at start).
 pub fn connector(cluster: &config::Cluster) -> Result<HttpsConnector, String> {
@@ -31,35 +35,29 @@ pub fn connector(cluster: &config::Cluster) -> Result<HttpsConnector, String> {
 }
 
 /// The channel over `connector` to `[cluster]`'s endpoints; connects lazily (but needs the
-/// runtime, which its workers are spawned on).
+/// runtime, which its workers are spawned on). One per replica, so which endpoint is up is
+/// remembered from one session to the next.
 pub fn channel(
     cluster: &config::Cluster,
     connector: &HttpsConnector,
 ) -> Result<EtcdChannel, String> {
-    Failover::over(&cluster.etcd, connector)
+    EtcdChannel::over(&cluster.etcd, connector)
 }
 
 /// A client over `channel` with `[cluster]`'s credentials. Authenticating with a user is
 /// the one round trip made here.
-pub async fn connect(
-    cluster: &config::Cluster,
-    channel: &EtcdChannel,
-) -> Result<etcd_client::Client, String> {
-    let mut options = etcd_client::ConnectOptions::new();
-    if let (Some(user), Some(env)) = (&cluster.username, &cluster.password_env) {
+pub async fn connect(cluster: &config::Cluster, channel: &EtcdChannel) -> Result<Client, String> {
+    let mut user = None;
+    if let (Some(name), Some(env)) = (&cluster.username, &cluster.password_env) {
         let password = std::env::var(env).map_err(|_| {
             format!("cluster.password_env: the environment variable {env} is not set")
         })?;
-        options = options.with_user(user, password);
+        user = Some((name.clone(), password));
     }
-    let channel = etcd_client::Channel::Custom(channel.clone());
-    tokio::time::timeout(
-        CALL_TIMEOUT,
-        etcd_client::Client::from_channel(channel, Some(options)),
-    )
-    .await
-    .map_err(|_| "etcd did not answer the connection within 2s".to_string())?
-    .map_err(|e| format!("cannot connect to etcd: {e}"))
+    tokio::time::timeout(CALL_TIMEOUT, Client::connect(channel, user))
+        .await
+        .map_err(|_| "etcd did not answer the connection within 2s".to_string())?
+        .map_err(|e| format!("cannot connect to etcd: {e}"))
 }
 
 type EtcdRequest = http::Request<tonic::body::Body>;
@@ -67,10 +65,9 @@ type EtcdResponse = http::Response<tonic::body::Body>;
 
 /// The etcd endpoints as one channel: calls go to one endpoint until a call there fails at
 /// the transport (refused, reset, keep-alive unanswered), then to the next, as etcd's own
-/// clients pin an endpoint. Our channel, not etcd-client's balancer, so the TLS under it is
-/// the gateway's rustls connector.
+/// clients pin an endpoint. The TLS under it is the gateway's rustls connector.
 #[derive(Clone)]
-struct Failover {
+pub struct EtcdChannel {
     /// One lazily connecting channel per endpoint (each clone holds its own handles, so the
     /// one polled ready is the one called).
     channels: Vec<Channel>,
@@ -80,7 +77,7 @@ struct Failover {
     picked: usize,
 }
 
-impl Failover {
+impl EtcdChannel {
     fn over(endpoints: &[String], connector: &HttpsConnector) -> Result<EtcdChannel, String> {
         let channels = endpoints
             .iter()
@@ -98,31 +95,30 @@ impl Failover {
                 Ok(endpoint.connect_with_connector_lazy(connector.clone()))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        Ok(tower::util::BoxCloneSyncService::new(Failover {
+        Ok(Self {
             channels,
             current: Arc::new(AtomicUsize::new(0)),
             picked: 0,
-        }))
+        })
     }
 }
 
-impl tower::Service<EtcdRequest> for Failover {
+// The error stays tonic's own (not boxed): the generated clients' futures are then `Send`.
+impl tower::Service<EtcdRequest> for EtcdChannel {
     type Response = EtcdResponse;
-    type Error = tower::BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<EtcdResponse, tower::BoxError>> + Send>>;
+    type Error = tonic::transport::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<EtcdResponse, Self::Error>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), tower::BoxError>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.picked = self.current.load(Ordering::Relaxed) % self.channels.len();
-        self.channels[self.picked]
-            .poll_ready(cx)
-            .map_err(Into::into)
+        self.channels[self.picked].poll_ready(cx)
     }
 
     fn call(&mut self, request: EtcdRequest) -> Self::Future {
         let (picked, count, current) = (self.picked, self.channels.len(), self.current.clone());
         let answer = self.channels[picked].call(request);
         Box::pin(async move {
-            answer.await.map_err(|error| {
+            answer.await.inspect_err(|_| {
                 // Move on, unless another call already did.
                 let _ = current.compare_exchange(
                     picked,
@@ -130,7 +126,6 @@ impl tower::Service<EtcdRequest> for Failover {
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 );
-                error.into()
             })
         })
     }
@@ -140,7 +135,7 @@ impl tower::Service<EtcdRequest> for Failover {
 pub async fn call<T>(
     op: &'static str,
     replica: &str,
-    rpc: impl Future<Output = Result<T, etcd_client::Error>>,
+    rpc: impl Future<Output = Result<T, tonic::Status>>,
 ) -> Result<T, String> {
     let started = Instant::now();
     let outcome = tokio::time::timeout(CALL_TIMEOUT, rpc).await;

@@ -40,7 +40,7 @@ pub struct Cluster {
     /// To etcd: plain TCP, or TLS with `[cluster.tls]`'s files (read once, at start).
     connector: crate::tls::HttpsConnector,
     /// The current session's etcd client, for placement's transactions (`registry`).
-    client: Mutex<Option<etcd_client::Client>>,
+    client: Mutex<Option<etcd::Client>>,
     /// Outcomes placement reports, applied in order by `settle_loop`.
     settles: tokio::sync::mpsc::UnboundedSender<registry::Write>,
     settles_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<registry::Write>>>,

@@ -9,14 +9,13 @@
 //! saw; `settle` runs in order in the background and retries until etcd has it.
 
 use super::Cluster;
-use super::etcd::call;
+use super::etcd::{Client, Compare, RequestOp, ResponseOp, TxnRequest, call, response_op};
 use super::view::{self, View};
 use crate::placement::Placement;
 use crate::placement::registry::{
     Agreed, Change, InUse, ModelRecord, Pending, Record, Registry, SharedCopy, SharedSpec,
 };
 use crate::telemetry;
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -118,9 +117,9 @@ fn known(view: &View, change: &Change) -> Vec<Record> {
 /// Compares a key's revision: `0` means it must not exist.
 fn unchanged(key: &str, revision: i64) -> Compare {
     if revision == 0 {
-        Compare::version(key, CompareOp::Equal, 0)
+        Compare::absent(key)
     } else {
-        Compare::mod_revision(key, CompareOp::Equal, revision)
+        Compare::written_at(key, revision)
     }
 }
 
@@ -128,7 +127,7 @@ fn unchanged(key: &str, revision: i64) -> Compare {
 /// at its revision) and the backend's revision: `None` when a copy is not `from` what a
 /// settle requires, or when an agreement would overcommit the backend.
 struct Plan {
-    txn: Txn,
+    txn: TxnRequest,
     written: Vec<(String, Option<ModelRecord>)>,
 }
 
@@ -176,13 +175,13 @@ fn plan(
         let key = model_key(view, model);
         compares.push(unchanged(&key, *revision));
         if record.copies.is_empty() && record.backoffs.is_empty() {
-            puts.push(TxnOp::delete(key, None));
+            puts.push(RequestOp::delete(key));
             written.push((model.clone(), None));
         } else {
-            puts.push(TxnOp::put(
+            puts.push(RequestOp::put(
                 key,
                 serde_json::to_vec(&record).expect("a record serializes"),
-                None,
+                0,
             ));
             written.push((model.clone(), Some(record)));
         }
@@ -206,15 +205,17 @@ fn plan(
     }
     let key = backend_key(view, &change.backend);
     compares.push(unchanged(&key, backend_revision));
-    puts.push(TxnOp::put(
+    puts.push(RequestOp::put(
         key,
         serde_json::to_vec(&will).expect("a record serializes"),
-        None,
+        0,
     ));
-    Some(Plan {
-        txn: Txn::new().when(compares).and_then(puts),
-        written,
-    })
+    let txn = TxnRequest {
+        compare: compares,
+        success: puts,
+        failure: Vec::new(),
+    };
+    Some(Plan { txn, written })
 }
 
 impl Registry for Cluster {
@@ -252,20 +253,21 @@ impl Registry for Cluster {
             .then(|| plan(&view, &change, &current, change.expect_backend, false))
             .flatten();
         drop(view);
-        let Some(Plan { txn, written }) = planned else {
+        let Some(Plan { mut txn, written }) = planned else {
             return Box::pin(std::future::ready(Agreed::Lost(records)));
         };
         let me = self.replica().to_string();
         let backend = change.backend.clone();
         let (reads, prefix) = {
             let view = self.view();
-            let reads: Vec<TxnOp> = (change.copies.iter())
-                .map(|c| TxnOp::get(model_key(&view, &c.model), None))
-                .chain([TxnOp::get(backend_key(&view, &backend), None)])
+            let reads: Vec<RequestOp> = (change.copies.iter())
+                .map(|c| RequestOp::get(model_key(&view, &c.model)))
+                .chain([RequestOp::get(backend_key(&view, &backend))])
                 .collect();
             (reads, view.key(""))
         };
-        let txn = txn.or_else(reads);
+        // Lost: the touched keys as they are now, for the books.
+        txn.failure = reads;
         let models: Vec<String> = change.copies.iter().map(|c| c.model.clone()).collect();
         Box::pin(async move {
             let mut client = client;
@@ -273,8 +275,8 @@ impl Registry for Cluster {
                 Ok(answer) => answer,
                 Err(_) => return Agreed::Unreachable(records),
             };
-            let revision = answer.header().map_or(0, |h| h.revision());
-            if answer.succeeded() {
+            let revision = answer.header.map_or(0, |h| h.revision);
+            if answer.succeeded {
                 let mut done: Vec<Record> = written
                     .into_iter()
                     .map(|(model, record)| Record::Model(model, record, revision))
@@ -282,7 +284,7 @@ impl Registry for Cluster {
                 done.push(Record::Backend(backend, revision));
                 return Agreed::Yes(done);
             }
-            Agreed::Lost(answered(&prefix, answer.op_responses(), &models, &backend))
+            Agreed::Lost(answered(&prefix, answer.responses, &models, &backend))
         })
     }
 
@@ -309,7 +311,7 @@ impl Registry for Cluster {
 /// copies, revision 0).
 fn answered(
     prefix: &str,
-    responses: Vec<TxnOpResponse>,
+    responses: Vec<ResponseOp>,
     models: &[String],
     backend: &str,
 ) -> Vec<Record> {
@@ -319,11 +321,11 @@ fn answered(
         .chain([Record::Backend(backend.to_string(), 0)])
         .collect();
     for response in responses {
-        let TxnOpResponse::Get(got) = response else {
+        let Some(response_op::Response::ResponseRange(got)) = response.response else {
             continue;
         };
-        for kv in got.kvs() {
-            let key = String::from_utf8_lossy(kv.key());
+        for kv in got.kvs {
+            let key = String::from_utf8_lossy(&kv.key);
             let Some(relative) = key.strip_prefix(prefix) else {
                 continue;
             };
@@ -332,13 +334,13 @@ fn answered(
                     Record::Model(model, shared, revision)
                         if relative.strip_prefix(view::COPIES) == Some(model.as_str()) =>
                     {
-                        *shared = serde_json::from_slice(kv.value()).ok();
-                        *revision = kv.mod_revision();
+                        *shared = serde_json::from_slice(&kv.value).ok();
+                        *revision = kv.mod_revision;
                     }
                     Record::Backend(name, revision)
                         if relative.strip_prefix(view::BACKENDS) == Some(name.as_str()) =>
                     {
-                        *revision = kv.mod_revision();
+                        *revision = kv.mod_revision;
                     }
                     _ => {}
                 }
@@ -446,11 +448,9 @@ impl Cluster {
         let written = match spec {
             Some(spec) => {
                 let value = serde_json::to_vec(spec).expect("a spec serializes");
-                call("put", me, client.put(key, value, None))
-                    .await
-                    .map(drop)
+                call("put", me, client.put(key, value, 0)).await.map(drop)
             }
-            None => call("delete", me, client.delete(key, None)).await.map(drop),
+            None => call("delete", me, client.delete(key)).await,
         };
         written.map_err(|_| Retry::Unreachable)
     }
@@ -464,22 +464,22 @@ impl Cluster {
         let mut current = Vec::new();
         for copy in &change.copies {
             let key = model_key(&self.view(), &copy.model);
-            let got = call("get", &me, client.get(key, None))
+            let got = call("get", &me, client.get(key))
                 .await
                 .map_err(|_| Retry::Unreachable)?;
-            let kv = got.kvs().first();
-            let record = kv.and_then(|kv| serde_json::from_slice(kv.value()).ok());
+            let kv = got.kvs.first();
+            let record = kv.and_then(|kv| serde_json::from_slice(&kv.value).ok());
             current.push((
                 copy.model.clone(),
                 record,
-                kv.map_or(0, |kv| kv.mod_revision()),
+                kv.map_or(0, |kv| kv.mod_revision),
             ));
         }
         let key = backend_key(&self.view(), &change.backend);
-        let got = call("get", &me, client.get(key, None))
+        let got = call("get", &me, client.get(key))
             .await
             .map_err(|_| Retry::Unreachable)?;
-        let backend_revision = got.kvs().first().map_or(0, |kv| kv.mod_revision());
+        let backend_revision = got.kvs.first().map_or(0, |kv| kv.mod_revision);
         let planned = plan(&self.view(), change, &current, backend_revision, true);
         let Some(Plan { txn, .. }) = planned else {
             tracing::debug!(
@@ -492,7 +492,7 @@ impl Cluster {
         let answer = call("txn", &me, client.txn(txn))
             .await
             .map_err(|_| Retry::Unreachable)?;
-        if answer.succeeded() {
+        if answer.succeeded {
             Ok(())
         } else {
             Err(Retry::Conflict)
@@ -623,16 +623,7 @@ impl Cluster {
         let key = self
             .view()
             .key(&format!("{}{}", view::INUSE, self.replica()));
-        call(
-            "put",
-            self.replica(),
-            client.put(
-                key,
-                value.clone(),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-        )
-        .await?;
+        call("put", self.replica(), client.put(key, value.clone(), lease)).await?;
         *sent = Some(value);
         Ok(())
     }

@@ -6,15 +6,13 @@
 //! new one and writes the records again.
 
 use super::Cluster;
-use super::etcd::{self, call};
+use super::etcd::{
+    self, Client, Compare, Event, EventType, KeyValue, RequestOp, TxnRequest, call, response_op,
+};
 use super::shared::Shared;
 use super::view::{self, Change, Entry, ReplicaRecord};
 use crate::Gateway;
 use crate::telemetry;
-use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
-};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -83,20 +81,14 @@ impl Cluster {
         let lease = self.lease_for_session(client).await?;
         self.register(client, lease).await?;
         let me = self.replica().to_string();
-        let (mut keeper, mut alive) =
-            call("keep_alive", &me, client.lease_keep_alive(lease)).await?;
+        let mut keeper = call("keep_alive", &me, client.keep_alive(lease)).await?;
         let prefix = self.view().key("");
-        let read = call(
-            "get",
-            &me,
-            client.get(prefix.clone(), Some(GetOptions::new().with_prefix())),
-        )
-        .await?;
-        let revision = read.header().map_or(0, |h| h.revision());
+        let read = call("get", &me, client.get_prefix(prefix.clone())).await?;
+        let revision = read.header.map_or(0, |h| h.revision);
         self.view().reset(
-            read.kvs()
+            read.kvs
                 .iter()
-                .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), entry(kv))),
+                .map(|kv| (String::from_utf8_lossy(&kv.key).into_owned(), entry(kv))),
             revision,
         );
         *self.client.lock().expect("cluster client") = Some(client.clone());
@@ -104,22 +96,10 @@ impl Cluster {
         self.resync(placement);
         let mut marks_sent = None;
         let mut orphans = std::collections::HashMap::new();
-        let mut watch = call(
-            "watch",
-            &me,
-            client.watch(
-                prefix,
-                Some(
-                    WatchOptions::new()
-                        .with_prefix()
-                        .with_start_revision(revision + 1),
-                ),
-            ),
-        )
-        .await?;
+        let mut watch = call("watch", &me, client.watch_prefix(prefix, revision + 1)).await?;
         let election = self.view().key(view::ELECTION);
         let mut campaign = Some(Abort(tokio::spawn({
-            let mut client = client.election_client();
+            let mut client = client.clone();
             let me = me.clone();
             async move { client.campaign(election, me, lease).await }
         })));
@@ -133,16 +113,11 @@ impl Cluster {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = keep_alive.tick() => {
-                    let answer = call("keep_alive", &me, async {
-                        keeper.keep_alive().await?;
-                        alive.message().await
-                    })
-                    .await?;
-                    let answer = answer.ok_or("etcd ended the keep-alive stream")?;
-                    if answer.ttl() <= 0 {
+                    let answer = call("keep_alive", &me, keeper.renew()).await?;
+                    if answer.ttl <= 0 {
                         return Err(format!("lease {lease:x} expired"));
                     }
-                    let current = answer.header().map_or(0, |h| h.revision());
+                    let current = answer.header.map_or(0, |h| h.revision);
                     let lag = (current - self.view().revision()).max(0);
                     self.gauge(telemetry::CLUSTER_WATCH_LAG).set(lag as f64);
                     // Ask for a progress notice, so a quiet prefix still moves the view's
@@ -153,11 +128,11 @@ impl Cluster {
                     let answer = message
                         .map_err(|e| format!("etcd watch failed: {e}"))?
                         .ok_or("etcd ended the watch")?;
-                    if answer.canceled() {
-                        return Err(format!("etcd cancelled the watch: {}", answer.cancel_reason()));
+                    if answer.canceled {
+                        return Err(format!("etcd cancelled the watch: {}", answer.cancel_reason));
                     }
-                    let revision = answer.header().map_or(0, |h| h.revision());
-                    let changes: Vec<Change> = answer.events().iter().filter_map(change).collect();
+                    let revision = answer.header.map_or(0, |h| h.revision);
+                    let changes: Vec<Change> = answer.events.iter().filter_map(change).collect();
                     if changes.iter().any(|c| matches!(c, Change::Delete(key) if *key == own_record)) {
                         return Err("this replica's record was deleted".into());
                     }
@@ -187,24 +162,14 @@ impl Cluster {
         let me = self.replica().to_string();
         let previous = self.lease.load(Ordering::Relaxed);
         if previous != 0 {
-            let alive = call(
-                "time_to_live",
-                &me,
-                client.lease_time_to_live(previous, None),
-            )
-            .await?;
-            if alive.ttl() > 0 {
+            let ttl = call("time_to_live", &me, client.time_to_live(previous)).await?;
+            if ttl > 0 {
                 return Ok(previous);
             }
         }
-        let granted = call(
-            "grant",
-            &me,
-            client.lease_grant(self.config.lease_seconds(), None),
-        )
-        .await?;
-        self.lease.store(granted.id(), Ordering::Relaxed);
-        Ok(granted.id())
+        let granted = call("grant", &me, client.grant(self.config.lease_seconds())).await?;
+        self.lease.store(granted, Ordering::Relaxed);
+        Ok(granted)
     }
 
     /// Writes this replica's record on its lease, unless another live replica holds the
@@ -219,22 +184,18 @@ impl Cluster {
             version: crate::protocol::SERVER_VERSION.to_string(),
         };
         let value = serde_json::to_vec(&record).expect("a record serializes");
-        let put = TxnOp::put(
-            key.clone(),
-            value,
-            Some(PutOptions::new().with_lease(lease)),
-        );
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([put.clone()])
-            .or_else([TxnOp::get(key.clone(), None)]);
+        let txn = TxnRequest {
+            compare: vec![Compare::absent(key.clone())],
+            success: vec![RequestOp::put(key.clone(), value, lease)],
+            failure: vec![RequestOp::get(key.clone())],
+        };
         let answer = call("txn", &me, client.txn(txn)).await?;
-        if answer.succeeded() {
+        if answer.succeeded {
             return Ok(());
         }
-        let holder = answer.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(got) => got.kvs().first().map(|kv| kv.lease()),
-            _ => None,
+        let holder = answer.responses.into_iter().find_map(|op| {
+            let response_op::Response::ResponseRange(got) = op.response?;
+            got.kvs.first().map(|kv| kv.lease)
         });
         if holder == Some(lease) {
             return Ok(());
@@ -250,26 +211,26 @@ impl Cluster {
     async fn revoke(&self, client: &mut Client) {
         let lease = self.lease.swap(0, Ordering::Relaxed);
         if lease != 0
-            && let Err(reason) = call("revoke", self.replica(), client.lease_revoke(lease)).await
+            && let Err(reason) = call("revoke", self.replica(), client.revoke(lease)).await
         {
             tracing::warn!(%reason, "could not revoke the cluster lease; the record goes after lease_ttl");
         }
     }
 }
 
-fn entry(kv: &etcd_client::KeyValue) -> Entry {
+fn entry(kv: &KeyValue) -> Entry {
     Entry {
-        value: kv.value().to_vec(),
-        create_revision: kv.create_revision(),
-        mod_revision: kv.mod_revision(),
-        lease: kv.lease(),
+        value: kv.value.clone(),
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        lease: kv.lease,
     }
 }
 
-fn change(event: &etcd_client::Event) -> Option<Change> {
-    let kv = event.kv()?;
-    let key = String::from_utf8_lossy(kv.key()).into_owned();
-    Some(match event.event_type() {
+fn change(event: &Event) -> Option<Change> {
+    let kv = event.kv.as_ref()?;
+    let key = String::from_utf8_lossy(&kv.key).into_owned();
+    Some(match event.r#type() {
         EventType::Put => Change::Put(key, entry(kv)),
         EventType::Delete => Change::Delete(key),
     })

@@ -7,12 +7,11 @@
 //! on the request path.
 
 use super::Cluster;
-use super::etcd::call;
+use super::etcd::{Client, Compare, RequestOp, TxnRequest, call};
 use super::view::{self, View};
 use crate::Gateway;
 use crate::routing::guard::Trip;
 use crate::telemetry;
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::time::SystemTime;
@@ -144,11 +143,13 @@ impl Shared {
                 let value = serde_json::to_vec(&record).expect("a trip serializes");
                 // The first replica to trip writes the record; a later one (its guard saw
                 // the same canary fail before the first trip reached it) loses the race.
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(key, value, None)]);
+                let txn = TxnRequest {
+                    compare: vec![Compare::absent(key.clone())],
+                    success: vec![RequestOp::put(key, value, 0)],
+                    failure: Vec::new(),
+                };
                 let answer = call("txn", cluster.replica(), client.txn(txn)).await?;
-                if !answer.succeeded() {
+                if !answer.succeeded {
                     metrics::counter!(telemetry::CLUSTER_CONFLICTS, "key" => "trip", "replica" => cluster.replica().to_string())
                         .increment(1);
                 }
@@ -175,8 +176,8 @@ impl Shared {
             };
             let key = cluster.view().key(&format!("{}{model}", view::SIZES));
             let value = serde_json::to_vec(&record).expect("a size serializes");
-            let put = call("put", cluster.replica(), client.put(key, value, None)).await?;
-            let revision = put.header().map_or(0, |h| h.revision());
+            let put = call("put", cluster.replica(), client.put(key, value, 0)).await?;
+            let revision = put.header.map_or(0, |h| h.revision);
             self.known_sizes.insert(model.clone(), bytes);
             self.size_revisions.insert(model, revision);
         }

@@ -169,6 +169,119 @@ impl Etcd {
     }
 }
 
+/// The test's own calls to etcd, as JSON through etcd's HTTP gateway on the plain listener
+/// (`/v3/...`): reading what the replicas wrote, revoking their leases, setting up users.
+/// Another road to etcd than the gateway's gRPC client, so a test checks that client
+/// against etcd itself, not against itself.
+pub struct EtcdJson {
+    url: String,
+    http: reqwest::Client,
+    /// After `login`: sent as `Authorization` on every call.
+    token: Option<String>,
+}
+
+impl Etcd {
+    /// A JSON client of this etcd, without a user.
+    pub fn json(&self) -> EtcdJson {
+        EtcdJson {
+            url: self.plain_endpoint(),
+            http: reqwest::Client::new(),
+            token: None,
+        }
+    }
+}
+
+impl EtcdJson {
+    /// The same client, authenticated as `user`.
+    pub async fn login(mut self, user: &str, password: &str) -> anyhow::Result<Self> {
+        let answer = self
+            .call(
+                "auth/authenticate",
+                serde_json::json!({"name": user, "password": password}),
+            )
+            .await?;
+        let token = answer["token"].as_str().context("no token")?;
+        self.token = Some(token.to_string());
+        Ok(self)
+    }
+
+    /// Posts `body` to `/v3/{path}`: etcd's answer, or an error with its message.
+    pub async fn call(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        let mut request = self
+            .http
+            .post(format!("{}/v3/{path}", self.url))
+            .json(&body);
+        if let Some(token) = &self.token {
+            request = request.header("Authorization", token);
+        }
+        let answer = request.send().await?;
+        let status = answer.status();
+        let text = answer.text().await?;
+        if !status.is_success() {
+            bail!("etcd {path}: {status}: {text}");
+        }
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// The JSON value of `key`, if it exists.
+    pub async fn get(&self, key: &str) -> anyhow::Result<Option<serde_json::Value>> {
+        let answer = self
+            .call(
+                "kv/range",
+                serde_json::json!({"key": base64(key.as_bytes())}),
+            )
+            .await?;
+        Ok(values(&answer)?.into_iter().next())
+    }
+
+    /// The JSON values of every key under `prefix`.
+    pub async fn get_prefix(&self, prefix: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+        let (key, range_end) = prefix_range(prefix);
+        let range = serde_json::json!({"key": key, "range_end": range_end});
+        values(&self.call("kv/range", range).await?)
+    }
+
+    /// Revokes every lease etcd holds (the replicas' records go with them).
+    pub async fn revoke_every_lease(&self) -> anyhow::Result<()> {
+        let leases = self.call("lease/leases", serde_json::json!({})).await?;
+        for lease in leases["leases"].as_array().into_iter().flatten() {
+            self.call("lease/revoke", serde_json::json!({"ID": lease["ID"]}))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// `bytes` fields travel as base64 in etcd's JSON.
+fn base64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// The key range of every key under `prefix` (ASCII, as every prefix the tests use), as the
+/// JSON's base64 `key` and `range_end`.
+pub fn prefix_range(prefix: &str) -> (String, String) {
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().expect("a prefix is not empty") += 1;
+    (base64(prefix.as_bytes()), base64(&end))
+}
+
+/// The values of a range answer's keys, parsed as JSON.
+fn values(answer: &serde_json::Value) -> anyhow::Result<Vec<serde_json::Value>> {
+    use base64::Engine;
+    let kvs = answer["kvs"].as_array().into_iter().flatten();
+    kvs.map(|kv| {
+        let value = kv["value"].as_str().unwrap_or_default();
+        let bytes = base64::engine::general_purpose::STANDARD.decode(value)?;
+        Ok(serde_json::from_slice(&bytes)?)
+    })
+    .collect()
+}
+
 impl Drop for Etcd {
     fn drop(&mut self) {
         if std::thread::panicking() && self.child.is_some() {
