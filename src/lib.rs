@@ -76,6 +76,8 @@ struct Inner {
     /// Starts health checks for backends a reload adds (set when `serve` starts).
     health: std::sync::OnceLock<upstream::HealthChecks>,
     signatures: Arc<validate::SignatureCache>,
+    /// Requests waiting for a pool that cannot take them right now.
+    holding: pipeline::hold::Holding,
     metrics: PrometheusHandle,
     draining: AtomicBool,
     /// The listeners' certificates (and client CAs), when `[listen.tls]` is set.
@@ -124,6 +126,7 @@ impl Gateway {
                 config_path: None,
                 health: std::sync::OnceLock::new(),
                 signatures,
+                holding: Default::default(),
                 metrics,
                 draining: AtomicBool::new(false),
                 tls,
@@ -223,6 +226,11 @@ impl Gateway {
     /// `SignatureCache::invalidate` whenever it loads, unloads or reloads a model.
     pub fn signatures(&self) -> &Arc<validate::SignatureCache> {
         &self.inner.signatures
+    }
+
+    /// The requests held for the pool (`pipeline::hold`).
+    pub fn holding(&self) -> &pipeline::hold::Holding {
+        &self.inner.holding
     }
 
     /// The Prometheus renderer.

@@ -99,6 +99,12 @@ pub const CONNECTIONS_SHED: &str = "infergate_connections_shed_total";
 /// Connections closed because the client was too slow, by listener and `phase` (`header`:
 /// `server.header_read_timeout`, `body`: `server.body_read_timeout`).
 pub const CLIENT_TIMEOUTS: &str = "infergate_client_timeouts_total";
+/// Requests held now because nothing could take them (no backend ready, the registry briefly
+/// unreachable), by model: what an autoscaler scaling a pool from zero watches.
+pub const REQUESTS_WAITING: &str = "infergate_requests_waiting";
+/// Held requests by model and `outcome` (`served`, `timeout`: `server.ready_wait` or the
+/// client's deadline ended the wait, `full`: `server.max_waiting` were waiting already).
+pub const REQUESTS_HELD: &str = "infergate_requests_held_total";
 
 const LATENCY_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -214,6 +220,14 @@ fn describe() {
     describe_counter!(
         CLIENT_TIMEOUTS,
         "Connections closed for a request head or body that came too slowly, by listener and phase."
+    );
+    describe_gauge!(
+        REQUESTS_WAITING,
+        "Requests held now for a pool that could not take them, by model."
+    );
+    describe_counter!(
+        REQUESTS_HELD,
+        "Requests held for the pool, by model and outcome (served, timeout, full)."
     );
     describe_counter!(
         JWKS_REFRESHES,

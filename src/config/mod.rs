@@ -209,6 +209,12 @@ pub struct Server {
     /// After SIGTERM, how long readiness reads false while the listeners still accept and
     /// serve, so a load balancer stops sending before they close.
     pub shutdown_delay: HumanDuration,
+    /// How long a request waits for a pool that cannot take it right now (no backend ready,
+    /// the registry briefly unreachable) before it is refused with 503; never past the
+    /// client's deadline. `0s` refuses at once.
+    pub ready_wait: HumanDuration,
+    /// Requests that may wait so at once; past it a request is refused at once.
+    pub max_waiting: usize,
 }
 
 impl Server {
@@ -256,6 +262,8 @@ impl Default for Server {
             max_connections: 10_000,
             workers: None,
             shutdown_delay: HumanDuration(Duration::from_secs(5)),
+            ready_wait: HumanDuration(Duration::from_secs(10)),
+            max_waiting: 1024,
         }
     }
 }

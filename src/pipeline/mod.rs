@@ -18,6 +18,7 @@ pub mod admit;
 mod ctx;
 pub mod finish;
 pub mod forward;
+pub mod hold;
 pub mod mirror;
 mod place;
 pub mod repository;

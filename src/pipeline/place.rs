@@ -5,12 +5,13 @@
 //! loads: a model the gateway would place on the next request is ready. A request of a
 //! sequence goes to the copy that saw the sequence start. A target that cannot be placed has
 //! failed the request, and a guard counts that against it; a guard's latency starts once the
-//! target is placed.
+//! target is placed. A request nothing can take right now waits for the pool (`hold`).
 
 use super::{Ask, RequestCtx, finish};
 use crate::error::GatewayError;
 use crate::placement::Lease;
 use bytes::Bytes;
+use std::time::Duration;
 
 /// How the place phase ended.
 pub enum Placing {
@@ -31,8 +32,22 @@ pub enum Local {
 }
 
 /// The place phase: the lease goes on the context, or the answer the gateway gives itself.
+/// A request the pool cannot take right now is held for it (`hold`), readiness excepted:
+/// it answers what is true now.
 pub async fn place(ctx: &mut RequestCtx) -> Result<Placing, GatewayError> {
-    let placed = match lease(ctx).await {
+    let server = &ctx.live.config.server;
+    let wait = match ctx.ask {
+        Ask::Ready => Duration::ZERO,
+        _ => server.ready_wait.0,
+    };
+    let model = &ctx.routed.as_ref().expect("placed after route").target.name;
+    let holding = ctx.gateway.holding();
+    let leased = holding
+        .hold(model, (wait, server.max_waiting), ctx.deadline, || {
+            lease(ctx)
+        })
+        .await;
+    let placed = match leased {
         Ok(Some(lease)) => lease,
         Ok(None) => return Ok(Placing::Answered(local(ctx))),
         Err(error) => {
