@@ -97,7 +97,8 @@ pub const CONNECTIONS_OPEN: &str = "infergate_connections_open";
 /// listener.
 pub const CONNECTIONS_SHED: &str = "infergate_connections_shed_total";
 /// Connections closed because the client was too slow, by listener and `phase` (`header`:
-/// `server.header_read_timeout`, `body`: `server.body_read_timeout`).
+/// `server.header_read_timeout`, `body`: `server.body_read_timeout`, `body_rate`:
+/// `server.min_body_rate`).
 pub const CLIENT_TIMEOUTS: &str = "infergate_client_timeouts_total";
 
 const LATENCY_BUCKETS: [f64; 16] = [

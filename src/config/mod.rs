@@ -199,6 +199,14 @@ pub struct Server {
     /// Longest wait between two reads of a request body; a body that stalls longer fails its
     /// request and the connection is closed (nginx's `client_body_timeout`).
     pub body_read_timeout: HumanDuration,
+    /// Slowest average rate, in bytes per second, a request body may come at once it has
+    /// been waited for longer than `min_body_rate_grace`; slower gets 408 and the
+    /// connection is closed (Kestrel's `MinRequestBodyDataRate`). `body_read_timeout` alone
+    /// lets a byte every few seconds hold a connection for ever (slow POST). 0 turns it off.
+    pub min_body_rate: ByteSize,
+    /// How long a body may be waited for before `min_body_rate` applies: room for a
+    /// client's slow start without cutting it.
+    pub min_body_rate_grace: HumanDuration,
     /// Open client connections per worker; past it new ones are closed at accept and counted,
     /// so file descriptors and memory stay bounded.
     pub max_connections: usize,
@@ -217,6 +225,7 @@ impl Server {
         for (key, value) in [
             ("server.header_read_timeout", self.header_read_timeout),
             ("server.body_read_timeout", self.body_read_timeout),
+            ("server.min_body_rate_grace", self.min_body_rate_grace),
         ] {
             if value.0.is_zero() {
                 error(key.into(), "must be greater than 0".into());
@@ -253,6 +262,8 @@ impl Default for Server {
             name: None,
             header_read_timeout: HumanDuration(Duration::from_secs(30)),
             body_read_timeout: HumanDuration(Duration::from_secs(60)),
+            min_body_rate: ByteSize(240),
+            min_body_rate_grace: HumanDuration(Duration::from_secs(5)),
             max_connections: 10_000,
             workers: None,
             shutdown_delay: HumanDuration(Duration::from_secs(5)),
@@ -897,6 +908,23 @@ mod tests {
         }
         let two = Config::parse(&format!("{MINIMAL}[server]\nworkers = 2\n")).unwrap();
         assert_eq!(two.server.worker_count(), 2);
+    }
+
+    #[test]
+    fn the_minimum_body_rate_is_on_by_default_and_may_be_turned_off_but_not_its_grace() {
+        let config = Config::parse(MINIMAL).unwrap();
+        assert_eq!(config.server.min_body_rate.bytes(), 240);
+        assert_eq!(config.server.min_body_rate_grace.0, Duration::from_secs(5));
+        let off = format!("{MINIMAL}[server]\nmin_body_rate = 0\n");
+        assert_eq!(Config::parse(&off).unwrap().server.min_body_rate.bytes(), 0);
+        let text =
+            format!("{MINIMAL}[server]\nmin_body_rate = \"1KiB\"\nmin_body_rate_grace = \"0s\"\n");
+        let found = errors(&text);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("server.min_body_rate_grace: must be greater than 0"),
+            "{found:?}"
+        );
     }
 
     #[test]

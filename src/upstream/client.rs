@@ -225,8 +225,8 @@ pub(super) fn classify(
     if let Some(limit) = crate::body::too_large(error) {
         return GatewayError::BodyTooLarge { limit };
     }
-    if let Some(stalled) = crate::listen::BodyReadTimeout::in_chain(error) {
-        return GatewayError::BadRequest(format!("could not read request body: {stalled}"));
+    if let Some(slow) = crate::listen::client_too_slow(error) {
+        return slow;
     }
     let connect = super::failure::chain(error).any(|e| {
         e.downcast_ref::<hyper_util::client::legacy::Error>()
