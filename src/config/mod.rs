@@ -287,9 +287,18 @@ pub struct Upstream {
     pub health_interval: HumanDuration,
     /// Time allowed for one health check.
     pub health_timeout: HumanDuration,
-    /// Consecutive connection failures (from traffic or checks) that eject a backend
-    /// until its next successful health check.
+    /// Failed requests in a row (a connection refused or reset, a 502/503/504) that eject a
+    /// backend until its next successful health check: traffic is the best health signal.
     pub eject_after_failures: u32,
+    /// Failed health checks in a row that take a backend out (Envoy's
+    /// `unhealthy_threshold`): one slow answer on a busy machine is not an outage. A check
+    /// unanswered while a model loads there (this replica's load, another's, or one its
+    /// repository index shows LOADING) does not count at all.
+    pub unhealthy_threshold: u32,
+    /// Good health checks in a row that bring a backend taken out back (Envoy's
+    /// `healthy_threshold`), so a flapping backend does not flap traffic. A backend that
+    /// never passed a check comes in on its first good one.
+    pub healthy_threshold: u32,
     /// PEM bundle of the CAs that sign `https://` backends' certificates; without it (and
     /// without `backends[].tls_ca`) the system's roots are used.
     pub tls_ca: Option<PathBuf>,
@@ -305,6 +314,8 @@ impl Default for Upstream {
             health_interval: HumanDuration(Duration::from_secs(2)),
             health_timeout: HumanDuration(Duration::from_secs(1)),
             eject_after_failures: 3,
+            unhealthy_threshold: 3,
+            healthy_threshold: 2,
             tls_ca: None,
         }
     }
@@ -467,11 +478,23 @@ impl Config {
                 "must be greater than 0".into(),
             );
         }
-        if self.upstream.eject_after_failures == 0 {
-            error(
-                "upstream.eject_after_failures".into(),
-                "must be at least 1".into(),
-            );
+        for (key, value) in [
+            (
+                "upstream.eject_after_failures",
+                self.upstream.eject_after_failures,
+            ),
+            (
+                "upstream.unhealthy_threshold",
+                self.upstream.unhealthy_threshold,
+            ),
+            (
+                "upstream.healthy_threshold",
+                self.upstream.healthy_threshold,
+            ),
+        ] {
+            if value == 0 {
+                error(key.into(), "must be at least 1".into());
+            }
         }
         for (key, value) in [
             ("upstream.connect_timeout", self.upstream.connect_timeout),
@@ -925,6 +948,18 @@ mod tests {
             found[0].starts_with("server.min_body_rate_grace: must be greater than 0"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn health_thresholds_default_like_envoys_and_zero_is_refused_by_name() {
+        let config = Config::parse(MINIMAL).unwrap();
+        assert_eq!(config.upstream.unhealthy_threshold, 3);
+        assert_eq!(config.upstream.healthy_threshold, 2);
+        let text = format!("{MINIMAL}[upstream]\nunhealthy_threshold = 0\nhealthy_threshold = 0\n");
+        let found = errors(&text);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].starts_with("upstream.unhealthy_threshold: must be at least 1"));
+        assert!(found[1].starts_with("upstream.healthy_threshold: must be at least 1"));
     }
 
     #[test]

@@ -193,7 +193,7 @@ pub async fn forward(
             match &error {
                 GatewayError::UpstreamUnreachable { reason, .. }
                 | GatewayError::UpstreamFailed { reason, .. } => {
-                    backend.record_connect_failure(reason)
+                    backend.record_request_failure(reason)
                 }
                 _ => {}
             }
@@ -206,7 +206,7 @@ pub async fn forward(
             });
         }
     };
-    backend.record_success();
+    backend.record_answer(response.status());
     backend.record_latency(started.elapsed());
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);

@@ -87,6 +87,17 @@ impl ModelIndex {
             .any(|e| matches!(e.state.as_deref(), Some("READY" | "LOADING" | "UNLOADING")))
     }
 
+    /// Whether this index shows a model LOADING (or UNLOADING) and was read less than
+    /// `max_age` ago: Triton busy with a load someone started (another gateway, an operator)
+    /// answers slowly, and a stale index says nothing about now.
+    pub fn loading_within(&self, max_age: std::time::Duration) -> bool {
+        self.read_at.is_some_and(|at| at.elapsed() < max_age)
+            && self
+                .entries
+                .iter()
+                .any(|e| matches!(e.state.as_deref(), Some("LOADING" | "UNLOADING")))
+    }
+
     /// Whether the model is in this backend's repository at all.
     pub fn knows(&self, model: &str) -> bool {
         self.by_name.contains_key(model)
