@@ -561,6 +561,34 @@ mod tests {
         assert!(backend.is_ready());
     }
 
+    // Requests are health checks too: a 502/503/504 counts like a refused connection, a
+    // 500 (a model's own failure) resets the streak as any answer does.
+    #[test]
+    fn gateway_failures_on_requests_eject_but_a_models_500_does_not() {
+        let config = config::Config::parse(
+            "[listen]\nhttp = \"127.0.0.1:0\"\n[[backends]]\nname = \"b\"\nhttp = \"http://127.0.0.1:1\"",
+        )
+        .unwrap();
+        let backend = Backend::new(&config.backends[0], &config.upstream, 1).unwrap();
+        backend.mark_healthy();
+        for _ in 0..5 {
+            backend.record_answer(http::StatusCode::SERVICE_UNAVAILABLE);
+            backend.record_answer(http::StatusCode::BAD_GATEWAY);
+            backend.record_answer(http::StatusCode::INTERNAL_SERVER_ERROR);
+        }
+        assert!(backend.is_ready(), "a 500 between them resets the streak");
+        backend.record_answer(http::StatusCode::GATEWAY_TIMEOUT);
+        backend.record_answer(http::StatusCode::SERVICE_UNAVAILABLE);
+        backend.record_answer(http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!backend.is_ready());
+        assert_eq!(
+            backend.last_error().as_deref(),
+            Some("answered 503 Service Unavailable")
+        );
+        backend.mark_healthy();
+        assert!(backend.is_ready(), "a good check ends the ejection");
+    }
+
     #[test]
     fn a_stale_index_never_replaces_a_newer_one() {
         let config = config::Config::parse(
