@@ -171,3 +171,44 @@ async fn a_backend_is_taken_out_after_unhealthy_threshold_and_back_after_healthy
     assert_eq!(infer(&reqwest::Client::new(), &gateway.url()).await, 200);
     assert_eq!(ejections(&gateway, "thresholds-0").await, 1.0);
 }
+
+/// Requests are the best health signal: a Triton killed under traffic is ejected by its
+/// failed requests (three refused connections in a row) long before its checks, every 2 s
+/// here, would take it out; counted once, as `requests`. The other serves meanwhile.
+#[tokio::test]
+async fn a_killed_backend_is_ejected_by_its_failed_requests_and_counted() {
+    let (t0, t1) = tokio::join!(triton(), triton());
+    let config = with_checks(config_for("outlier", &[&t0, &t1], "", ""), "2s", "1s")
+        + &min_copies("add_sub", 2);
+    let gateway = TestGateway::start(&config).await;
+    gateway.wait_for_copies("add_sub", 2).await;
+    let mut tritons = [t0, t1];
+    tritons[0].kill();
+    let killed = Instant::now();
+    let client = reqwest::Client::new();
+    let mut refused = 0;
+    while is_ready(&gateway, 0).await {
+        assert!(
+            killed.elapsed() < Duration::from_millis(1500),
+            "not ejected by its requests"
+        );
+        match infer(&client, &gateway.url()).await {
+            200 => {}
+            502 => refused += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(
+        refused <= 3,
+        "{refused} requests failed before the ejection"
+    );
+    let metrics = gateway.metrics_text("/metrics").await;
+    let line = "infergate_backend_ejections_total{backend=\"outlier-0\",reason=\"requests\"} 1";
+    assert!(metrics.contains(line), "{metrics}");
+    for _ in 0..5 {
+        assert_eq!(infer(&client, &gateway.url()).await, 200);
+    }
+    // Its checks fail too now, but it is out already: still one ejection.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(ejections(&gateway, "outlier-0").await, 1.0);
+}
