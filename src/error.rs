@@ -71,6 +71,10 @@ pub enum GatewayError {
         "request message is larger than the limit of {limit} bytes (server.max_grpc_message_size)"
     )]
     MessageTooLarge { limit: u64 },
+    /// The request body came slower than `server.min_body_rate` (the whole message says by
+    /// how much): the client holds a connection for nothing, as a slow POST does.
+    #[error("{reason}")]
+    BodyTooSlow { reason: String },
     /// The client's deadline passed while the gateway was still working on the request.
     #[error("deadline exceeded: the client's deadline of {}ms passed in the gateway", .after.as_millis())]
     DeadlineExceeded { after: Duration },
@@ -199,6 +203,7 @@ impl GatewayError {
             | Self::UnknownVersion { .. }
             | Self::BodyTooLarge { .. }
             | Self::MessageTooLarge { .. }
+            | Self::BodyTooSlow { .. }
             | Self::DeadlineExceeded { .. }
             | Self::BadRequest(_)
             | Self::InvalidInput { .. }
@@ -236,6 +241,7 @@ impl GatewayError {
             Self::UnknownModelLoad { .. } => "unknown_model",
             Self::NoBackendReady => "no_backend",
             Self::BodyTooLarge { .. } | Self::MessageTooLarge { .. } => "body_too_large",
+            Self::BodyTooSlow { .. } => "body_too_slow",
             Self::DeadlineExceeded { .. } => "deadline_exceeded",
             Self::BadRequest(_) => "bad_request",
             Self::InvalidInput { .. } => "invalid_input",
@@ -289,6 +295,9 @@ impl GatewayError {
             Self::BodyTooLarge { .. } | Self::MessageTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, Code::ResourceExhausted)
             }
+            // HTTP's own status for a client too slow to send its request; gRPC's closest
+            // is the time running out.
+            Self::BodyTooSlow { .. } => (StatusCode::REQUEST_TIMEOUT, Code::DeadlineExceeded),
             // The pool's memory is spoken for: no retry soon will change that.
             Self::NoRoom { .. } => (StatusCode::SERVICE_UNAVAILABLE, Code::ResourceExhausted),
             Self::ModelNotReady { .. }
@@ -512,6 +521,12 @@ mod tests {
                 GatewayError::BodyTooLarge { limit: 1 },
                 413,
                 ResourceExhausted,
+                Client,
+            ),
+            (
+                GatewayError::BodyTooSlow { reason: "x".into() },
+                408,
+                DeadlineExceeded,
                 Client,
             ),
             (

@@ -274,6 +274,7 @@ pub async fn serve(
     }
     let upstream_config = &gateway.config().upstream;
     let placement = gateway.placement().clone();
+    let books = gateway.placement().clone();
     let health = upstream::HealthChecks {
         interval: upstream_config.health_interval.0,
         timeout: upstream_config.health_timeout.0,
@@ -281,6 +282,8 @@ pub async fn serve(
         shutdown: shutdown.clone(),
         after_check: Arc::new(move |backend| placement.reconcile(backend)),
         read_queues: !gateway.config().placement.queue_max_age.0.is_zero(),
+        loading: Arc::new(move |backend| books.loading_on(backend)),
+        load_timeout: gateway.config().placement.load_timeout.0,
     };
     health.spawn_all(gateway.pool());
     let _ = gateway.inner.health.set(health);

@@ -96,8 +96,13 @@ pub const CONNECTIONS_OPEN: &str = "infergate_connections_open";
 /// Connections closed at accept because the worker had `server.max_connections` open, by
 /// listener.
 pub const CONNECTIONS_SHED: &str = "infergate_connections_shed_total";
+/// Backends taken out of traffic, by backend and `reason` (`health_check`: failed checks in
+/// a row past `upstream.unhealthy_threshold`; `requests`: failed requests in a row past
+/// `upstream.eject_after_failures`): what an autoscaler or an alert watches.
+pub const BACKEND_EJECTIONS: &str = "infergate_backend_ejections_total";
 /// Connections closed because the client was too slow, by listener and `phase` (`header`:
-/// `server.header_read_timeout`, `body`: `server.body_read_timeout`).
+/// `server.header_read_timeout`, `body`: `server.body_read_timeout`, `body_rate`:
+/// `server.min_body_rate`).
 pub const CLIENT_TIMEOUTS: &str = "infergate_client_timeouts_total";
 /// Requests held now because nothing could take them (no backend ready, the registry briefly
 /// unreachable), by model: what an autoscaler scaling a pool from zero watches.
@@ -216,6 +221,10 @@ fn describe() {
     describe_counter!(
         CONNECTIONS_SHED,
         "Connections closed at accept past server.max_connections, by listener."
+    );
+    describe_counter!(
+        BACKEND_EJECTIONS,
+        "Backends taken out of traffic, by backend and reason (health_check, requests)."
     );
     describe_counter!(
         CLIENT_TIMEOUTS,

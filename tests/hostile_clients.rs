@@ -359,3 +359,104 @@ async fn a_body_stalled_mid_stream_does_not_count_against_the_backend() {
         .unwrap();
     assert_eq!(answer.status(), 200);
 }
+
+/// Sends `head`, then `body` in `chunk`-byte pieces, one every `every`, while reading what
+/// the gateway answers: the answer, and when the connection closed after the head was sent
+/// (`None`: still open after `give_up`).
+async fn send_paced(
+    gateway: &TestGateway,
+    head: &str,
+    body: &[u8],
+    chunk: usize,
+    every: Duration,
+    give_up: Duration,
+) -> (String, Option<Duration>) {
+    let mut stream = TcpStream::connect(gateway.http).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let (mut read, mut write) = stream.split();
+    let mut answer = Vec::new();
+    let send = async {
+        for piece in body.chunks(chunk) {
+            tokio::time::sleep(every).await;
+            if write.write_all(piece).await.is_err() {
+                break;
+            }
+        }
+        std::future::pending::<()>().await
+    };
+    let closed = tokio::select! {
+        // EOF once the gateway closes; a reset counts as closed too.
+        _ = read.read_to_end(&mut answer) => Some(started.elapsed()),
+        () = send => None,
+        () = tokio::time::sleep(give_up) => None,
+    };
+    (String::from_utf8_lossy(&answer).into_owned(), closed)
+}
+
+/// add_sub's body padded with spaces (JSON allows them) to `length` bytes.
+fn padded_add_sub_body(length: usize) -> Vec<u8> {
+    let mut body = add_sub_body().into_bytes();
+    body.resize(length, b' ');
+    body
+}
+
+/// The slow POST: a byte every 200 ms never pauses past `body_read_timeout` (60 s here), but
+/// averages far under `min_body_rate` (240 B/s): cut with 408 once the grace is spent, while
+/// the well-behaved client is served throughout.
+#[tokio::test]
+async fn a_body_trickled_under_the_minimum_rate_gets_408_and_its_connection_closed() {
+    let (_triton, gateway) = gateway("slowpost", "min_body_rate_grace = \"1s\"").await;
+    let before = timeouts_counted(&gateway, "body_rate").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = well_behaved(gateway.url(), stop.clone());
+    let body = padded_add_sub_body(400);
+    let head = json_head(body.len());
+    let trickles = (0..10).map(|_| {
+        send_paced(
+            &gateway,
+            &head,
+            &body,
+            1,
+            Duration::from_millis(200),
+            Duration::from_secs(8),
+        )
+    });
+    for (answer, closed) in futures_util::future::join_all(trickles).await {
+        let closed = closed.expect("a trickled body still open after 8 s");
+        // Cut when its waits pass the 1 s grace: a little after, never the minutes the body
+        // would take.
+        assert!(
+            closed >= Duration::from_millis(900) && closed < Duration::from_secs(4),
+            "closed after {closed:?}"
+        );
+        assert!(answer.starts_with("HTTP/1.1 408"), "answer: {answer}");
+        assert!(answer.contains("server.min_body_rate"), "answer: {answer}");
+        assert!(answer.contains("connection: close"), "answer: {answer}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_quick(client.await.unwrap(), "slow POST");
+    let counted = timeouts_counted(&gateway, "body_rate").await - before;
+    assert!(counted >= 10.0, "{counted} body_rate timeouts counted");
+}
+
+/// A slow link is not an attack: 100 bytes every 250 ms (400 B/s, above the 240 B/s
+/// minimum) for 5 s, well past the grace, is served.
+#[tokio::test]
+async fn a_slow_but_steady_body_above_the_minimum_rate_is_served() {
+    let (_triton, gateway) = gateway("steady", "min_body_rate_grace = \"1s\"").await;
+    let body = padded_add_sub_body(2000);
+    let head = json_head(body.len()).replace("host: gateway", "host: gateway\r\nconnection: close");
+    let (answer, closed) = send_paced(
+        &gateway,
+        &head,
+        &body,
+        100,
+        Duration::from_millis(250),
+        Duration::from_secs(15),
+    )
+    .await;
+    assert!(closed.is_some(), "no answer: {answer}");
+    assert!(answer.starts_with("HTTP/1.1 200"), "answer: {answer}");
+    assert!(answer.contains("[2.0,3.0,4.0,5.0]"), "answer: {answer}");
+}

@@ -199,6 +199,14 @@ pub struct Server {
     /// Longest wait between two reads of a request body; a body that stalls longer fails its
     /// request and the connection is closed (nginx's `client_body_timeout`).
     pub body_read_timeout: HumanDuration,
+    /// Slowest average rate, in bytes per second, a request body may come at once it has
+    /// been waited for longer than `min_body_rate_grace`; slower gets 408 and the
+    /// connection is closed (Kestrel's `MinRequestBodyDataRate`). `body_read_timeout` alone
+    /// lets a byte every few seconds hold a connection for ever (slow POST). 0 turns it off.
+    pub min_body_rate: ByteSize,
+    /// How long a body may be waited for before `min_body_rate` applies: room for a
+    /// client's slow start without cutting it.
+    pub min_body_rate_grace: HumanDuration,
     /// Open client connections per worker; past it new ones are closed at accept and counted,
     /// so file descriptors and memory stay bounded.
     pub max_connections: usize,
@@ -223,6 +231,7 @@ impl Server {
         for (key, value) in [
             ("server.header_read_timeout", self.header_read_timeout),
             ("server.body_read_timeout", self.body_read_timeout),
+            ("server.min_body_rate_grace", self.min_body_rate_grace),
         ] {
             if value.0.is_zero() {
                 error(key.into(), "must be greater than 0".into());
@@ -259,6 +268,8 @@ impl Default for Server {
             name: None,
             header_read_timeout: HumanDuration(Duration::from_secs(30)),
             body_read_timeout: HumanDuration(Duration::from_secs(60)),
+            min_body_rate: ByteSize(240),
+            min_body_rate_grace: HumanDuration(Duration::from_secs(5)),
             max_connections: 10_000,
             workers: None,
             shutdown_delay: HumanDuration(Duration::from_secs(5)),
@@ -284,9 +295,18 @@ pub struct Upstream {
     pub health_interval: HumanDuration,
     /// Time allowed for one health check.
     pub health_timeout: HumanDuration,
-    /// Consecutive connection failures (from traffic or checks) that eject a backend
-    /// until its next successful health check.
+    /// Failed requests in a row (a connection refused or reset, a 502/503/504) that eject a
+    /// backend until its next successful health check: traffic is the best health signal.
     pub eject_after_failures: u32,
+    /// Failed health checks in a row that take a backend out (Envoy's
+    /// `unhealthy_threshold`): one slow answer on a busy machine is not an outage. A check
+    /// unanswered while a model loads there (this replica's load, another's, or one its
+    /// repository index shows LOADING) does not count at all.
+    pub unhealthy_threshold: u32,
+    /// Good health checks in a row that bring a backend taken out back (Envoy's
+    /// `healthy_threshold`), so a flapping backend does not flap traffic. A backend that
+    /// never passed a check comes in on its first good one.
+    pub healthy_threshold: u32,
     /// PEM bundle of the CAs that sign `https://` backends' certificates; without it (and
     /// without `backends[].tls_ca`) the system's roots are used.
     pub tls_ca: Option<PathBuf>,
@@ -302,6 +322,8 @@ impl Default for Upstream {
             health_interval: HumanDuration(Duration::from_secs(2)),
             health_timeout: HumanDuration(Duration::from_secs(1)),
             eject_after_failures: 3,
+            unhealthy_threshold: 3,
+            healthy_threshold: 2,
             tls_ca: None,
         }
     }
@@ -464,11 +486,23 @@ impl Config {
                 "must be greater than 0".into(),
             );
         }
-        if self.upstream.eject_after_failures == 0 {
-            error(
-                "upstream.eject_after_failures".into(),
-                "must be at least 1".into(),
-            );
+        for (key, value) in [
+            (
+                "upstream.eject_after_failures",
+                self.upstream.eject_after_failures,
+            ),
+            (
+                "upstream.unhealthy_threshold",
+                self.upstream.unhealthy_threshold,
+            ),
+            (
+                "upstream.healthy_threshold",
+                self.upstream.healthy_threshold,
+            ),
+        ] {
+            if value == 0 {
+                error(key.into(), "must be at least 1".into());
+            }
         }
         for (key, value) in [
             ("upstream.connect_timeout", self.upstream.connect_timeout),
@@ -905,6 +939,35 @@ mod tests {
         }
         let two = Config::parse(&format!("{MINIMAL}[server]\nworkers = 2\n")).unwrap();
         assert_eq!(two.server.worker_count(), 2);
+    }
+
+    #[test]
+    fn the_minimum_body_rate_is_on_by_default_and_may_be_turned_off_but_not_its_grace() {
+        let config = Config::parse(MINIMAL).unwrap();
+        assert_eq!(config.server.min_body_rate.bytes(), 240);
+        assert_eq!(config.server.min_body_rate_grace.0, Duration::from_secs(5));
+        let off = format!("{MINIMAL}[server]\nmin_body_rate = 0\n");
+        assert_eq!(Config::parse(&off).unwrap().server.min_body_rate.bytes(), 0);
+        let text =
+            format!("{MINIMAL}[server]\nmin_body_rate = \"1KiB\"\nmin_body_rate_grace = \"0s\"\n");
+        let found = errors(&text);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("server.min_body_rate_grace: must be greater than 0"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn health_thresholds_default_like_envoys_and_zero_is_refused_by_name() {
+        let config = Config::parse(MINIMAL).unwrap();
+        assert_eq!(config.upstream.unhealthy_threshold, 3);
+        assert_eq!(config.upstream.healthy_threshold, 2);
+        let text = format!("{MINIMAL}[upstream]\nunhealthy_threshold = 0\nhealthy_threshold = 0\n");
+        let found = errors(&text);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].starts_with("upstream.unhealthy_threshold: must be at least 1"));
+        assert!(found[1].starts_with("upstream.healthy_threshold: must be at least 1"));
     }
 
     #[test]

@@ -4,11 +4,12 @@
 //! - the request head must arrive within `server.header_read_timeout` (hyper's HTTP/1 header
 //!   timer, which also bounds an idle keep-alive connection; and ours until the first request,
 //!   for a client that sends nothing, or too little for hyper to tell HTTP/1 from h2c);
-//! - a request body may pause at most `server.body_read_timeout` between reads
-//!   (`read_timeout`); then the request fails and the connection is closed.
+//! - a request body may pause at most `server.body_read_timeout` between reads, and must
+//!   average `server.min_body_rate` once past `server.min_body_rate_grace` (`read_timeout`);
+//!   else the request fails and the connection is closed.
 
 use super::Endpoint;
-use super::read_timeout::{ConnectionState, ReadTimeout};
+use super::read_timeout::{BodyPace, ConnectionState, MinRate, ReadTimeout};
 use crate::config;
 use crate::telemetry;
 use crate::tls::PeerIdentity;
@@ -30,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 /// The `[server]` keys the accept path enforces.
 pub(super) struct Limits {
     pub header_read_timeout: Duration,
-    pub body_read_timeout: Duration,
+    pub body_pace: BodyPace,
     pub max_connections: usize,
 }
 
@@ -38,7 +39,13 @@ impl From<&config::Server> for Limits {
     fn from(server: &config::Server) -> Self {
         Self {
             header_read_timeout: server.header_read_timeout.0,
-            body_read_timeout: server.body_read_timeout.0,
+            body_pace: BodyPace {
+                gap: server.body_read_timeout.0,
+                min_rate: (server.min_body_rate.bytes() > 0).then_some(MinRate {
+                    bytes_per_sec: server.min_body_rate.bytes(),
+                    grace: server.min_body_rate_grace.0,
+                }),
+            },
             max_connections: server.max_connections,
         }
     }
@@ -92,7 +99,7 @@ impl Connection {
             router: self.endpoint.router.clone(),
             inference: self.endpoint.inference.clone(),
             identity,
-            body_read_timeout: self.limits.body_read_timeout,
+            body_pace: self.limits.body_pace,
             state: state.clone(),
         };
         let mut connection = pin!(
@@ -149,14 +156,14 @@ fn is_header_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// The tower service a connection's requests go through: the listener's router (or, for an
-/// inference on the KServe listener, `frontend::http::infer`), with the body's read timeout
+/// inference on the KServe listener, `frontend::http::infer`), with the body's pace
 /// and the connection's `PeerIdentity` (mTLS) on every request.
 #[derive(Clone)]
 struct PerConnection {
     router: axum::Router,
     inference: Option<crate::Gateway>,
     identity: Option<PeerIdentity>,
-    body_read_timeout: Duration,
+    body_pace: BodyPace,
     state: Arc<ConnectionState>,
 }
 
@@ -181,12 +188,12 @@ where
             .headers()
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
-        let timeout = (!grpc).then_some(self.body_read_timeout);
+        let pace = (!grpc).then_some(self.body_pace);
         let http1 = request.version() < http::Version::HTTP_2;
         self.state
             .body_started(http1 && !request.body().is_end_stream());
         let mut request = request
-            .map(|body| axum::body::Body::new(ReadTimeout::new(body, timeout, self.state.clone())));
+            .map(|body| axum::body::Body::new(ReadTimeout::new(body, pace, self.state.clone())));
         if let Some(identity) = &self.identity {
             request.extensions_mut().insert(identity.clone());
         }
@@ -271,7 +278,10 @@ mod tests {
                 router: router.clone(),
                 inference: None,
                 identity,
-                body_read_timeout: Duration::from_secs(1),
+                body_pace: BodyPace {
+                    gap: Duration::from_secs(1),
+                    min_rate: None,
+                },
                 state: Arc::new(ConnectionState::new("http")),
             };
             async move {

@@ -10,7 +10,8 @@
 //!
 //! Each connection is served by hyper (HTTP/1.1, or h2c/h2 picked per connection) in a task
 //! of its own, bounded against hostile clients: `server.header_read_timeout`,
-//! `server.body_read_timeout` and `server.max_connections` (see `connection`).
+//! `server.body_read_timeout`, `server.min_body_rate` and `server.max_connections` (see
+//! `connection`).
 
 mod connection;
 mod read_timeout;
@@ -27,7 +28,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use read_timeout::BodyReadTimeout;
+pub use read_timeout::client_too_slow;
 
 thread_local! {
     static WORKER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };

@@ -1,9 +1,12 @@
-//! `server.body_read_timeout`: a request body that pauses longer than that between two reads
-//! fails with `BodyReadTimeout`, and tells its connection to close.
+//! How fast a request body must come (`BodyPace`): a body that pauses longer than
+//! `server.body_read_timeout` between two reads fails with `BodyReadTimeout`; one that,
+//! after `server.min_body_rate_grace` of waiting, averages under `server.min_body_rate`
+//! fails with `BodyTooSlow`. Either way its connection is told to close.
 //!
 //! The timer only exists while the body waits: a body whose bytes are there when it is read
-//! costs no timer at all.
+//! costs no timer at all, and one timer stands for whichever limit comes first.
 
+use crate::error::GatewayError;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
@@ -24,19 +27,41 @@ pub struct BodyReadTimeout {
     pub timeout: Duration,
 }
 
-impl BodyReadTimeout {
-    /// The `BodyReadTimeout` anywhere in an error's chain (a read of the body, or a backend
-    /// send that streamed it): the client stalled, the backend did nothing wrong.
-    pub fn in_chain<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a Self> {
-        let mut source = Some(error);
-        while let Some(e) = source {
-            if let Some(timeout) = e.downcast_ref::<Self>() {
-                return Some(timeout);
-            }
-            source = e.source();
+/// The error a body yields when it came slower than `server.min_body_rate` on average, once
+/// past its grace: a client trickling a body to hold the connection (slow POST).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the request body came too slowly: {received} bytes in {}ms of waiting, under the minimum of {bytes_per_sec} bytes/s (server.min_body_rate)",
+    waited.as_millis()
+)]
+pub struct BodyTooSlow {
+    /// The configured minimum rate.
+    pub bytes_per_sec: u64,
+    /// Bytes that had arrived.
+    pub received: u64,
+    /// Time spent waiting for them.
+    pub waited: Duration,
+}
+
+/// The client's failure when a body came too slowly (either limit) anywhere in an error's
+/// chain, as the request is answered: the one place that turns these errors into a
+/// `GatewayError`, for a body read by the gateway and one streamed to a backend alike.
+pub fn client_too_slow(error: &(dyn std::error::Error + 'static)) -> Option<GatewayError> {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if let Some(stalled) = e.downcast_ref::<BodyReadTimeout>() {
+            return Some(GatewayError::BadRequest(format!(
+                "could not read request body: {stalled}"
+            )));
         }
-        None
+        if let Some(slow) = e.downcast_ref::<BodyTooSlow>() {
+            return Some(GatewayError::BodyTooSlow {
+                reason: slow.to_string(),
+            });
+        }
+        source = e.source();
     }
+    None
 }
 
 /// What a connection's requests tell its task: a request head arrived (the first-request
@@ -84,15 +109,58 @@ impl ConnectionState {
     }
 }
 
-/// A request body with a deadline on each wait for the client's next bytes.
+/// How fast a request body must come: the longest pause between two reads
+/// (`server.body_read_timeout`), and the slowest average rate after a grace period
+/// (`server.min_body_rate`, `server.min_body_rate_grace`). The pause alone lets a client
+/// trickle a byte just inside it forever (the slow-POST attack); the rate bounds the whole
+/// body, yet a large upload on a slow but steady link is never cut.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BodyPace {
+    pub gap: Duration,
+    /// `None`: `server.min_body_rate = 0`, no rate.
+    pub min_rate: Option<MinRate>,
+}
+
+/// The slowest a body may average, in bytes per second, once it has been waited for longer
+/// than `grace` (Kestrel's `MinRequestBodyDataRate`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MinRate {
+    pub bytes_per_sec: u64,
+    pub grace: Duration,
+}
+
+impl MinRate {
+    /// How long a body that has sent `received` bytes may have been waited for in all: the
+    /// grace, or the time those bytes buy at the minimum rate, whichever is longer.
+    fn allowed_wait(self, received: u64) -> Duration {
+        let earned = Duration::from_secs_f64(received as f64 / self.bytes_per_sec as f64);
+        self.grace.max(earned)
+    }
+}
+
+/// Which limit the armed timer stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Limit {
+    Gap,
+    Rate,
+}
+
+/// A request body held to a `BodyPace`. Only the time spent waiting for the client counts:
+/// while the gateway itself is slow to read (a backend applying back-pressure), the client is
+/// not to blame.
 pub(super) struct ReadTimeout<B> {
     inner: B,
-    /// `None`: no timeout (gRPC streams).
-    timeout: Option<Duration>,
+    /// `None`: no limits (gRPC streams).
+    pace: Option<BodyPace>,
     /// Created on the first wait, reset on each later one.
     sleep: Option<Pin<Box<Sleep>>>,
-    /// Whether `sleep` runs for the current wait.
-    waiting: bool,
+    /// When the current wait began; `None` while the body is not waiting.
+    waiting_since: Option<Instant>,
+    /// The limit the current wait's timer stands for.
+    armed: Limit,
+    /// Time spent waiting for the client's bytes, over the earlier waits.
+    waited: Duration,
+    received: u64,
     failed: bool,
     connection: std::sync::Arc<ConnectionState>,
 }
@@ -100,16 +168,77 @@ pub(super) struct ReadTimeout<B> {
 impl<B> ReadTimeout<B> {
     pub fn new(
         inner: B,
-        timeout: Option<Duration>,
+        pace: Option<BodyPace>,
         connection: std::sync::Arc<ConnectionState>,
     ) -> Self {
         Self {
             inner,
-            timeout,
+            pace,
             sleep: None,
-            waiting: false,
+            waiting_since: None,
+            armed: Limit::Gap,
+            waited: Duration::ZERO,
+            received: 0,
             failed: false,
             connection,
+        }
+    }
+
+    /// Books a frame that arrived: the wait it ended, and its bytes.
+    fn arrived(&mut self, frame: &Option<Result<Frame<Bytes>, B::Error>>)
+    where
+        B: Body<Data = Bytes>,
+    {
+        if let Some(since) = self.waiting_since.take() {
+            self.waited += since.elapsed();
+        }
+        if let Some(Ok(frame)) = frame
+            && let Some(data) = frame.data_ref()
+        {
+            self.received += data.len() as u64;
+        }
+    }
+
+    /// Starts timing a wait for the client: whichever limit it would pass first.
+    fn start_wait(&mut self, pace: BodyPace) {
+        let now = Instant::now();
+        self.waiting_since = Some(now);
+        let (after, limit) = match pace.min_rate {
+            Some(rate) => {
+                let left = rate.allowed_wait(self.received).saturating_sub(self.waited);
+                if left < pace.gap {
+                    (left, Limit::Rate)
+                } else {
+                    (pace.gap, Limit::Gap)
+                }
+            }
+            None => (pace.gap, Limit::Gap),
+        };
+        self.armed = limit;
+        match &mut self.sleep {
+            Some(sleep) => sleep.as_mut().reset(now + after),
+            None => self.sleep = Some(Box::pin(tokio::time::sleep_until(now + after))),
+        }
+    }
+
+    /// The body fails for the limit it passed, and its connection is told to close.
+    fn fail(&mut self, pace: BodyPace) -> axum::BoxError {
+        self.failed = true;
+        self.connection.stalled.notify_one();
+        match (self.armed, pace.min_rate) {
+            (Limit::Rate, Some(rate)) => {
+                super::connection::count_timeout(self.connection.listener, "body_rate");
+                Box::new(BodyTooSlow {
+                    bytes_per_sec: rate.bytes_per_sec,
+                    received: self.received,
+                    waited: self.waited
+                        + self.waiting_since.map_or(Duration::ZERO, |s| s.elapsed()),
+                })
+            }
+            _ => {
+                super::connection::count_timeout(self.connection.listener, "body");
+                Box::new(BodyReadTimeout { timeout: pace.gap })
+            }
         }
     }
 }
@@ -131,29 +260,21 @@ where
             return Poll::Ready(None);
         }
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            this.waiting = false;
+            this.arrived(&frame);
             if frame.is_none() || this.inner.is_end_stream() {
                 this.connection.body_started(false);
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        let Some(timeout) = this.timeout else {
+        let Some(pace) = this.pace else {
             return Poll::Pending;
         };
-        if !this.waiting {
-            this.waiting = true;
-            let deadline = Instant::now() + timeout;
-            match &mut this.sleep {
-                Some(sleep) => sleep.as_mut().reset(deadline),
-                None => this.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
-            }
+        if this.waiting_since.is_none() {
+            this.start_wait(pace);
         }
         let sleep = this.sleep.as_mut().expect("armed above");
         ready!(sleep.as_mut().poll(cx));
-        this.failed = true;
-        super::connection::count_timeout(this.connection.listener, "body");
-        this.connection.stalled.notify_one();
-        Poll::Ready(Some(Err(Box::new(BodyReadTimeout { timeout }))))
+        Poll::Ready(Some(Err(this.fail(pace))))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -181,18 +302,28 @@ mod tests {
         )
     }
 
+    fn gap_only(gap: Duration) -> BodyPace {
+        BodyPace {
+            gap,
+            min_rate: None,
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_stalled_body_fails_after_the_timeout_and_tells_its_connection() {
         let connection = Arc::new(ConnectionState::new("http"));
         let timeout = Duration::from_secs(60);
-        let mut body =
-            ReadTimeout::new(stalls_after_one_chunk(), Some(timeout), connection.clone());
+        let mut body = ReadTimeout::new(
+            stalls_after_one_chunk(),
+            Some(gap_only(timeout)),
+            connection.clone(),
+        );
         let started = Instant::now();
         let first = body.frame().await.unwrap().unwrap();
         assert_eq!(first.into_data().unwrap(), "ab");
         let error = body.frame().await.unwrap().unwrap_err();
         assert_eq!(started.elapsed(), timeout);
-        assert!(BodyReadTimeout::in_chain(&*error).is_some());
+        assert!(client_too_slow(&*error).is_some());
         let error = error.downcast::<BodyReadTimeout>().unwrap();
         assert_eq!(error.timeout, timeout);
         assert!(
@@ -212,5 +343,93 @@ mod tests {
         body.frame().await.unwrap().unwrap();
         let waited = tokio::time::timeout(Duration::from_secs(3600), body.frame()).await;
         assert!(waited.is_err(), "a gRPC stream's pause is not a stall");
+    }
+
+    /// A body of `chunks` chunks of `size` bytes, one every `every`.
+    fn paced(
+        chunks: usize,
+        size: usize,
+        every: Duration,
+    ) -> impl Body<Data = Bytes, Error = Infallible> + Unpin {
+        use futures_util::StreamExt;
+        let stream = futures_util::stream::iter(0..chunks).then(move |_| async move {
+            tokio::time::sleep(every).await;
+            Ok(Frame::data(Bytes::from(vec![b'x'; size])))
+        });
+        http_body_util::StreamBody::new(Box::pin(stream))
+    }
+
+    fn kestrel_like() -> BodyPace {
+        BodyPace {
+            gap: Duration::from_secs(60),
+            min_rate: Some(MinRate {
+                bytes_per_sec: 240,
+                grace: Duration::from_secs(5),
+            }),
+        }
+    }
+
+    /// Reads the body to its end or its first error: the bytes read, and the error.
+    async fn drain<B: Body<Data = Bytes, Error = axum::BoxError> + Unpin>(
+        body: &mut B,
+    ) -> (usize, Option<axum::BoxError>) {
+        let mut read = 0;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => read += frame.into_data().map_or(0, |d| d.len()),
+                Err(error) => return (read, Some(error)),
+            }
+        }
+        (read, None)
+    }
+
+    // A byte a second never passes the 60 s pause, but it is cut once the grace is spent.
+    #[tokio::test(start_paused = true)]
+    async fn a_trickled_body_fails_when_its_grace_is_spent_under_the_minimum_rate() {
+        let connection = Arc::new(ConnectionState::new("http"));
+        let trickle = paced(1000, 1, Duration::from_secs(1));
+        let mut body = ReadTimeout::new(trickle, Some(kestrel_like()), connection.clone());
+        let started = Instant::now();
+        let (read, error) = drain(&mut body).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(read, 5);
+        let error = error.expect("cut");
+        let slow = error.downcast_ref::<BodyTooSlow>().expect("for its rate");
+        assert_eq!((slow.received, slow.waited), (5, Duration::from_secs(5)));
+        assert!(
+            error.to_string().contains("server.min_body_rate"),
+            "{error}"
+        );
+        let answer = client_too_slow(&*error).expect("the client's failure");
+        assert_eq!(answer.http_status(), http::StatusCode::REQUEST_TIMEOUT);
+        tokio::time::timeout(Duration::from_millis(1), connection.notified())
+            .await
+            .expect("the connection is told to close");
+    }
+
+    // 300 bytes every second for a minute: slow, but above the rate all the way.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_but_steady_body_above_the_rate_is_read_whole() {
+        let connection = Arc::new(ConnectionState::new("http"));
+        let steady = paced(60, 300, Duration::from_secs(1));
+        let mut body = ReadTimeout::new(steady, Some(kestrel_like()), connection);
+        let (read, error) = drain(&mut body).await;
+        assert!(error.is_none(), "{error:?}");
+        assert_eq!(read, 60 * 300);
+    }
+
+    // Bytes that are there when read cost no wait: a gateway slow to read them (a backend
+    // holding it back) does not make the client slow.
+    #[tokio::test(start_paused = true)]
+    async fn time_the_gateway_takes_between_reads_is_not_the_clients() {
+        let connection = Arc::new(ConnectionState::new("http"));
+        let ready = paced(20, 1, Duration::ZERO);
+        let mut body = ReadTimeout::new(ready, Some(kestrel_like()), connection);
+        let mut read = 0;
+        while let Some(frame) = body.frame().await {
+            read += frame.unwrap().into_data().unwrap().len();
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        assert_eq!(read, 20);
     }
 }

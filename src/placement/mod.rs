@@ -211,6 +211,12 @@ impl Placement {
         self.events.subscribe()
     }
 
+    /// Whether a model is loading on backend `i`, by this replica or another: the health
+    /// checks excuse its slow answers then (`upstream::HealthChecks::loading`).
+    pub fn loading_on(&self, backend: usize) -> bool {
+        self.books().loading_on(backend)
+    }
+
     fn books(&self) -> MutexGuard<'_, Table> {
         self.table.lock().expect("placement lock")
     }

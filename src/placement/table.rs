@@ -1540,6 +1540,17 @@ impl Table {
             .collect()
     }
 
+    /// Whether a copy is loading on a backend: this replica's load, or (`[cluster]`) one
+    /// another replica runs, which the registry's mirror books as loading too.
+    pub fn loading_on(&self, backend: usize) -> bool {
+        self.backends.get(backend).is_some_and(|books| {
+            books
+                .copies
+                .values()
+                .any(|c| matches!(c.state, CopyState::Loading(_) | CopyState::Reloading(_)))
+        })
+    }
+
     /// Bytes committed and loading on a backend, and copies held.
     pub fn usage(&self, backend: usize) -> (u64, u64, usize) {
         let books = &self.backends[backend];

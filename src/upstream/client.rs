@@ -193,7 +193,7 @@ pub async fn forward(
             match &error {
                 GatewayError::UpstreamUnreachable { reason, .. }
                 | GatewayError::UpstreamFailed { reason, .. } => {
-                    backend.record_connect_failure(reason)
+                    backend.record_request_failure(reason)
                 }
                 _ => {}
             }
@@ -206,7 +206,7 @@ pub async fn forward(
             });
         }
     };
-    backend.record_success();
+    backend.record_answer(response.status());
     backend.record_latency(started.elapsed());
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -225,8 +225,8 @@ pub(super) fn classify(
     if let Some(limit) = crate::body::too_large(error) {
         return GatewayError::BodyTooLarge { limit };
     }
-    if let Some(stalled) = crate::listen::BodyReadTimeout::in_chain(error) {
-        return GatewayError::BadRequest(format!("could not read request body: {stalled}"));
+    if let Some(slow) = crate::listen::client_too_slow(error) {
+        return slow;
     }
     let connect = super::failure::chain(error).any(|e| {
         e.downcast_ref::<hyper_util::client::legacy::Error>()

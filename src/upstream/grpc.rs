@@ -169,7 +169,7 @@ pub fn classify(backend: &Backend, status: Status) -> GatewayError {
     let mut next = Some(source);
     while let Some(error) = next {
         if let Some(ConnectFailed(reason)) = error.downcast_ref::<ConnectFailed>() {
-            backend.record_connect_failure(reason);
+            backend.record_request_failure(reason);
             return GatewayError::UpstreamUnreachable {
                 backend: backend.name.clone(),
                 reason: reason.clone(),

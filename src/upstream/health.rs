@@ -1,6 +1,7 @@
 //! Active health checks: each backend's `/v2/health/live` and repository index are polled on
 //! an interval, so traffic only goes where a model is actually READY, and a backend that comes
-//! back is readmitted without a restart.
+//! back is readmitted without a restart. How many checks take it out or bring it back is
+//! `ejection`'s rule.
 
 use super::{Backend, Pool, TritonClient, TritonError};
 use bytes::Bytes;
@@ -29,6 +30,12 @@ pub struct HealthChecks {
     /// Whether each check of a ready backend with a `metrics` URL also reads its queues
     /// (`placement.queue_max_age` above 0).
     pub read_queues: bool,
+    /// Whether placement's books have a load under way on backend `i`, this replica's or
+    /// (`[cluster]`) another's seen in the registry: a reason for its checks to be slow.
+    pub loading: Arc<dyn Fn(usize) -> bool + Send + Sync>,
+    /// How long a LOADING model in a backend's last index excuses its slow checks
+    /// (`placement.load_timeout`): a Triton that hangs mid-load is not excused for ever.
+    pub load_timeout: Duration,
 }
 
 impl HealthChecks {
@@ -53,7 +60,12 @@ impl HealthChecks {
                             return;
                         }
                         let was_ready = backend.is_ready();
-                        check(&backend, this.timeout).await;
+                        let busy = || {
+                            backend.is_changing()
+                                || (this.loading)(i)
+                                || backend.index().loading_within(this.load_timeout)
+                        };
+                        check(&backend, this.timeout, busy).await;
                         if !backend.is_ready() || !was_ready {
                             (this.after_check)(i);
                         }
@@ -83,19 +95,21 @@ async fn read_queues(backend: &Backend, timeout: Duration) {
 /// Triton's default strict readiness that answers 400 while any model loads and for good
 /// once one failed to load, which says nothing about the models that are READY. And a check
 /// that goes unanswered while placement loads or unloads a model there is Triton busy with
-/// the gateway's own work: the backend keeps its state (and its books) until it answers or
-/// the work ends (within `placement.load_timeout`). A refused connection or a wrong answer
-/// takes it out at once.
-pub async fn check(backend: &Backend, timeout: Duration) {
+/// a model loading there: the gateway's own load or unload, another replica's, or one its
+/// index shows LOADING. The backend keeps its state (and its books) until it answers or the
+/// load ends (within `placement.load_timeout`), and the check does not count. Any other
+/// failure (refused, a wrong answer, slow with nothing loading) counts towards
+/// `upstream.unhealthy_threshold` (`ejection`).
+pub async fn check(backend: &Backend, timeout: Duration, busy: impl FnOnce() -> bool) {
     let outcome = match probe(backend, timeout).await {
         Ok(()) => refresh_index(backend, timeout).await,
         Err(failure) => Err(failure),
     };
     match outcome {
         Ok(()) => backend.mark_healthy(),
-        Err(failure) if failure.timed_out && backend.is_changing() => {
+        Err(failure) if failure.timed_out && busy() => {
             tracing::debug!(backend = %backend.name, reason = failure.reason,
-                "backend is busy with a load or unload; kept as it was");
+                "backend is busy with a model load; kept as it was");
         }
         Err(failure) => backend.mark_unhealthy(failure.reason),
     }

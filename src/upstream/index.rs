@@ -87,6 +87,17 @@ impl ModelIndex {
             .any(|e| matches!(e.state.as_deref(), Some("READY" | "LOADING" | "UNLOADING")))
     }
 
+    /// Whether this index shows a model LOADING (or UNLOADING) and was read less than
+    /// `max_age` ago: Triton busy with a load someone started (another gateway, an operator)
+    /// answers slowly, and a stale index says nothing about now.
+    pub fn loading_within(&self, max_age: std::time::Duration) -> bool {
+        self.read_at.is_some_and(|at| at.elapsed() < max_age)
+            && self
+                .entries
+                .iter()
+                .any(|e| matches!(e.state.as_deref(), Some("LOADING" | "UNLOADING")))
+    }
+
     /// Whether the model is in this backend's repository at all.
     pub fn knows(&self, model: &str) -> bool {
         self.by_name.contains_key(model)
@@ -125,5 +136,23 @@ mod tests {
         assert!(index.knows("never"));
         assert!(!index.knows("other"));
         assert_eq!(index.entries().len(), 3);
+    }
+
+    // A Triton busy loading a model someone else asked for is a reason to be slow, but only
+    // while the index saying so is fresh.
+    #[tokio::test(start_paused = true)]
+    async fn a_loading_model_in_a_fresh_index_says_the_backend_is_busy() {
+        let max_age = std::time::Duration::from_secs(90);
+        let loading = br#"[{"name":"m","version":"1","state":"LOADING"},{"name":"n","version":"1","state":"READY"}]"#;
+        let read = tokio::time::Instant::now();
+        let index = ModelIndex::from_json(loading).unwrap().with_read_at(read);
+        assert!(index.loading_within(max_age));
+        tokio::time::advance(max_age).await;
+        assert!(!index.loading_within(max_age), "too old to say");
+        let ready = br#"[{"name":"n","version":"1","state":"READY"}]"#;
+        let index = ModelIndex::from_json(ready)
+            .unwrap()
+            .with_read_at(tokio::time::Instant::now());
+        assert!(!index.loading_within(max_age));
     }
 }

@@ -3,6 +3,7 @@
 
 mod client;
 mod driven;
+mod ejection;
 mod failure;
 pub mod grpc;
 mod health;
@@ -13,6 +14,7 @@ mod queues;
 mod triton;
 
 pub use client::{UpstreamClient, forward};
+pub use ejection::Ejection;
 pub use health::{HealthChecks, refresh_index};
 pub use index::{ModelEntry, ModelIndex};
 pub use queues::Queues;
@@ -143,9 +145,12 @@ pub struct Backend {
     pub grpc: Option<grpc::GrpcUpstream>,
     /// Its series of `infergate_upstream_duration_seconds`, registered once.
     upstream_duration: metrics::Histogram,
+    /// `health.ready()`, read by every request without the lock.
     ready: AtomicBool,
+    health: Mutex<ejection::HealthState>,
+    thresholds: ejection::Thresholds,
+    /// Failed requests in a row (`record_request_failure`).
     failures: AtomicU32,
-    eject_after: u32,
     in_flight: AtomicUsize,
     index: ArcSwap<ModelIndex>,
     /// Its Triton's queue per model at the last reading (`health`).
@@ -197,8 +202,13 @@ impl Backend {
             metrics_url: config.metrics.clone(),
             capacity: config.capacity.map(config::ByteSize::bytes),
             ready: AtomicBool::new(false),
+            health: Mutex::default(),
+            thresholds: ejection::Thresholds {
+                unhealthy: upstream.unhealthy_threshold,
+                healthy: upstream.healthy_threshold,
+                failed_requests: upstream.eject_after_failures,
+            },
             failures: AtomicU32::new(0),
-            eject_after: upstream.eject_after_failures,
             in_flight: AtomicUsize::new(0),
             index: ArcSwap::from_pointee(ModelIndex::default()),
             queues: arc_swap::ArcSwapOption::empty(),
@@ -278,28 +288,68 @@ impl Backend {
         self.changes.load(Ordering::Acquire) > 0
     }
 
-    /// Records a successful health check.
+    /// Records a successful health check (`ejection`: in at once at start-up, after
+    /// `upstream.healthy_threshold` in a row once taken out; ends an ejection by traffic).
     fn mark_healthy(&self) {
         self.failures.store(0, Ordering::Relaxed);
+        let ready = {
+            let mut health = self.health.lock().expect("health lock");
+            health.check_passed(self.thresholds);
+            health.ready()
+        };
         if !self.is_retired() {
-            self.set_ready(true);
+            self.set_ready(ready);
         }
     }
 
-    /// Records a failed health check: not ready until the next good one.
+    /// Records a failed health check: out after `upstream.unhealthy_threshold` in a row.
     fn mark_unhealthy(&self, reason: String) {
-        self.set_ready(false);
         *self.last_error.lock().expect("last_error lock") = Some(reason);
+        let (ejected, ready) = {
+            let mut health = self.health.lock().expect("health lock");
+            (health.check_failed(self.thresholds), health.ready())
+        };
+        self.set_ready(ready);
+        if let Some(ejection) = ejected {
+            self.ejected(ejection);
+        }
     }
 
-    /// Records a connection failure seen by traffic: after `eject_after` in a row the backend
-    /// is ejected until a health check succeeds again.
-    pub fn record_connect_failure(&self, reason: &str) {
+    /// Records a request the backend failed (connection refused or reset, a 502/503/504):
+    /// after `upstream.eject_after_failures` in a row it is ejected until a health check
+    /// succeeds again.
+    pub fn record_request_failure(&self, reason: &str) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         *self.last_error.lock().expect("last_error lock") = Some(reason.to_string());
-        if failures >= self.eject_after && self.ready.swap(false, Ordering::AcqRel) {
-            tracing::warn!(backend = %self.name, failures, reason, "backend ejected after connection failures");
-            crate::telemetry::backend_up(&self.name, false);
+        if failures < self.thresholds.failed_requests {
+            return;
+        }
+        let ejected = self.health.lock().expect("health lock").eject();
+        if let Some(ejection) = ejected {
+            tracing::warn!(backend = %self.name, failures, reason, "backend ejected after failed requests");
+            self.set_ready(false);
+            self.ejected(ejection);
+        }
+    }
+
+    /// Counts an ejection, for autoscalers and alerts.
+    fn ejected(&self, ejection: Ejection) {
+        metrics::counter!(crate::telemetry::BACKEND_EJECTIONS,
+            "backend" => self.name.clone(), "reason" => ejection.as_str())
+        .increment(1);
+    }
+
+    /// Records a backend's HTTP answer to a request: a 502, 503 or 504 (Envoy's gateway
+    /// failures: the backend, or a proxy in front of it, could not serve) counts against it;
+    /// anything else resets the streak. A 500 does not: Triton answers it for a model's own
+    /// failure (a python model that raised), which another backend would answer the same.
+    pub fn record_answer(&self, status: http::StatusCode) {
+        use http::StatusCode as S;
+        match status {
+            S::BAD_GATEWAY | S::SERVICE_UNAVAILABLE | S::GATEWAY_TIMEOUT => {
+                self.record_request_failure(&format!("answered {status}"))
+            }
+            _ => self.record_success(),
         }
     }
 
@@ -502,13 +552,41 @@ mod tests {
         .unwrap();
         let backend = Backend::new(&config.backends[0], &config.upstream, 1).unwrap();
         backend.mark_healthy();
-        backend.record_connect_failure("refused");
+        backend.record_request_failure("refused");
         assert!(backend.is_ready());
-        backend.record_connect_failure("refused");
+        backend.record_request_failure("refused");
         assert!(!backend.is_ready());
         assert_eq!(backend.last_error().as_deref(), Some("refused"));
         backend.mark_healthy();
         assert!(backend.is_ready());
+    }
+
+    // Requests are health checks too: a 502/503/504 counts like a refused connection, a
+    // 500 (a model's own failure) resets the streak as any answer does.
+    #[test]
+    fn gateway_failures_on_requests_eject_but_a_models_500_does_not() {
+        let config = config::Config::parse(
+            "[listen]\nhttp = \"127.0.0.1:0\"\n[[backends]]\nname = \"b\"\nhttp = \"http://127.0.0.1:1\"",
+        )
+        .unwrap();
+        let backend = Backend::new(&config.backends[0], &config.upstream, 1).unwrap();
+        backend.mark_healthy();
+        for _ in 0..5 {
+            backend.record_answer(http::StatusCode::SERVICE_UNAVAILABLE);
+            backend.record_answer(http::StatusCode::BAD_GATEWAY);
+            backend.record_answer(http::StatusCode::INTERNAL_SERVER_ERROR);
+        }
+        assert!(backend.is_ready(), "a 500 between them resets the streak");
+        backend.record_answer(http::StatusCode::GATEWAY_TIMEOUT);
+        backend.record_answer(http::StatusCode::SERVICE_UNAVAILABLE);
+        backend.record_answer(http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!backend.is_ready());
+        assert_eq!(
+            backend.last_error().as_deref(),
+            Some("answered 503 Service Unavailable")
+        );
+        backend.mark_healthy();
+        assert!(backend.is_ready(), "a good check ends the ejection");
     }
 
     #[test]

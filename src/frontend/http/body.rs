@@ -139,10 +139,12 @@ pub(super) async fn read_small(request: Request, max: u64) -> Result<Bytes, Gate
 }
 
 fn read_error(error: &axum::Error, limit: u64) -> GatewayError {
-    match crate::body::too_large(error) {
-        Some(_) => GatewayError::BodyTooLarge { limit },
-        None => GatewayError::BadRequest(format!("could not read request body: {error}")),
+    if crate::body::too_large(error).is_some() {
+        return GatewayError::BodyTooLarge { limit };
     }
+    crate::listen::client_too_slow(error).unwrap_or_else(|| {
+        GatewayError::BadRequest(format!("could not read request body: {error}"))
+    })
 }
 
 /// A response body that holds its lease until the last byte is sent (or the client goes),

@@ -353,6 +353,21 @@ mod tests {
         assert_eq!(table.backends[1].free(), 10 * MIB);
     }
 
+    // The health checks excuse a slow backend while a load runs there, whoever runs it.
+    #[test]
+    fn another_replicas_load_counts_as_loading_on_that_backend_until_it_is_ready() {
+        let now = Instant::now();
+        let mut table = Table::new(&[10 * MIB, 10 * MIB], policy(), now);
+        assert!(!table.loading_on(0) && !table.loading_on(1));
+        let loading = shared(SharedState::Loading, 2, 7);
+        table.mirror("m", &[None, Some(&loading)], (1, false), false, now);
+        assert!(table.loading_on(1), "another replica's load");
+        assert!(!table.loading_on(0));
+        let ready = shared(SharedState::Ready, 2, 7);
+        table.mirror("m", &[None, Some(&ready)], (1, false), false, now);
+        assert!(!table.loading_on(1), "loaded");
+    }
+
     #[test]
     fn a_lost_agreement_undoes_the_plan_and_puts_its_victims_back() {
         let now = Instant::now();
