@@ -1445,3 +1445,65 @@ async fn replicas_share_one_placement_through_an_etcd_that_requires_tls_client_c
         let _ = child.wait();
     }
 }
+
+/// One late answer from etcd is not an outage: etcd paused for 3 s (longer than any one
+/// call may take, well inside an 8 s lease) degrades no replica and fails no request, warm
+/// or cold.
+#[tokio::test]
+async fn etcd_paused_under_the_lease_degrades_no_replica_and_fails_no_request() {
+    let (etcd, t0, t1) = etcd_and_two_tritons().await;
+    let config = |replica: &str| {
+        replica_config("pause", &[&t0, &t1], &etcd, replica, "")
+            .replace("lease_ttl = \"2s\"", "lease_ttl = \"8s\"")
+    };
+    let (config_a, config_b) = (config("a"), config("b"));
+    let (a, b) = tokio::join!(TestGateway::start(&config_a), TestGateway::start(&config_b));
+    for gateway in [&a, &b] {
+        wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "two replicas",
+            |v| v["replicas"].as_array().unwrap().len() == 2 && v["degraded"] == false,
+        )
+        .await;
+    }
+    let client = reqwest::Client::new();
+    for gateway in [&a, &b] {
+        assert_eq!(infer(&client, &gateway.url(), "sized_a", None).await.0, 200);
+    }
+
+    // Traffic through both replicas while etcd is paused, a cold model among it.
+    let traffic = {
+        let (client, urls) = (client.clone(), [a.url(), b.url()]);
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for i in 0..50 {
+                let model = if i == 10 { "sized_b" } else { "sized_a" };
+                answers.push(infer(&client, &urls[i % 2], model, None).await);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            answers
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    etcd.pause();
+    let resume_at = Instant::now() + Duration::from_secs(3);
+    let mut views = Vec::new();
+    while Instant::now() < resume_at + Duration::from_secs(2) {
+        if Instant::now() >= resume_at {
+            etcd.resume();
+        }
+        for gateway in [&a, &b] {
+            views.push(cluster_view(gateway.admin).await["degraded"].clone());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    etcd.resume();
+    assert!(
+        views.iter().all(|d| *d == false),
+        "a replica degraded: {views:?}"
+    );
+    for (status, body) in traffic.await.unwrap() {
+        assert_eq!(status, 200, "{body}");
+    }
+}

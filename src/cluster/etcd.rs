@@ -137,13 +137,27 @@ pub async fn call<T>(
     replica: &str,
     rpc: impl Future<Output = Result<T, tonic::Status>>,
 ) -> Result<T, String> {
+    call_until(op, replica, Instant::now() + CALL_TIMEOUT, rpc).await
+}
+
+/// `call`, given until `until` to answer: a lease's renewal may wait as long as the lease
+/// is not at risk, so one slow answer on a busy machine is not an outage.
+pub async fn call_until<T>(
+    op: &'static str,
+    replica: &str,
+    until: Instant,
+    rpc: impl Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, String> {
     let started = Instant::now();
-    let outcome = tokio::time::timeout(CALL_TIMEOUT, rpc).await;
+    let outcome = tokio::time::timeout_at(until.into(), rpc).await;
     metrics::histogram!(telemetry::CLUSTER_ETCD_DURATION, "op" => op, "replica" => replica.to_string())
         .record(started.elapsed().as_secs_f64());
     match outcome {
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err(error)) => Err(format!("etcd {op} failed: {error}")),
-        Err(_) => Err(format!("etcd {op} did not answer within {CALL_TIMEOUT:?}")),
+        Err(_) => Err(format!(
+            "etcd {op} did not answer within {:?}",
+            until.saturating_duration_since(started)
+        )),
     }
 }

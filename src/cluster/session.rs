@@ -106,14 +106,22 @@ impl Cluster {
         self.set_degraded(None);
         shared.apply(self, gateway);
         let ttl = Duration::from_secs(self.config.lease_seconds() as u64);
-        let mut keep_alive = tokio::time::interval((ttl / 3).max(Duration::from_millis(500)));
+        // Renewed four times a lease; a renewal may take until a quarter of the lease is
+        // left since the last one etcd confirmed: one late answer (a busy machine, etcd
+        // paused a moment) is not an outage, and the replica degrades only when the lease
+        // is really at risk.
+        let mut keep_alive = tokio::time::interval((ttl / 4).max(Duration::from_millis(250)));
+        let mut renewed = std::time::Instant::now();
         let mut sync = tokio::time::interval(SYNC_INTERVAL);
         let own_record = self.view().key(&format!("{}{me}", view::REPLICAS));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = keep_alive.tick() => {
-                    let answer = call("keep_alive", &me, keeper.renew()).await?;
+                    let sent = std::time::Instant::now();
+                    let at_risk = renewed + ttl * 3 / 4;
+                    let answer = etcd::call_until("keep_alive", &me, at_risk, keeper.renew()).await?;
+                    renewed = sent;
                     if answer.ttl <= 0 {
                         return Err(format!("lease {lease:x} expired"));
                     }
@@ -148,10 +156,21 @@ impl Cluster {
                     }
                 }
                 _ = sync.tick() => {
-                    shared.publish(self, gateway, client).await?;
-                    shared.apply(self, gateway);
-                    self.publish_marks(placement, client, lease, &mut marks_sent).await?;
-                    self.finish_orphans(placement, &mut orphans);
+                    let published = match shared.publish(self, gateway, client).await {
+                        Ok(()) => {
+                            shared.apply(self, gateway);
+                            self.publish_marks(placement, client, lease, &mut marks_sent).await
+                        }
+                        Err(reason) => Err(reason),
+                    };
+                    match published {
+                        Ok(()) => self.finish_orphans(placement, &mut orphans),
+                        // What was not published goes on the next tick, while the lease is safe.
+                        Err(reason) if renewed.elapsed() < ttl * 3 / 4 => {
+                            tracing::info!(replica = %me, %reason, "etcd was slow to take shared state; publishing again");
+                        }
+                        Err(reason) => return Err(reason),
+                    }
                 }
             }
         }

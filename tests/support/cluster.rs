@@ -153,6 +153,26 @@ impl Etcd {
         }
     }
 
+    /// SIGSTOPs the server: its sockets stay, nothing answers, as etcd on a busy host or in
+    /// a long pause. `resume` undoes it.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONTs a server stopped by `pause`.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("etcd is running").id();
+        let sent = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill {signal} {pid}");
+    }
+
     /// Kills the server (SIGKILL: an outage, not a goodbye).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
