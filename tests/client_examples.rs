@@ -196,7 +196,31 @@ fn http_paths(model: &str) -> [String; 4] {
     ]
 }
 
-/// The differential check of issue 28: what the examples ask first (metadata and config)
+/// Answers the gateway gave that differ from Triton's, each named, so one run reports them
+/// all.
+#[derive(Default)]
+struct Differences(Vec<String>);
+
+impl Differences {
+    fn note<T: PartialEq + std::fmt::Debug>(&mut self, what: String, expected: &T, got: &T) {
+        if got != expected {
+            self.0.push(format!(
+                "{what}:\n  Triton  {expected:?}\n  gateway {got:?}"
+            ));
+        }
+    }
+
+    fn assert_none(self) {
+        assert!(
+            self.0.is_empty(),
+            "{} answers differ:\n{}",
+            self.0.len(),
+            self.0.join("\n")
+        );
+    }
+}
+
+/// The differential check: what the examples ask first (metadata and config)
 /// answered through the gateway for models loaded nowhere is what Triton answers for them
 /// loaded, over HTTP (parsed JSON) and gRPC (decoded messages).
 #[tokio::test]
@@ -218,7 +242,7 @@ async fn cold_metadata_and_config_through_the_gateway_equal_tritons_own() {
     );
     let mut triton_grpc = grpc_client(reference.grpc_url()).await;
     let mut gateway_grpc = grpc_client(gateway.grpc_url()).await;
-    let mut differences = Vec::new();
+    let mut differences = Differences::default();
     // gRPC first for half of the models, HTTP first for the others: either may be the call
     // that meets the model cold.
     for (n, model) in COMPARED.iter().enumerate() {
@@ -228,11 +252,7 @@ async fn cold_metadata_and_config_through_the_gateway_equal_tritons_own() {
                     let expected = get_json(&format!("{}{path}", reference.http_url())).await;
                     assert_eq!(expected.0, 200, "Triton's {path}: {:?}", expected.1);
                     let got = get_json(&format!("{}{path}", gateway.url())).await;
-                    if got != expected {
-                        differences.push(format!(
-                            "HTTP {path}:\n  Triton  {expected:?}\n  gateway {got:?}"
-                        ));
-                    }
+                    differences.note(format!("HTTP {path}"), &expected, &got);
                 }
             } else {
                 for version in ["", "1"] {
@@ -242,32 +262,27 @@ async fn cold_metadata_and_config_through_the_gateway_equal_tritons_own() {
                         "Triton's ModelMetadata {model}: {expected:?}"
                     );
                     let got = grpc_metadata(&mut gateway_grpc, model, version).await;
-                    if got != expected {
-                        differences.push(format!(
-                            "gRPC ModelMetadata {model} '{version}':\n  Triton  {expected:?}\n  gateway {got:?}"
-                        ));
-                    }
+                    differences.note(
+                        format!("gRPC ModelMetadata {model} '{version}'"),
+                        &expected,
+                        &got,
+                    );
                     let expected = grpc_config(&mut triton_grpc, model, version).await;
                     assert!(
                         expected.is_ok(),
                         "Triton's ModelConfig {model}: {expected:?}"
                     );
                     let got = grpc_config(&mut gateway_grpc, model, version).await;
-                    if got != expected {
-                        differences.push(format!(
-                            "gRPC ModelConfig {model} '{version}':\n  Triton  {expected:?}\n  gateway {got:?}"
-                        ));
-                    }
+                    differences.note(
+                        format!("gRPC ModelConfig {model} '{version}'"),
+                        &expected,
+                        &got,
+                    );
                 }
             }
         }
     }
-    assert!(
-        differences.is_empty(),
-        "{} answers differ:\n{}",
-        differences.len(),
-        differences.join("\n")
-    );
+    differences.assert_none();
 }
 
 /// Unknown models and versions: the gateway answers with Triton's own status and words,
@@ -281,7 +296,7 @@ async fn unknown_models_and_versions_get_tritons_refusal_without_a_load() {
     );
     let config = pool_config_in(&example_models(), "unknown", &[&t0, &t1], "1GiB", "", "");
     let gateway = TestGateway::start(&config).await;
-    let mut differences = Vec::new();
+    let mut differences = Differences::default();
     for path in [
         "/v2/models/wrong_model_name",
         "/v2/models/wrong_model_name/config",
@@ -292,11 +307,7 @@ async fn unknown_models_and_versions_get_tritons_refusal_without_a_load() {
         let expected = get_json(&format!("{}{path}", reference.http_url())).await;
         assert_eq!(expected.0, 404, "Triton's {path}: {:?}", expected.1);
         let got = get_json(&format!("{}{path}", gateway.url())).await;
-        if got != expected {
-            differences.push(format!(
-                "HTTP {path}:\n  Triton  {expected:?}\n  gateway {got:?}"
-            ));
-        }
+        differences.note(format!("HTTP {path}"), &expected, &got);
     }
     let mut triton_grpc = grpc_client(reference.grpc_url()).await;
     let mut gateway_grpc = grpc_client(gateway.grpc_url()).await;
@@ -315,29 +326,24 @@ async fn unknown_models_and_versions_get_tritons_refusal_without_a_load() {
         let got = grpc_metadata(&mut gateway_grpc, model, version)
             .await
             .map(|_| ());
-        if got != expected {
-            differences.push(format!(
-                "gRPC ModelMetadata {model} '{version}':\n  Triton  {expected:?}\n  gateway {got:?}"
-            ));
-        }
+        differences.note(
+            format!("gRPC ModelMetadata {model} '{version}'"),
+            &expected,
+            &got,
+        );
         let expected = grpc_config(&mut triton_grpc, model, version)
             .await
             .map(|_| ());
         let got = grpc_config(&mut gateway_grpc, model, version)
             .await
             .map(|_| ());
-        if got != expected {
-            differences.push(format!(
-                "gRPC ModelConfig {model} '{version}':\n  Triton  {expected:?}\n  gateway {got:?}"
-            ));
-        }
+        differences.note(
+            format!("gRPC ModelConfig {model} '{version}'"),
+            &expected,
+            &got,
+        );
     }
-    assert!(
-        differences.is_empty(),
-        "{} answers differ:\n{}",
-        differences.len(),
-        differences.join("\n")
-    );
+    differences.assert_none();
     for model in ["wrong_model_name", "simple"] {
         assert_eq!(
             load_calls(&t0, model) + load_calls(&t1, model),

@@ -120,6 +120,19 @@ fn request() -> Value {
     json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
 }
 
+/// Waits until each of `replicas` sees them all, and none is degraded.
+async fn wait_for_replicas(replicas: &[&TestGateway]) {
+    for gateway in replicas {
+        wait_for(
+            gateway.admin,
+            Duration::from_secs(10),
+            "every replica",
+            |v| v["replicas"].as_array().unwrap().len() == replicas.len() && v["degraded"] == false,
+        )
+        .await;
+    }
+}
+
 /// An inference on `model` at `base`: (status, body text).
 async fn infer(
     client: &reqwest::Client,
@@ -202,15 +215,7 @@ async fn an_etcd_outage_degrades_every_replica_while_warm_requests_flow_and_reco
     let (mut etcd, triton) = (etcd.unwrap(), triton.unwrap());
     let a = TestGateway::start(&replica_config("outage", &[&triton], &etcd, "a", "")).await;
     let b = TestGateway::start(&replica_config("outage", &[&triton], &etcd, "b", "")).await;
-    for gateway in [&a, &b] {
-        wait_for(
-            gateway.admin,
-            Duration::from_secs(10),
-            "two replicas",
-            |v| v["replicas"].as_array().unwrap().len() == 2 && v["degraded"] == false,
-        )
-        .await;
-    }
+    wait_for_replicas(&[&a, &b]).await;
     let haproxy = Haproxy::start(&[a.http, b.http]).await.unwrap();
     let client = reqwest::Client::new();
     // Warm: each replica has placed the model once.
@@ -1458,15 +1463,7 @@ async fn etcd_paused_under_the_lease_degrades_no_replica_and_fails_no_request() 
     };
     let (config_a, config_b) = (config("a"), config("b"));
     let (a, b) = tokio::join!(TestGateway::start(&config_a), TestGateway::start(&config_b));
-    for gateway in [&a, &b] {
-        wait_for(
-            gateway.admin,
-            Duration::from_secs(10),
-            "two replicas",
-            |v| v["replicas"].as_array().unwrap().len() == 2 && v["degraded"] == false,
-        )
-        .await;
-    }
+    wait_for_replicas(&[&a, &b]).await;
     let client = reqwest::Client::new();
     for gateway in [&a, &b] {
         assert_eq!(infer(&client, &gateway.url(), "sized_a", None).await.0, 200);

@@ -700,3 +700,48 @@ fn the_dashboard_matches_grafanas_schema_and_its_provisioning() {
         "the provider reads {path}, which compose does not mount"
     );
 }
+
+/// The scale-to-zero example: KEDA's ScaledObject drives the Triton StatefulSet that
+/// triton.yaml defines, may take it to zero, and wakes it on metrics the gateway exports
+/// (the README's metrics table), the held requests first among them.
+#[test]
+fn the_keda_scale_to_zero_example_targets_the_pool_and_reads_the_gateways_metrics() {
+    let file = kit("k8s/scale-to-zero/triton-scaledobject.yaml");
+    let output = run(Command::new(venv_tool("kubernetes-validate"))
+        .arg("--strict")
+        .arg(&file));
+    let report = assert_ok(&output, "kubernetes-validate --strict");
+    let report = format!("{report}{}", String::from_utf8_lossy(&output.stderr));
+    // A CRD has no schema in kubernetes-validate: it can only say it did not check it.
+    assert!(report.contains("kind ScaledObject"), "{report}");
+
+    let scaled = &yaml(&[&file], None)[0];
+    assert_eq!(scaled["apiVersion"], "keda.sh/v1alpha1");
+    let target = &scaled["spec"]["scaleTargetRef"];
+    let pool = yaml(&[&kit("k8s/triton.yaml")], None);
+    assert!(
+        pool.iter()
+            .any(|d| d["kind"] == target["kind"] && d["metadata"]["name"] == target["name"]),
+        "{target} is not in triton.yaml"
+    );
+    assert_eq!(scaled["spec"]["minReplicaCount"], 0);
+    let readme = std::fs::read_to_string(support::repo_root().join("README.md")).unwrap();
+    let triggers = scaled["spec"]["triggers"].as_array().unwrap();
+    assert!(
+        triggers[0]["metadata"]["query"]
+            .as_str()
+            .unwrap()
+            .contains("infergate_requests_waiting")
+    );
+    for trigger in triggers {
+        let query = trigger["metadata"]["query"].as_str().unwrap();
+        let metric = query
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .find(|word| word.starts_with("infergate_"))
+            .unwrap_or_else(|| panic!("{query} names no gateway metric"));
+        assert!(
+            readme.contains(&format!("| `{metric}` |")),
+            "{metric} is not a documented metric"
+        );
+    }
+}

@@ -380,7 +380,10 @@ fn slow_request(delay_ms: i64) -> tonic::Request<ModelInferRequest> {
 #[tokio::test]
 async fn a_killed_backend_gives_unavailable_not_a_hang() {
     let mut t0 = Triton::start(TritonOptions::default()).await.unwrap();
-    let gateway = TestGateway::start(&config_for("killed", &[&t0], "", "")).await;
+    // Once no backend is ready, a request is held for `server.ready_wait` in case one comes
+    // back (tests/hold.rs); here 1s, so the client's UNAVAILABLE comes within its bound.
+    let config = config_for("killed", &[&t0], "", "ready_wait = \"1s\"");
+    let gateway = TestGateway::start(&config).await;
     let mut client = client(&gateway).await;
     // The first requests load add_sub and slow_model (at once), so that the stream's request
     // below is at the backend, not waiting for a load, when the backend dies.

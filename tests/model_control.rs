@@ -400,6 +400,19 @@ async fn metadata_places_a_cold_model_and_a_described_one_is_answered_without_a_
     assert!(t0.loaded_models().await.unwrap().is_empty());
     assert!(t1.loaded_models().await.unwrap().is_empty());
 
+    // A model whose load fails: the load's error, with Retry-After, as a cold inference
+    // gets it.
+    let answer = reqwest::get(format!("{base}/v2/models/failing_model/config"))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    assert!(answer.headers().contains_key("retry-after"));
+    let body: Value = answer.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("failing_model"),
+        "{body}"
+    );
+
     // A model no repository has is Triton's 404 / ready false, with nothing loaded.
     let (status, body) = get(&format!("{base}/v2/models/nope")).await;
     assert_eq!(

@@ -424,7 +424,9 @@ impl Placement {
     /// `max_loading_concurrency` slots on the backend), record the outcome, tell the waiters.
     async fn run_load(self: Arc<Self>, plan: LoadPlan, priority: Priority) {
         if !self.agree_plan(&plan).await {
-            // Dropping the plan tells its waiters to decide again, on the registry's books.
+            // Dropping the plan tells its waiters to decide again, on the registry's books;
+            // the copy it booked goes first, or they would wait on it for ever.
+            self.books().abandon(&plan, Instant::now());
             return;
         }
         let backend = self.pool.backends()[plan.backend].clone();

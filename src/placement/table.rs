@@ -715,6 +715,21 @@ impl Table {
         !books.copies.contains_key(model) && !books.departing.contains_key(model)
     }
 
+    /// A plan the registry did not agree to (unreachable, or another replica's change won):
+    /// the new copy it booked leaves the books, unless the registry's records replaced it
+    /// meanwhile, so no request waits on a load that will never run.
+    pub fn abandon(&mut self, plan: &LoadPlan, now: Instant) {
+        let books = &mut self.backends[plan.backend];
+        let ours = books.copies.get(&plan.model).is_some_and(|copy| {
+            matches!(&copy.state, CopyState::Loading(waiting)
+                if waiting.same_channel(&plan.done.subscribe()))
+        });
+        if ours && let Some(copy) = books.take(&plan.model, (&mut self.located, plan.backend)) {
+            books.committed -= copy.size;
+            books.changed = now;
+        }
+    }
+
     /// A departing copy has gone from the backend: its bytes are free, and requests waiting
     /// to place the model there decide again. Reconciliation ignores index reads from before.
     pub fn departed(&mut self, backend: usize, model: &str, now: Instant) {
@@ -2626,5 +2641,23 @@ mod tests {
         assert_eq!(table.backends[0].copies["net"].held, 0);
         assert_eq!(table.backends[0].copies["pre"].held, 0);
         assert_within_capacity(&table);
+    }
+
+    /// A plan the registry did not agree to leaves no loading copy behind for requests to
+    /// wait on; a copy that is not the plan's own stays.
+    #[tokio::test(start_paused = true)]
+    async fn an_abandoned_plan_leaves_no_copy_loading() {
+        let start = Instant::now();
+        let mut table = Table::new(&[100 * MIB], policy(), start);
+        let plan = plan_of(table.decide(&model("m"), &est(10), &view(1), false, true, start));
+        assert_eq!(table.backends[0].committed, 10 * MIB);
+        table.abandon(&plan, start);
+        assert!(table.backends[0].copies.is_empty());
+        assert_eq!(table.backends[0].committed, 0);
+        // Another plan's copy (here, the next decision's) is not this plan's to take.
+        let next = plan_of(table.decide(&model("m"), &est(10), &view(1), false, true, start));
+        table.abandon(&plan, start);
+        assert!(table.backends[0].copies.contains_key("m"));
+        drop(next);
     }
 }
