@@ -317,6 +317,7 @@ pub async fn serve(
 
     shutdown.cancelled().await;
     gateway.inner.draining.store(true, Ordering::Relaxed);
+    workers.begin_drain();
     let server = &gateway.config().server;
     let (delay, drain) = (server.shutdown_delay.0, server.drain_timeout.0);
     tracing::info!(

@@ -734,6 +734,86 @@ async fn shutdown_lets_in_flight_requests_finish() {
     );
 }
 
+// A load balancer keeps idle connections to a replica and may send on one at any moment, so
+// a replica that is stopping must not close one under it: from the start of shutdown each
+// HTTP/1 answer says `connection: close` (the client opens its next connection elsewhere),
+// an HTTP/2 connection gets a GOAWAY at once, and an idle HTTP/1 connection is still served
+// during `server.shutdown_delay`.
+#[tokio::test]
+async fn shutdown_moves_keep_alive_connections_away_before_closing_any() {
+    let t0 = triton().await;
+    let mut gateway = TestGateway::start(&config_for(
+        "goaway",
+        &[&t0],
+        "",
+        "shutdown_delay = \"3s\"\ndrain_timeout = \"5s\"",
+    ))
+    .await;
+    let infer = |uri: &str| {
+        let body = serde_json::to_vec(&add_sub_request()).unwrap();
+        http::Request::post(format!("{uri}/v2/models/add_sub/infer"))
+            .header("content-type", "application/json")
+            .header("host", "gateway")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap()
+    };
+    let uri = gateway.url();
+    let connect = || async {
+        let stream = tokio::net::TcpStream::connect(gateway.http).await.unwrap();
+        hyper_util::rt::TokioIo::new(stream)
+    };
+    let (mut http1, http1_conn) = hyper::client::conn::http1::handshake(connect().await)
+        .await
+        .unwrap();
+    let mut http1_conn = tokio::spawn(http1_conn);
+    let (mut http2, http2_conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        connect().await,
+    )
+    .await
+    .unwrap();
+    let mut http2_conn = tokio::spawn(http2_conn);
+    let first = http1.send_request(infer(&uri)).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(
+        first.headers().get("connection").is_none(),
+        "{:?}",
+        first.headers()
+    );
+    assert_eq!(http2.send_request(infer(&uri)).await.unwrap().status(), 200);
+
+    let signalled = Instant::now();
+    let stopped = gateway.begin_shutdown();
+    tokio::time::timeout(Duration::from_secs(1), &mut http2_conn)
+        .await
+        .expect("an HTTP/2 connection is sent a GOAWAY when shutdown begins")
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !http1_conn.is_finished(),
+        "an idle HTTP/1 connection was closed"
+    );
+    http1.ready().await.unwrap();
+    let answer = http1.send_request(infer(&uri)).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["connection"], "close");
+    tokio::time::timeout(Duration::from_secs(1), &mut http1_conn)
+        .await
+        .expect("the HTTP/1 connection closes after its answer")
+        .unwrap()
+        .unwrap();
+    assert!(
+        signalled.elapsed() < Duration::from_secs(3),
+        "answered after the delay"
+    );
+    tokio::time::timeout(Duration::from_secs(10), stopped)
+        .await
+        .expect("the gateway stops")
+        .unwrap()
+        .unwrap();
+}
+
 // Rolling restarts behind a load balancer: on SIGTERM readiness (HTTP and gRPC health) turns
 // false at once, new connections are still served for `server.shutdown_delay`, then refused.
 #[tokio::test]

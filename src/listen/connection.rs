@@ -69,6 +69,9 @@ pub(super) struct Connection {
     pub endpoint: Endpoint,
     pub limits: Arc<Limits>,
     pub builder: Arc<auto::Builder<TokioExecutor>>,
+    /// Cancelled when shutdown begins: HTTP/1 answers close their connection after them,
+    /// HTTP/2 connections get a GOAWAY, while the listener still accepts.
+    pub drain: CancellationToken,
     pub stop: CancellationToken,
     pub abort: CancellationToken,
 }
@@ -94,7 +97,7 @@ impl Connection {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let name = self.endpoint.name;
-        let state = Arc::new(ConnectionState::new(name));
+        let state = Arc::new(ConnectionState::new(name, self.drain.clone()));
         let service = PerConnection {
             router: self.endpoint.router.clone(),
             inference: self.endpoint.inference.clone(),
@@ -108,7 +111,7 @@ impl Connection {
         );
         let first_head = tokio::time::sleep(self.limits.header_read_timeout);
         let mut first_head = pin!(first_head);
-        let (mut first_head_armed, mut closing) = (true, false);
+        let (mut first_head_armed, mut closing, mut drained) = (true, false, false);
         loop {
             tokio::select! {
                 result = connection.as_mut() => {
@@ -121,6 +124,17 @@ impl Connection {
                     return;
                 }
                 _ = self.abort.cancelled() => return,
+                // An HTTP/2 client is told at once (GOAWAY; its streams in flight finish), an
+                // HTTP/1 one by its next answer (`connection: close`): an idle HTTP/1
+                // connection closed now could cross a request already on its way. What is
+                // still idle when the listener stops is closed then.
+                _ = state.drain_begun(), if !closing && !drained => {
+                    drained = true;
+                    if state.is_http2() {
+                        closing = true;
+                        connection.as_mut().graceful_shutdown();
+                    }
+                }
                 _ = self.stop.cancelled(), if !closing => {
                     closing = true;
                     connection.as_mut().graceful_shutdown();
@@ -181,7 +195,8 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        self.state.mark_request();
+        let http1 = request.version() < http::Version::HTTP_2;
+        self.state.mark_request(!http1);
         // A gRPC request body is the client's message stream: its pauses are the
         // application's (a bidirectional stream waits on its answers), not a stalled upload.
         let grpc = request
@@ -189,7 +204,6 @@ where
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
         let pace = (!grpc).then_some(self.body_pace);
-        let http1 = request.version() < http::Version::HTTP_2;
         self.state
             .body_started(http1 && !request.body().is_end_stream());
         let mut request = request
@@ -210,6 +224,7 @@ where
         CloseIfUnread {
             response,
             state: self.state.clone(),
+            http1,
         }
     }
 }
@@ -236,11 +251,13 @@ impl Future for Answering {
 
 /// The router's answer; on HTTP/1, with `connection: close` when it is ready before the
 /// request body was read to its end (an error answered early: a body over the limit, a
-/// stalled one). hyper then closes the connection rather than read the rest, and says so, so
-/// the client does not send its next request on a connection about to close.
+/// stalled one), or once shutdown has begun. hyper then closes the connection after the
+/// answer, and says so, so the client does not send its next request on a connection about
+/// to close.
 pub(super) struct CloseIfUnread {
     response: Answering,
     state: Arc<ConnectionState>,
+    http1: bool,
 }
 
 impl Future for CloseIfUnread {
@@ -248,7 +265,7 @@ impl Future for CloseIfUnread {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut response = std::task::ready!(Pin::new(&mut self.response).poll(cx));
-        if self.state.body_unread() {
+        if self.http1 && (self.state.body_unread() || self.state.draining()) {
             response.headers_mut().insert(
                 http::header::CONNECTION,
                 http::HeaderValue::from_static("close"),
@@ -282,7 +299,7 @@ mod tests {
                     gap: Duration::from_secs(1),
                     min_rate: None,
                 },
-                state: Arc::new(ConnectionState::new("http")),
+                state: Arc::new(ConnectionState::new("http", CancellationToken::new())),
             };
             async move {
                 let request = http::Request::new(axum::body::Body::empty());

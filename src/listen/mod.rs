@@ -127,6 +127,8 @@ pub struct Endpoint {
 
 /// The running workers: how `serve` stops them.
 pub struct Workers {
+    /// Shutdown has begun: connections are told to close after their next answer.
+    drain: CancellationToken,
     /// Stop accepting and shut every connection down gracefully.
     stop: CancellationToken,
     /// Drop whatever is still open (the drain took too long, or `serve` itself was dropped).
@@ -155,6 +157,7 @@ impl Workers {
         }
         let limits = Arc::new(Limits::from(server));
         let mut this = Self {
+            drain: CancellationToken::new(),
             stop: CancellationToken::new(),
             abort: CancellationToken::new(),
             open: TaskTracker::new(),
@@ -165,6 +168,7 @@ impl Workers {
                 index,
                 sockets,
                 limits: limits.clone(),
+                drain: this.drain.clone(),
                 stop: this.stop.clone(),
                 abort: this.abort.clone(),
                 open: this.open.clone(),
@@ -178,9 +182,18 @@ impl Workers {
         Ok(this)
     }
 
+    /// Shutdown begins while the listeners still accept: each HTTP/1 answer from now on
+    /// carries `connection: close`, each HTTP/2 connection gets a GOAWAY, so clients and load
+    /// balancers move their keep-alive connections away before any is closed under them
+    /// (as Envoy's and nginx's drains do).
+    pub fn begin_drain(&self) {
+        self.drain.cancel();
+    }
+
     /// Closes every listening socket and asks each connection to finish: HTTP/1 after the
     /// request in flight, HTTP/2 with a GOAWAY.
     pub fn stop_accepting(&self) {
+        self.drain.cancel();
         self.stop.cancel();
     }
 
@@ -213,6 +226,7 @@ struct Worker {
     index: usize,
     sockets: Vec<(Endpoint, std::net::TcpListener)>,
     limits: Arc<Limits>,
+    drain: CancellationToken,
     stop: CancellationToken,
     abort: CancellationToken,
     open: TaskTracker,
@@ -247,6 +261,7 @@ impl Worker {
                     endpoint,
                     limits: self.limits.clone(),
                     open_here: Arc::new(AtomicUsize::new(0)),
+                    drain: self.drain.clone(),
                     stop: self.stop.clone(),
                     abort: self.abort.clone(),
                     open: self.open.clone(),
@@ -266,6 +281,7 @@ struct AcceptLoop {
     limits: Arc<Limits>,
     /// Connections this worker has open on this listener.
     open_here: Arc<AtomicUsize>,
+    drain: CancellationToken,
     stop: CancellationToken,
     abort: CancellationToken,
     open: TaskTracker,
@@ -307,6 +323,7 @@ impl AcceptLoop {
                 endpoint: self.endpoint.clone(),
                 limits: self.limits.clone(),
                 builder: builder.clone(),
+                drain: self.drain.clone(),
                 stop: self.stop.clone(),
                 abort: self.abort.clone(),
             };

@@ -15,6 +15,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
 
 /// The error a body yields when the client sent nothing for `server.body_read_timeout`.
 #[derive(Debug, thiserror::Error)]
@@ -71,23 +72,44 @@ pub(super) struct ConnectionState {
     /// The listener, for the metric.
     listener: &'static str,
     saw_request: AtomicBool,
+    /// The connection speaks HTTP/2 (seen on its first request).
+    http2: AtomicBool,
     /// An HTTP/1 request's body is not yet read to its end.
     body_unread: AtomicBool,
     stalled: Notify,
+    /// Cancelled when the gateway begins to shut down (`Workers::begin_drain`).
+    drain: CancellationToken,
 }
 
 impl ConnectionState {
-    pub fn new(listener: &'static str) -> Self {
+    pub fn new(listener: &'static str, drain: CancellationToken) -> Self {
         Self {
             listener,
             saw_request: AtomicBool::new(false),
+            http2: AtomicBool::new(false),
             body_unread: AtomicBool::new(false),
             stalled: Notify::new(),
+            drain,
         }
     }
 
-    pub fn mark_request(&self) {
+    pub fn mark_request(&self, http2: bool) {
         self.saw_request.store(true, Ordering::Relaxed);
+        self.http2.store(http2, Ordering::Relaxed);
+    }
+
+    pub fn is_http2(&self) -> bool {
+        self.http2.load(Ordering::Relaxed)
+    }
+
+    /// Shutdown has begun: an HTTP/1 answer tells its client not to reuse the connection.
+    pub fn draining(&self) -> bool {
+        self.drain.is_cancelled()
+    }
+
+    /// Resolves once shutdown has begun.
+    pub async fn drain_begun(&self) {
+        self.drain.cancelled().await
     }
 
     /// A request begins: `unread` when it is HTTP/1 and has a body.
@@ -311,7 +333,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stalled_body_fails_after_the_timeout_and_tells_its_connection() {
-        let connection = Arc::new(ConnectionState::new("http"));
+        let connection = Arc::new(ConnectionState::new("http", CancellationToken::new()));
         let timeout = Duration::from_secs(60);
         let mut body = ReadTimeout::new(
             stalls_after_one_chunk(),
@@ -338,7 +360,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn without_a_timeout_a_body_may_wait_as_long_as_it_likes() {
-        let connection = Arc::new(ConnectionState::new("http"));
+        let connection = Arc::new(ConnectionState::new("http", CancellationToken::new()));
         let mut body = ReadTimeout::new(stalls_after_one_chunk(), None, connection);
         body.frame().await.unwrap().unwrap();
         let waited = tokio::time::timeout(Duration::from_secs(3600), body.frame()).await;
@@ -386,7 +408,7 @@ mod tests {
     // A byte a second never passes the 60 s pause, but it is cut once the grace is spent.
     #[tokio::test(start_paused = true)]
     async fn a_trickled_body_fails_when_its_grace_is_spent_under_the_minimum_rate() {
-        let connection = Arc::new(ConnectionState::new("http"));
+        let connection = Arc::new(ConnectionState::new("http", CancellationToken::new()));
         let trickle = paced(1000, 1, Duration::from_secs(1));
         let mut body = ReadTimeout::new(trickle, Some(kestrel_like()), connection.clone());
         let started = Instant::now();
@@ -410,7 +432,7 @@ mod tests {
     // 300 bytes every second for a minute: slow, but above the rate all the way.
     #[tokio::test(start_paused = true)]
     async fn a_slow_but_steady_body_above_the_rate_is_read_whole() {
-        let connection = Arc::new(ConnectionState::new("http"));
+        let connection = Arc::new(ConnectionState::new("http", CancellationToken::new()));
         let steady = paced(60, 300, Duration::from_secs(1));
         let mut body = ReadTimeout::new(steady, Some(kestrel_like()), connection);
         let (read, error) = drain(&mut body).await;
@@ -422,7 +444,7 @@ mod tests {
     // holding it back) does not make the client slow.
     #[tokio::test(start_paused = true)]
     async fn time_the_gateway_takes_between_reads_is_not_the_clients() {
-        let connection = Arc::new(ConnectionState::new("http"));
+        let connection = Arc::new(ConnectionState::new("http", CancellationToken::new()));
         let ready = paced(20, 1, Duration::ZERO);
         let mut body = ReadTimeout::new(ready, Some(kestrel_like()), connection);
         let mut read = 0;
