@@ -460,3 +460,94 @@ async fn a_slow_but_steady_body_above_the_minimum_rate_is_served() {
     assert!(answer.starts_with("HTTP/1.1 200"), "answer: {answer}");
     assert!(answer.contains("[2.0,3.0,4.0,5.0]"), "answer: {answer}");
 }
+
+/// The slow POST over gRPC: a ModelInfer message trickled a byte every 200 ms. A stream may
+/// rest between its messages as long as it likes, but a message once begun must come at
+/// `min_body_rate`: the call fails with the error table's status naming the key once the
+/// grace is spent, the connection gets a GOAWAY, it is counted, and others are served.
+#[tokio::test]
+async fn a_grpc_message_trickled_under_the_minimum_rate_fails_with_a_status() {
+    use http_body_util::BodyExt;
+    let (_triton, gateway) = gateway("slowgrpc", "min_body_rate_grace = \"1s\"").await;
+    let before = timeouts_counted(&gateway, "body_rate").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = well_behaved(gateway.url(), stop.clone());
+    let mut message = support::grpc::fp32_infer(
+        "add_sub",
+        &[("INPUT0", [1.0, 2.0, 3.0, 4.0]), ("INPUT1", [1.0; 4])],
+    );
+    message.id = "slow".repeat(100);
+    let encoded = prost::Message::encode_to_vec(&message);
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&encoded);
+
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(1);
+    let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
+        let chunk = rx.recv().await?;
+        Some((
+            Ok::<_, std::convert::Infallible>(http_body::Frame::data(chunk)),
+            rx,
+        ))
+    });
+    let body = http_body_util::StreamBody::new(Box::pin(chunks));
+    let stream = TcpStream::connect(gateway.grpc).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let mut connection = tokio::spawn(connection);
+    let feeder = tokio::spawn(async move {
+        for byte in framed.chunks(1) {
+            if tx.send(bytes::Bytes::copy_from_slice(byte)).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let request = http::Request::post(format!(
+        "{}/inference.GRPCInferenceService/ModelInfer",
+        gateway.grpc_url()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(body)
+    .unwrap();
+    let started = Instant::now();
+    let response = tokio::time::timeout(Duration::from_secs(8), sender.send_request(request))
+        .await
+        .expect("no answer to a trickled message within 8 s")
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let trailers = body.collect().await.unwrap().trailers().cloned();
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(900) && elapsed < Duration::from_secs(4),
+        "answered after {elapsed:?}"
+    );
+    let status = trailers
+        .as_ref()
+        .and_then(|t| t.get("grpc-status"))
+        .or(parts.headers.get("grpc-status"))
+        .expect("a grpc-status");
+    assert_eq!(status, "4", "{parts:?} {trailers:?}");
+    let text = trailers
+        .as_ref()
+        .and_then(|t| t.get("grpc-message"))
+        .or(parts.headers.get("grpc-message"))
+        .map(|m| m.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    assert!(text.contains("server.min_body_rate"), "{text}");
+    tokio::time::timeout(Duration::from_secs(3), &mut connection)
+        .await
+        .expect("the connection is closed after the slow message")
+        .unwrap()
+        .unwrap();
+    feeder.abort();
+    stop.store(true, Ordering::Relaxed);
+    assert_quick(client.await.unwrap(), "slow gRPC message");
+    let counted = timeouts_counted(&gateway, "body_rate").await - before;
+    assert!(counted >= 1.0, "{counted} body_rate timeouts counted");
+}

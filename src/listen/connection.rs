@@ -197,17 +197,21 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let http1 = request.version() < http::Version::HTTP_2;
         self.state.mark_request(!http1);
-        // A gRPC request body is the client's message stream: its pauses are the
-        // application's (a bidirectional stream waits on its answers), not a stalled upload.
+        // A gRPC request body is the client's message stream, paced one message at a time.
         let grpc = request
             .headers()
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
-        let pace = (!grpc).then_some(self.body_pace);
         self.state
             .body_started(http1 && !request.body().is_end_stream());
-        let mut request = request
-            .map(|body| axum::body::Body::new(ReadTimeout::new(body, pace, self.state.clone())));
+        let mut request = request.map(|body| {
+            axum::body::Body::new(ReadTimeout::new(
+                body,
+                self.body_pace,
+                grpc,
+                self.state.clone(),
+            ))
+        });
         if let Some(identity) = &self.identity {
             request.extensions_mut().insert(identity.clone());
         }

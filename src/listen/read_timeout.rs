@@ -160,6 +160,62 @@ impl MinRate {
     }
 }
 
+/// Where a gRPC request stream is in its length-prefixed messages (a flag byte and a
+/// big-endian length, then the message). A stream may rest between messages as long as the
+/// application likes (a bidirectional stream waits on its answers); a message once begun must
+/// come at the body's pace, so a client cannot trickle one in forever.
+#[derive(Debug, Default)]
+pub(super) struct Messages {
+    prefix: [u8; 5],
+    /// Bytes of the current message's prefix read; 5 while its body is read.
+    prefix_read: usize,
+    body_left: u64,
+}
+
+impl Messages {
+    /// Whether a message has begun and not ended.
+    fn inside(&self) -> bool {
+        self.prefix_read > 0
+    }
+
+    /// Reads past `data`; returns how many of its bytes belong to a message that began in it
+    /// and is still open at its end.
+    fn feed(&mut self, mut data: &[u8]) -> Option<usize> {
+        let mut open_from = None;
+        let total = data.len();
+        while !data.is_empty() {
+            if self.prefix_read < 5 {
+                if self.prefix_read == 0 {
+                    open_from = Some(total - data.len());
+                }
+                let take = (5 - self.prefix_read).min(data.len());
+                self.prefix[self.prefix_read..self.prefix_read + take]
+                    .copy_from_slice(&data[..take]);
+                self.prefix_read += take;
+                data = &data[take..];
+                if self.prefix_read == 5 {
+                    let length = [
+                        self.prefix[1],
+                        self.prefix[2],
+                        self.prefix[3],
+                        self.prefix[4],
+                    ];
+                    self.body_left = u64::from(u32::from_be_bytes(length));
+                }
+            } else {
+                let take =
+                    usize::try_from(self.body_left).map_or(data.len(), |left| left.min(data.len()));
+                self.body_left -= take as u64;
+                data = &data[take..];
+            }
+            if self.prefix_read == 5 && self.body_left == 0 {
+                (self.prefix_read, open_from) = (0, None);
+            }
+        }
+        open_from.map(|from| total - from)
+    }
+}
+
 /// Which limit the armed timer stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Limit {
@@ -172,8 +228,9 @@ enum Limit {
 /// not to blame.
 pub(super) struct ReadTimeout<B> {
     inner: B,
-    /// `None`: no limits (gRPC streams).
-    pace: Option<BodyPace>,
+    pace: BodyPace,
+    /// A gRPC stream's place in its messages (`None`: a plain body, paced whole).
+    messages: Option<Messages>,
     /// Created on the first wait, reset on each later one.
     sleep: Option<Pin<Box<Sleep>>>,
     /// When the current wait began; `None` while the body is not waiting.
@@ -188,14 +245,17 @@ pub(super) struct ReadTimeout<B> {
 }
 
 impl<B> ReadTimeout<B> {
+    /// `grpc`: the body is a gRPC message stream, paced one message at a time.
     pub fn new(
         inner: B,
-        pace: Option<BodyPace>,
+        pace: BodyPace,
+        grpc: bool,
         connection: std::sync::Arc<ConnectionState>,
     ) -> Self {
         Self {
             inner,
             pace,
+            messages: grpc.then(Messages::default),
             sleep: None,
             waiting_since: None,
             armed: Limit::Gap,
@@ -214,10 +274,17 @@ impl<B> ReadTimeout<B> {
         if let Some(since) = self.waiting_since.take() {
             self.waited += since.elapsed();
         }
-        if let Some(Ok(frame)) = frame
-            && let Some(data) = frame.data_ref()
-        {
+        let Some(Ok(frame)) = frame else { return };
+        let Some(data) = frame.data_ref() else { return };
+        let Some(messages) = &mut self.messages else {
             self.received += data.len() as u64;
+            return;
+        };
+        // A message is paced from its first byte; a stream between messages is not paced.
+        match messages.feed(data) {
+            _ if !messages.inside() => (self.received, self.waited) = (0, Duration::ZERO),
+            Some(begun) => (self.received, self.waited) = (begun as u64, Duration::ZERO),
+            None => self.received += data.len() as u64,
         }
     }
 
@@ -243,10 +310,21 @@ impl<B> ReadTimeout<B> {
         }
     }
 
-    /// The body fails for the limit it passed, and its connection is told to close.
+    /// The body fails for the limit it passed, and its connection is told to close. A gRPC
+    /// stream fails with the status the error table gives (tonic answers it as is).
     fn fail(&mut self, pace: BodyPace) -> axum::BoxError {
         self.failed = true;
         self.connection.stalled.notify_one();
+        let error = self.passed(pace);
+        match (&self.messages, client_too_slow(&*error)) {
+            (Some(_), Some(error)) => {
+                Box::new(tonic::Status::new(error.grpc_code(), error.to_string()))
+            }
+            _ => error,
+        }
+    }
+
+    fn passed(&self, pace: BodyPace) -> axum::BoxError {
         match (self.armed, pace.min_rate) {
             (Limit::Rate, Some(rate)) => {
                 super::connection::count_timeout(self.connection.listener, "body_rate");
@@ -288,9 +366,10 @@ where
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        let Some(pace) = this.pace else {
+        let pace = this.pace;
+        if this.messages.as_ref().is_some_and(|m| !m.inside()) {
             return Poll::Pending;
-        };
+        }
         if this.waiting_since.is_none() {
             this.start_wait(pace);
         }
@@ -337,7 +416,8 @@ mod tests {
         let timeout = Duration::from_secs(60);
         let mut body = ReadTimeout::new(
             stalls_after_one_chunk(),
-            Some(gap_only(timeout)),
+            gap_only(timeout),
+            false,
             connection.clone(),
         );
         let started = Instant::now();
@@ -358,13 +438,66 @@ mod tests {
         assert!(body.frame().await.is_none());
     }
 
+    /// A gRPC stream: `chunks`, then a wait forever.
+    fn grpc_stream(
+        chunks: &[&'static [u8]],
+    ) -> impl Body<Data = Bytes, Error = Infallible> + Unpin {
+        use futures_util::StreamExt;
+        let chunks: Vec<_> = chunks
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::from_static(c))))
+            .collect();
+        http_body_util::StreamBody::new(
+            futures_util::stream::iter(chunks).chain(futures_util::stream::pending()),
+        )
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn without_a_timeout_a_body_may_wait_as_long_as_it_likes() {
-        let connection = Arc::new(ConnectionState::new("http", CancellationToken::new()));
-        let mut body = ReadTimeout::new(stalls_after_one_chunk(), None, connection);
+    async fn a_grpc_stream_may_rest_between_messages_as_long_as_it_likes() {
+        let connection = Arc::new(ConnectionState::new("grpc", CancellationToken::new()));
+        let whole = grpc_stream(&[b"\0\0\0\0\x02ab", b"\0\0\0\0\x00"]);
+        let mut body = ReadTimeout::new(whole, kestrel_like(), true, connection);
+        body.frame().await.unwrap().unwrap();
         body.frame().await.unwrap().unwrap();
         let waited = tokio::time::timeout(Duration::from_secs(3600), body.frame()).await;
-        assert!(waited.is_err(), "a gRPC stream's pause is not a stall");
+        assert!(
+            waited.is_err(),
+            "a gRPC stream's pause between messages is not a stall"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grpc_message_stalled_half_way_fails_with_the_tables_status() {
+        let connection = Arc::new(ConnectionState::new("grpc", CancellationToken::new()));
+        // A whole message, then the prefix of a 100-byte one and 2 of its bytes.
+        let half = grpc_stream(&[b"\0\0\0\0\x01a", b"\0\0\0", b"\0\x64ab"]);
+        let mut body = ReadTimeout::new(half, gap_only(Duration::from_secs(2)), true, connection);
+        for _ in 0..3 {
+            body.frame().await.unwrap().unwrap();
+        }
+        let started = Instant::now();
+        let error = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+        let status = error
+            .downcast_ref::<tonic::Status>()
+            .expect("a gRPC status");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains("server.body_read_timeout"),
+            "{status:?}"
+        );
+    }
+
+    #[test]
+    fn messages_are_followed_across_chunks() {
+        let mut messages = Messages::default();
+        assert_eq!(messages.feed(b"\0\0\0\0\x03abc\0\0"), Some(2));
+        assert!(messages.inside());
+        assert_eq!(messages.feed(b"\0\0\x01"), None);
+        assert!(messages.inside());
+        assert_eq!(messages.feed(b"z"), None);
+        assert!(!messages.inside());
+        assert_eq!(messages.feed(b"\0\0\0\0\x00\0\0\0\0\x05ab"), Some(7));
     }
 
     /// A body of `chunks` chunks of `size` bytes, one every `every`.
@@ -410,7 +543,7 @@ mod tests {
     async fn a_trickled_body_fails_when_its_grace_is_spent_under_the_minimum_rate() {
         let connection = Arc::new(ConnectionState::new("http", CancellationToken::new()));
         let trickle = paced(1000, 1, Duration::from_secs(1));
-        let mut body = ReadTimeout::new(trickle, Some(kestrel_like()), connection.clone());
+        let mut body = ReadTimeout::new(trickle, kestrel_like(), false, connection.clone());
         let started = Instant::now();
         let (read, error) = drain(&mut body).await;
         assert_eq!(started.elapsed(), Duration::from_secs(5));
@@ -434,7 +567,7 @@ mod tests {
     async fn a_slow_but_steady_body_above_the_rate_is_read_whole() {
         let connection = Arc::new(ConnectionState::new("http", CancellationToken::new()));
         let steady = paced(60, 300, Duration::from_secs(1));
-        let mut body = ReadTimeout::new(steady, Some(kestrel_like()), connection);
+        let mut body = ReadTimeout::new(steady, kestrel_like(), false, connection);
         let (read, error) = drain(&mut body).await;
         assert!(error.is_none(), "{error:?}");
         assert_eq!(read, 60 * 300);
@@ -446,7 +579,7 @@ mod tests {
     async fn time_the_gateway_takes_between_reads_is_not_the_clients() {
         let connection = Arc::new(ConnectionState::new("http", CancellationToken::new()));
         let ready = paced(20, 1, Duration::ZERO);
-        let mut body = ReadTimeout::new(ready, Some(kestrel_like()), connection);
+        let mut body = ReadTimeout::new(ready, kestrel_like(), false, connection);
         let mut read = 0;
         while let Some(frame) = body.frame().await {
             read += frame.unwrap().into_data().unwrap().len();
