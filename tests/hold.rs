@@ -143,3 +143,74 @@ async fn a_request_is_refused_once_ready_wait_ends_naming_why() {
         "{refused:?}"
     );
 }
+
+/// Scale to zero and back: a warm pool loses every Triton (as a Deployment scaled to zero
+/// overnight), requests arrive and wait, and one Triton comes back, empty. Every request is
+/// served once it is up, within `ready_wait`, none before; the gateway learns that the copies
+/// it had are gone and loads the model again, once.
+#[tokio::test]
+async fn a_pool_scaled_to_zero_and_back_serves_the_requests_that_waited() {
+    let (t0, t1) = tokio::join!(
+        Triton::start(TritonOptions::default()),
+        Triton::start(TritonOptions::default())
+    );
+    let (mut t0, mut t1) = (t0.unwrap(), t1.unwrap());
+    let config = pool_config("zero", &[&t0, &t1], "1GiB", "", "");
+    let gateway = TestGateway::start(&config).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v2/models/add_sub/infer", gateway.url());
+    let warm = client.post(&url).json(&add_sub()).send().await.unwrap();
+    assert_eq!(warm.status(), 200);
+
+    t0.kill();
+    t1.kill();
+    let ready = format!("{}/v2/health/ready", gateway.url());
+    let gone = Instant::now();
+    while client.get(&ready).send().await.unwrap().status() == 200 {
+        assert!(
+            gone.elapsed() < Duration::from_secs(10),
+            "still ready with no Triton"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let mut sent = Vec::new();
+    for _ in 0..6 {
+        let (client, url) = (client.clone(), url.clone());
+        sent.push(tokio::spawn(async move {
+            let at = Instant::now();
+            let answer = client.post(&url).json(&add_sub()).send().await.unwrap();
+            let status = answer.status();
+            let body = answer.text().await.unwrap();
+            (status, body, at.elapsed(), Instant::now())
+        }));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let back = Instant::now();
+    t0.restart(TritonOptions::default()).await.unwrap();
+    let up = Instant::now();
+    let mut waited = Vec::new();
+    for request in sent {
+        let (status, body, took, answered) = request.await.unwrap();
+        assert_eq!(status, 200, "a held request failed: {body}");
+        assert!(answered >= back, "answered before any Triton was back");
+        assert!(
+            took < Duration::from_secs(10),
+            "held past ready_wait: {took:?}"
+        );
+        waited.push(took);
+    }
+    waited.sort();
+    println!(
+        "held requests: p50 {:?}, p99 {:?}; Triton up {:?} after the last was sent",
+        percentile(&waited, 0.5),
+        percentile(&waited, 0.99),
+        up - back
+    );
+    assert_eq!(t0.loaded_models().await.unwrap(), ["add_sub"]);
+    let loads = t0.log().matches("loading: add_sub:1").count();
+    assert_eq!(
+        loads, 1,
+        "add_sub loaded {loads} times on the Triton that came back"
+    );
+}
