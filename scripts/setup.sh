@@ -24,7 +24,8 @@ flock 9
 #    image has no package lists): python3-venv to create the venv, curl for scripts/demo.sh,
 #    openssl for the auth tests' keys, prometheus (with promtool) and docker-compose for the
 #    deployment kit's tests (docker/); etcd-server (etcd 3.4, v3 API) and haproxy for the
-#    replicas' tests (tests/cluster.rs); libpython for the python backend stub (step 3).
+#    replicas' tests (tests/cluster.rs); stress-ng to make the machine busy under them;
+#    libpython for the python backend stub (step 3).
 #    No protoc: the build compiles every .proto in pure Rust (build.rs, protox).
 apt_updated=""
 apt_install() { # package...
@@ -50,6 +51,7 @@ command -v curl >/dev/null || need+=(curl)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v haproxy >/dev/null || need+=(haproxy)
+command -v stress-ng >/dev/null || need+=(stress-ng)
 # Debian's python3 has no venv/ensurepip without python3-venv (only needed to create .venv).
 if [[ ! -x "$VENV/bin/python" ]] && [[ "$PYTHON" == python3 ]] \
     && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then

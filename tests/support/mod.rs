@@ -597,6 +597,35 @@ pub async fn reporting_memory(triton_http: String, gpu_bytes: u64) -> std::net::
     addr
 }
 
+/// A CPU hog on every core (Debian's `stress-ng`), for tests that must hold on a busy
+/// machine, as production has slow moments; stopped when dropped, also when a test fails.
+pub struct Stress(Child);
+
+impl Stress {
+    /// Starts one busy worker per core.
+    pub fn start() -> anyhow::Result<Stress> {
+        let mut cmd = Command::new("stress-ng");
+        cmd.args(["--cpu", "0", "--timeout", "600s", "--quiet"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = spawn_in_own_group(cmd).map_err(|e| {
+            anyhow::anyhow!("cannot start stress-ng (scripts/setup.sh installs it): {e}")
+        })?;
+        Ok(Stress(child))
+    }
+}
+
+impl Drop for Stress {
+    fn drop(&mut self) {
+        // The group id is stress-ng's pid (process_group(0)); its workers are in it.
+        unsafe {
+            sys::kill(-(self.0.id() as i32), sys::SIGKILL);
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// `N` distinct free loopback ports for a server the test starts (Triton, etcd, HAProxy).
 /// They are taken below the kernel's ephemeral range (32768 and up), in turn from a counter
 /// this process shares: a port the kernel hands out for an outgoing connection or a port-0
