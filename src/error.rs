@@ -54,7 +54,7 @@ pub enum GatewayError {
     NotLoaded {
         model: String,
         version: Option<String>,
-        ask: crate::pipeline::Ask,
+        ask: crate::model::Ask,
     },
     /// A load through the repository API names a model no backend's repository has. Triton
     /// answers this 500 ("failed to load ..."), and so does the gateway.
@@ -174,8 +174,8 @@ fn retry_secs(after: Duration) -> u64 {
 }
 
 /// Triton 2.51's words for a model it has not loaded, by what was asked.
-fn not_loaded_message(model: &str, version: &Option<String>, ask: crate::pipeline::Ask) -> String {
-    use crate::pipeline::Ask;
+fn not_loaded_message(model: &str, version: &Option<String>, ask: crate::model::Ask) -> String {
+    use crate::model::Ask;
     match (ask, version) {
         (Ask::Ready, _) => "Model version not ready".into(),
         (Ask::Statistics, _) => format!("requested model '{model}' is not available"),
@@ -191,6 +191,13 @@ fn version_suffix(version: &Option<String>) -> String {
         .as_deref()
         .map(|v| format!(" version {v}"))
         .unwrap_or_default()
+}
+
+/// A version Triton would not read: its 400 / INVALID_ARGUMENT, in its words.
+impl From<crate::model::BadVersion> for GatewayError {
+    fn from(bad: crate::model::BadVersion) -> Self {
+        Self::BadRequest(bad.0)
+    }
 }
 
 impl GatewayError {
@@ -271,7 +278,7 @@ impl GatewayError {
     /// by side (Triton's own where Triton has the same failure). `http_status` and
     /// `grpc_code` read it; nothing else maps a failure to a status.
     pub fn classify(&self) -> (StatusCode, Code) {
-        use crate::pipeline::Ask;
+        use crate::model::Ask;
         match self {
             Self::BadRequest(_) | Self::InvalidInput { .. } => {
                 (StatusCode::BAD_REQUEST, Code::InvalidArgument)
@@ -716,7 +723,7 @@ mod tests {
     /// A model that is not loaded is answered as Triton 2.51 answers it, per question.
     #[test]
     fn a_model_not_loaded_is_answered_in_tritons_words() {
-        use crate::pipeline::Ask;
+        use crate::model::Ask;
         use tonic::Code;
         let not_loaded = |ask, version: Option<&str>| GatewayError::NotLoaded {
             model: "m".into(),

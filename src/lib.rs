@@ -12,6 +12,7 @@ mod error;
 mod frontend;
 mod listen;
 mod log_text;
+mod model;
 mod pipeline;
 mod placement;
 pub mod protocol;
@@ -36,7 +37,8 @@ pub mod internals {
     pub use crate::auth::{Auth, Credentials};
     pub use crate::config::{ByteSize, Config, EvictionPolicy, HumanDuration};
     pub use crate::error::GatewayError;
-    pub use crate::pipeline::{Caller, ModelRef, PIN_HEADER, RouteTable};
+    pub use crate::model::ModelRef;
+    pub use crate::pipeline::{Caller, PIN_HEADER, RouteTable};
     pub use crate::placement::estimate::{Estimate, SizeSource};
     pub use crate::placement::policy::EvictionOrder;
     pub use crate::placement::table::{BackendView, Decision, Policy, Table};

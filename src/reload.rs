@@ -198,7 +198,7 @@ fn in_use(config: &Config) -> BTreeMap<String, Versions> {
     let mut used: BTreeMap<String, Versions> = BTreeMap::new();
     let targets = config.routes.iter().flat_map(|r| &r.targets);
     for target in targets {
-        let version = crate::pipeline::version_number(target.version.as_deref())
+        let version = crate::model::version_number(target.version.as_deref())
             .ok()
             .flatten();
         let entry = used.entry(target.model.clone()).or_default();

@@ -9,7 +9,7 @@
 //! two random ids and one header.
 
 use crate::error::ErrorKind;
-use crate::pipeline::Served;
+use crate::model::Served;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,

@@ -4,11 +4,12 @@
 //! reload landing mid-request never authenticates a request with one config and routes it
 //! with another.
 
+use super::Routed;
 use super::admit::Caller;
-use super::{Ask, ModelRef, Routed};
 use crate::Gateway;
 use crate::auth::Admission;
 use crate::error::GatewayError;
+use crate::model::{Ask, ModelRef, Served};
 use crate::placement::{Lease, SequenceRef};
 use crate::reload::Live;
 use http::HeaderValue;
@@ -89,7 +90,7 @@ impl RequestCtx {
         match (&self.routed, &self.lease) {
             (Some(routed), Some(lease)) => Served {
                 backend: lease.backend().name.clone(),
-                ..Served::routed(routed)
+                ..routed.served()
             },
             _ => Served::default(),
         }
@@ -143,31 +144,6 @@ impl RequestCtx {
             model: self.model().map(|m| m.name.clone()).unwrap_or_default(),
             version: None,
         })
-    }
-}
-
-/// What served a request: the labels of its metrics and the fields of its log line.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Served {
-    /// Model name.
-    pub model: String,
-    /// Version asked for, if any.
-    pub version: Option<String>,
-    /// Backend that answered.
-    pub backend: String,
-    /// The route the client called, when its model name was a route.
-    pub route: Option<String>,
-}
-
-impl Served {
-    /// The model and route a request resolved to, on no backend yet.
-    pub fn routed(routed: &Routed) -> Self {
-        Self {
-            model: routed.target.name.clone(),
-            version: routed.target.version.clone(),
-            backend: String::new(),
-            route: routed.route.clone(),
-        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::telemetry;
 use crate::trace::RequestTrace;
 use std::time::Duration;
 
-pub use super::ctx::Served;
+pub use crate::model::Served;
 
 /// Counts the answer for a guarded route, once: `failed` for a failure of the target.
 pub fn settle(ctx: &mut RequestCtx, failed: bool) {

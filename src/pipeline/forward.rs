@@ -9,8 +9,9 @@
 //! the books, the request is placed again and sent once more. Only once: a second refusal is
 //! the answer.
 
-use super::{ModelRef, RequestCtx, Routed, mirror, place};
+use super::{RequestCtx, Routed, mirror, place};
 use crate::error::GatewayError;
+use crate::model::ModelRef;
 use crate::placement::SequenceRef;
 use crate::upstream::Backend;
 use std::sync::Arc;

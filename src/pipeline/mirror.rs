@@ -4,8 +4,8 @@
 //! and when too many are already in flight a copy is dropped (and counted) rather than
 //! queued.
 
-use super::ModelRef;
 use crate::Gateway;
+use crate::model::ModelRef;
 use crate::telemetry;
 use crate::upstream::Backend;
 use std::future::Future;

@@ -7,8 +7,9 @@
 //! failed the request, and a guard counts that against it; a guard's latency starts once the
 //! target is placed. A request nothing can take right now waits for the pool (`hold`).
 
-use super::{Ask, RequestCtx, finish};
+use super::{RequestCtx, finish};
 use crate::error::GatewayError;
+use crate::model::Ask;
 use crate::placement::Lease;
 use bytes::Bytes;
 use std::time::Duration;

@@ -2,9 +2,10 @@
 //! is split across its targets by weight, sticky by a key when the route says so; any other
 //! name is its own target.
 
-use super::{Ask, Caller, ModelRef, RequestCtx};
+use super::{Caller, RequestCtx};
 use crate::config::{self, StickyKey};
 use crate::error::GatewayError;
+use crate::model::{Ask, ModelRef, Served};
 use crate::routing::{Route, Target};
 use foldhash::HashMap;
 use std::borrow::Cow;
@@ -50,6 +51,16 @@ pub struct Routed {
 }
 
 impl Routed {
+    /// The model and route the request resolved to, on no backend yet.
+    pub fn served(&self) -> Served {
+        Served {
+            model: self.target.name.clone(),
+            version: self.target.version.clone(),
+            backend: String::new(),
+            route: self.route.clone(),
+        }
+    }
+
     /// Only an inference is counted by a route's guard and copied to its mirrors: metadata,
     /// config and readiness calls would blur both. Call it once the kind of request is known.
     pub fn for_inference(&mut self, inference: bool) {

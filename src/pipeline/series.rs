@@ -2,7 +2,7 @@
 //! string copy each) and finding it in the registry cost more than recording into it, and a
 //! request records into three; a kept series costs one hash and one read lock to find.
 
-use super::Served;
+use crate::model::Served;
 use crate::telemetry;
 use foldhash::HashMap;
 use metrics::{Counter, Gauge, Histogram};

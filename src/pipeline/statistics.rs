@@ -10,8 +10,8 @@
 
 use crate::Gateway;
 use crate::error::GatewayError;
+use crate::model::{Ask, ModelRef};
 use crate::pipeline::repository::{ask_all, ready_backends};
-use crate::pipeline::{Ask, ModelRef};
 use crate::upstream::Backend;
 use bytes::Bytes;
 use http::StatusCode;

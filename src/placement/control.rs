@@ -5,7 +5,7 @@
 use super::table::{self, BackendView, Decision};
 use super::{Lease, Placement, Priority, Versions};
 use crate::error::GatewayError;
-use crate::pipeline::{Ask, ModelRef};
+use crate::model::{Ask, ModelRef};
 use crate::upstream::Backend;
 use std::sync::Arc;
 use std::time::Duration;

@@ -32,7 +32,7 @@ pub use versions::Versions;
 
 use crate::config;
 use crate::error::GatewayError;
-use crate::pipeline::ModelRef;
+use crate::model::ModelRef;
 use crate::telemetry;
 use crate::upstream::{Backend, InFlight, Pool, TritonClient, TritonError, metrics_scrape};
 use bytes::Bytes;
@@ -303,7 +303,7 @@ impl Placement {
         loop {
             // Checked on every round: an explicit unload may come while a request waits.
             if self.specs.is_unloaded(&model.name) {
-                return Err(control::not_loaded(model, crate::pipeline::Ask::Inference));
+                return Err(control::not_loaded(model, crate::model::Ask::Inference));
             }
             let decision = match handed.take() {
                 Some(decision) => decision,

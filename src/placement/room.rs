@@ -15,7 +15,7 @@ use super::estimate::Sizing;
 use super::table::Decision;
 use super::{Placement, Priority, SequenceRef, Versions};
 use crate::error::GatewayError;
-use crate::pipeline::ModelRef;
+use crate::model::ModelRef;
 use crate::telemetry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

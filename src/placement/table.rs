@@ -10,7 +10,7 @@ use super::sequences::{Affinity, Held, SequenceRef};
 use super::versions::Versions;
 use crate::config::EvictionPolicy;
 use crate::error::GatewayError;
-use crate::pipeline::ModelRef;
+use crate::model::ModelRef;
 use foldhash::{HashMap, HashMapExt};
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -31,7 +31,7 @@ pub use request::{InferRequest, InputTensor, Rejection, TensorData};
 pub use signature::{InputSpec, Signature, SignatureCache};
 
 use crate::error::GatewayError;
-use crate::pipeline::ModelRef;
+use crate::model::ModelRef;
 
 /// The answer to a request the checks refused, counted in
 /// `infergate_validation_rejections_total`: one place for both front-ends.

@@ -3,7 +3,7 @@
 
 use super::datatype::DataType;
 use crate::config;
-use crate::pipeline::ModelRef;
+use crate::model::ModelRef;
 use crate::upstream::{Backend, TritonClient, TritonError};
 use bytes::Bytes;
 use foldhash::{HashMap, HashMapExt};

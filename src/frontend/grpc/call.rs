@@ -11,9 +11,10 @@
 use crate::Gateway;
 use crate::error::{ErrorKind, GatewayError, grpc_status_class};
 use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
+use crate::model::Served;
 use crate::pipeline::finish::{self, Answered, Ending};
 use crate::pipeline::series::{InFlightGauge, Protocol};
-use crate::pipeline::{RequestCtx, Served, request_id};
+use crate::pipeline::{RequestCtx, request_id};
 use crate::reload::Live;
 use crate::trace::RequestTrace;
 use axum::extract::{Request, State};

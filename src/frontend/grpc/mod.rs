@@ -16,10 +16,11 @@ mod wire;
 
 use crate::Gateway;
 use crate::error::GatewayError;
+use crate::model::Ask;
 use crate::pipeline::admit::{self, CREDENTIAL_HEADERS};
 use crate::pipeline::repository::{self, Index};
 use crate::pipeline::statistics::{self, Statistics};
-use crate::pipeline::{self, Ask, RequestCtx, Served, server_metadata};
+use crate::pipeline::{self, RequestCtx, server_metadata};
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
 };
@@ -380,7 +381,7 @@ impl GrpcInferenceService for InferenceService {
                     let header = |name: &str| metadata.get(name).map(|v| v.as_bytes());
                     let answer = pipeline::model_statistics(ctx, header).await;
                     if let Some(routed) = &ctx.routed {
-                        call.served(Served::routed(routed));
+                        call.served(routed.served());
                     }
                     answer?
                 };

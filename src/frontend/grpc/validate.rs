@@ -10,7 +10,7 @@
 
 use crate::Gateway;
 use crate::error::GatewayError;
-use crate::pipeline::ModelRef;
+use crate::model::ModelRef;
 use crate::protocol::inference::ModelInferRequest;
 use crate::upstream::Backend;
 use crate::validate::{self, InferRequest, InputTensor, Rejection, TensorData};

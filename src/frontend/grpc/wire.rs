@@ -5,9 +5,10 @@
 use super::call::Call;
 use super::{upstream_request, version};
 use crate::error::GatewayError;
+use crate::model::ModelRef;
 use crate::pipeline::forward::Placed;
 use crate::pipeline::mirror::{self, Shadow};
-use crate::pipeline::{Local, ModelRef, RequestCtx, Routed, Sent, Wire, forward, sequence};
+use crate::pipeline::{Local, RequestCtx, Routed, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
 use crate::protocol::inference::*;
 use crate::upstream::Backend;
@@ -43,7 +44,10 @@ pub(crate) trait ModelMessage: Clone + Send + Sync + 'static {
 macro_rules! names_model {
     ($message:ty: $name:ident, $version:ident) => {
         fn model(&self) -> Result<ModelRef, GatewayError> {
-            ModelRef::requested(self.$name.clone(), version(&self.$version))
+            Ok(ModelRef::requested(
+                self.$name.clone(),
+                version(&self.$version),
+            )?)
         }
         fn retarget(&mut self, target: &ModelRef) {
             self.$name.clone_from(&target.name);

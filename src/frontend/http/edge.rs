@@ -6,9 +6,10 @@
 use crate::Gateway;
 use crate::error::ErrorKind;
 use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
+use crate::model::Served;
 use crate::pipeline::finish::{self, Answered, Ending};
+use crate::pipeline::request_id;
 use crate::pipeline::series::{InFlightGauge, Protocol};
-use crate::pipeline::{Served, request_id};
 use crate::reload::Live;
 use crate::trace::{RequestTrace, TRACEPARENT};
 use axum::extract::{Request, State};

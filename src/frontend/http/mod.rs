@@ -11,10 +11,11 @@ pub(crate) use edge::{Snapshot, Tenant, edge};
 
 use crate::Gateway;
 use crate::error::{GatewayError, www_authenticate};
+use crate::model::{Ask, ModelRef, Served};
 use crate::pipeline::admit::{self, CREDENTIAL_HEADERS, Caller};
 use crate::pipeline::repository::{self, Index};
 use crate::pipeline::statistics::Statistics;
-use crate::pipeline::{self as pipeline, Ask, ModelRef, RequestCtx, Served};
+use crate::pipeline::{self as pipeline, RequestCtx};
 use axum::Router;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
@@ -299,7 +300,7 @@ fn versioned(model: String, version: String, request: &Request) -> Result<ModelR
             path: request.uri().path().to_owned(),
         });
     }
-    ModelRef::requested(model, Some(version))
+    Ok(ModelRef::requested(model, Some(version))?)
 }
 
 /// The per-model endpoints, what each asks, and the method each takes (`generate` and
@@ -368,7 +369,7 @@ async fn model_statistics(mut ctx: RequestCtx, headers: &http::HeaderMap) -> Res
         Err(error) => error.into_response(),
     };
     if let Some(routed) = &ctx.routed {
-        response.extensions_mut().insert(Served::routed(routed));
+        response.extensions_mut().insert(routed.served());
     }
     response
 }

@@ -8,7 +8,8 @@
 
 use super::body::{self, collect, join, read_head, stream_on};
 use crate::error::GatewayError;
-use crate::pipeline::{ModelRef, RequestCtx};
+use crate::model::ModelRef;
+use crate::pipeline::RequestCtx;
 use crate::upstream::Backend;
 use crate::validate::{self, Rejection, Signature, check, generate};
 use axum::body::Body;

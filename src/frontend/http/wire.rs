@@ -5,9 +5,10 @@
 use super::body;
 use super::validate::{self, HEADER_LENGTH};
 use crate::error::GatewayError;
+use crate::model::{Ask, ModelRef};
 use crate::pipeline::forward::Placed;
 use crate::pipeline::mirror::{self, Shadow};
-use crate::pipeline::{Ask, Local, ModelRef, RequestCtx, Routed, Sent, Wire, forward, sequence};
+use crate::pipeline::{Local, RequestCtx, Routed, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
 use crate::upstream::{self, Backend};
 use axum::body::Body;
