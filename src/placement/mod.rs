@@ -8,7 +8,6 @@
 mod agree;
 mod control;
 pub(crate) mod estimate;
-mod load_queue;
 mod located;
 mod model_config;
 pub(crate) mod policy;
@@ -21,8 +20,8 @@ mod versions;
 
 // The books and the eviction order are internal: the simulator and the benches reach them
 // through `crate::internals`.
+pub use crate::upstream::Priority;
 use estimate::{Estimator, SizeSource, Sizing};
-pub use load_queue::{LoadQueue, Priority};
 pub use model_config::check_override;
 use policy::{EvictionOrder, ModelWeight};
 use registry::Registry;

@@ -8,6 +8,7 @@ mod failure;
 pub mod grpc;
 mod health;
 mod index;
+mod load_queue;
 pub mod metrics_scrape;
 mod multiplex;
 mod queues;
@@ -17,6 +18,7 @@ pub use client::{UpstreamClient, forward};
 pub use ejection::Ejection;
 pub use health::{HealthChecks, refresh_index};
 pub use index::{ModelEntry, ModelIndex};
+pub use load_queue::{LoadQueue, Priority};
 pub use queues::Queues;
 pub use triton::{TritonClient, TritonError, model_path};
 
@@ -162,7 +164,7 @@ pub struct Backend {
     last_error: Mutex<Option<String>>,
     retired: AtomicBool,
     /// Loads allowed at once here (`placement.max_loading_concurrency`), requests first.
-    pub load_slots: Arc<crate::placement::LoadQueue>,
+    pub load_slots: Arc<LoadQueue>,
     /// Loads running here now (holding a slot), for the admin API and scaling decisions.
     pub loads_running: AtomicUsize,
     /// Loads and unloads placement has under way here (`start_change`).
@@ -216,7 +218,7 @@ impl Backend {
             index_applied: Mutex::new(0),
             last_error: Mutex::new(None),
             retired: AtomicBool::new(false),
-            load_slots: crate::placement::LoadQueue::new(load_concurrency),
+            load_slots: LoadQueue::new(load_concurrency),
             loads_running: AtomicUsize::new(0),
             changes: AtomicUsize::new(0),
         })

@@ -1,7 +1,7 @@
-//! The load slots of one backend: at most `max_loading_concurrency` loads at once, the
-//! others waiting in arrival order, and loads a request is waiting for ahead of background
-//! ones (extra copies, preloads, drain moves), so a client never queues behind work nobody
-//! is waiting on.
+//! The load slots of one backend, which it owns and placement takes: at most
+//! `max_loading_concurrency` loads at once, the others waiting in arrival order, and loads a
+//! request is waiting for ahead of background ones (extra copies, preloads, drain moves), so
+//! a client never queues behind work nobody is waiting on.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
