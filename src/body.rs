@@ -5,6 +5,7 @@
 //! cut off the moment it passes the limit, and the error carries the limit so the client is
 //! told exactly what it was.
 
+use crate::error::GatewayError;
 use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
@@ -12,6 +13,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 /// The error a limited body yields once it has passed its limit.
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +153,54 @@ impl http_body::Body for Recording {
     fn size_hint(&self) -> SizeHint {
         http_body::Body::size_hint(&self.inner)
     }
+}
+
+/// The error a body yields when the client sent nothing for `server.body_read_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the request body stalled: no bytes for {}ms (server.body_read_timeout)",
+    timeout.as_millis()
+)]
+pub struct BodyReadTimeout {
+    /// The configured timeout.
+    pub timeout: Duration,
+}
+
+/// The error a body yields when it came slower than `server.min_body_rate` on average, once
+/// past its grace: a client trickling a body to hold the connection (slow POST).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the request body came too slowly: {received} bytes in {}ms of waiting, under the minimum of {bytes_per_sec} bytes/s (server.min_body_rate)",
+    waited.as_millis()
+)]
+pub struct BodyTooSlow {
+    /// The configured minimum rate.
+    pub bytes_per_sec: u64,
+    /// Bytes that had arrived.
+    pub received: u64,
+    /// Time spent waiting for them.
+    pub waited: Duration,
+}
+
+/// The client's failure when a body came too slowly (either limit) anywhere in an error's
+/// chain, as the request is answered: the one place that turns these errors into a
+/// `GatewayError`, for a body read by the gateway and one streamed to a backend alike.
+pub fn client_too_slow(error: &(dyn std::error::Error + 'static)) -> Option<GatewayError> {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if let Some(stalled) = e.downcast_ref::<BodyReadTimeout>() {
+            return Some(GatewayError::BadRequest(format!(
+                "could not read request body: {stalled}"
+            )));
+        }
+        if let Some(slow) = e.downcast_ref::<BodyTooSlow>() {
+            return Some(GatewayError::BodyTooSlow {
+                reason: slow.to_string(),
+            });
+        }
+        source = e.source();
+    }
+    None
 }
 
 #[cfg(test)]

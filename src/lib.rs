@@ -23,6 +23,7 @@ mod tls;
 mod trace;
 mod upstream;
 mod validate;
+mod worker;
 
 pub use auth::hash_key;
 pub use telemetry::{LogFormat, flush_logs, init_logging};

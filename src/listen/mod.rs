@@ -28,37 +28,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use read_timeout::client_too_slow;
-
-thread_local! {
-    static WORKER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
-}
-
-/// Which worker this thread is; `None` off the workers (background work).
-pub fn worker_index() -> Option<usize> {
-    WORKER.with(std::cell::Cell::get)
-}
-
-/// One of something (a connection pool, a connection) per worker and one for background work,
-/// each used only by its own thread, so a connection's task runs where its requests do. Sized
-/// by the cores, the workers' default; more workers than that share by index.
-#[derive(Debug)]
-pub struct PerWorker<T>(Box<[T]>);
-
-impl<T> PerWorker<T> {
-    /// One `make()` for each worker the cores allow, and one for background work.
-    pub fn new(mut make: impl FnMut() -> T) -> Self {
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self((0..=workers).map(|_| make()).collect())
-    }
-
-    /// This thread's.
-    pub fn get(&self) -> &T {
-        let index = worker_index().map_or(0, |i| i + 1);
-        &self.0[index % self.0.len()]
-    }
-}
-
 /// Sockets the gateway serves on, bound by the caller (tests bind port 0 and read the ports
 /// from here). With several workers they are bound with `SO_REUSEPORT`, and `serve` binds
 /// each further worker's socket to the same address.
@@ -236,7 +205,7 @@ impl Worker {
     /// The worker thread: a current-thread runtime running an accept loop per listener until
     /// aborted; then whatever is left is dropped.
     fn run(self) {
-        WORKER.with(|worker| worker.set(Some(self.index)));
+        crate::worker::enter(self.index);
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

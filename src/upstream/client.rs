@@ -7,7 +7,7 @@ use super::driven::Driven;
 use super::{Backend, BackendUrl};
 use crate::config;
 use crate::error::GatewayError;
-use crate::listen::PerWorker;
+use crate::worker::PerWorker;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri, header};
@@ -225,7 +225,7 @@ pub(super) fn classify(
     if let Some(limit) = crate::body::too_large(error) {
         return GatewayError::BodyTooLarge { limit };
     }
-    if let Some(slow) = crate::listen::client_too_slow(error) {
+    if let Some(slow) = crate::body::client_too_slow(error) {
         return slow;
     }
     let connect = super::failure::chain(error).any(|e| {

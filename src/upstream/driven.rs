@@ -84,7 +84,7 @@ impl Driven {
 
     /// Whether this thread is a worker with a list here.
     pub(super) fn worker(&self) -> Option<usize> {
-        crate::listen::worker_index().filter(|&i| i < self.idle.len())
+        crate::worker::worker_index().filter(|&i| i < self.idle.len())
     }
 
     /// Sends `request` on an idle connection of `worker`'s, or a new one, and answers once the

@@ -9,8 +9,8 @@
 //! calls share one connection attempt.
 
 use super::failure::connect_reason;
-use crate::listen::PerWorker;
 use crate::tls::HttpsConnector;
+use crate::worker::PerWorker;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;

@@ -142,7 +142,7 @@ fn read_error(error: &axum::Error, limit: u64) -> GatewayError {
     if crate::body::too_large(error).is_some() {
         return GatewayError::BodyTooLarge { limit };
     }
-    crate::listen::client_too_slow(error).unwrap_or_else(|| {
+    crate::body::client_too_slow(error).unwrap_or_else(|| {
         GatewayError::BadRequest(format!("could not read request body: {error}"))
     })
 }
