@@ -4,11 +4,14 @@
 //! the caller bound (so tests can bind port 0) until shutdown, then drains.
 #![forbid(unsafe_code)]
 
+#[cfg(test)]
+mod architecture_tests;
 mod auth;
 mod body;
 mod cluster;
 pub mod config;
 mod error;
+mod fnv;
 mod frontend;
 mod listen;
 mod log_text;
@@ -71,7 +74,7 @@ struct Inner {
     config: Config,
     pool: Arc<Pool>,
     placement: Arc<placement::Placement>,
-    live: arc_swap::ArcSwap<reload::Live>,
+    live: arc_swap::ArcSwap<pipeline::Live>,
     /// Held for the length of a reload: SIGHUP, the file watcher and `POST /admin/reload`
     /// may ask at once, and each reload compares with the config the last one left.
     reloading: tokio::sync::Mutex<()>,
@@ -101,7 +104,7 @@ impl Gateway {
         let placement = Arc::new(placement::Placement::new(&config, pool.clone()));
         let text = toml::to_string(&config).unwrap_or_default();
         let live = arc_swap::ArcSwap::from_pointee(
-            reload::Live::new(config.clone(), &text, None).map_err(anyhow::Error::msg)?,
+            pipeline::Live::new(config.clone(), &text, None).map_err(anyhow::Error::msg)?,
         );
         let signatures = Arc::new(validate::SignatureCache::new(&config.validation));
         let tls = match &config.listen.tls {
@@ -168,7 +171,7 @@ impl Gateway {
         let inner = Arc::get_mut(&mut gateway.inner).expect("not shared yet");
         inner.config_path = Some(path.to_path_buf());
         if let Ok(text) = std::fs::read_to_string(path) {
-            inner.live = arc_swap::ArcSwap::from_pointee(reload::Live::new(
+            inner.live = arc_swap::ArcSwap::from_pointee(pipeline::Live::new(
                 inner.config.clone(),
                 &text,
                 None,
@@ -179,12 +182,12 @@ impl Gateway {
 
     /// What a request reads from the reloadable config (routes): take it once per request
     /// and keep it to the end.
-    pub fn live(&self) -> Arc<reload::Live> {
+    pub fn live(&self) -> Arc<pipeline::Live> {
         self.inner.live.load_full()
     }
 
     /// Replaces the live config in one atomic store; returns the one it replaced.
-    pub(crate) fn swap_live(&self, live: reload::Live) -> Arc<reload::Live> {
+    pub(crate) fn swap_live(&self, live: pipeline::Live) -> Arc<pipeline::Live> {
         self.inner.live.swap(Arc::new(live))
     }
 

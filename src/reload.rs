@@ -6,7 +6,7 @@
 
 use crate::Gateway;
 use crate::config::{Config, ConfigError, ConfigErrors};
-use crate::pipeline::RouteTable;
+use crate::pipeline::Live;
 use crate::placement::Versions;
 use crate::telemetry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,41 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// What a request reads from the config while it runs: swapped whole on reload.
-#[derive(Debug)]
-pub struct Live {
-    /// The running config as loaded.
-    pub config: Arc<Config>,
-    /// Routes built from it.
-    pub routes: RouteTable,
-    /// Keys, tenants and limits built from its `[auth]` (limits start afresh on reload).
-    pub auth: Arc<crate::auth::Auth>,
-    /// FNV-1a of the file text, to tell which file is running.
-    pub hash: String,
-    /// When it was loaded.
-    pub loaded_at: SystemTime,
-}
-
-impl Live {
-    /// The live snapshot of a config and the text it came from; routes the config leaves
-    /// as they were in `previous` keep their state (guards), and JWKS keys fetched from a
-    /// URL stay until fetched again. Building it reads the auth key files, secrets and JWKS
-    /// files; their errors name their keys.
-    pub fn new(config: Config, text: &str, previous: Option<&Live>) -> Result<Self, ConfigErrors> {
-        let auth = crate::auth::Auth::new(&config.auth).map_err(ConfigErrors)?;
-        if let Some(previous) = previous {
-            auth.inherit(&previous.auth);
-        }
-        Ok(Self {
-            routes: RouteTable::new(&config.routes, previous.map(|p| &p.routes)),
-            auth: Arc::new(auth),
-            config: Arc::new(config),
-            hash: format!("{:016x}", fnv1a(text.as_bytes())),
-            loaded_at: SystemTime::now(),
-        })
-    }
-}
 
 /// What a successful reload changed.
 #[derive(Debug, serde::Serialize)]
@@ -385,12 +350,6 @@ pub fn spawn_triggers(
             }
         }
     });
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
-        (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]

@@ -226,7 +226,9 @@ impl JwtKeys {
                     match loaded {
                         Ok((keys, text)) => {
                             source.keys.store(Arc::new(keys));
-                            source.fingerprint.store(fnv1a(&text), Ordering::Relaxed);
+                            source
+                                .fingerprint
+                                .store(crate::fnv::fnv1a(&text), Ordering::Relaxed);
                         }
                         Err(message) => errors.push(error("jwks_file", message)),
                     }
@@ -311,7 +313,7 @@ impl JwtKeys {
                 },
             };
             let parsed = text.and_then(|text| {
-                let print = fnv1a(&text);
+                let print = crate::fnv::fnv1a(&text);
                 if print == source.fingerprint.load(Ordering::Relaxed) {
                     return Ok(None);
                 }
@@ -562,10 +564,4 @@ fn printable(text: &str) -> String {
         .filter(|c| c.is_ascii_graphic())
         .take(64)
         .collect()
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
-        (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }

@@ -187,7 +187,7 @@ impl Shared {
 
 /// The route's config as written, which a trip record carries to tell whether another
 /// replica runs the same route.
-fn route_config(live: &crate::reload::Live, route: &str) -> Option<serde_json::Value> {
+fn route_config(live: &crate::pipeline::Live, route: &str) -> Option<serde_json::Value> {
     let config = live.config.routes.iter().find(|r| r.model == route)?;
     serde_json::to_value(config).ok()
 }

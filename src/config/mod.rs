@@ -10,12 +10,14 @@ mod parse;
 mod placement;
 mod routes;
 mod units;
+mod url;
 
 pub use auth::{ApiKey, Auth, AuthMode, JwtKey, Tenant, algorithm_family};
 pub use cluster::{Cluster, ClusterTls};
 pub use placement::{EvictionPolicy, Model, Placement};
 pub use routes::{Guard, RouteConfig, RouteTarget, StickyKey};
 pub use units::{ByteSize, HumanDuration};
+pub use url::{BackendUrl, grpc_endpoint};
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -430,17 +432,17 @@ impl Config {
                     format!("duplicate backend name {:?}", backend.name),
                 );
             }
-            if let Err(message) = crate::upstream::BackendUrl::parse(&backend.http) {
+            if let Err(message) = BackendUrl::parse(&backend.http) {
                 error(format!("backends[{i}].http"), message);
             }
             if let Some(metrics) = &backend.metrics
-                && let Err(message) = crate::upstream::BackendUrl::parse(metrics)
+                && let Err(message) = BackendUrl::parse(metrics)
             {
                 error(format!("backends[{i}].metrics"), message);
             }
             match &backend.grpc {
                 Some(url) => {
-                    if let Err(message) = crate::upstream::grpc::parse_url(url) {
+                    if let Err(message) = grpc_endpoint(url) {
                         error(format!("backends[{i}].grpc"), message);
                     }
                 }

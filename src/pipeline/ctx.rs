@@ -4,6 +4,7 @@
 //! reload landing mid-request never authenticates a request with one config and routes it
 //! with another.
 
+use super::Live;
 use super::Routed;
 use super::admit::Caller;
 use crate::Gateway;
@@ -11,7 +12,6 @@ use crate::auth::Admission;
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef, Served};
 use crate::placement::{Lease, SequenceRef};
-use crate::reload::Live;
 use http::HeaderValue;
 use std::sync::Arc;
 use std::time::Duration;

@@ -19,6 +19,7 @@ mod ctx;
 pub mod finish;
 pub mod forward;
 pub mod hold;
+mod live;
 pub mod mirror;
 mod place;
 pub mod repository;
@@ -31,6 +32,7 @@ pub mod statistics;
 pub use admit::Caller;
 pub use ctx::{RequestCtx, request_id};
 pub(crate) use forward::{Sent, Wire};
+pub use live::Live;
 pub use place::{Local, Placing, place};
 pub use route::{PIN_HEADER, RouteTable, Routed, Tally, route};
 

@@ -148,14 +148,14 @@ impl Route {
     }
 
     fn rendezvous(&self, key: &[u8]) -> Option<usize> {
-        let key_hash = fnv1a(key);
+        let key_hash = crate::fnv::fnv1a(key);
         let mut best: Option<(usize, f64)> = None;
         for i in 0..self.targets.len() {
             let weight = self.weight(i);
             if weight == 0 {
                 continue;
             }
-            let h = splitmix64(key_hash ^ fnv1a(self.labels[i].as_bytes()));
+            let h = splitmix64(key_hash ^ crate::fnv::fnv1a(self.labels[i].as_bytes()));
             // Uniform in (0, 1]; score = -w / ln(u) is largest for the winner.
             let u = ((h >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
             let score = -f64::from(weight) / u.ln();
@@ -170,15 +170,6 @@ impl Route {
 /// A uniform draw for per-request choices.
 fn random() -> u64 {
     splitmix64(SEQUENCE.fetch_add(1, Ordering::Relaxed))
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
 }
 
 fn splitmix64(mut x: u64) -> u64 {

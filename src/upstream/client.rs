@@ -3,9 +3,10 @@
 //! worker. Bodies stream both ways, and every failure becomes a `GatewayError` that says which
 //! backend and what happened.
 
+use super::Backend;
 use super::driven::Driven;
-use super::{Backend, BackendUrl};
 use crate::config;
+use crate::config::BackendUrl;
 use crate::error::GatewayError;
 use crate::worker::PerWorker;
 use axum::body::Body;

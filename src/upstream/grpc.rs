@@ -9,7 +9,6 @@ use super::multiplex::{ConnectFailed, Connections, Link};
 use crate::config;
 use crate::error::GatewayError;
 use crate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use http::Uri;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,32 +22,6 @@ pub type InferenceClient = GrpcInferenceServiceClient<Link>;
 /// TCP retransmission timeout minutes later.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Checks a backend's `grpc` URL: `http://host:port`, or `https://host:port` for TLS.
-pub fn parse_url(text: &str) -> Result<Uri, String> {
-    let (scheme, rest) = if let Some(rest) = text.strip_prefix("http://") {
-        ("http", rest)
-    } else if let Some(rest) = text.strip_prefix("https://") {
-        ("https", rest)
-    } else {
-        return Err(format!(
-            "unsupported URL {text:?} (expected http://host:port or https://host:port of the \
-             backend's gRPC endpoint)"
-        ));
-    };
-    let uri: Uri = format!("{scheme}://{}", rest.trim_end_matches('/'))
-        .parse()
-        .map_err(|e| format!("invalid URL {text:?}: {e}"))?;
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("URL {text:?} has no host"));
-    }
-    if uri.path() != "/" {
-        return Err(format!(
-            "URL {text:?} has a path; a gRPC endpoint is only http://host:port"
-        ));
-    }
-    Ok(uri)
-}
 
 /// A backend's gRPC endpoint. Connections are made on first use, on the worker that uses
 /// them: `infergate check` builds backends without serving.
@@ -65,7 +38,7 @@ impl GrpcUpstream {
         upstream: &config::Upstream,
         tls_ca: Option<&std::path::Path>,
     ) -> Result<Self, String> {
-        let uri = parse_url(url)?;
+        let uri = crate::config::grpc_endpoint(url)?;
         let tls = uri.scheme_str() == Some("https");
         let connector = crate::tls::https_connector(tls, tls_ca, true, upstream.connect_timeout.0)?;
         Ok(Self {
@@ -190,20 +163,28 @@ mod tests {
     #[test]
     fn urls_are_host_and_port_only() {
         assert_eq!(
-            parse_url("http://127.0.0.1:8001/").unwrap().to_string(),
+            crate::config::grpc_endpoint("http://127.0.0.1:8001/")
+                .unwrap()
+                .to_string(),
             "http://127.0.0.1:8001/"
         );
         assert!(
-            parse_url("h2c://x:1")
+            crate::config::grpc_endpoint("h2c://x:1")
                 .unwrap_err()
                 .contains("unsupported URL")
         );
         assert_eq!(
-            parse_url("https://x:1").unwrap().scheme_str(),
+            crate::config::grpc_endpoint("https://x:1")
+                .unwrap()
+                .scheme_str(),
             Some("https")
         );
-        assert!(parse_url("http://").is_err());
-        assert!(parse_url("http://x:1/v2").unwrap_err().contains("path"));
+        assert!(crate::config::grpc_endpoint("http://").is_err());
+        assert!(
+            crate::config::grpc_endpoint("http://x:1/v2")
+                .unwrap_err()
+                .contains("path")
+        );
     }
 
     fn backend() -> Backend {

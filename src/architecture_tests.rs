@@ -1,0 +1,83 @@
+//! The house's arrows: no module imports one that imports it back, directly or around a
+//! longer circle, so each can be read and changed from the bottom up (config and the
+//! shared words at the bottom, then upstream, placement and validation, then the pipeline,
+//! then the front-ends and listeners). `lib.rs` (the `Gateway` every layer is handed) is
+//! the one exception left.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Each top-level module of `src/` and the top-level modules its code (not its tests or
+/// comments) names through `crate::`.
+fn imports() -> BTreeMap<String, BTreeSet<String>> {
+    fn walk(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, files);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).unwrap();
+        let top = relative.iter().next().unwrap().to_string_lossy();
+        let module = top.trim_end_matches(".rs").to_string();
+        if ["lib", "main", "architecture_tests"].contains(&module.as_str()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        let named = graph.entry(module.clone()).or_default();
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (at, _) in line.match_indices("crate::") {
+                let rest = &line[at + "crate::".len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != module {
+                    named.insert(name);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// The modules `from` reaches by following imports.
+fn reach(graph: &BTreeMap<String, BTreeSet<String>>, from: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![from.to_string()];
+    while let Some(module) = todo.pop() {
+        for next in graph.get(&module).into_iter().flatten() {
+            if seen.insert(next.clone()) {
+                todo.push(next.clone());
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn no_module_imports_one_that_imports_it_back() {
+    let graph = imports();
+    assert!(graph.len() > 15, "{graph:?}");
+    let circles: Vec<String> = graph
+        .keys()
+        .filter(|module| reach(&graph, module).contains(*module))
+        .map(|module| {
+            let back: Vec<&String> = graph[module]
+                .iter()
+                .filter(|next| reach(&graph, next).contains(module))
+                .collect();
+            format!("{module} -> {back:?} -> {module}")
+        })
+        .collect();
+    assert!(circles.is_empty(), "import circles: {circles:#?}");
+}
