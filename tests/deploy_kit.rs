@@ -703,7 +703,7 @@ fn the_dashboard_matches_grafanas_schema_and_its_provisioning() {
 
 /// The scale-to-zero example: KEDA's ScaledObject drives the Triton StatefulSet that
 /// triton.yaml defines, may take it to zero, and wakes it on metrics the gateway exports
-/// (the README's metrics table), the held requests first among them.
+/// (docs/metrics.md), the held requests first among them.
 #[test]
 fn the_keda_scale_to_zero_example_targets_the_pool_and_reads_the_gateways_metrics() {
     let file = kit("k8s/scale-to-zero/triton-scaledobject.yaml");
@@ -725,7 +725,7 @@ fn the_keda_scale_to_zero_example_targets_the_pool_and_reads_the_gateways_metric
         "{target} is not in triton.yaml"
     );
     assert_eq!(scaled["spec"]["minReplicaCount"], 0);
-    let readme = std::fs::read_to_string(support::repo_root().join("README.md")).unwrap();
+    let metrics = std::fs::read_to_string(support::repo_root().join("docs/metrics.md")).unwrap();
     let triggers = scaled["spec"]["triggers"].as_array().unwrap();
     assert!(
         triggers[0]["metadata"]["query"]
@@ -740,8 +740,8 @@ fn the_keda_scale_to_zero_example_targets_the_pool_and_reads_the_gateways_metric
             .find(|word| word.starts_with("infergate_"))
             .unwrap_or_else(|| panic!("{query} names no gateway metric"));
         assert!(
-            readme.contains(&format!("| `{metric}` |")),
-            "{metric} is not a documented metric"
+            metrics.contains(&format!("| `{metric}` |")),
+            "{metric} is not in docs/metrics.md"
         );
     }
 }
