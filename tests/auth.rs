@@ -1248,18 +1248,6 @@ impl JwksServer {
     }
 }
 
-/// Polls `check` every 100 ms for up to `seconds`; true once it holds.
-async fn eventually(seconds: u64, mut check: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
-
 #[tokio::test]
 async fn a_jwks_url_is_read_at_start_then_on_its_interval_and_kept_when_it_fails() {
     let keys = Keys::generate();
@@ -1322,7 +1310,7 @@ roles = ["admin"]
     );
     *server.document.lock().unwrap() = keys.jwks(&["j2"]);
     assert!(
-        eventually(5, async || call(&j2).await.0 == 200).await,
+        support::eventually(Duration::from_secs(5), async || call(&j2).await.0 == 200).await,
         "the interval refresh took j2 in"
     );
     assert_eq!(
@@ -1336,7 +1324,9 @@ roles = ["admin"]
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let before = server.fetches();
     assert!(
-        eventually(5, async || server.fetches() >= before + 2).await,
+        support::eventually(Duration::from_secs(5), async || server.fetches()
+            >= before + 2)
+        .await,
         "the interval kept fetching"
     );
     assert_eq!(call(&j2).await, (200, String::new()));

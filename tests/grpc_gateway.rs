@@ -248,7 +248,7 @@ async fn a_tonic_client_gets_answers_request_ids_health_and_reflection() {
     // counter rises by exactly one for this one call (Triton would refuse it in the same
     // words, so the answer alone does not show who refused it).
     let rejections = |metrics: &str| {
-        counter(
+        support::metric_sum(
             metrics,
             "infergate_validation_rejections_total",
             &["model=\"add_sub\"", "reason=\"shape\""],
@@ -601,15 +601,6 @@ fn grpc_timeout(value: &str) -> Duration {
     }
 }
 
-/// Sums the samples of one counter whose labels contain every one of `labels`.
-fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
-
 /// A gRPC relay in front of one Triton that records the headers of every call it relays:
 /// the backend's side of the gateway, which a real Triton does not show.
 struct RecordingRelay {
@@ -679,7 +670,7 @@ async fn the_gateway_honours_the_clients_deadline_and_passes_it_on() {
     // The metrics are the process's, and other tests here run out of their deadlines on
     // slow_model too: this one calls it through a route of its own, and counts that route.
     let deadline_errors = |metrics: &str| {
-        counter(
+        support::metric_sum(
             metrics,
             "infergate_errors_total",
             &["kind=\"deadline_exceeded\"", "route=\"deadline_route\""],
@@ -831,7 +822,7 @@ async fn triton_successes(triton: &Triton) -> f64 {
         .text()
         .await
         .unwrap();
-    counter(
+    support::metric_sum(
         &metrics,
         "nv_inference_request_success",
         &["model=\"add_sub\""],
@@ -959,7 +950,7 @@ async fn a_stream_carries_its_request_id_and_a_message_over_the_limit_ends_it() 
     // RESOURCE_EXHAUSTED naming the key (as Triton ends a stream whose message is over its
     // own limit), after the answers to what came before it.
     let too_large = |metrics: &str| {
-        counter(
+        support::metric_sum(
             metrics,
             "infergate_errors_total",
             &["kind=\"body_too_large\""],
@@ -1145,7 +1136,7 @@ targets = [
             .text()
             .await
             .unwrap();
-        copies = counter(
+        copies = support::metric_sum(
             &triton_metrics,
             "nv_inference_request_success",
             &["model=\"sized_b\""],
@@ -1165,12 +1156,12 @@ targets = [
             .filter_map(|k| inference[k]["count"].as_f64())
             .sum();
         metrics = gateway.metrics_text("/metrics").await;
-        let sent = counter(
+        let sent = support::metric_sum(
             &metrics,
             "infergate_mirror_requests_total",
             &["target=\"sized_b\"", "outcome=\"sent\""],
         );
-        let failed = counter(
+        let failed = support::metric_sum(
             &metrics,
             "infergate_mirror_requests_total",
             &["target=\"error_model\"", "outcome=\"failed\""],
@@ -1205,7 +1196,7 @@ targets = [
         .await
         .unwrap();
     assert_eq!(
-        counter(
+        support::metric_sum(
             &primary,
             "nv_inference_request_success",
             &["model=\"sized_a\""]

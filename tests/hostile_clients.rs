@@ -162,7 +162,7 @@ async fn attack(
 async fn timeouts_counted(gateway: &TestGateway, phase: &str) -> f64 {
     let metrics = gateway.metrics_text("/metrics").await;
     let filter = format!("phase=\"{phase}\"");
-    counter(&metrics, "infergate_client_timeouts_total", &filter)
+    support::metric_sum(&metrics, "infergate_client_timeouts_total", &[&filter])
 }
 
 /// Sends `request` and a part of its body, then nothing: what the gateway answers before it
@@ -177,15 +177,6 @@ async fn answer_to_stalled(gateway: &TestGateway, request: &str, part: &[u8]) ->
         .expect("the connection is closed")
         .unwrap();
     String::from_utf8_lossy(&answer).into_owned()
-}
-
-/// A counter's value summed over the series whose line contains `filter`.
-fn counter(metrics: &str, name: &str, filter: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name) && l.contains(filter))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
 }
 
 #[tokio::test]
@@ -269,10 +260,10 @@ async fn connections_past_max_connections_are_shed_and_counted() {
     let stop = Arc::new(AtomicBool::new(false));
     let client = well_behaved(gateway.url(), stop.clone());
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = counter(
+    let before = support::metric_sum(
         &gateway.metrics_text("/metrics").await,
         "infergate_connections_shed_total",
-        "listener=\"http\"",
+        &["listener=\"http\""],
     );
     // 20 connections that hold their slot (the well-behaved client has the 21st).
     let mut held = Vec::new();
@@ -283,7 +274,11 @@ async fn connections_past_max_connections_are_shed_and_counted() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let metrics = gateway.metrics_text("/metrics").await;
-    let open = counter(&metrics, "infergate_connections_open", "listener=\"http\"");
+    let open = support::metric_sum(
+        &metrics,
+        "infergate_connections_open",
+        &["listener=\"http\""],
+    );
     assert!(open >= 21.0, "{open} connections open");
     // Past the limit: closed at once, without a byte sent.
     let mut shed = Vec::new();
@@ -300,10 +295,10 @@ async fn connections_past_max_connections_are_shed_and_counted() {
             .expect("a connection past the limit stayed open");
         assert!(closed < Duration::from_secs(1), "shed after {closed:?}");
     }
-    let after = counter(
+    let after = support::metric_sum(
         &gateway.metrics_text("/metrics").await,
         "infergate_connections_shed_total",
-        "listener=\"http\"",
+        &["listener=\"http\""],
     );
     assert_eq!(after - before, 10.0);
     // The held connections were not disturbed, and one freed slot takes a new client.

@@ -631,13 +631,7 @@ async fn a_load_in_progress_never_costs_a_backend_its_place() {
 
 /// The sum of a counter of the gateway's over every series whose line contains `filter`.
 async fn counter(gateway: &TestGateway, name: &str, filter: &str) -> f64 {
-    gateway
-        .metrics_text("/metrics")
-        .await
-        .lines()
-        .filter(|l| l.starts_with(name) && l.contains(filter))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
+    support::metric_sum(&gateway.metrics_text("/metrics").await, name, &[filter])
 }
 
 /// The last line of defence: a copy unloaded behind the gateway's back (here straight on

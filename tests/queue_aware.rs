@@ -55,12 +55,11 @@ async fn placed_on(gateway: &TestGateway, model: &str) -> usize {
         .count()
 }
 
-async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let started = Instant::now();
-    while !done().await {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+async fn wait_until(what: &str, limit: Duration, done: impl AsyncFnMut() -> bool) {
+    assert!(
+        support::eventually(limit, done).await,
+        "{what}: not within {limit:?}"
+    );
 }
 
 /// Two copies, one behind a queue the gateway did not fill: every request goes to the other

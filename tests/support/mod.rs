@@ -597,6 +597,34 @@ pub async fn reporting_memory(triton_http: String, gpu_bytes: u64) -> std::net::
     addr
 }
 
+/// The sum of a metric's samples, in Prometheus text, over the series whose line contains
+/// every one of `filters` (labels as written, e.g. `model="add_sub"`): what a user reads off
+/// `/metrics`.
+pub fn metric_sum(text: &str, name: &str, filters: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| filters.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls `check` every 100 ms until it holds: true then, false once `limit` has passed.
+pub async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A CPU hog on every core (Debian's `stress-ng`), for tests that must hold on a busy
 /// machine, as production has slow moments; stopped when dropped, also when a test fails.
 pub struct Stress(Child);
