@@ -34,7 +34,7 @@
 #                            results, the top frames in the report. Empty (default): none.
 #
 # Next to the results file: a chart (<results>.svg; for a run recorded in loadtest/results/, also
-# loadtest/results/latest.svg, the one the README shows) of throughput and p99 against concurrency for every stage (loadtest/chart.py).
+# loadtest/results/latest.svg, the one docs/performance.md shows) of throughput and p99 against concurrency for every stage (loadtest/chart.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -459,7 +459,7 @@ chart_rows() {
 mkdir -p "$(dirname "$OUT")"
 { chart_rows fake "${LEVELS[@]}"; if ((REAL)); then chart_rows real "${REAL_LEVELS[@]}"; fi; } >"$TMP/chart.tsv"
 python3 loadtest/chart.py "$TMP/chart.tsv" "${OUT%.md}.svg" "infergate benchmark, $DATE, commit $SHA ($WORKERS_LABEL proxy workers)"
-# Only a run recorded in loadtest/results/ becomes the README's chart.
+# Only a run recorded in loadtest/results/ becomes the chart docs/performance.md shows.
 if [[ "$(realpath "$(dirname "$OUT")")" == "$ROOT/loadtest/results" ]]; then cp "${OUT%.md}.svg" loadtest/results/latest.svg; fi
 report >"$OUT"
 cat "$OUT"
