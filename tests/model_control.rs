@@ -99,8 +99,8 @@ async fn the_examples_model_control_flow_answers_as_triton_does() {
         };
         let mut expected = transcript(protocol, &direct, "batched_double").await;
         // The one deliberate difference: a model of the repository that nothing has loaded
-        // is ready through the gateway, which loads it on the next request (README). After
-        // the first transcript's explicit unload, it is not, as on Triton.
+        // is ready through the gateway, which loads it on the next request (docs/drop-in.md).
+        // After the first transcript's explicit unload, it is not, as on Triton.
         assert_eq!(expected[0], json!(["ready before any load", false]));
         if protocol == "http" {
             expected[0] = json!(["ready before any load", true]);

@@ -67,8 +67,9 @@ pub struct Placement {
 }
 
 /// `placement.policy`: the order in which idle copies are evicted. Users pick the rule that
-/// suits their traffic (see README, "Choosing a policy"); every rule keeps the capacity
-/// invariant, never evicts a copy in use, loading or pinned, and honours `min_churn_age`.
+/// suits their traffic (see docs/placement.md, "Choosing a policy"); every rule keeps the
+/// capacity invariant, never evicts a copy in use, loading or pinned, and honours
+/// `min_churn_age`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EvictionPolicy {

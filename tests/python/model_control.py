@@ -7,8 +7,8 @@ does not exist, model files in the load request, a plain load back to the reposi
 
 Prints a JSON list of [step, outcome] pairs; tests/model_control.rs runs it against real
 Triton and through the gateway and compares the two. An outcome is a value, or
-["error", status, message]; where the gateway answers differently on purpose (README,
-"Drop-in"), only what both must share is recorded.
+["error", status, message]; where the gateway answers differently on purpose
+(docs/drop-in.md), only what both must share is recorded.
 """
 import json
 import sys
