@@ -52,6 +52,7 @@ command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v haproxy >/dev/null || need+=(haproxy)
 command -v stress-ng >/dev/null || need+=(stress-ng)
+command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
 # Debian's python3 has no venv/ensurepip without python3-venv (only needed to create .venv).
 if [[ ! -x "$VENV/bin/python" ]] && [[ "$PYTHON" == python3 ]] \
     && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then

@@ -10,6 +10,7 @@ mod auth;
 mod body;
 mod cluster;
 pub mod config;
+mod discovery;
 mod error;
 mod fnv;
 mod frontend;
@@ -92,6 +93,8 @@ struct Inner {
     server_identity: pipeline::server_metadata::IdentityCache,
     /// Membership in the replicas' registry, with `[cluster]`.
     cluster: Option<Arc<cluster::Cluster>>,
+    /// DNS groups' resolver and the addresses it last found.
+    discovery: Arc<discovery::Discovery>,
 }
 
 impl Gateway {
@@ -107,6 +110,7 @@ impl Gateway {
             pipeline::Live::new(config.clone(), &text, None).map_err(anyhow::Error::msg)?,
         );
         let signatures = Arc::new(validate::SignatureCache::new(&config.validation));
+        let discovery = Arc::new(discovery::Discovery::new(&config.upstream));
         let tls = match &config.listen.tls {
             Some(settings) => Some(Arc::new(
                 tls::ServerTls::new(settings).map_err(|e| anyhow::anyhow!("{e}"))?,
@@ -138,6 +142,7 @@ impl Gateway {
                 tls,
                 server_identity: Default::default(),
                 cluster,
+                discovery,
             }),
         })
     }
@@ -194,6 +199,11 @@ impl Gateway {
     /// Taken by a reload for its whole length: one reload at a time.
     pub(crate) fn reload_lock(&self) -> &tokio::sync::Mutex<()> {
         &self.inner.reloading
+    }
+
+    /// DNS groups' resolver and the addresses it last found.
+    pub(crate) fn discovery(&self) -> &Arc<discovery::Discovery> {
+        &self.inner.discovery
     }
 
     /// Adds a backend to the pool and to placement, and starts its health checks: it takes
@@ -291,6 +301,14 @@ pub async fn serve(
         loading: Arc::new(move |backend| books.loading_on(backend)),
         load_timeout: gateway.config().placement.load_timeout.0,
     };
+    // The first DNS round comes before health checks and listeners, so the instances found
+    // are checked at once; a group DNS does not answer for starts empty (requests wait).
+    gateway.discovery().round(&gateway).await;
+    let discovery = gateway.discovery().clone();
+    tasks.spawn({
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        async move { discovery.run(gateway, shutdown).await }
+    });
     health.spawn_all(gateway.pool());
     let _ = gateway.inner.health.set(health);
     spawn_warm_up(&gateway, &tasks, &shutdown);

@@ -5,7 +5,7 @@
 //! are untouched; parts of the file that cannot change while running are refused by key.
 
 use crate::Gateway;
-use crate::config::{Config, ConfigError, ConfigErrors};
+use crate::config::{Backend, Config, ConfigError, ConfigErrors};
 use crate::pipeline::Live;
 use crate::placement::Versions;
 use crate::telemetry;
@@ -80,7 +80,13 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
     // Everything is built and checked before anything changes: new backends, the
     // certificate files (the same files, read again, or others) and the auth keys. A part
     // that fails refuses the whole reload and leaves the rest as it was.
-    let changes = BackendChanges::between(&gateway.live().config, &config)?;
+    let found = gateway.discovery().found();
+    let changes = BackendChanges::between(
+        &gateway.live().config.instances(&found),
+        &config.instances(&found),
+        &config,
+    )?;
+    let groups_changed = !gateway.live().config.dns_groups().eq(config.dns_groups());
     let tls = match (gateway.tls(), &config.listen.tls) {
         (Some(tls), Some(settings)) => {
             Some((tls, tls.stage(settings).map_err(|e| ConfigErrors(vec![e]))?))
@@ -97,6 +103,9 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
     }
     let old = gateway.swap_live(live);
     let (removed_backends, added_backends) = changes.apply(gateway).await;
+    if groups_changed {
+        gateway.discovery().wake();
+    }
     let leaving: Vec<Leaving> = leaving
         .into_iter()
         .filter(|l| gateway.placement().holds(&l.model, l.versions.as_ref()))
@@ -224,34 +233,38 @@ async fn unload_leftovers(gateway: Gateway, old: Arc<Live>, leaving: Vec<Leaving
     futures_util::future::join_all(tasks).await;
 }
 
-/// Backends a reload takes out and puts in, by name; one whose entry changed is both.
-struct BackendChanges {
+/// Backends a reload or a DNS round takes out and puts in, by instance name; one whose
+/// entry changed is both.
+pub(crate) struct BackendChanges {
     removed: Vec<String>,
     added: Vec<crate::upstream::Backend>,
 }
 
 impl BackendChanges {
-    /// The difference, with every new backend already built (so a bad one refuses the
-    /// whole reload before anything changes).
-    fn between(running: &Config, new: &Config) -> Result<Self, ConfigErrors> {
-        let find =
-            |config: &Config, name: &str| config.backends.iter().find(|b| b.name == name).cloned();
+    /// The difference between two lists of instances (`Config::instances`), with every new
+    /// backend already built as `config` says (so a bad one refuses the whole change before
+    /// anything changes).
+    pub(crate) fn between(
+        running: &[Backend],
+        new: &[Backend],
+        config: &Config,
+    ) -> Result<Self, ConfigErrors> {
+        let find = |list: &[Backend], name: &str| list.iter().find(|b| b.name == name).cloned();
         let removed = running
-            .backends
             .iter()
             .filter(|b| find(new, &b.name).as_ref() != Some(*b))
             .map(|b| b.name.clone())
             .collect();
         let mut added = Vec::new();
         let mut errors = Vec::new();
-        for (i, backend) in new.backends.iter().enumerate() {
+        for backend in new {
             if find(running, &backend.name).as_ref() == Some(backend) {
                 continue;
             }
-            match crate::upstream::Pool::build(backend, new) {
+            match crate::upstream::Pool::build(backend, config) {
                 Ok(built) => added.push(built),
                 Err(message) => errors.push(ConfigError {
-                    key: format!("backends[{i}]"),
+                    key: key_of(config, &backend.name),
                     message,
                 }),
             }
@@ -265,7 +278,7 @@ impl BackendChanges {
 
     /// Retires the removed backends (pinned models move first; requests on them finish),
     /// then adds the new ones with their health checks.
-    async fn apply(self, gateway: &Gateway) -> (Vec<String>, Vec<String>) {
+    pub(crate) async fn apply(self, gateway: &Gateway) -> (Vec<String>, Vec<String>) {
         for name in &self.removed {
             gateway.placement().retire(name).await;
         }
@@ -276,6 +289,20 @@ impl BackendChanges {
         }
         (self.removed, added)
     }
+}
+
+/// `backends[i]` for the entry an instance comes from (a group's instances are `<group>-…`).
+fn key_of(config: &Config, instance: &str) -> String {
+    let from = |(i, b): (usize, &Backend)| {
+        (instance == b.name || (b.dns.is_some() && instance.starts_with(&format!("{}-", b.name))))
+            .then(|| format!("backends[{i}]"))
+    };
+    config
+        .backends
+        .iter()
+        .enumerate()
+        .find_map(from)
+        .unwrap_or_else(|| "backends".into())
 }
 
 /// Top-level keys other than the reloadable ones whose values differ. `listen.tls` may

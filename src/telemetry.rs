@@ -110,6 +110,10 @@ pub const REQUESTS_WAITING: &str = "infergate_requests_waiting";
 /// Held requests by model and `outcome` (`served`, `timeout`: `server.ready_wait` or the
 /// client's deadline ended the wait, `full`: `server.max_waiting` were waiting already).
 pub const REQUESTS_HELD: &str = "infergate_requests_held_total";
+/// Instances a DNS group (`backends[].dns`) resolved to at its last answer, by group.
+pub const DISCOVERED_BACKENDS: &str = "infergate_discovered_backends";
+/// DNS rounds that got no answer for a group (it keeps its last instances), by group.
+pub const DISCOVERY_FAILURES: &str = "infergate_discovery_failures_total";
 
 const LATENCY_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -233,6 +237,14 @@ fn describe() {
     describe_gauge!(
         REQUESTS_WAITING,
         "Requests held now for a pool that could not take them, by model."
+    );
+    describe_gauge!(
+        DISCOVERED_BACKENDS,
+        "Instances a DNS group resolved to at its last answer, by group."
+    );
+    describe_counter!(
+        DISCOVERY_FAILURES,
+        "DNS rounds that got no answer for a group, which keeps its last instances, by group."
     );
     describe_counter!(
         REQUESTS_HELD,

@@ -227,7 +227,8 @@ fn compose_accepts_the_stack_with_its_env_file_in_every_profile() {
     // Every backend of the gateways' config is a name the stack answers to in both the
     // CPU and the GPU profile (a service name, or a GPU service's alias).
     for backend in gateways.iter().flat_map(|g| &g.config.backends) {
-        let host = backend.http.trim_start_matches("http://");
+        let http = backend.http.as_deref().expect("compose names each Triton");
+        let host = http.trim_start_matches("http://");
         let host = host.split(':').next().unwrap();
         assert!(
             stack[host].is_object(),
@@ -506,20 +507,30 @@ fn kubernetes_manifests_validate_and_agree_with_the_gateway_config() {
         "the budget covers the gateway pods"
     );
 
-    // The autoscaler scales the StatefulSet the gateway lists, within the backends it lists.
+    // The autoscaler scales the StatefulSet whose headless Service the gateway's DNS group
+    // names, so every replica it adds is found, at the ports the Service publishes.
     let hpa = find("HorizontalPodAutoscaler", "triton");
     assert_eq!(hpa["spec"]["scaleTargetRef"]["kind"], "StatefulSet");
-    find("StatefulSet", "triton");
-    let max = hpa["spec"]["maxReplicas"].as_u64().unwrap() as usize;
-    for i in 0..max {
-        assert!(
-            config
-                .backends
-                .iter()
-                .any(|b| b.http == format!("http://triton-{i}.triton:8000")),
-            "replica triton-{i} is not a backend"
-        );
-    }
+    let pool = find("StatefulSet", "triton");
+    let headless = find("Service", pool["spec"]["serviceName"].as_str().unwrap());
+    assert_eq!(headless["spec"]["clusterIP"], "None", "a headless Service");
+    let group = config
+        .dns_groups()
+        .next()
+        .expect("a dns group in the config");
+    assert_eq!(group.dns.as_deref(), headless["metadata"]["name"].as_str());
+    let port = |name: &str| {
+        headless["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["port"].as_u64())
+            .map(|p| p as u16)
+    };
+    assert_eq!(group.http_port, port("http"));
+    assert_eq!(group.grpc_port, port("grpc"));
+    assert_eq!(group.metrics_port, port("metrics"));
     let rules = std::fs::read_to_string(kit("prometheus/rules.yml")).unwrap();
     let adapter = find("ConfigMap", "prometheus-adapter-infergate")["data"]["config.yaml"]
         .as_str()
@@ -632,7 +643,7 @@ fn promtool_accepts_the_config_and_rules_and_every_alert_passes_its_tests() {
         .collect();
     assert!(alerts.len() >= 9);
     let tests = yaml(&[&prometheus.join("rules_test.yml")], None);
-    let readme = std::fs::read_to_string(support::repo_root().join("README.md")).unwrap();
+    let docs = std::fs::read_to_string(support::repo_root().join("docs/deploy.md")).unwrap();
     for alert in alerts {
         let name = alert["alert"].as_str().unwrap();
         assert!(
@@ -655,8 +666,8 @@ fn promtool_accepts_the_config_and_rules_and_every_alert_passes_its_tests() {
             "no test where {name} fires"
         );
         assert!(
-            readme.contains(&format!("`{name}`")),
-            "README does not explain {name}"
+            docs.contains(&format!("`{name}`")),
+            "docs/deploy.md does not explain {name}"
         );
     }
 }

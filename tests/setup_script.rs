@@ -15,7 +15,7 @@ fn script(path: &Path, body: &str) {
 }
 
 /// Commands setup.sh installs when missing, and the Debian package that brings each.
-const INSTALLED: [(&str, &str); 7] = [
+const INSTALLED: [(&str, &str); 9] = [
     ("openssl", "openssl"),
     ("curl", "curl"),
     ("prometheus", "prometheus"),
@@ -23,6 +23,8 @@ const INSTALLED: [(&str, &str); 7] = [
     ("docker-compose", "docker-compose"),
     ("etcd", "etcd-server"),
     ("haproxy", "haproxy"),
+    ("stress-ng", "stress-ng"),
+    ("dnsmasq", "dnsmasq-base"),
 ];
 
 /// A `PATH` directory with the system's commands but without those setup.sh installs, and
@@ -96,7 +98,7 @@ fn setup_installs_missing_packages_after_one_update_and_is_quiet_when_done() {
         calls.lines().collect::<Vec<_>>(),
         [
             "update -q",
-            "install -y -q --no-install-recommends openssl curl prometheus docker-compose etcd-server haproxy"
+            "install -y -q --no-install-recommends openssl curl prometheus docker-compose etcd-server haproxy stress-ng dnsmasq-base"
         ],
         "{stderr}"
     );

@@ -523,7 +523,7 @@ async fn differential_against_real_triton() {
         models: MODELS.iter().map(|m| m.to_string()).collect(),
         verbose: true,
         repository: Some(repository.path().to_path_buf()),
-        args: vec![],
+        ..Default::default()
     })
     .await
     .expect("triton starts");
@@ -1099,7 +1099,7 @@ async fn random_mutations_agree_with_triton() {
         models: MODELS.iter().map(|m| m.to_string()).collect(),
         verbose: true,
         repository: Some(repository.path().to_path_buf()),
-        args: vec![],
+        ..Default::default()
     })
     .await
     .expect("triton starts");

@@ -5,6 +5,7 @@
 //! reload can refuse a bad file without touching the running one.
 
 mod auth;
+mod backends;
 mod cluster;
 mod parse;
 mod placement;
@@ -13,6 +14,7 @@ mod units;
 mod url;
 
 pub use auth::{ApiKey, Auth, AuthMode, JwtKey, Tenant, algorithm_family};
+pub use backends::{Backend, Discovered};
 pub use cluster::{Cluster, ClusterTls};
 pub use placement::{EvictionPolicy, Model, Placement};
 pub use routes::{Guard, RouteConfig, RouteTarget, StickyKey};
@@ -20,7 +22,6 @@ pub use units::{ByteSize, HumanDuration};
 pub use url::{BackendUrl, grpc_endpoint};
 
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -312,6 +313,12 @@ pub struct Upstream {
     /// PEM bundle of the CAs that sign `https://` backends' certificates; without it (and
     /// without `backends[].tls_ca`) the system's roots are used.
     pub tls_ca: Option<PathBuf>,
+    /// How often each DNS group (`backends[].dns`) is resolved again: new addresses join the
+    /// pool, vanished ones are drained.
+    pub discovery_interval: HumanDuration,
+    /// The DNS server groups are resolved with (`ip:port`); without it, the system's
+    /// (`/etc/resolv.conf`, with its search domains).
+    pub dns_server: Option<SocketAddr>,
 }
 
 impl Default for Upstream {
@@ -327,34 +334,9 @@ impl Default for Upstream {
             unhealthy_threshold: 3,
             healthy_threshold: 2,
             tls_ca: None,
+            discovery_interval: HumanDuration(Duration::from_secs(5)),
+            dns_server: None,
         }
-    }
-}
-
-/// One Triton instance of the pool.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Backend {
-    /// Unique name, used in metrics, logs and the admin API.
-    pub name: String,
-    /// Base URL of its HTTP/REST endpoint: `http://host:port`, `https://host:port` (TLS,
-    /// HTTP/1.1), or `h2c://host:port` for HTTP/2 with prior knowledge.
-    pub http: String,
-    /// URL of its gRPC endpoint, `http://host:port` or `https://host:port`: where the gRPC
-    /// front-end forwards. Required when `listen.grpc` is set.
-    pub grpc: Option<String>,
-    /// URL of its Prometheus metrics, re-exported under `/metrics/backends`.
-    pub metrics: Option<String>,
-    /// Memory the backend offers to models (used by placement).
-    pub capacity: Option<ByteSize>,
-    /// PEM CA bundle for this backend's `https://` URLs, instead of `upstream.tls_ca`.
-    pub tls_ca: Option<PathBuf>,
-}
-
-impl Backend {
-    /// The CA bundle its `https://` URLs are verified with (`None`: the system's roots).
-    pub fn tls_ca<'a>(&'a self, upstream: &'a Upstream) -> Option<&'a Path> {
-        self.tls_ca.as_deref().or(upstream.tls_ca.as_deref())
     }
 }
 
@@ -415,46 +397,8 @@ impl Config {
     /// Checks what serde cannot: uniqueness, URLs, sensible numbers.
     fn validate(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
+        self.check_backends(&mut errors);
         let mut error = |key: String, message: String| errors.push(ConfigError { key, message });
-        if self.backends.is_empty() {
-            error(
-                "backends".into(),
-                "at least one [[backends]] entry is required".into(),
-            );
-        }
-        let mut names = HashSet::new();
-        for (i, backend) in self.backends.iter().enumerate() {
-            if backend.name.trim().is_empty() {
-                error(format!("backends[{i}].name"), "must not be empty".into());
-            } else if !names.insert(backend.name.as_str()) {
-                error(
-                    format!("backends[{i}].name"),
-                    format!("duplicate backend name {:?}", backend.name),
-                );
-            }
-            if let Err(message) = BackendUrl::parse(&backend.http) {
-                error(format!("backends[{i}].http"), message);
-            }
-            if let Some(metrics) = &backend.metrics
-                && let Err(message) = BackendUrl::parse(metrics)
-            {
-                error(format!("backends[{i}].metrics"), message);
-            }
-            match &backend.grpc {
-                Some(url) => {
-                    if let Err(message) = grpc_endpoint(url) {
-                        error(format!("backends[{i}].grpc"), message);
-                    }
-                }
-                None if self.listen.grpc.is_some() => error(
-                    format!("backends[{i}].grpc"),
-                    "required when listen.grpc is set: the gRPC front-end forwards to each \
-                     backend's gRPC endpoint (http://host:port)"
-                        .into(),
-                ),
-                None => {}
-            }
-        }
         if self.server.max_body_size.bytes() == 0 {
             error(
                 "server.max_body_size".into(),
@@ -510,6 +454,10 @@ impl Config {
             ("upstream.connect_timeout", self.upstream.connect_timeout),
             ("upstream.request_timeout", self.upstream.request_timeout),
             ("upstream.health_interval", self.upstream.health_interval),
+            (
+                "upstream.discovery_interval",
+                self.upstream.discovery_interval,
+            ),
             ("upstream.health_timeout", self.upstream.health_timeout),
         ] {
             if value.0.is_zero() {
@@ -775,16 +723,16 @@ mod tests {
             [listen]
             http = "127.0.0.1:8000"
             [[backends]]
-            name = "a"
-            http = 7
+            name = 7
+            http = "http://127.0.0.1:1"
             [[backends]]
             name = "a"
-            http = "http://127.0.0.1:2"
+            http = 7
             "#,
         );
         assert_eq!(found.len(), 1, "{found:#?}");
         assert!(
-            found[0].starts_with("backends[0].http: invalid type"),
+            found[0].starts_with("backends[0].name: invalid type"),
             "{found:#?}"
         );
 

@@ -78,7 +78,12 @@ impl Backend {
         upstream: &config::Upstream,
         load_concurrency: usize,
     ) -> Result<Self, String> {
-        let url = BackendUrl::parse(&config.http)?;
+        let url = BackendUrl::parse(
+            config
+                .http
+                .as_deref()
+                .ok_or("a DNS group is not one backend")?,
+        )?;
         let ca = config.tls_ca(upstream);
         Ok(Self {
             name: config.name.clone(),
@@ -331,10 +336,10 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Builds the pool from config.
+    /// Builds the pool from config: its fixed backends (DNS groups join as they resolve).
     pub fn new(config: &config::Config) -> Result<Self, String> {
         let backends = config
-            .backends
+            .instances(&config::Discovered::new())
             .iter()
             .map(|b| Self::build(b, config).map(Arc::new))
             .collect::<Result<_, _>>()?;

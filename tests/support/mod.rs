@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod dns;
 pub mod gateway;
 pub mod grpc;
 pub mod pki;
@@ -166,6 +167,11 @@ pub struct TritonOptions {
     /// Extra tritonserver arguments, e.g. `--log-verbose=2`. Tests keep Triton's defaults
     /// otherwise: when a backend's real behaviour trips the gateway, the gateway is wrong.
     pub args: Vec<String>,
+    /// The loopback address it listens on (default 127.0.0.1): Tritons on 127.0.0.2 and
+    /// 127.0.0.3 at the same ports are two pods of one headless Service.
+    pub address: Option<std::net::Ipv4Addr>,
+    /// Its ports (http, grpc, metrics); default free ones.
+    pub ports: Option<[u16; 3]>,
 }
 
 impl TritonOptions {
@@ -183,6 +189,7 @@ impl TritonOptions {
 
 /// One running tritonserver. Killed (with its whole process group) on drop.
 pub struct Triton {
+    pub address: std::net::Ipv4Addr,
     pub http_port: u16,
     pub grpc_port: u16,
     pub metrics_port: u16,
@@ -214,7 +221,7 @@ impl Triton {
 
     /// Outer error: start failed. Inner error: a port was taken, retry with others.
     async fn try_start(opts: &TritonOptions) -> anyhow::Result<Result<Triton, anyhow::Error>> {
-        Self::start_on(opts, free_ports::<3>()?).await
+        Self::start_on(opts, opts.ports.map_or_else(free_ports::<3>, Ok)?).await
     }
 
     /// Kills this server and starts another with `opts` on the same ports, as a restarted
@@ -222,6 +229,10 @@ impl Triton {
     pub async fn restart(&mut self, opts: TritonOptions) -> anyhow::Result<()> {
         self.kill();
         let ports = [self.http_port, self.grpc_port, self.metrics_port];
+        let opts = TritonOptions {
+            address: Some(self.address),
+            ..opts
+        };
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             match Self::start_on(&opts, ports).await? {
@@ -248,16 +259,17 @@ impl Triton {
         let log_path = dir.path().join("tritonserver.log");
         let log = File::create(&log_path)?;
 
+        let address = opts.address.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
         let mut cmd = Command::new(server_dir.join("bin").join("tritonserver"));
         let repository = opts.repository.clone().unwrap_or_else(model_repository);
         cmd.arg(flag("--model-repository=", &repository))
             .arg(flag("--backend-directory=", &server_dir.join("backends")))
             .arg("--model-control-mode=explicit")
-            .arg("--http-address=127.0.0.1")
+            .arg(format!("--http-address={address}"))
             .arg(format!("--http-port={http_port}"))
-            .arg("--grpc-address=127.0.0.1")
+            .arg(format!("--grpc-address={address}"))
             .arg(format!("--grpc-port={grpc_port}"))
-            .arg("--metrics-address=127.0.0.1")
+            .arg(format!("--metrics-address={address}"))
             .arg(format!("--metrics-port={metrics_port}"))
             .arg("--allow-metrics=true")
             .args(opts.models.iter().map(|m| format!("--load-model={m}")))
@@ -278,6 +290,7 @@ impl Triton {
             .timeout(Duration::from_secs(30))
             .build()?;
         let mut triton = Triton {
+            address,
             http_port,
             grpc_port,
             metrics_port,
@@ -332,16 +345,16 @@ impl Triton {
     }
 
     pub fn http_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.http_port)
+        format!("http://{}:{}", self.address, self.http_port)
     }
 
     /// `host:port` form is `grpc_url()` without the scheme.
     pub fn grpc_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.grpc_port)
+        format!("http://{}:{}", self.address, self.grpc_port)
     }
 
     pub fn metrics_url(&self) -> String {
-        format!("http://127.0.0.1:{}/metrics", self.metrics_port)
+        format!("http://{}:{}/metrics", self.address, self.metrics_port)
     }
 
     pub fn pid(&self) -> u32 {
@@ -597,6 +610,34 @@ pub async fn reporting_memory(triton_http: String, gpu_bytes: u64) -> std::net::
     addr
 }
 
+/// The request every identity test model (`sized_a`, `sized_b`, `sized_c`: FP32 [4]) takes.
+pub fn identity_request() -> serde_json::Value {
+    serde_json::json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
+}
+
+/// One JSON inference of `model` at `base_url` (a gateway or a Triton), as a client sends
+/// it: the status, and the body as text (an error's message, or the outputs).
+pub async fn infer(
+    client: &reqwest::Client,
+    base_url: &str,
+    model: &str,
+    request: &serde_json::Value,
+) -> (u16, String) {
+    match client
+        .post(format!("{base_url}/v2/models/{model}/infer"))
+        .json(request)
+        .send()
+        .await
+    {
+        Ok(response) => (
+            response.status().as_u16(),
+            response.text().await.unwrap_or_default(),
+        ),
+        Err(e) => (0, format!("no answer: {e}")),
+    }
+}
+
 /// The sum of a metric's samples, in Prometheus text, over the series whose line contains
 /// every one of `filters` (labels as written, e.g. `model="add_sub"`): what a user reads off
 /// `/metrics`.
@@ -761,7 +802,7 @@ fn stub_shm_region(pid: u32) -> Option<String> {
         .find(|a| a.starts_with("triton_python_backend_shm_region_") && !a.contains('/'))
 }
 
-/// Whether process `pid` owns a TCP socket listening on 127.0.0.1/0.0.0.0:`port`.
+/// Whether process `pid` owns a TCP socket listening on `port` (any address).
 fn listens_on(pid: u32, port: u16) -> bool {
     let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
         return true; // cannot check; trust the health answer
