@@ -378,32 +378,37 @@ fn endpoints(
     let tls = gateway.tls().cloned();
     let scheme = if tls.is_some() { "TLS" } else { "plain" };
     let workers = gateway.config().server.worker_count();
-    let endpoint = |name, router, tls: &Option<Arc<tls::ServerTls>>| listen::Endpoint {
+    let endpoint = |name, answers, tls: &Option<Arc<tls::ServerTls>>| listen::Endpoint {
         name,
-        router,
-        inference: None,
+        answers,
         tls: tls.clone(),
     };
+    let edge = |answer: listen::Answer| listen::Answers::Edge(gateway.clone(), answer);
     tracing::info!(addr = %listeners.http.local_addr()?, scheme, workers, "serving KServe v2 HTTP");
-    let http = listen::Endpoint {
-        inference: Some(gateway.clone()),
-        ..endpoint("http", frontend::http::router(gateway.clone()), &tls)
-    };
+    let http = endpoint("http", edge(frontend::http::serve), &tls);
     let mut endpoints = vec![(http, listeners.http)];
     if let Some(listener) = listeners.metrics {
         tracing::info!(addr = %listener.local_addr()?, "serving metrics");
         let router = frontend::metrics::router(gateway.clone());
-        endpoints.push((endpoint("metrics", router, &None), listener));
+        endpoints.push((
+            endpoint("metrics", listen::Answers::Router(router), &None),
+            listener,
+        ));
     }
     if let Some(listener) = listeners.admin {
         tracing::info!(addr = %listener.local_addr()?, scheme, "serving admin API");
-        let router = frontend::admin::router(gateway.clone());
-        endpoints.push((endpoint("admin", router, &tls), listener));
+        endpoints.push((
+            endpoint("admin", edge(frontend::admin::serve), &tls),
+            listener,
+        ));
     }
     if let Some(listener) = listeners.grpc {
         tracing::info!(addr = %listener.local_addr()?, scheme, "serving KServe v2 gRPC");
         let router = frontend::grpc::router(gateway.clone(), tasks, shutdown);
-        endpoints.push((endpoint("grpc", router, &tls), listener));
+        endpoints.push((
+            endpoint("grpc", listen::Answers::Router(router), &tls),
+            listener,
+        ));
     }
     Ok(endpoints)
 }

@@ -2,91 +2,144 @@
 //! its backends and placement, as JSON, and the operator's levers (load, unload, drain).
 //! It has the same edge as the KServe listener: request ids and one access-log line each.
 
+use super::http::{Gate, around, decoded};
 use crate::Gateway;
 use crate::error::GatewayError;
-use crate::pipeline::admit;
-use axum::Router;
-use axum::extract::{Path, State};
-use axum::routing::{get, post};
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use http::Method;
+use http::request::Parts;
 use serde::Serialize;
+use std::future::Future;
+use std::pin::Pin;
 
-/// Builds the admin router.
-pub fn router(gateway: Gateway) -> Router {
-    Router::new()
-        .route("/admin/backends", get(backends))
-        .route("/admin/placement", get(placement))
-        .route("/admin/reload", post(reload))
-        .route("/admin/config", get(running_config))
-        .route("/admin/routes", get(routes))
-        .route("/admin/whoami", get(whoami))
-        .route("/admin/server", get(server))
-        .route("/admin/cluster", get(cluster))
-        .route("/admin/models/{model}/load", post(load))
-        .route("/admin/models/{model}/unload", post(unload))
-        .route("/admin/backends/{backend}/drain", post(drain))
-        .route("/admin/backends/{backend}/undrain", post(undrain))
-        .layer(axum::middleware::from_fn_with_state(
-            gateway.clone(),
-            require_admin,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            gateway.clone(),
-            super::http::edge,
-        ))
-        .with_state(gateway)
+/// Every request on the admin listener, as the listener calls it: the same edge as the
+/// KServe listener's, letting in only callers with the admin role (when auth is on; the
+/// listener being private is a second fence, not the only one).
+pub(crate) fn serve(
+    gateway: Gateway,
+    request: Request,
+) -> Pin<Box<dyn Future<Output = Response> + Send>> {
+    Box::pin(async move {
+        around(&gateway, request, Gate::Admins, async |ctx, request| {
+            // The admin API reads no body.
+            let (parts, _) = request.into_parts();
+            answer(&ctx.gateway, &parts).await
+        })
+        .await
+    })
+}
+
+/// The admin endpoint of the request, and its answer.
+async fn answer(gateway: &Gateway, request: &Parts) -> Result<Response, GatewayError> {
+    let path = request.uri.path();
+    let endpoint = endpoint(path)?.ok_or_else(|| GatewayError::NotFound {
+        path: path.to_owned(),
+    })?;
+    let method = &request.method;
+    let expected = endpoint.method();
+    if *method != expected && !(expected == Method::GET && method == Method::HEAD) {
+        return Err(GatewayError::MethodNotAllowed {
+            method: method.to_string(),
+            path: path.to_owned(),
+        });
+    }
+    let json = |view: serde_json::Value| axum::Json(view).into_response();
+    Ok(match endpoint {
+        Endpoint::Backends => axum::Json(backends(gateway)).into_response(),
+        Endpoint::Placement => json(gateway.placement().snapshot()),
+        Endpoint::Reload => axum::Json(reload(gateway).await?).into_response(),
+        Endpoint::Config => json(running_config(gateway)),
+        Endpoint::Routes => axum::Json(routes(gateway)).into_response(),
+        Endpoint::Whoami => json(whoami(request)),
+        Endpoint::Server => json(server(gateway).await),
+        Endpoint::Cluster => json(cluster(gateway)?),
+        Endpoint::Load(model) => json(load(gateway, model).await?),
+        Endpoint::Unload(model) => json(unload(gateway, model).await),
+        Endpoint::Drain(backend, draining) => json(set_draining(gateway, backend, draining).await?),
+    })
+}
+
+/// The admin API's endpoints.
+enum Endpoint {
+    Backends,
+    Placement,
+    Reload,
+    Config,
+    Routes,
+    Whoami,
+    Server,
+    Cluster,
+    Load(String),
+    Unload(String),
+    /// Drain (true) or undrain a backend.
+    Drain(String, bool),
+}
+
+impl Endpoint {
+    /// The method it takes: reading is GET, changing is POST.
+    fn method(&self) -> Method {
+        match self {
+            Self::Reload | Self::Load(_) | Self::Unload(_) | Self::Drain(..) => Method::POST,
+            _ => Method::GET,
+        }
+    }
+}
+
+/// The endpoint of a path (`None`: no such endpoint).
+fn endpoint(path: &str) -> Result<Option<Endpoint>, GatewayError> {
+    let Some(rest) = path.strip_prefix("/admin/") else {
+        return Ok(None);
+    };
+    let segments: Vec<&str> = rest.split('/').collect();
+    let named =
+        |segment: &str| -> Result<String, GatewayError> { Ok(decoded(segment)?.into_owned()) };
+    Ok(Some(match segments.as_slice() {
+        ["backends"] => Endpoint::Backends,
+        ["placement"] => Endpoint::Placement,
+        ["reload"] => Endpoint::Reload,
+        ["config"] => Endpoint::Config,
+        ["routes"] => Endpoint::Routes,
+        ["whoami"] => Endpoint::Whoami,
+        ["server"] => Endpoint::Server,
+        ["cluster"] => Endpoint::Cluster,
+        ["models", model, "load"] if !model.is_empty() => Endpoint::Load(named(model)?),
+        ["models", model, "unload"] if !model.is_empty() => Endpoint::Unload(named(model)?),
+        ["backends", backend, "drain"] if !backend.is_empty() => {
+            Endpoint::Drain(named(backend)?, true)
+        }
+        ["backends", backend, "undrain"] if !backend.is_empty() => {
+            Endpoint::Drain(named(backend)?, false)
+        }
+        _ => return Ok(None),
+    }))
 }
 
 /// What the gateway knows about the caller's connection: the subject of its verified client
 /// certificate (mTLS), `null` without one. For checking an mTLS setup from the client side.
-async fn whoami(
-    peer: Option<axum::Extension<crate::tls::PeerIdentity>>,
-) -> axum::Json<serde_json::Value> {
-    axum::Json(serde_json::json!({
-        "peer": peer.map(|axum::Extension(peer)| peer.subject),
-    }))
+fn whoami(request: &Parts) -> serde_json::Value {
+    let peer = request.extensions.get::<crate::tls::PeerIdentity>();
+    serde_json::json!({ "peer": peer.map(|peer| &peer.subject) })
 }
 
 /// The gateway's own name and version, and what server metadata reports for the pool (the
 /// backends' identity, which `GET /v2` gives clients).
-async fn server(State(gateway): State<Gateway>) -> axum::Json<serde_json::Value> {
-    axum::Json(serde_json::json!({
+async fn server(gateway: &Gateway) -> serde_json::Value {
+    serde_json::json!({
         "name": crate::protocol::SERVER_NAME,
         "version": crate::protocol::SERVER_VERSION,
-        "reported": crate::pipeline::server_metadata::server_metadata(&gateway).await,
-    }))
+        "reported": crate::pipeline::server_metadata::server_metadata(gateway).await,
+    })
 }
 
 /// The replicas sharing this gateway's registry (`[cluster]`): who is live, the leader,
 /// the registry revision, and whether this replica is degraded (etcd unreachable).
-async fn cluster(
-    State(gateway): State<Gateway>,
-) -> Result<axum::Json<serde_json::Value>, GatewayError> {
+fn cluster(gateway: &Gateway) -> Result<serde_json::Value, GatewayError> {
     match gateway.cluster() {
-        Some(cluster) => Ok(axum::Json(cluster.snapshot())),
+        Some(cluster) => Ok(cluster.snapshot()),
         None => Err(GatewayError::NotFound {
             path: "/admin/cluster (this gateway runs without [cluster])".into(),
         }),
-    }
-}
-
-/// Every admin endpoint needs the admin role when auth is on (the listener being private
-/// is a second fence, not the only one), checked against the request's own snapshot.
-async fn require_admin(
-    State(gateway): State<Gateway>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let mut ctx = super::http::request_ctx(&gateway, &request);
-    let credentials = super::http::credentials(&request);
-    let admitted = async {
-        admit::authenticate(&mut ctx, credentials).await?;
-        admit::admin(&mut ctx, "the admin API")
-    }
-    .await;
-    match admitted {
-        Ok(()) => next.run(request).await,
-        Err(error) => error.into_response(),
     }
 }
 
@@ -111,8 +164,8 @@ struct ModelView {
     version: Option<String>,
 }
 
-async fn backends(State(gateway): State<Gateway>) -> axum::Json<Vec<BackendView>> {
-    let views = gateway
+fn backends(gateway: &Gateway) -> Vec<BackendView> {
+    gateway
         .pool()
         .backends()
         .iter()
@@ -135,44 +188,17 @@ async fn backends(State(gateway): State<Gateway>) -> axum::Json<Vec<BackendView>
                 })
                 .collect(),
         })
-        .collect();
-    axum::Json(views)
+        .collect()
 }
 
-async fn placement(State(gateway): State<Gateway>) -> axum::Json<serde_json::Value> {
-    axum::Json(gateway.placement().snapshot())
-}
-
-async fn load(
-    State(gateway): State<Gateway>,
-    Path(model): Path<String>,
-) -> Result<axum::Json<serde_json::Value>, GatewayError> {
+async fn load(gateway: &Gateway, model: String) -> Result<serde_json::Value, GatewayError> {
     gateway.placement().load_now(&model).await?;
-    Ok(axum::Json(
-        serde_json::json!({ "model": model, "loaded": true }),
-    ))
+    Ok(serde_json::json!({ "model": model, "loaded": true }))
 }
 
-async fn unload(
-    State(gateway): State<Gateway>,
-    Path(model): Path<String>,
-) -> axum::Json<serde_json::Value> {
+async fn unload(gateway: &Gateway, model: String) -> serde_json::Value {
     let copies = gateway.placement().unload(&model).await;
-    axum::Json(serde_json::json!({ "model": model, "unloaded_copies": copies }))
-}
-
-async fn drain(
-    State(gateway): State<Gateway>,
-    Path(backend): Path<String>,
-) -> Result<axum::Json<serde_json::Value>, GatewayError> {
-    set_draining(&gateway, backend, true).await
-}
-
-async fn undrain(
-    State(gateway): State<Gateway>,
-    Path(backend): Path<String>,
-) -> Result<axum::Json<serde_json::Value>, GatewayError> {
-    set_draining(&gateway, backend, false).await
+    serde_json::json!({ "model": model, "unloaded_copies": copies })
 }
 
 /// Draining stops new placements on the backend and moves its pinned models away; other
@@ -181,11 +207,9 @@ async fn set_draining(
     gateway: &Gateway,
     backend: String,
     draining: bool,
-) -> Result<axum::Json<serde_json::Value>, GatewayError> {
+) -> Result<serde_json::Value, GatewayError> {
     if gateway.placement().set_draining(&backend, draining).await {
-        Ok(axum::Json(
-            serde_json::json!({ "backend": backend, "draining": draining }),
-        ))
+        Ok(serde_json::json!({ "backend": backend, "draining": draining }))
     } else {
         Err(GatewayError::NotFound {
             path: format!("backend '{backend}'"),
@@ -195,44 +219,43 @@ async fn set_draining(
 
 /// Reloads the config file: 200 with the new hash and what was unloaded, or 400 naming every
 /// bad key (and nothing changes).
-async fn reload(State(gateway): State<Gateway>) -> axum::response::Response {
-    use axum::response::IntoResponse;
+async fn reload(gateway: &Gateway) -> Result<crate::reload::Reloaded, GatewayError> {
     let Some(path) = gateway.config_path() else {
-        return GatewayError::BadRequest("the gateway was not started from a config file".into())
-            .into_response();
+        return Err(GatewayError::BadRequest(
+            "the gateway was not started from a config file".into(),
+        ));
     };
-    match crate::reload::reload(&gateway, path).await {
-        Ok(reloaded) => axum::Json(reloaded).into_response(),
-        Err(errors) => {
+    crate::reload::reload(gateway, path)
+        .await
+        .map_err(|errors| {
             let message = errors
                 .0
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("; ");
-            GatewayError::BadRequest(format!("config not reloaded: {message}")).into_response()
-        }
-    }
+            GatewayError::BadRequest(format!("config not reloaded: {message}"))
+        })
 }
 
 /// The running config, its hash and when it was loaded.
-async fn running_config(State(gateway): State<Gateway>) -> axum::Json<serde_json::Value> {
+fn running_config(gateway: &Gateway) -> serde_json::Value {
     let live = gateway.live();
     let loaded_at = live
         .loaded_at
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    axum::Json(serde_json::json!({
+    serde_json::json!({
         "hash": live.hash,
         "loaded_at_unix": loaded_at,
         "path": gateway.config_path(),
         "config": *live.config,
-    }))
+    })
 }
 
 /// Every route: its targets with configured and current weights (a guard may have switched a
 /// canary off), each target's figures over the guard's window, and every trip with its reason.
-async fn routes(State(gateway): State<Gateway>) -> axum::Json<Vec<serde_json::Value>> {
+fn routes(gateway: &Gateway) -> Vec<serde_json::Value> {
     let live = gateway.live();
     let mut views: Vec<serde_json::Value> = live
         .routes
@@ -261,5 +284,5 @@ async fn routes(State(gateway): State<Gateway>) -> axum::Json<Vec<serde_json::Va
         })
         .collect();
     views.sort_by(|a, b| a["route"].as_str().cmp(&b["route"].as_str()));
-    axum::Json(views)
+    views
 }

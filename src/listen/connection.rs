@@ -99,8 +99,7 @@ impl Connection {
         let name = self.endpoint.name;
         let state = Arc::new(ConnectionState::new(name, self.drain.clone()));
         let service = PerConnection {
-            router: self.endpoint.router.clone(),
-            inference: self.endpoint.inference.clone(),
+            answers: self.endpoint.answers.clone(),
             identity,
             body_pace: self.limits.body_pace,
             state: state.clone(),
@@ -169,13 +168,12 @@ fn is_header_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
         .is_some_and(hyper::Error::is_timeout)
 }
 
-/// The tower service a connection's requests go through: the listener's router (or, for an
-/// inference on the KServe listener, `frontend::http::infer`), with the body's pace
-/// and the connection's `PeerIdentity` (mTLS) on every request.
+/// The tower service a connection's requests go through: what answers the listener's
+/// requests, with the body's pace and the connection's `PeerIdentity` (mTLS) on every
+/// request.
 #[derive(Clone)]
 struct PerConnection {
-    router: axum::Router,
-    inference: Option<crate::Gateway>,
+    answers: super::Answers,
     identity: Option<PeerIdentity>,
     body_pace: BodyPace,
     state: Arc<ConnectionState>,
@@ -215,15 +213,11 @@ where
         if let Some(identity) = &self.identity {
             request.extensions_mut().insert(identity.clone());
         }
-        let model = self
-            .inference
-            .as_ref()
-            .and_then(|_| crate::frontend::http::inference_target(&request));
-        let response = match (model, &self.inference) {
-            (Some(model), Some(gateway)) => Answering::Direct(Box::pin(
-                crate::frontend::http::infer(gateway.clone(), request, model),
-            )),
-            _ => Answering::Routed(self.router.call(request)),
+        let response = match &mut self.answers {
+            super::Answers::Edge(gateway, answer) => {
+                Answering::Direct(answer(gateway.clone(), request))
+            }
+            super::Answers::Router(router) => Answering::Routed(router.call(request)),
         };
         CloseIfUnread {
             response,
@@ -233,7 +227,7 @@ where
     }
 }
 
-/// The answer being made: by the router, or by the inference path. Held in place inside
+/// The answer being made: by a router, or by a front-end's edge. Held in place inside
 /// hyper's per-request future, never moved around; boxing the router's future too would cost
 /// every routed request an allocation.
 #[allow(clippy::large_enum_variant)]
@@ -296,8 +290,7 @@ mod tests {
         );
         let body = |identity| {
             let service = PerConnection {
-                router: router.clone(),
-                inference: None,
+                answers: crate::listen::Answers::Router(router.clone()),
                 identity,
                 body_pace: BodyPace {
                     gap: Duration::from_secs(1),

@@ -79,20 +79,33 @@ fn bind_socket(addr: SocketAddr, reuse_port: bool) -> anyhow::Result<std::net::T
     bound.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
 }
 
-/// One listener's service: what it is called (metric labels), its router, and its TLS state
-/// when it speaks TLS.
+/// One listener's service: what it is called (metric labels), what answers its requests,
+/// and its TLS state when it speaks TLS.
 #[derive(Clone)]
 pub struct Endpoint {
     /// `http`, `grpc`, `admin` or `metrics`.
     pub name: &'static str,
-    /// The axum router serving its requests.
-    pub router: axum::Router,
-    /// The KServe HTTP listener's gateway: its inference requests go straight to
-    /// `frontend::http::infer`, past the router.
-    pub inference: Option<crate::Gateway>,
+    /// What answers its requests.
+    pub answers: Answers,
     /// Certificates for a TLS listener; `None` for plain TCP.
     pub tls: Option<Arc<ServerTls>>,
 }
+
+/// What answers a listener's requests.
+#[derive(Clone)]
+pub enum Answers {
+    /// An axum router (metrics; gRPC, under tonic).
+    Router(axum::Router),
+    /// A front-end's own edge and endpoints over the gateway (the KServe HTTP and admin
+    /// listeners): one boxed future per request, no router in between.
+    Edge(crate::Gateway, Answer),
+}
+
+/// A front-end's answer to one request (`frontend::http::serve`, `frontend::admin::serve`).
+pub type Answer = fn(
+    crate::Gateway,
+    axum::extract::Request,
+) -> std::pin::Pin<Box<dyn Future<Output = axum::response::Response> + Send>>;
 
 /// The running workers: how `serve` stops them.
 pub struct Workers {

@@ -43,6 +43,9 @@ pub struct RequestCtx {
     pub sequence: Option<SequenceRef>,
     /// The copy that serves it (`place`).
     pub lease: Option<Lease>,
+    /// What served it, for its metrics and log line (`served`): set with the copy by
+    /// `place`, or by an answer no single copy gives (statistics, a repository load).
+    pub serving: Option<Served>,
 }
 
 impl RequestCtx {
@@ -66,6 +69,7 @@ impl RequestCtx {
             routed: None,
             sequence: None,
             lease: None,
+            serving: None,
         }
     }
 
@@ -84,16 +88,11 @@ impl RequestCtx {
             .or(self.requested.as_ref())
     }
 
-    /// What served the request, for its metrics and log line: set only once a copy was
-    /// placed, so that names no backend has never become metric labels.
+    /// What served the request, for its metrics and log line: known only once a copy was
+    /// placed (or the answer was made from every copy), so that names no backend has never
+    /// become metric labels.
     pub fn served(&self) -> Served {
-        match (&self.routed, &self.lease) {
-            (Some(routed), Some(lease)) => Served {
-                backend: lease.backend().name.clone(),
-                ..routed.served()
-            },
-            _ => Served::default(),
-        }
+        self.serving.clone().unwrap_or_default()
     }
 
     /// The caller's tenant, for the log line (never the credential).

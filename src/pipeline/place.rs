@@ -9,7 +9,7 @@
 
 use super::{RequestCtx, finish};
 use crate::error::GatewayError;
-use crate::model::Ask;
+use crate::model::{Ask, Served};
 use crate::placement::Lease;
 use bytes::Bytes;
 use std::time::Duration;
@@ -62,6 +62,10 @@ pub async fn place(ctx: &mut RequestCtx) -> Result<Placing, GatewayError> {
     if let Some(tally) = &mut routed.tally {
         tally.placed();
     }
+    ctx.serving = Some(Served {
+        backend: placed.backend().name.clone(),
+        ..routed.served()
+    });
     ctx.lease = Some(placed);
     Ok(Placing::Leased)
 }

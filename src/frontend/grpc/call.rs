@@ -205,7 +205,7 @@ impl Call {
     /// route target (returned in `infergate-target` metadata, as HTTP returns it in a
     /// header).
     pub fn learn(&self, ctx: &RequestCtx) {
-        if ctx.lease.is_some() {
+        if ctx.serving.is_some() {
             self.served(ctx.served());
         }
         if let Some(tenant) = ctx.tenant() {
