@@ -16,6 +16,7 @@
 
 pub mod admit;
 mod ctx;
+pub mod edge;
 pub mod finish;
 pub mod forward;
 pub mod hold;

@@ -12,11 +12,10 @@ use crate::Gateway;
 use crate::error::{ErrorKind, GatewayError, grpc_status_class};
 use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
 use crate::model::Served;
-use crate::pipeline::Live;
+use crate::pipeline::edge::{Arrival, Edge};
 use crate::pipeline::finish::{self, Answered, Ending};
-use crate::pipeline::series::{InFlightGauge, Protocol};
-use crate::pipeline::{RequestCtx, request_id};
-use crate::trace::RequestTrace;
+use crate::pipeline::series::Protocol;
+use crate::pipeline::{Caller, Live, RequestCtx, request_id};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -86,26 +85,25 @@ fn is_too_large_header(value: &[u8]) -> bool {
     decoded == TONIC_TOO_LARGE.as_bytes()
 }
 
-/// One gRPC call from start to its one log line: the edge of a call, as
-/// `frontend::http::edge` is for an HTTP request.
+/// One gRPC call from start to its one log line: the pipeline's `Edge` read from the
+/// call's metadata, and what the call's requests learned for its end.
 pub struct Call {
     gateway: Gateway,
     rpc: &'static str,
-    id: HeaderValue,
-    /// The config snapshot the call sees throughout.
-    live: Arc<Live>,
-    /// Taken when the call's span ends, in `log`.
-    trace: Option<RequestTrace>,
-    deadline: Option<Instant>,
-    started: Instant,
-    probe: bool,
-    span: Span,
-    served: Mutex<Served>,
-    target: Mutex<Option<String>>,
+    edge: Edge,
+    /// What the call's request contexts learned (a stream has one per message).
+    learned: Mutex<Learned>,
     /// The subject of the client's verified certificate (mTLS), a credential for auth.
     peer: Option<String>,
-    tenant: std::sync::OnceLock<Arc<str>>,
-    _in_flight: InFlightGauge,
+}
+
+/// What a call's request contexts learned, for its end: what served it, the caller (whose
+/// tenant the log line names) and the route target (returned in `infergate-target`).
+#[derive(Default)]
+struct Learned {
+    serving: Option<Served>,
+    caller: Option<Caller>,
+    target: Option<String>,
 }
 
 impl Call {
@@ -132,94 +130,90 @@ impl Call {
         request: &tonic::Request<T>,
         probe: bool,
     ) -> Self {
-        let client = request
-            .metadata()
+        let metadata = request.metadata();
+        let client = metadata
             .get("x-request-id")
             .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
-        let id = request_id(client.as_ref());
-        let traceparent = request.metadata().get("traceparent").map(|v| v.as_bytes());
-        let trace = RequestTrace::start(traceparent, !probe);
-        let span = crate::frontend::request_span(&id, &trace, request.extensions());
+        let peer = request
+            .extensions()
+            .get::<crate::tls::PeerIdentity>()
+            .map(|p| p.subject.clone());
+        let edge = Edge::begin(
+            gateway,
+            Arrival {
+                protocol: Protocol::Grpc,
+                id: client.as_ref(),
+                traceparent: metadata.get("traceparent").map(|v| v.as_bytes()),
+                peer: peer.as_deref(),
+                deadline: request.extensions().get::<Deadline>().map(|d| d.0),
+                probe,
+            },
+        );
         Self {
             gateway: gateway.clone(),
             rpc,
-            id,
-            live: gateway.live(),
-            trace: Some(trace),
-            deadline: request.extensions().get::<Deadline>().map(|d| d.0),
-            peer: request
-                .extensions()
-                .get::<crate::tls::PeerIdentity>()
-                .map(|p| p.subject.clone()),
-            started: Instant::now(),
-            probe,
-            span,
-            served: Mutex::new(Served::default()),
-            target: Mutex::new(None),
-            tenant: std::sync::OnceLock::new(),
-            _in_flight: InFlightGauge::start(Protocol::Grpc),
+            edge,
+            learned: Mutex::default(),
+            peer,
         }
     }
 
     /// The call's request context: its snapshot, id and deadline.
     pub fn ctx(&self) -> RequestCtx {
-        self.ctx_with(self.live.clone())
+        self.ctx_with(self.edge.ctx.live.clone())
     }
 
     /// A context for one request of a stream: the stream's id and deadline, and `live`.
     pub fn ctx_with(&self, live: Arc<Live>) -> RequestCtx {
-        let mut ctx = RequestCtx::new(&self.gateway, live, self.id.clone(), self.deadline);
-        ctx.started = self.started;
+        let edge = &self.edge.ctx;
+        let mut ctx = RequestCtx::new(&self.gateway, live, edge.id.clone(), edge.deadline);
+        ctx.started = edge.started;
         ctx
     }
 
     /// The request id, as metadata for the backend and the answer.
     pub fn id(&self) -> AsciiMetadataValue {
-        AsciiMetadataValue::try_from(self.id.as_bytes()).expect("request ids are ASCII")
+        AsciiMetadataValue::try_from(self.edge.ctx.id.as_bytes()).expect("request ids are ASCII")
     }
 
     /// Puts the call's trace on the metadata a backend will receive.
     pub fn stamp_trace(&self, metadata: &mut MetadataMap) {
-        if let Some(trace) = &self.trace {
+        if let Some(trace) = self.edge.trace() {
             trace.stamp_metadata(metadata);
         }
     }
 
     /// The span every log line of the call carries.
     pub fn span(&self) -> &Span {
-        &self.span
+        self.edge.span()
     }
 
     /// Records what served the call (only once a backend has the model, so unknown names
     /// never become metric labels).
     pub fn served(&self, served: Served) {
-        *self.served.lock().expect("served lock") = served;
+        self.learned.lock().expect("learned lock").serving = Some(served);
     }
 
-    /// Records the caller's tenant for the log line.
-    pub fn tenant(&self, tenant: Arc<str>) {
-        let _ = self.tenant.set(tenant);
-    }
-
-    /// Takes over what a request's context learned: what served it, the tenant and the
+    /// Takes over what a request's context learned: what served it, the caller and the
     /// route target (returned in `infergate-target` metadata, as HTTP returns it in a
     /// header).
     pub fn learn(&self, ctx: &RequestCtx) {
+        let mut learned = self.learned.lock().expect("learned lock");
         if ctx.serving.is_some() {
-            self.served(ctx.served());
+            learned.serving = ctx.serving.clone();
         }
-        if let Some(tenant) = ctx.tenant() {
-            self.tenant(tenant.clone());
+        if ctx.tenant().is_some() {
+            learned.caller = Some(ctx.caller.clone());
         }
         if let Some(label) = ctx.target_label() {
-            *self.target.lock().expect("target lock") = Some(label.to_owned());
+            learned.target = Some(label.to_owned());
         }
     }
 
     /// Adds the call's own metadata to an answer: the request id, the route target.
     fn stamp(&self, metadata: &mut MetadataMap) {
         metadata.insert("x-request-id", self.id());
-        if let Some(label) = self.target.lock().expect("target lock").as_deref()
+        if let Some(label) = self.learned.lock().expect("learned lock").target.as_deref()
             && let Ok(value) = AsciiMetadataValue::try_from(label)
         {
             metadata.insert(crate::protocol::TARGET_HEADER, value);
@@ -237,9 +231,9 @@ impl Call {
         ctx: &mut RequestCtx,
         work: impl AsyncFnOnce(&mut RequestCtx) -> Result<T, GatewayError>,
     ) -> Result<T, GatewayError> {
-        let deadline = self.deadline;
+        let deadline = self.edge.ctx.deadline;
         let outcome = {
-            let work = work(ctx).instrument(self.span.clone());
+            let work = work(ctx).instrument(self.span().clone());
             match deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, work).await.ok(),
                 None => Some(work.await),
@@ -258,13 +252,11 @@ impl Call {
         &self,
         work: impl Future<Output = Result<(), GatewayError>>,
     ) -> Result<(), GatewayError> {
-        let work = work.instrument(self.span.clone());
-        match self.deadline {
+        let work = work.instrument(self.span().clone());
+        match self.edge.ctx.deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline, work).await {
                 Ok(outcome) => outcome,
-                Err(_) => Err(GatewayError::DeadlineExceeded {
-                    after: deadline - self.started,
-                }),
+                Err(_) => Err(self.edge.ctx.deadline_exceeded(deadline)),
             },
             None => work.await,
         }
@@ -313,7 +305,12 @@ impl Call {
         message: Option<&str>,
         extra: &[(&str, u64)],
     ) {
-        let served = self.served.lock().expect("served lock").clone();
+        let learned = std::mem::take(&mut *self.learned.lock().expect("learned lock"));
+        let ctx = &mut self.edge.ctx;
+        ctx.serving = learned.serving;
+        if let Some(caller) = learned.caller {
+            ctx.caller = caller;
+        }
         // A string, so the text log quotes it (`code="Ok"`).
         let code_name = format!("{code:?}");
         // Stream counters (messages, responses) as one field, so each line has one shape.
@@ -322,22 +319,14 @@ impl Call {
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(" ");
-        let ending = Ending {
-            answered: Answered::Grpc {
-                rpc: self.rpc,
-                code: (code as i32, &code_name),
-                class: grpc_status_class(code),
-                message,
-                counts: &counts,
-            },
-            served: &served,
-            tenant: self.tenant.get().map_or("", |t| &**t),
-            elapsed: self.started.elapsed(),
-            error,
-            probe: self.probe,
+        let answered = Answered::Grpc {
+            rpc: self.rpc,
+            code: (code as i32, &code_name),
+            class: grpc_status_class(code),
+            message,
+            counts: &counts,
         };
-        let _entered = self.span.enter();
-        finish::record(&ending, self.trace.take());
+        self.edge.end(answered, error);
     }
 }
 

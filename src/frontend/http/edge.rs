@@ -1,17 +1,17 @@
-//! What happens at the edge of every HTTP request, once, on the KServe and admin listeners:
-//! the request id, the request's context (`RequestCtx`, with the one config snapshot it
-//! will see), the span every log line of the request carries, the in-flight gauge, the
-//! admit phase, and at the end the finish phase (`pipeline::finish::record`: the request
-//! metrics, the span, the access-log line), all read from that one context.
+//! The HTTP side of the edge, on the KServe and admin listeners: the headers read into the
+//! pipeline's `Edge` (which builds the request's one `RequestCtx`), the admit phase, and
+//! the answer's headers (request id, server, route target) before `Edge::end` records it.
 
 use crate::Gateway;
 use crate::error::GatewayError;
 use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
+use crate::pipeline::RequestCtx;
 use crate::pipeline::admit::{self, CREDENTIAL_HEADERS};
-use crate::pipeline::finish::{self, Answered, Ending};
-use crate::pipeline::series::{InFlightGauge, Protocol};
-use crate::pipeline::{RequestCtx, request_id};
-use crate::trace::{RequestTrace, TRACEPARENT};
+use crate::pipeline::edge::{Arrival, Edge};
+use crate::pipeline::finish::Answered;
+use crate::pipeline::series::Protocol;
+use crate::tls::PeerIdentity;
+use crate::trace::TRACEPARENT;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::HeaderValue;
@@ -40,55 +40,56 @@ pub(crate) async fn around(
     gate: Gate,
     inner: impl AsyncFnOnce(&mut RequestCtx, Request) -> Result<Response, GatewayError>,
 ) -> Response {
-    let id = request_id(request.headers().get(&X_REQUEST_ID));
-    request
-        .headers_mut()
-        .insert(X_REQUEST_ID.clone(), id.clone());
-    let traceparent = request.headers().get(&TRACEPARENT).map(|v| v.as_bytes());
     let probe = gate == Gate::Clients && is_probe(request.uri().path());
-    let trace = RequestTrace::start(traceparent, !probe);
-    trace.stamp(request.headers_mut());
+    let headers = request.headers();
+    let peer = request.extensions().get::<PeerIdentity>();
+    let mut edge = Edge::begin(
+        gateway,
+        Arrival {
+            protocol: Protocol::Http,
+            id: headers.get(&X_REQUEST_ID),
+            traceparent: headers.get(&TRACEPARENT).map(HeaderValue::as_bytes),
+            peer: peer.map(|p| p.subject.as_str()),
+            deadline: None,
+            probe,
+        },
+    );
+    let id = edge.ctx.id.clone();
+    let headers = request.headers_mut();
+    headers.insert(X_REQUEST_ID.clone(), id.clone());
+    if let Some(trace) = edge.trace() {
+        trace.stamp(headers);
+    }
     let method = request.method().clone();
     let uri = request.uri().clone(); // shares the bytes, unlike copying the path
-    let span = crate::frontend::request_span(&id, &trace, request.extensions());
 
-    let in_flight = InFlightGauge::start(Protocol::Http);
-    let mut ctx = RequestCtx::new(gateway, gateway.live(), id.clone(), None);
+    let span = edge.span().clone();
+    let ctx = &mut edge.ctx;
     let outcome = async {
         if !probe {
-            admit(&mut ctx, &mut request, gate).await?;
+            admit(ctx, &mut request, gate).await?;
         }
-        inner(&mut ctx, request).await
+        inner(ctx, request).await
     }
-    .instrument(span.clone())
+    .instrument(span)
     .await;
-    let elapsed = ctx.started.elapsed();
-    drop(in_flight);
 
     let error = outcome.as_ref().err().and_then(GatewayError::report);
     let mut response = outcome.unwrap_or_else(IntoResponse::into_response);
     let headers = response.headers_mut();
     headers.insert(X_REQUEST_ID.clone(), id);
     headers.insert(http::header::SERVER, SERVER_HEADER_VALUE);
-    if let Some(label) = ctx.target_label()
+    if let Some(label) = edge.ctx.target_label()
         && let Ok(value) = HeaderValue::from_str(label)
     {
         headers.insert(TARGET_HEADER, value);
     }
-    let ending = Ending {
-        answered: Answered::Http {
-            method: &method,
-            path: uri.path(),
-            status: response.status(),
-        },
-        served: &ctx.served(),
-        tenant: ctx.tenant().map_or("", |t| t),
-        elapsed,
-        error: error.as_ref(),
-        probe,
+    let answered = Answered::Http {
+        method: &method,
+        path: uri.path(),
+        status: response.status(),
     };
-    let _entered = span.enter();
-    finish::record(&ending, Some(trace));
+    edge.end(answered, error.as_ref());
     response
 }
 
@@ -106,7 +107,7 @@ async fn admit(
     let headers = request.headers();
     let peer = request
         .extensions()
-        .get::<crate::tls::PeerIdentity>()
+        .get::<PeerIdentity>()
         .map(|p| p.subject.as_str());
     let credentials = admit::credentials(|name| headers.get(name).map(HeaderValue::as_bytes), peer);
     let strip = admit::authenticate(ctx, credentials).await?;
