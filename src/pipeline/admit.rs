@@ -14,35 +14,53 @@ use std::sync::{Arc, LazyLock, RwLock};
 /// The headers (HTTP) and metadata keys (gRPC) that carry a credential: read here, and
 /// never forwarded to a backend while auth is on. Names, not strings: a header map finds a
 /// name without parsing it first.
-pub const CREDENTIAL_HEADERS: [http::HeaderName; 2] = [
+const CREDENTIAL_HEADERS: [http::HeaderName; 2] = [
     http::header::AUTHORIZATION,
     http::HeaderName::from_static("x-api-key"),
 ];
 
-/// The credentials a request carries: `header` reads a header (or metadata entry), `peer`
-/// is the subject of the client's verified certificate.
-pub fn credentials<'a>(
-    header: impl Fn(&http::HeaderName) -> Option<&'a [u8]>,
-    peer: Option<&'a str>,
-) -> Credentials<'a> {
-    let [authorization, api_key] = &CREDENTIAL_HEADERS;
-    Credentials {
-        authorization: header(authorization),
-        api_key: header(api_key),
-        peer,
+/// Where a request's credential headers are (HTTP headers, gRPC metadata): read to
+/// authenticate, then taken off so they never reach a backend.
+pub trait CredentialHeaders {
+    /// A header's value.
+    fn credential(&self, name: &http::HeaderName) -> Option<&[u8]>;
+    /// Takes a header off.
+    fn strip(&mut self, name: &http::HeaderName);
+}
+
+impl CredentialHeaders for http::HeaderMap {
+    fn credential(&self, name: &http::HeaderName) -> Option<&[u8]> {
+        self.get(name).map(http::HeaderValue::as_bytes)
+    }
+
+    fn strip(&mut self, name: &http::HeaderName) {
+        self.remove(name);
     }
 }
 
-/// Verifies the request's credential with its own snapshot's `[auth]`; the caller is kept
-/// on the context. Returns whether the front-end must take the credential off the request
-/// (auth is on), so it never reaches a backend.
+/// The admit phase's first half, on every listener and wire: verifies the request's
+/// credential (its headers, and `peer`, the subject of the client's verified certificate)
+/// with its own snapshot's `[auth]`, and keeps the caller on the context. With auth on, the
+/// credential headers are then taken off, so they never reach a backend.
 pub async fn authenticate(
     ctx: &mut RequestCtx,
-    credentials: Credentials<'_>,
-) -> Result<bool, GatewayError> {
+    headers: &mut impl CredentialHeaders,
+    peer: Option<&str>,
+) -> Result<(), GatewayError> {
     let auth = ctx.live.auth.clone();
+    let [authorization, api_key] = &CREDENTIAL_HEADERS;
+    let credentials = Credentials {
+        authorization: headers.credential(authorization),
+        api_key: headers.credential(api_key),
+        peer,
+    };
     ctx.caller = verify(&auth, credentials).await?;
-    Ok(auth.is_on())
+    if auth.is_on() {
+        for name in &CREDENTIAL_HEADERS {
+            headers.strip(name);
+        }
+    }
+    Ok(())
 }
 
 /// Admits a model request for the model the client named (a route name, not its targets:

@@ -17,7 +17,7 @@ mod wire;
 use crate::Gateway;
 use crate::error::GatewayError;
 use crate::model::Ask;
-use crate::pipeline::admit::{self, CREDENTIAL_HEADERS};
+use crate::pipeline::admit;
 use crate::pipeline::repository::{self, Index};
 use crate::pipeline::statistics::{self, Statistics};
 use crate::pipeline::{self, RequestCtx, server_metadata};
@@ -129,24 +129,15 @@ fn version(text: &str) -> Option<String> {
     (!text.is_empty()).then(|| text.to_owned())
 }
 
-/// The admit phase's first half for a call: the credential in its metadata becomes the
-/// context's `Caller` (or the call is UNAUTHENTICATED), checked against the call's snapshot;
-/// with auth on the credential is taken off the metadata so it never reaches a backend.
-async fn authenticate(
-    call: &Call,
-    ctx: &mut RequestCtx,
-    metadata: &mut MetadataMap,
-) -> Result<(), GatewayError> {
-    let credentials = admit::credentials(
-        |name| metadata.get(name.as_str()).map(|v| v.as_bytes()),
-        call.peer(),
-    );
-    if admit::authenticate(ctx, credentials).await? {
-        for name in &CREDENTIAL_HEADERS {
-            metadata.remove(name.as_str());
-        }
+/// A call's credentials are in its metadata.
+impl admit::CredentialHeaders for MetadataMap {
+    fn credential(&self, name: &http::HeaderName) -> Option<&[u8]> {
+        self.get(name.as_str()).map(|v| v.as_bytes())
     }
-    Ok(())
+
+    fn strip(&mut self, name: &http::HeaderName) {
+        self.remove(name.as_str());
+    }
 }
 
 impl InferenceService {
@@ -172,7 +163,7 @@ impl InferenceService {
         let outcome = call
             .run(&mut ctx, async |ctx| {
                 let requested = message.model()?;
-                authenticate(&call, ctx, &mut metadata).await?;
+                admit::authenticate(ctx, &mut metadata, call.peer()).await?;
                 ctx.about(requested, ask);
                 let mut wire = Unary::new(&call, metadata, message, send);
                 pipeline::serve(ctx, &mut wire).await
@@ -194,7 +185,7 @@ impl InferenceService {
         let mut ctx = call.ctx();
         let outcome = call
             .run(&mut ctx, async |ctx| {
-                authenticate(&call, ctx, &mut metadata).await?;
+                admit::authenticate(ctx, &mut metadata, call.peer()).await?;
                 admit::admin(ctx, what)?;
                 work(message).await.map(Response::new)
             })
@@ -277,7 +268,7 @@ impl GrpcInferenceService for InferenceService {
         // As HTTP's `GET /v2`: any verified caller, no admission (no model, no limit).
         let outcome = call
             .run(&mut ctx, async |ctx| {
-                authenticate(&call, ctx, &mut metadata).await?;
+                admit::authenticate(ctx, &mut metadata, call.peer()).await?;
                 let ours = server_metadata::server_metadata(&ctx.gateway).await;
                 Ok(Response::new(ServerMetadataResponse {
                     name: ours.name,
@@ -336,7 +327,7 @@ impl GrpcInferenceService for InferenceService {
         // The stream's credential is checked once, when it opens; each request on it is
         // then admitted for its model and counted against the tenant's rate.
         let mut ctx = call.ctx();
-        match authenticate(&call, &mut ctx, &mut metadata).await {
+        match admit::authenticate(&mut ctx, &mut metadata, call.peer()).await {
             Ok(()) => {
                 call.learn(&ctx);
                 Ok(stream::start(
@@ -371,12 +362,12 @@ impl GrpcInferenceService for InferenceService {
         let outcome = call
             .run(&mut ctx, async |ctx| {
                 let answer = if message.name.is_empty() {
-                    authenticate(&call, ctx, &mut metadata).await?;
+                    admit::authenticate(ctx, &mut metadata, call.peer()).await?;
                     admit::admin(ctx, "the statistics of all models")?;
                     statistics::of_all(&ctx.gateway).await?
                 } else {
                     let requested = message.model()?;
-                    authenticate(&call, ctx, &mut metadata).await?;
+                    admit::authenticate(ctx, &mut metadata, call.peer()).await?;
                     ctx.about(requested, Ask::Statistics);
                     let header = |name: &str| metadata.get(name).map(|v| v.as_bytes());
                     let answer = pipeline::model_statistics(ctx, header).await;

@@ -6,7 +6,7 @@ use crate::Gateway;
 use crate::error::GatewayError;
 use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
 use crate::pipeline::RequestCtx;
-use crate::pipeline::admit::{self, CREDENTIAL_HEADERS};
+use crate::pipeline::admit;
 use crate::pipeline::edge::{Arrival, Edge};
 use crate::pipeline::finish::Answered;
 use crate::pipeline::series::Protocol;
@@ -96,26 +96,16 @@ pub(crate) async fn around(
 const TARGET_HEADER: http::HeaderName =
     http::HeaderName::from_static(crate::protocol::TARGET_HEADER);
 
-/// The admit phase's first half, on the request's own config snapshot: the credential
-/// becomes the context's caller (or the answer is 401), and the credential headers are
-/// taken off so they never reach a backend. The admin listener also needs the admin role.
+/// The admit phase's first half (`admit::authenticate`); the admin listener also needs
+/// the admin role.
 async fn admit(
     ctx: &mut RequestCtx,
     request: &mut Request,
     gate: Gate,
 ) -> Result<(), GatewayError> {
-    let headers = request.headers();
-    let peer = request
-        .extensions()
-        .get::<PeerIdentity>()
-        .map(|p| p.subject.as_str());
-    let credentials = admit::credentials(|name| headers.get(name).map(HeaderValue::as_bytes), peer);
-    let strip = admit::authenticate(ctx, credentials).await?;
-    if strip {
-        for name in &CREDENTIAL_HEADERS {
-            request.headers_mut().remove(name);
-        }
-    }
+    // A copy only with mTLS: the headers are borrowed mutably beside it.
+    let peer = (request.extensions().get::<PeerIdentity>()).map(|p| p.subject.clone());
+    admit::authenticate(ctx, request.headers_mut(), peer.as_deref()).await?;
     if gate == Gate::Admins {
         admit::admin(ctx, "the admin API")?;
     }
