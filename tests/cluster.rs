@@ -1527,9 +1527,6 @@ async fn on_a_busy_machine_with_a_triton_paused_requests_get_200_or_a_clear_503_
     let (etcd, t0, t1) = etcd_and_two_tritons().await;
     let tritons = [&t0, &t1];
     let test = "busy";
-    if std::env::var_os("INFERGATE_TEST_LOG").is_some() {
-        infergate::init_logging(infergate::LogFormat::Text);
-    }
     let _stress = support::Stress::start().unwrap();
     let mut replicas = Vec::new();
     for name in ["a", "b"] {

@@ -36,6 +36,17 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[at]
 }
 
+/// Sorts the held requests' waits and prints their p50 and p99 (the figures the closing
+/// notes give), with what else the test saw.
+fn report_waits(waited: &mut [Duration], and: std::fmt::Arguments<'_>) {
+    waited.sort();
+    println!(
+        "held requests: p50 {:?}, p99 {:?}; {and}",
+        percentile(waited, 0.5),
+        percentile(waited, 0.99),
+    );
+}
+
 #[tokio::test]
 async fn requests_sent_before_the_tritons_start_wait_and_are_served() {
     let (mut t0, mut t1) = stopped_tritons().await;
@@ -91,12 +102,9 @@ async fn requests_sent_before_the_tritons_start_wait_and_are_served() {
         );
         waited.push(took);
     }
-    waited.sort();
-    println!(
-        "held requests: p50 {:?}, p99 {:?}, the Tritons up after {:?}",
-        percentile(&waited, 0.5),
-        percentile(&waited, 0.99),
-        started.elapsed()
+    report_waits(
+        &mut waited,
+        format_args!("the Tritons up after {:?}", started.elapsed()),
     );
     let metrics = gateway.metrics_text("/metrics").await;
     assert!(
@@ -200,12 +208,9 @@ async fn a_pool_scaled_to_zero_and_back_serves_the_requests_that_waited() {
         );
         waited.push(took);
     }
-    waited.sort();
-    println!(
-        "held requests: p50 {:?}, p99 {:?}; Triton up {:?} after the last was sent",
-        percentile(&waited, 0.5),
-        percentile(&waited, 0.99),
-        up - back
+    report_waits(
+        &mut waited,
+        format_args!("Triton up {:?} after the last was sent", up - back),
     );
     assert_eq!(t0.loaded_models().await.unwrap(), ["add_sub"]);
     let loads = t0.log().matches("loading: add_sub:1").count();

@@ -170,6 +170,11 @@ impl TestGateway {
     }
 
     async fn serve(gateway: Gateway, admin_client: Option<reqwest::Client>) -> Self {
+        // `INFERGATE_TEST_LOG=1 cargo test ...`: the gateways' logs, to see what a failing
+        // test's gateway did (once per test process; later calls change nothing).
+        if std::env::var_os("INFERGATE_TEST_LOG").is_some() {
+            infergate::init_logging(infergate::LogFormat::Text);
+        }
         let backends = gateway.config().backends.len();
         let listeners = Listeners::bind(gateway.config()).await.expect("bind");
         let http = listeners.http.local_addr().unwrap();
