@@ -49,8 +49,9 @@ pub struct RequestCtx {
 }
 
 impl RequestCtx {
-    /// A request seen at the edge: the snapshot it will use throughout, its id and deadline.
-    pub fn new(
+    /// A request seen at the edge (`edge::Edge::begin`): the snapshot it will use
+    /// throughout, its id and deadline.
+    pub(super) fn new(
         gateway: &Gateway,
         live: Arc<Live>,
         id: HeaderValue,
@@ -70,6 +71,16 @@ impl RequestCtx {
             sequence: None,
             lease: None,
             serving: None,
+        }
+    }
+
+    /// A context for one more request under the same edge (each message of a gRPC
+    /// stream, each unary call's work): the edge's gateway, id, deadline and start, the
+    /// snapshot `live`, and nothing learned yet.
+    pub fn next(&self, live: Arc<Live>) -> Self {
+        Self {
+            started: self.started,
+            ..Self::new(&self.gateway, live, self.id.clone(), self.deadline)
         }
     }
 

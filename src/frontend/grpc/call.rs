@@ -165,10 +165,7 @@ impl Call {
 
     /// A context for one request of a stream: the stream's id and deadline, and `live`.
     pub fn ctx_with(&self, live: Arc<Live>) -> RequestCtx {
-        let edge = &self.edge.ctx;
-        let mut ctx = RequestCtx::new(&self.gateway, live, edge.id.clone(), edge.deadline);
-        ctx.started = edge.started;
-        ctx
+        self.edge.ctx.next(live)
     }
 
     /// The request id, as metadata for the backend and the answer.
