@@ -147,9 +147,11 @@ impl Gateway {
         })
     }
 
-    /// The config the gateway started with: listeners, upstream and placement settings,
-    /// which a reload does not change. What a reload changes (routes, auth) is in `live`.
-    pub fn config(&self) -> &Config {
+    /// The parts of the config a reload cannot change (listeners, server, upstream,
+    /// placement, validation, telemetry, cluster), as the gateway started with them. What a
+    /// reload changes (routes, backends, auth) is read from the request's snapshot
+    /// (`RequestCtx::live`) or `live()`, never from here.
+    pub fn fixed_config(&self) -> &Config {
         &self.inner.config
     }
 
@@ -285,10 +287,10 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let tasks = TaskTracker::new();
-    if let Some(endpoint) = &gateway.config().telemetry.otlp_endpoint {
+    if let Some(endpoint) = &gateway.fixed_config().telemetry.otlp_endpoint {
         trace::start_export(endpoint).map_err(anyhow::Error::msg)?;
     }
-    let upstream_config = &gateway.config().upstream;
+    let upstream_config = &gateway.fixed_config().upstream;
     let placement = gateway.placement().clone();
     let books = gateway.placement().clone();
     let health = upstream::HealthChecks {
@@ -297,9 +299,9 @@ pub async fn serve(
         tasks: tasks.clone(),
         shutdown: shutdown.clone(),
         after_check: Arc::new(move |backend| placement.reconcile(backend)),
-        read_queues: !gateway.config().placement.queue_max_age.0.is_zero(),
+        read_queues: !gateway.fixed_config().placement.queue_max_age.0.is_zero(),
         loading: Arc::new(move |backend| books.loading_on(backend)),
-        load_timeout: gateway.config().placement.load_timeout.0,
+        load_timeout: gateway.fixed_config().placement.load_timeout.0,
     };
     // The first DNS round comes before health checks and listeners, so the instances found
     // are checked at once; a group DNS does not answer for starts empty (requests wait).
@@ -334,7 +336,7 @@ pub async fn serve(
     }
     warn_if_open(&gateway);
     let workers = listen::Workers::start(
-        &gateway.config().server,
+        &gateway.fixed_config().server,
         endpoints(&gateway, listeners, &tasks, &shutdown)?,
     )?;
     tasks.close();
@@ -342,7 +344,7 @@ pub async fn serve(
     shutdown.cancelled().await;
     gateway.inner.draining.store(true, Ordering::Relaxed);
     workers.begin_drain();
-    let server = &gateway.config().server;
+    let server = &gateway.fixed_config().server;
     let (delay, drain) = (server.shutdown_delay.0, server.drain_timeout.0);
     tracing::info!(
         shutdown_delay_ms = delay.as_millis() as u64,
@@ -377,7 +379,7 @@ fn endpoints(
 ) -> std::io::Result<Vec<(listen::Endpoint, tokio::net::TcpListener)>> {
     let tls = gateway.tls().cloned();
     let scheme = if tls.is_some() { "TLS" } else { "plain" };
-    let workers = gateway.config().server.worker_count();
+    let workers = gateway.fixed_config().server.worker_count();
     let endpoint = |name, answers, tls: &Option<Arc<tls::ServerTls>>| listen::Endpoint {
         name,
         answers,
@@ -478,19 +480,19 @@ pub(crate) fn warn_if_open(gateway: &Gateway) {
 /// Loads pinned and preload models once the first backend is ready.
 fn spawn_warm_up(gateway: &Gateway, tasks: &TaskTracker, shutdown: &CancellationToken) {
     let preload: Vec<String> = gateway
-        .config()
+        .fixed_config()
         .models
         .iter()
         .filter(|m| m.preload && !m.pinned())
         .map(|m| m.name.clone())
         .collect();
-    if preload.is_empty() && !gateway.config().models.iter().any(|m| m.pinned()) {
+    if preload.is_empty() && !gateway.fixed_config().models.iter().any(|m| m.pinned()) {
         return;
     }
     let gateway = gateway.clone();
     let shutdown = shutdown.clone();
     tasks.spawn(async move {
-        let interval = gateway.config().upstream.health_interval.0;
+        let interval = gateway.fixed_config().upstream.health_interval.0;
         while !gateway.pool().any_ready() {
             tokio::select! {
                 _ = shutdown.cancelled() => return,

@@ -167,7 +167,7 @@ fn run(path: &std::path::Path, log_format: LogFormat) -> ExitCode {
     };
     let runtime = runtime();
     let result = runtime.block_on(async move {
-        let listeners = infergate::Listeners::bind(gateway.config()).await?;
+        let listeners = infergate::Listeners::bind(gateway.fixed_config()).await?;
         let shutdown = CancellationToken::new();
         infergate::cancel_on_signal(shutdown.clone());
         infergate::serve(gateway, listeners, shutdown).await

@@ -197,7 +197,7 @@ async fn unload_leftovers(gateway: Gateway, old: Arc<Live>, leaving: Vec<Leaving
     if leaving.is_empty() {
         return;
     }
-    let limit = gateway.config().server.drain_timeout.0;
+    let limit = gateway.fixed_config().server.drain_timeout.0;
     if !old.routes.settled(limit).await {
         tracing::warn!(
             "requests routed on the previous config still running after server.drain_timeout; unloading its leftovers anyway"

@@ -24,7 +24,7 @@ async fn own(State(gateway): State<Gateway>) -> impl IntoResponse {
     // The LRU age grows while nothing changes: read the books now, not at the last change.
     gateway.placement().publish_gauges();
     let mut text = gateway.metrics().render();
-    if gateway.config().telemetry.merge_backend_metrics {
+    if gateway.fixed_config().telemetry.merge_backend_metrics {
         if !text.is_empty() && !text.ends_with('\n') {
             text.push('\n');
         }
@@ -41,6 +41,6 @@ async fn backends(State(gateway): State<Gateway>) -> impl IntoResponse {
 }
 
 async fn scrape(gateway: &Gateway) -> String {
-    let timeout = gateway.config().upstream.health_timeout.0;
+    let timeout = gateway.fixed_config().upstream.health_timeout.0;
     metrics_scrape::scrape_all(gateway.pool(), timeout).await
 }

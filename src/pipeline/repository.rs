@@ -74,7 +74,7 @@ where
     F: Fn(TritonClient<'a>) -> Fut,
     Fut: Future<Output = Result<T, TritonError>>,
 {
-    let timeout = gateway.config().upstream.request_timeout.0;
+    let timeout = gateway.fixed_config().upstream.request_timeout.0;
     let calls = backends
         .iter()
         .map(|backend| ask(TritonClient::new(backend, timeout)));

@@ -51,7 +51,7 @@ pub async fn server_metadata(gateway: &Gateway) -> ServerMetadata {
             version: SERVER_VERSION.into(),
             extensions: EXTENSIONS.iter().map(|e| (*e).to_owned()).collect(),
         });
-    if let Some(name) = &gateway.config().server.name {
+    if let Some(name) = &gateway.fixed_config().server.name {
         metadata.name.clone_from(name);
     }
     metadata
@@ -77,7 +77,7 @@ pub async fn backends_identity(gateway: &Gateway) -> Option<ServerMetadata> {
 }
 
 async fn read_from_backends(gateway: &Gateway) -> Option<ServerMetadata> {
-    let timeout = gateway.config().upstream.health_timeout.0;
+    let timeout = gateway.fixed_config().upstream.health_timeout.0;
     for backend in gateway.pool().ready() {
         let answer = TritonClient::new(&backend, timeout)
             .server_metadata::<Reported>()

@@ -175,8 +175,8 @@ impl TestGateway {
         if std::env::var_os("INFERGATE_TEST_LOG").is_some() {
             infergate::init_logging(infergate::LogFormat::Text);
         }
-        let backends = gateway.config().backends.len();
-        let listeners = Listeners::bind(gateway.config()).await.expect("bind");
+        let backends = gateway.fixed_config().backends.len();
+        let listeners = Listeners::bind(gateway.fixed_config()).await.expect("bind");
         let http = listeners.http.local_addr().unwrap();
         let metrics = listeners.metrics.as_ref().unwrap().local_addr().unwrap();
         let admin = listeners.admin.as_ref().unwrap().local_addr().unwrap();

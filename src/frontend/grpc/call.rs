@@ -411,7 +411,7 @@ pub async fn grpc_layer(
             .is_some_and(|m| is_too_large_header(m.as_bytes()));
     if too_large {
         let error = GatewayError::MessageTooLarge {
-            limit: gateway.config().server.max_grpc_message_size.bytes(),
+            limit: gateway.fixed_config().server.max_grpc_message_size.bytes(),
         };
         let id = request_id(client_id.as_ref());
         headers.insert("grpc-status", HeaderValue::from(error.grpc_code() as i32));

@@ -62,7 +62,7 @@ macro_rules! with_compression {
 /// Builds the gRPC router over the gateway state: the inference service, health (kept in
 /// step with readiness by a task on `tasks`) and reflection.
 pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToken) -> axum::Router {
-    let limit = gateway.config().server.max_grpc_message_size.bytes();
+    let limit = gateway.fixed_config().server.max_grpc_message_size.bytes();
     let inference = with_compression!(GrpcInferenceServiceServer::new(InferenceService {
         gateway: gateway.clone(),
     }))
@@ -94,7 +94,8 @@ fn spawn_health_updates(
     shutdown: &CancellationToken,
 ) {
     let shutdown = shutdown.clone();
-    let interval = (gateway.config().upstream.health_interval.0 / 4).max(Duration::from_millis(50));
+    let interval =
+        (gateway.fixed_config().upstream.health_interval.0 / 4).max(Duration::from_millis(50));
     tasks.spawn(async move {
         loop {
             let status = if gateway.readiness().is_ok() {

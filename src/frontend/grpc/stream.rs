@@ -176,7 +176,12 @@ async fn relay(
     out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
 ) {
     let mut counts = Counts::default();
-    let limit = call.gateway().config().server.max_grpc_message_size.bytes();
+    let limit = call
+        .gateway()
+        .fixed_config()
+        .server
+        .max_grpc_message_size
+        .bytes();
     let mut relay = Relay {
         call: &call,
         caller: &caller,

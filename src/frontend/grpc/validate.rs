@@ -23,7 +23,7 @@ pub async fn infer_request(
     model: &ModelRef,
     message: &ModelInferRequest,
 ) -> Result<(), GatewayError> {
-    if !gateway.config().validation.enabled {
+    if !gateway.fixed_config().validation.enabled {
         return Ok(());
     }
     no_shared_memory(message).map_err(|rejection| validate::refuse(rejection, model))?;

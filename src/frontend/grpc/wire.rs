@@ -90,7 +90,7 @@ impl ModelMessage for ModelInferRequest {
 
     fn mirror(&self, ctx: &RequestCtx, shadow: Shadow) {
         let message = self.clone();
-        let timeout = ctx.gateway.config().upstream.request_timeout.0;
+        let timeout = ctx.gateway.fixed_config().upstream.request_timeout.0;
         mirror::spawn(&ctx.gateway, shadow, move |backend, target| {
             let mut message = message.clone();
             message.retarget(&target);
@@ -242,7 +242,7 @@ where
         ctx: &RequestCtx,
         backend: &Arc<Backend>,
     ) -> Result<Response<Res>, GatewayError> {
-        let timeout = ctx.budget(ctx.gateway.config().upstream.request_timeout.0);
+        let timeout = ctx.budget(ctx.gateway.fixed_config().upstream.request_timeout.0);
         let request = upstream_request(
             (self.call, ctx),
             self.metadata.clone(),

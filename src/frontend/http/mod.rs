@@ -132,7 +132,7 @@ fn statistics_response(answer: Statistics) -> Response {
 
 /// Reads a small control body (repository requests) within the body limit.
 async fn read_small_body(gateway: &Gateway, request: Request) -> Result<Bytes, GatewayError> {
-    body::read_small(request, gateway.config().server.max_body_size.bytes()).await
+    body::read_small(request, gateway.fixed_config().server.max_body_size.bytes()).await
 }
 
 fn json_response(status: StatusCode, body: Bytes) -> Response {

@@ -28,7 +28,7 @@ pub(super) async fn infer_request(
     request: Request,
 ) -> Result<Request, GatewayError> {
     let gateway = &ctx.gateway;
-    if !gateway.config().validation.enabled {
+    if !gateway.fixed_config().validation.enabled {
         return Ok(request);
     }
     let Some(signature) = gateway.signatures().get(backend, model).await else {
@@ -39,7 +39,7 @@ pub(super) async fn infer_request(
         return generate_request(ctx, &signature, model, request).await;
     }
     let (parts, body) = request.into_parts();
-    let limit = gateway.config().server.max_body_size.bytes();
+    let limit = gateway.fixed_config().server.max_body_size.bytes();
     let declared = body::declared_length(&parts.headers);
     let header = |name: &http::HeaderName| parts.headers.get(name).map(http::HeaderValue::as_bytes);
     let read = |body: validate::http::BodyView<'_>| {
@@ -81,7 +81,7 @@ async fn generate_request(
     request: Request,
 ) -> Result<Request, GatewayError> {
     let (parts, body) = request.into_parts();
-    let limit = ctx.gateway.config().server.max_body_size.bytes();
+    let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
     let whole = collect(body, limit, body::declared_length(&parts.headers)).await?;
     let verdict = match generate::parse(&whole, signature) {
         Ok(generate::Generate::Request(parsed)) => check(&parsed, signature),

@@ -71,7 +71,7 @@ impl Wire for HttpWire {
     /// reads them again without another copy. A compressed body is not read (its sequence
     /// is not followed).
     async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
-        let limit = ctx.gateway.config().server.max_body_size.bytes();
+        let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
         let request = body::limit(self.request()?, limit)?;
         let model = &ctx.routed.as_ref().expect("routed").target.name;
         let headers = request.headers();
@@ -117,7 +117,7 @@ impl Wire for HttpWire {
     /// The body is read whole (it usually already is, after validation: then this costs no
     /// copy) and handed back for the client's own request.
     async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
-        let limit = ctx.gateway.config().server.max_body_size.bytes();
+        let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
         let (parts, whole) = self.request()?.into_parts();
         let bytes = body::collect(whole, limit, None).await?;
         let (method, headers, uri) = (
