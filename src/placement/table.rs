@@ -570,17 +570,17 @@ pub(super) fn requested_version(
 
 mod backoff;
 mod eviction;
-mod reconcile;
-pub use reconcile::Indexed;
 mod loads;
 mod mirror;
 mod plan;
+mod reconcile;
 mod report;
 mod requests;
 mod scaling;
 mod sequencing;
 mod unload;
 pub use mirror::UseMark;
+pub use reconcile::Indexed;
 
 #[cfg(test)]
 mod eviction_tests;
