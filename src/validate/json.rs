@@ -350,6 +350,10 @@ enum Frame {
     Object,
 }
 
+// One impl block of about 680 lines, on purpose: the reader is a step-by-step port of
+// RapidJSON's (Triton's JSON parser), whose functions share one cursor and keep RapidJSON's
+// names and order, so each can be read side by side with its original; `number` follows
+// `ParseNumber` step for step, and splitting it would lose that correspondence.
 impl<'a> Reader<'a> {
     /// RapidJSON's `Peek`: NUL at the end (and for a NUL byte).
     fn peek(&self) -> u8 {
