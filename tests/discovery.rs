@@ -113,14 +113,10 @@ async fn a_pool_named_by_dns_follows_its_tritons_as_they_come_and_go() {
             + "[[routes]]\nmodel = \"identity\"\ntargets = [{ model = \"sized_a\", weight = 1 }]\n",
     )
     .unwrap();
-    let reloaded: serde_json::Value = client
-        .post(format!("http://{}/admin/reload", gateway.admin))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (status, reloaded) = gateway
+        .admin_call(reqwest::Method::POST, "/admin/reload")
+        .await;
+    assert_eq!(status, 200, "{reloaded}");
     assert_eq!(
         reloaded["added_backends"],
         serde_json::json!([]),

@@ -26,15 +26,6 @@ fn split(a: u32, b: u32) -> String {
     format!("{{ model = \"sized_a\", weight = {a} }}, {{ model = \"sized_b\", weight = {b} }}")
 }
 
-async fn admin(gateway: &TestGateway, method: reqwest::Method, path: &str) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .request(method, format!("http://{}{path}", gateway.admin))
-        .send()
-        .await
-        .unwrap();
-    (response.status().as_u16(), response.json().await.unwrap())
-}
-
 /// One add-style infer: the model that answered, or the error.
 async fn infer(client: &reqwest::Client, url: &str) -> Result<String, String> {
     let body = infer_body(client, url).await?;
@@ -145,7 +136,9 @@ async fn routes_reload_under_load_without_a_failed_request() {
         .await
         .is_ok()
     );
-    let (_, running) = admin(&gateway, reqwest::Method::GET, "/admin/config").await;
+    let (_, running) = gateway
+        .admin_call(reqwest::Method::GET, "/admin/config")
+        .await;
     let (first_hash, first_loaded) = (running["hash"].clone(), running["loaded_at_unix"].clone());
 
     // Continuous load from the load tool (HTTP, concurrency 32) while the config changes 50
@@ -155,14 +148,18 @@ async fn routes_reload_under_load_without_a_failed_request() {
     for i in 0..50 {
         let (a, b) = if i % 2 == 0 { (10, 90) } else { (90, 10) };
         std::fs::write(&path, config(&triton, &split(a, b))).unwrap();
-        let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+        let (status, body) = gateway
+            .admin_call(reqwest::Method::POST, "/admin/reload")
+            .await;
         assert_eq!(status, 200, "{body}");
         if i == 25 {
             // Two invalid files, each with other weights (50/50) so that a partial apply
             // would show in the split: one that does not parse, one that parses but fails
             // validation. Each is refused with its key, and nothing changes.
             let good = std::fs::read_to_string(&path).unwrap();
-            let (_, before) = admin(&gateway, reqwest::Method::GET, "/admin/config").await;
+            let (_, before) = gateway
+                .admin_call(reqwest::Method::GET, "/admin/config")
+                .await;
             let failures = || async {
                 let metrics = gateway.metrics_text("/metrics").await;
                 metrics
@@ -186,14 +183,18 @@ async fn routes_reload_under_load_without_a_failed_request() {
             ];
             for (text, key) in refused {
                 std::fs::write(&path, text).unwrap();
-                let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+                let (status, body) = gateway
+                    .admin_call(reqwest::Method::POST, "/admin/reload")
+                    .await;
                 assert_eq!(status, 400, "{body}");
                 assert!(
                     body["error"].as_str().unwrap().contains(key),
                     "{key}: {body}"
                 );
             }
-            let (_, after) = admin(&gateway, reqwest::Method::GET, "/admin/config").await;
+            let (_, after) = gateway
+                .admin_call(reqwest::Method::GET, "/admin/config")
+                .await;
             assert_eq!(after, before, "a refused file changed the running config");
             assert_eq!(
                 failures().await - failed_before,
@@ -234,14 +235,18 @@ async fn routes_reload_under_load_without_a_failed_request() {
         "canary share {share} after reloading 90/10"
     );
     // The running file is the same text as the first one again: same hash, a later load.
-    let (_, running) = admin(&gateway, reqwest::Method::GET, "/admin/config").await;
+    let (_, running) = gateway
+        .admin_call(reqwest::Method::GET, "/admin/config")
+        .await;
     assert_eq!(running["hash"], first_hash);
     assert_ne!(running["loaded_at_unix"], first_loaded);
 
     // A key that cannot change while running is refused by name.
     let moved = config(&triton, &split(90, 10)).replace("scale_up_rps = 0.0", "scale_up_rps = 5.0");
     std::fs::write(&path, moved).unwrap();
-    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    let (status, body) = gateway
+        .admin_call(reqwest::Method::POST, "/admin/reload")
+        .await;
     assert_eq!(status, 400);
     assert!(
         body["error"]
@@ -264,7 +269,9 @@ async fn routes_reload_under_load_without_a_failed_request() {
         config(&triton, "{ model = \"sized_b\", weight = 1 }"),
     )
     .unwrap();
-    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    let (status, body) = gateway
+        .admin_call(reqwest::Method::POST, "/admin/reload")
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["unloaded"], json!(["sized_a"]));
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -320,7 +327,9 @@ async fn backends_join_and_leave_on_reload_without_a_failed_request() {
 
     // A new backend joins after its first ready check.
     std::fs::write(&path, pool(&[("joins-one", &one), ("joins-two", &two)])).unwrap();
-    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    let (status, body) = gateway
+        .admin_call(reqwest::Method::POST, "/admin/reload")
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["added_backends"], json!(["joins-two"]));
     gateway.wait_for_ready_backends(2).await;
@@ -331,7 +340,9 @@ async fn backends_join_and_leave_on_reload_without_a_failed_request() {
     let clients = request_loop(8, &url, &stop);
     tokio::time::sleep(Duration::from_millis(300)).await;
     std::fs::write(&path, pool(&[("joins-two", &two)])).unwrap();
-    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    let (status, body) = gateway
+        .admin_call(reqwest::Method::POST, "/admin/reload")
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["removed_backends"], json!(["joins-one"]));
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -517,7 +528,9 @@ async fn a_removed_target_goes_once_its_requests_finish_unless_still_used() {
     // sized_b leaves `ranker` but `other` still routes to it; the route to sized_c goes,
     // but [[models]] pins sized_c: neither is unloaded.
     std::fs::write(&path, routes("{ model = \"sized_a\", weight = 1 }", false)).unwrap();
-    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    let (status, body) = gateway
+        .admin_call(reqwest::Method::POST, "/admin/reload")
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["unloaded"], json!([]));
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -525,7 +538,9 @@ async fn a_removed_target_goes_once_its_requests_finish_unless_still_used() {
     // sized_a leaves every route while 16 clients call `ranker`: the requests on it finish,
     // the rest go to sized_b, and then sized_a is unloaded, its stub with it.
     std::fs::write(&path, routes("{ model = \"sized_b\", weight = 1 }", false)).unwrap();
-    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    let (status, body) = gateway
+        .admin_call(reqwest::Method::POST, "/admin/reload")
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["unloaded"], json!(["sized_a"]));
     // The copy stays while the gateway still holds that request, which then succeeds.
@@ -590,7 +605,9 @@ async fn a_version_a_reload_drops_is_unloaded_while_the_other_keeps_serving() {
         versions("{ model = \"versioned\", version = \"2\", weight = 1 }"),
     )
     .unwrap();
-    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    let (status, body) = gateway
+        .admin_call(reqwest::Method::POST, "/admin/reload")
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["unloaded"], json!(["versioned/1"]));
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -666,7 +683,9 @@ async fn sticky_keys_move_only_where_a_reload_sends_them() {
     );
 
     std::fs::write(&path, sticky(50, 50)).unwrap();
-    let (status, body) = admin(&gateway, reqwest::Method::POST, "/admin/reload").await;
+    let (status, body) = gateway
+        .admin_call(reqwest::Method::POST, "/admin/reload")
+        .await;
     assert_eq!(status, 200, "{body}");
     let after = targets().await;
     // Only keys on sized_a may move, only to sized_b, and about 40% of all keys must.

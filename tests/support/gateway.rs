@@ -151,6 +151,26 @@ impl TestGateway {
         request.send().await
     }
 
+    /// An admin API call (with the admin key when there is one): its status and JSON body.
+    pub async fn admin_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+    ) -> (u16, serde_json::Value) {
+        let mut request = self.admin_client.request(
+            method,
+            format!("{}://{}{path}", self.admin_scheme, self.admin),
+        );
+        if let Some(key) = &self.admin_key {
+            request = request.header("x-api-key", key);
+        }
+        let response = request.send().await.expect("admin reachable");
+        (
+            response.status().as_u16(),
+            response.json().await.expect("admin JSON"),
+        )
+    }
+
     /// Starts a gateway from a config file, which then reloads like the binary's.
     pub async fn start_from_file(path: &std::path::Path) -> Self {
         let gateway = Gateway::from_file(path).unwrap_or_else(|e| panic!("test config: {e}"));
