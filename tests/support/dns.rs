@@ -38,7 +38,13 @@ impl Dns {
 
     /// Starts dnsmasq again at the same address with the same records (after `stop`).
     pub fn resume(&mut self) -> anyhow::Result<()> {
-        let mut cmd = Command::new("dnsmasq");
+        // Debian puts it in /usr/sbin, which a non-root PATH may lack.
+        let sbin = std::path::Path::new("/usr/sbin/dnsmasq");
+        let mut cmd = Command::new(if sbin.exists() {
+            sbin
+        } else {
+            "dnsmasq".as_ref()
+        });
         cmd.args([
             "--keep-in-foreground",
             "--no-resolv",
