@@ -13,11 +13,10 @@ mod support;
 
 use infergate::config::EvictionPolicy;
 use infergate_simulator::{Real, Setup, parse, run};
-use serde_json::json;
 use std::path::Path;
 use std::time::Duration;
 use support::gateway::{TestGateway, pool_config_in};
-use support::{Triton, TritonOptions, copy_dir, model_repository};
+use support::{Triton, TritonOptions, copy_dir, identity_request, infer, model_repository};
 
 const MIB: u64 = 1 << 20;
 /// (model, size in MiB, requests), in the order the workload sends them.
@@ -81,18 +80,6 @@ fn predicted(policy: EvictionPolicy) -> Vec<String> {
     real.placed().remove(0)
 }
 
-async fn infer(gateway: &TestGateway, model: &str) -> u16 {
-    let body = json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]});
-    reqwest::Client::new()
-        .post(format!("{}/v2/models/{model}/infer", gateway.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
 /// Triton's READY models, sorted.
 async fn triton_index(triton: &Triton) -> Vec<String> {
     let mut models = triton.loaded_models().await.unwrap();
@@ -144,12 +131,15 @@ async fn each_policy_evicts_the_model_the_simulator_predicts() {
         );
         let gateway = TestGateway::start(&config).await;
         assert_eq!(gateway.placement().await["policy"], name);
+        let (client, url, request) = (reqwest::Client::new(), gateway.url(), identity_request());
         for (model, _, count) in WORKLOAD {
             // A model's requests at once, as several clients send them: one load, all served.
-            let answers =
-                futures_util::future::join_all((0..count).map(|_| infer(&gateway, model))).await;
+            let answers = futures_util::future::join_all(
+                (0..count).map(|_| infer(&client, &url, model, &request)),
+            )
+            .await;
             assert!(
-                answers.iter().all(|&s| s == 200),
+                answers.iter().all(|(status, _)| *status == 200),
                 "{name} {model}: {answers:?}"
             );
             assert_books_are_tritons(&gateway, &triton).await;
