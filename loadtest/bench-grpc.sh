@@ -138,6 +138,9 @@ measure() {
 TPORT="$BASE"
 say "starting Triton (http :$TPORT, grpc :$((TPORT + 1)), add_sub loaded; temp dir $TMP)"
 # As scripts/triton.sh does: its own session, so the python stub can be stopped with it.
+# add_sub preloaded on purpose: the direct stage (no gateway) and nginx are baselines, and
+# nothing would load the model for them; the gateways adopt it. This measures forwarding,
+# not placement (tests/ cover cold loads against Tritons started empty).
 setsid "$TRITONSERVER" --model-repository="$ROOT/tests/models" --backend-directory="$TRITON_BACKENDS" \
     --model-control-mode=explicit --load-model=add_sub \
     --http-address=127.0.0.1 --http-port="$TPORT" \

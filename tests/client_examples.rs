@@ -225,6 +225,8 @@ impl Differences {
 /// loaded, over HTTP (parsed JSON) and gRPC (decoded messages).
 #[tokio::test]
 async fn cold_metadata_and_config_through_the_gateway_equal_tritons_own() {
+    // The reference Triton has the models loaded on purpose (it describes loaded models
+    // only); the gateway's Tritons start empty.
     let (reference, t0, t1) =
         tokio::join!(triton_with(COMPARED, false), empty_triton(), empty_triton());
     let config = pool_config_in(
@@ -289,6 +291,8 @@ async fn cold_metadata_and_config_through_the_gateway_equal_tritons_own() {
 /// and loads nothing to find out.
 #[tokio::test]
 async fn unknown_models_and_versions_get_tritons_refusal_without_a_load() {
+    // The reference Triton has `simple` loaded on purpose: an unknown version of a loaded
+    // model is what it refuses; the gateway's Tritons start empty.
     let (reference, t0, t1) = tokio::join!(
         triton_with(&["simple"], false),
         triton_with(&[], true),
