@@ -136,6 +136,17 @@ pub struct Served {
     pub route: Option<String>,
 }
 
+impl Served {
+    /// Nothing served it (refused before a copy was placed): the labels a metric gets
+    /// then, without building them per request.
+    pub const NONE: &'static Served = &Served {
+        model: String::new(),
+        version: None,
+        backend: String::new(),
+        route: None,
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

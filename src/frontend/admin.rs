@@ -2,7 +2,7 @@
 //! its backends and placement, as JSON, and the operator's levers (load, unload, drain).
 //! It has the same edge as the KServe listener: request ids and one access-log line each.
 
-use super::http::{Gate, around, decoded};
+use super::http::{Gate, allow, around, decoded, segments};
 use crate::Gateway;
 use crate::error::GatewayError;
 use axum::extract::Request;
@@ -36,14 +36,7 @@ async fn answer(gateway: &Gateway, request: &Parts) -> Result<Response, GatewayE
     let endpoint = endpoint(path)?.ok_or_else(|| GatewayError::NotFound {
         path: path.to_owned(),
     })?;
-    let method = &request.method;
-    let expected = endpoint.method();
-    if *method != expected && !(expected == Method::GET && method == Method::HEAD) {
-        return Err(GatewayError::MethodNotAllowed {
-            method: method.to_string(),
-            path: path.to_owned(),
-        });
-    }
+    allow(&request.method, &endpoint.method(), path)?;
     let json = |view: serde_json::Value| axum::Json(view).into_response();
     Ok(match endpoint {
         Endpoint::Backends => axum::Json(backends(gateway)).into_response(),
@@ -91,10 +84,10 @@ fn endpoint(path: &str) -> Result<Option<Endpoint>, GatewayError> {
     let Some(rest) = path.strip_prefix("/admin/") else {
         return Ok(None);
     };
-    let segments: Vec<&str> = rest.split('/').collect();
+    let (segments, count) = segments(rest);
     let named =
         |segment: &str| -> Result<String, GatewayError> { Ok(decoded(segment)?.into_owned()) };
-    Ok(Some(match segments.as_slice() {
+    Ok(Some(match &segments[..count] {
         ["backends"] => Endpoint::Backends,
         ["placement"] => Endpoint::Placement,
         ["reload"] => Endpoint::Reload,

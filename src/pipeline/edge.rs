@@ -10,6 +10,7 @@ use super::series::{InFlightGauge, Protocol};
 use super::{RequestCtx, request_id};
 use crate::Gateway;
 use crate::error::ErrorKind;
+use crate::model::Served;
 use crate::trace::RequestTrace;
 use http::HeaderValue;
 use tracing::Span;
@@ -71,7 +72,7 @@ impl Edge {
     pub fn end(&mut self, answered: Answered<'_>, error: Option<&ErrorKind>) {
         let ending = Ending {
             answered,
-            served: &self.ctx.served(),
+            served: self.ctx.serving.as_ref().unwrap_or(Served::NONE),
             tenant: self.ctx.tenant().map_or("", |t| t),
             elapsed: self.ctx.started.elapsed(),
             error,

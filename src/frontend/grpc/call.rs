@@ -88,7 +88,6 @@ fn is_too_large_header(value: &[u8]) -> bool {
 /// One gRPC call from start to its one log line: the pipeline's `Edge` read from the
 /// call's metadata, and what the call's requests learned for its end.
 pub struct Call {
-    gateway: Gateway,
     rpc: &'static str,
     edge: Edge,
     /// What the call's request contexts learned (a stream has one per message).
@@ -150,7 +149,6 @@ impl Call {
             },
         );
         Self {
-            gateway: gateway.clone(),
             rpc,
             edge,
             learned: Mutex::default(),
@@ -261,7 +259,7 @@ impl Call {
 
     /// The gateway the call is served by.
     pub fn gateway(&self) -> &Gateway {
-        &self.gateway
+        &self.edge.ctx.gateway
     }
 
     /// Ends a unary call: the request id on the answer, the metrics, the log line.
@@ -430,7 +428,7 @@ pub async fn grpc_layer(
                 message: None,
                 counts: "",
             },
-            served: &Served::default(),
+            served: Served::NONE,
             tenant: "",
             elapsed: started.elapsed(),
             error: report.as_ref(),

@@ -37,27 +37,17 @@ pub(super) fn endpoint(method: &Method, path: &str) -> Result<Endpoint, GatewayE
         path: path.to_owned(),
     };
     let takes = |expected: &Method, endpoint: Endpoint| {
-        // HEAD is GET without the body, as for any HTTP server.
-        if method == expected || (expected == Method::GET && method == Method::HEAD) {
-            Ok(endpoint)
-        } else {
-            Err(GatewayError::MethodNotAllowed {
-                method: method.to_string(),
-                path: path.to_owned(),
-            })
-        }
+        allow(method, expected, path)?;
+        Ok(endpoint)
     };
-    let Some(rest) = path.strip_prefix("/v2") else {
-        return Err(not_found());
+    let rest = match path.strip_prefix("/v2") {
+        Some("") => return takes(&Method::GET, Endpoint::ServerMetadata),
+        Some(rest) => rest.strip_prefix('/').ok_or_else(not_found)?,
+        None => return Err(not_found()),
     };
-    let segments: Vec<&str> = match rest {
-        "" => return takes(&Method::GET, Endpoint::ServerMetadata),
-        _ => match rest.strip_prefix('/') {
-            Some(rest) => rest.split('/').collect(),
-            None => return Err(not_found()),
-        },
-    };
-    match segments.as_slice() {
+    let (segments, count) = segments(rest);
+    let segments = &segments[..count];
+    match segments {
         ["health", "live"] => takes(&Method::GET, Endpoint::Live),
         ["health", "ready"] => takes(&Method::GET, Endpoint::Ready),
         ["models", "stats"] => takes(&Method::GET, Endpoint::AllStatistics),
@@ -98,6 +88,35 @@ pub(super) fn endpoint(method: &Method, path: &str) -> Result<Endpoint, GatewayE
             takes(&expected, Endpoint::Model(model, ask))
         }
         _ => Err(not_found()),
+    }
+}
+
+/// Segments read of a path at most; the longest endpoint has five. The last holds the rest
+/// of a longer path (with its slashes), so a longer path matches no endpoint of fewer.
+const MAX_SEGMENTS: usize = 6;
+
+/// A path's `/`-separated segments (`rest`, the part after a listener's prefix), without
+/// allocating: this runs for every request.
+pub(crate) fn segments(rest: &str) -> ([&str; MAX_SEGMENTS], usize) {
+    let mut segments = [""; MAX_SEGMENTS];
+    let mut count = 0;
+    for (slot, segment) in segments.iter_mut().zip(rest.splitn(MAX_SEGMENTS, '/')) {
+        *slot = segment;
+        count += 1;
+    }
+    (segments, count)
+}
+
+/// The method an endpoint takes, or 405 naming the method sent; HEAD is GET without the
+/// body, as for any HTTP server.
+pub(crate) fn allow(method: &Method, expected: &Method, path: &str) -> Result<(), GatewayError> {
+    if method == expected || (expected == Method::GET && method == Method::HEAD) {
+        Ok(())
+    } else {
+        Err(GatewayError::MethodNotAllowed {
+            method: method.to_string(),
+            path: path.to_owned(),
+        })
     }
 }
 
@@ -218,6 +237,13 @@ mod tests {
             (Method::GET, "/v2/systemsharedmemory/status", 200),
             (Method::POST, "/v2/cudasharedmemory/region/r/register", 200),
             (Method::GET, "/v2/systemsharedmemory/", 404),
+            (Method::POST, "/v2/models/m/versions/1/infer/x", 404),
+            (Method::POST, "/v2/models/m/versions/1/infer/x/y/z", 404),
+            (
+                Method::POST,
+                "/v2/systemsharedmemory/region/a/b/c/d/e/register",
+                200,
+            ),
         ] {
             assert_eq!(status(method.clone(), path), expected, "{method} {path}");
         }

@@ -10,7 +10,7 @@ mod validate;
 mod wire;
 
 pub(crate) use edge::{Gate, around};
-pub(crate) use endpoint::decoded;
+pub(crate) use endpoint::{allow, decoded, segments};
 
 use crate::Gateway;
 use crate::error::{GatewayError, www_authenticate};
@@ -51,7 +51,6 @@ async fn answer(
     endpoint: Endpoint,
     request: Request,
 ) -> Result<Response, GatewayError> {
-    let gateway = ctx.gateway.clone();
     match endpoint {
         Endpoint::Model(model, ask) => {
             ctx.about(model, ask);
@@ -62,26 +61,29 @@ async fn answer(
             }
         }
         Endpoint::ServerMetadata => {
-            let metadata = pipeline::server_metadata::server_metadata(&gateway).await;
+            let metadata = pipeline::server_metadata::server_metadata(&ctx.gateway).await;
             Ok(axum::Json(metadata).into_response())
         }
         Endpoint::Live => Ok(StatusCode::OK.into_response()),
-        Endpoint::Ready => gateway.readiness().map(|()| StatusCode::OK.into_response()),
+        Endpoint::Ready => ctx
+            .gateway
+            .readiness()
+            .map(|()| StatusCode::OK.into_response()),
         Endpoint::AllStatistics => {
             // Every model's statistics, including models the tenant may not use.
             admit::admin(ctx, "the statistics of all models")?;
             Ok(statistics_response(
-                pipeline::statistics::of_all(&gateway).await?,
+                pipeline::statistics::of_all(&ctx.gateway).await?,
             ))
         }
         Endpoint::RepositoryIndex => {
             admit::admin(ctx, "the repository API")?;
-            repository_index(&gateway, request).await
+            repository_index(&ctx.gateway, request).await
         }
         Endpoint::Repository { model, load } => {
             admit::admin(ctx, "the repository API")?;
-            let body = read_small_body(&gateway, request).await?;
-            repository_action(&gateway, &model, load, body).await?;
+            let body = read_small_body(&ctx.gateway, request).await?;
+            repository_action(&ctx.gateway, &model, load, body).await?;
             ctx.serving = Some(Served {
                 model,
                 ..Served::default()
