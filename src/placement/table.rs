@@ -105,6 +105,39 @@ fn next_copy_id() -> u64 {
 }
 
 impl CopyEntry {
+    /// A copy just put on the books: nothing in flight or bound to it, unranked, not yet
+    /// used by this replica, no config override, no ensemble parts.
+    fn new(
+        name: &str,
+        (size, source): (u64, SizeSource),
+        state: CopyState,
+        (versions, serving): (Versions, BTreeSet<u64>),
+        pinned: bool,
+        now: Instant,
+    ) -> Self {
+        Self {
+            id: next_copy_id(),
+            name: name.into(),
+            size,
+            source,
+            state,
+            last_used: now,
+            in_flight: 0,
+            in_flight_versions: Vec::new(),
+            pinned,
+            served: 0,
+            versions,
+            serving,
+            config: None,
+            sequences: 0,
+            rank: None,
+            remote_busy: false,
+            used_here: None,
+            parts: Arc::default(),
+            held: 0,
+        }
+    }
+
     /// Whether a request, a live sequence, or another replica's request holds it.
     fn busy(&self) -> bool {
         self.in_flight > 0 || self.sequences > 0 || self.remote_busy || self.held > 0

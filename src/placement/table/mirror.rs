@@ -3,7 +3,7 @@
 //! plus what only this replica knows (its requests in flight, its sequences, its own loads
 //! while the registry has not agreed them yet).
 
-use super::{CopyEntry, CopyState, Departing, LoadOutcome, Table, next_copy_id};
+use super::{CopyEntry, CopyState, Departing, LoadOutcome, Table};
 use crate::placement::estimate::SizeSource;
 use crate::placement::registry::{SharedCopy, SharedState, Synced};
 use crate::placement::versions::Versions;
@@ -205,27 +205,14 @@ impl Table {
     ) {
         let books = &mut self.backends[b];
         books.put(
-            CopyEntry {
-                id: next_copy_id(),
-                name: model.into(),
-                size: shared.bytes,
-                source: SizeSource::Learned,
-                state: loading.map_or(CopyState::Ready, CopyState::Loading),
-                last_used: now,
-                in_flight: 0,
-                in_flight_versions: Vec::new(),
+            CopyEntry::new(
+                model,
+                (shared.bytes, SizeSource::Learned),
+                loading.map_or(CopyState::Ready, CopyState::Loading),
+                (versions(shared), shared.serving.clone()),
                 pinned,
-                served: 0,
-                versions: versions(shared),
-                serving: shared.serving.clone(),
-                config: None,
-                sequences: 0,
-                rank: None,
-                remote_busy: false,
-                used_here: None,
-                parts: Arc::default(),
-                held: 0,
-            },
+                now,
+            ),
             (&mut self.located, b),
         );
         books.committed += shared.bytes;

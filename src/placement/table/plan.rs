@@ -6,7 +6,7 @@
 use super::eviction::take_victims;
 use super::{
     BackendView, Books, CopyEntry, CopyState, Decision, LoadPlan, LoadReason, Reload, Table,
-    next_copy_id, requested_version,
+    requested_version,
 };
 use crate::error::GatewayError;
 use crate::model::ModelRef;
@@ -14,7 +14,6 @@ use crate::placement::estimate::{Estimate, Sizing};
 use crate::placement::policy::Rank;
 use crate::placement::sequences::SequenceRef;
 use crate::placement::versions::Versions;
-use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -189,25 +188,15 @@ impl Table {
         let (done, waiting) = watch::channel(None);
         books.put(
             CopyEntry {
-                name: model.into(),
-                size: estimate.bytes,
-                source: estimate.source,
-                state: CopyState::Loading(waiting),
-                last_used: now,
-                in_flight: 0,
-                in_flight_versions: Vec::new(),
-                pinned,
-                served: 0,
-                versions: versions.clone(),
-                serving: serving.clone(),
-                config: None,
-                id: next_copy_id(),
-                sequences: 0,
-                rank: None,
-                remote_busy: false,
                 used_here: Some(now),
-                parts: Arc::default(),
-                held: 0,
+                ..CopyEntry::new(
+                    model,
+                    (estimate.bytes, estimate.source),
+                    CopyState::Loading(waiting),
+                    (versions.clone(), serving.clone()),
+                    pinned,
+                    now,
+                )
             },
             (&mut self.located, backend),
         );

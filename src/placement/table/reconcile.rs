@@ -2,11 +2,10 @@
 //! lack, drops ready copies the backend no longer has, and takes the versions it serves. Its
 //! own file so the books' correction from the backends' indexes reads in one place.
 
-use super::{CopyEntry, CopyState, Table, next_copy_id};
+use super::{CopyEntry, CopyState, Table};
 use crate::placement::estimate::Estimate;
 use crate::placement::versions::Versions;
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use tokio::time::Instant;
 
 impl Table {
@@ -97,27 +96,14 @@ pub struct Indexed {
 /// A copy for a model a backend already had: taken to serve the default policy, as a load
 /// made outside infergate most likely does.
 pub(super) fn adopt(found: &Indexed, pinned: bool, now: Instant) -> CopyEntry {
-    CopyEntry {
-        name: found.name.as_str().into(),
-        size: found.estimate.bytes,
-        source: found.estimate.source,
-        state: CopyState::Ready,
-        last_used: now,
-        in_flight: 0,
-        in_flight_versions: Vec::new(),
+    CopyEntry::new(
+        &found.name,
+        (found.estimate.bytes, found.estimate.source),
+        CopyState::Ready,
+        (Versions::latest(), found.serving.clone()),
         pinned,
-        served: 0,
-        versions: Versions::latest(),
-        serving: found.serving.clone(),
-        config: None,
-        id: next_copy_id(),
-        sequences: 0,
-        rank: None,
-        remote_busy: false,
-        used_here: None,
-        parts: Arc::default(),
-        held: 0,
-    }
+        now,
+    )
 }
 
 /// What reconciliation changed on one backend.
