@@ -2,27 +2,35 @@
 //! longer circle, so each can be read and changed from the bottom up (config and the
 //! shared words at the bottom, then upstream, placement and validation, then the pipeline,
 //! then the front-ends and listeners). `lib.rs` (the `Gateway` every layer is handed) is
-//! the one exception left.
+//! the one exception left. And the pipeline and the rules it calls name no wire crate.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// `src/`.
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
 
 /// Each top-level module of `src/` and the top-level modules its code (not its tests or
 /// comments) names through `crate::`.
 fn imports() -> BTreeMap<String, BTreeSet<String>> {
-    fn walk(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(&path, files);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    walk(&src, &mut files);
+    let src = src();
+    let files = sources(&src);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
         let relative = file.strip_prefix(&src).unwrap();
@@ -80,4 +88,25 @@ fn no_module_imports_one_that_imports_it_back() {
         })
         .collect();
     assert!(circles.is_empty(), "import circles: {circles:#?}");
+}
+
+/// The pipeline and what it calls know no wire format: axum and tonic belong to the
+/// front-ends (`src/frontend`), so a rule written there holds for HTTP and gRPC alike.
+#[test]
+fn protocol_neutral_modules_name_no_wire_crate() {
+    let files: Vec<PathBuf> = ["pipeline", "validate", "placement", "routing", "auth"]
+        .iter()
+        .flat_map(|dir| sources(&src().join(dir)))
+        .collect();
+    assert!(files.len() > 20, "{files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for crate_name in ["axum", "tonic"] {
+            assert!(
+                !text.contains(&format!("{crate_name}::")),
+                "{} names {crate_name}",
+                file.display()
+            );
+        }
+    }
 }

@@ -95,39 +95,3 @@ pub async fn model_statistics<'h>(
     let target = &ctx.routed.as_ref().expect("routed").target;
     statistics::of_model(&ctx.gateway, target).await
 }
-
-#[cfg(test)]
-mod tests {
-
-    /// The pipeline and what it calls know no wire format: axum and tonic belong to the
-    /// front-ends (`src/frontend`), so a rule written here holds for HTTP and gRPC alike.
-    #[test]
-    fn protocol_neutral_modules_name_no_wire_crate() {
-        fn sources(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    sources(&path, found);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    found.push(path);
-                }
-            }
-        }
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        for dir in ["pipeline", "validate", "placement", "routing", "auth"] {
-            sources(&root.join(dir), &mut files);
-        }
-        assert!(files.len() > 20, "{files:?}");
-        for file in files {
-            let text = std::fs::read_to_string(&file).unwrap();
-            for crate_name in ["axum", "tonic"] {
-                assert!(
-                    !text.contains(&format!("{crate_name}::")),
-                    "{} names {crate_name}",
-                    file.display()
-                );
-            }
-        }
-    }
-}
