@@ -264,7 +264,7 @@ impl BackendChanges {
             match crate::upstream::Pool::build(backend, config) {
                 Ok(built) => added.push(built),
                 Err(message) => errors.push(ConfigError {
-                    key: key_of(config, &backend.name),
+                    key: config.key_of_instance(&backend.name),
                     message,
                 }),
             }
@@ -289,20 +289,6 @@ impl BackendChanges {
         }
         (self.removed, added)
     }
-}
-
-/// `backends[i]` for the entry an instance comes from (a group's instances are `<group>-…`).
-fn key_of(config: &Config, instance: &str) -> String {
-    let from = |(i, b): (usize, &Backend)| {
-        (instance == b.name || (b.dns.is_some() && instance.starts_with(&format!("{}-", b.name))))
-            .then(|| format!("backends[{i}]"))
-    };
-    config
-        .backends
-        .iter()
-        .enumerate()
-        .find_map(from)
-        .unwrap_or_else(|| "backends".into())
 }
 
 /// Top-level keys other than the reloadable ones whose values differ. `listen.tls` may

@@ -47,6 +47,9 @@ pub struct Backend {
     pub metrics_port: Option<u16>,
 }
 
+/// Between a group's name and an address in its instances' names (`triton-10.0.0.7`).
+const INSTANCE_SEPARATOR: char = '-';
+
 /// The addresses each DNS group resolved to last, by group name.
 pub type Discovered = BTreeMap<String, BTreeSet<IpAddr>>;
 
@@ -64,7 +67,7 @@ impl Backend {
         };
         let url = |port: u16| format!("http://{host}:{port}");
         Backend {
-            name: format!("{}-{address}", self.name),
+            name: format!("{}{INSTANCE_SEPARATOR}{address}", self.name),
             http: Some(url(self.http_port.unwrap_or(TRITON_HTTP_PORT))),
             grpc: Some(url(self.grpc_port.unwrap_or(TRITON_GRPC_PORT))),
             metrics: self
@@ -174,6 +177,21 @@ impl Config {
         instances
     }
 
+    /// The config key (`backends[i]`) of the entry an instance comes from, to name it in an
+    /// error: a fixed backend by its name, a group's instance by the group's.
+    pub fn key_of_instance(&self, instance: &str) -> String {
+        let from = |backend: &Backend| match &backend.dns {
+            None => instance == backend.name,
+            Some(_) => instance
+                .strip_prefix(backend.name.as_str())
+                .is_some_and(|rest| rest.starts_with(INSTANCE_SEPARATOR)),
+        };
+        match self.backends.iter().position(from) {
+            Some(i) => format!("backends[{i}]"),
+            None => "backends".into(),
+        }
+    }
+
     /// The DNS groups, by entry.
     pub fn dns_groups(&self) -> impl Iterator<Item = &Backend> {
         self.backends.iter().filter(|b| b.dns.is_some())
@@ -244,6 +262,8 @@ mod tests {
         assert_eq!(v6.capacity, Some(ByteSize(2 << 30)));
         assert!(BackendUrl::parse(v6.http.as_deref().unwrap()).is_ok());
         assert!(grpc_endpoint(v6.grpc.as_deref().unwrap()).is_ok());
+        assert_eq!(config.key_of_instance("triton-fd00::7"), "backends[1]");
+        assert_eq!(config.key_of_instance("fixed"), "backends[0]");
     }
 
     #[test]
