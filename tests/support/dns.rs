@@ -2,7 +2,7 @@
 //! authoritative for `.test` (an unknown name is NXDOMAIN, a name without AAAA records
 //! has none), its records in a hosts directory the test rewrites as pods come and go.
 
-use super::{free_ports, spawn_in_own_group, sys};
+use super::{free_ports, kill_group, spawn_in_own_group};
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -88,10 +88,7 @@ impl Dns {
     /// Kills dnsmasq: lookups get no answer at all.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            unsafe {
-                sys::kill(-(child.id() as i32), sys::SIGKILL);
-            }
-            let _ = child.wait();
+            kill_group(&mut child);
         }
     }
 

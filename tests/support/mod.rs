@@ -397,12 +397,7 @@ impl Triton {
             .into_iter()
             .filter_map(stub_shm_region)
             .collect::<Vec<_>>();
-        // The group id is the server's pid (process_group(0)).
-        unsafe {
-            sys::kill(-(self.pid as i32), sys::SIGKILL);
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+        kill_group(&mut child);
         for region in shm {
             let _ = std::fs::remove_file(Path::new("/dev/shm").join(region));
         }
@@ -687,12 +682,17 @@ impl Stress {
 
 impl Drop for Stress {
     fn drop(&mut self) {
-        // The group id is stress-ng's pid (process_group(0)); its workers are in it.
-        unsafe {
-            sys::kill(-(self.0.id() as i32), sys::SIGKILL);
-        }
-        let _ = self.0.wait();
+        kill_group(&mut self.0); // stress-ng's workers are in its group
     }
+}
+
+/// SIGKILLs a child started by [`spawn_in_own_group`] with everything in its process group
+/// (the group id is its pid), and reaps it.
+pub fn kill_group(child: &mut Child) {
+    unsafe {
+        sys::kill(-(child.id() as i32), sys::SIGKILL);
+    }
+    let _ = child.wait();
 }
 
 /// `N` distinct free loopback ports for a server the test starts (Triton, etcd, HAProxy).
