@@ -1091,6 +1091,76 @@ targets = [
     }
 }
 
+/// A stream's requests reach their route's mirror as calls' do (each copy one `ModelInfer`),
+/// while the stream's own answers stay the primary's.
+#[tokio::test]
+async fn a_streams_requests_are_copied_to_the_routes_mirror() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let routes = r#"
+[[routes]]
+model = "shadowed"
+targets = [
+  { model = "sized_a", weight = 1 },
+  { model = "sized_b", mirror = true, percent = 100 },
+]
+"#;
+    let gateway = TestGateway::start(&support::gateway::routes_config(
+        "grpcstreammirror",
+        &[&triton],
+        routes,
+    ))
+    .await;
+    // The mirror is loaded first: copies that arrive while a cold mirror loads may be dropped
+    // by design, and this test counts every copy.
+    let mut client = client(&gateway).await;
+    let warm = support::grpc::fp32_infer("sized_b", &[("INPUT0", [0.0; 4])]);
+    client.model_infer(warm).await.unwrap();
+    const REQUESTS: u32 = 20;
+    let mut stream = ClientStream::open(&gateway, &[]).await;
+    for i in 0..REQUESTS {
+        let x = i as f32;
+        let mut request = support::grpc::fp32_infer("shadowed", &[("INPUT0", [x; 4])]);
+        request.id = format!("m-{i}");
+        let answer = stream.ask(request).await;
+        assert_eq!(
+            (answer.id.as_str(), answer.model_name.as_str()),
+            (format!("m-{i}").as_str(), "sized_a")
+        );
+        assert_eq!(sum(&answer), [x; 4]);
+    }
+    drop(stream);
+    let sent = format!(
+        "infergate_mirror_requests_total{{route=\"shadowed\",target=\"sized_b\",outcome=\"sent\"}} {REQUESTS}"
+    );
+    let (mut copies, mut metrics) = (0.0, String::new());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        metrics = gateway.metrics_text("/metrics").await;
+        let triton_metrics = reqwest::get(triton.metrics_url())
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        copies = support::metric_sum(
+            &triton_metrics,
+            "nv_inference_request_success",
+            &["model=\"sized_b\""],
+        );
+        if metrics.contains(&sent) && copies - 1.0 == f64::from(REQUESTS) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(metrics.contains(&sent), "{sent}\n{metrics}");
+    // Less the warm-up request.
+    assert_eq!(
+        copies - 1.0,
+        f64::from(REQUESTS),
+        "sized_b served every copy"
+    );
+}
+
 #[tokio::test]
 async fn a_grpc_mirror_gets_copies_and_the_client_only_sees_the_primary() {
     let triton = Triton::start(TritonOptions::default()).await.unwrap();

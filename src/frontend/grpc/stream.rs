@@ -1,7 +1,8 @@
 //! `ModelStreamInfer`: one bidirectional stream from the client, fanned out to one stream per
 //! model placed on a backend.
 //!
-//! Each request on the client's stream is placed like any model request. The first request
+//! Each request on the client's stream is placed like any model request, checked against its
+//! signature and copied to its route's mirrors (as one `ModelInfer` each). The first request
 //! for a model (name and version) leases a copy and opens a stream to that backend; later
 //! requests for the same model go down the same backend stream, so a sequence stays on one
 //! backend and a decoupled model may answer any number of times. A request of a live
@@ -32,7 +33,7 @@ use super::wire::ModelMessage;
 use crate::auth::Admission;
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
-use crate::pipeline::{self, Caller, RequestCtx, Tally, admit, finish};
+use crate::pipeline::{self, Caller, RequestCtx, Routed, Tally, admit, finish};
 use crate::placement::Lease;
 use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
 use crate::upstream::Backend;
@@ -287,7 +288,7 @@ impl Relay<'_> {
                     open.requests.clone(),
                     open.waiting.clone(),
                 );
-                if let Err(error) = message.validate(&ctx, &backend, &model).await {
+                if let Err(error) = inspect(&mut ctx, &message, &backend, &model).await {
                     return self.refuse(&mut ctx, message, error).await;
                 }
                 if let Some(sequence) = &sequence {
@@ -319,7 +320,7 @@ impl Relay<'_> {
             self.call.served(ctx.served());
         }
         let lease = ctx.lease.take().expect("placed");
-        if let Err(error) = message.validate(&ctx, lease.backend(), &model).await {
+        if let Err(error) = inspect(&mut ctx, &message, lease.backend(), &model).await {
             return self.refuse(&mut ctx, message, error).await;
         }
         self.open(ctx, model, lease, message).await;
@@ -414,6 +415,22 @@ impl Relay<'_> {
         let _ = self.out.send(Ok(answer)).await;
         true
     }
+}
+
+/// The phases a message takes on the copy it goes to, as a call takes them in
+/// `pipeline::serve`: checked against the copy's signature, then copied to its route's
+/// mirrors (shadow traffic sees a stream's requests as it sees calls).
+async fn inspect(
+    ctx: &mut RequestCtx,
+    message: &ModelInferRequest,
+    backend: &Arc<Backend>,
+    model: &ModelRef,
+) -> Result<(), GatewayError> {
+    message.validate(ctx, backend, model).await?;
+    if let Some(shadow) = ctx.routed.as_mut().and_then(Routed::shadow) {
+        message.mirror(ctx, shadow);
+    }
+    Ok(())
 }
 
 /// What a request's context hands to the backend stream it goes down.
