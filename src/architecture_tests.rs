@@ -42,20 +42,54 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
         let text = std::fs::read_to_string(&file).unwrap();
         let code = text.split("#[cfg(test)]").next().unwrap();
         let named = graph.entry(module.clone()).or_default();
-        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for (at, _) in line.match_indices("crate::") {
-                let rest = &line[at + "crate::".len()..];
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != module {
+        let code: String = code
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for (at, _) in code.match_indices("crate::") {
+            for name in top_names(&code[at + "crate::".len()..]) {
+                if name != module {
                     named.insert(name);
                 }
             }
         }
     }
     graph
+}
+
+/// The top-level modules named right after a `crate::`: one (`crate::a::b`), or each of a
+/// group (`crate::{a, b::c}`); a name that is not a module (`crate::SomeType`) is left out.
+fn top_names(rest: &str) -> Vec<String> {
+    let module_name = |text: &str| -> Option<String> {
+        let name: String = text
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        (!name.is_empty()).then_some(name)
+    };
+    let Some(group) = rest.strip_prefix('{') else {
+        return module_name(rest).into_iter().collect();
+    };
+    // The group's items at its own depth: `a::{b, c}` is one item, `a`.
+    let (mut names, mut depth, mut item) = (Vec::new(), 0, 0);
+    for (at, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                names.extend(module_name(&group[item..at]));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                names.extend(module_name(&group[item..at]));
+                item = at + 1;
+            }
+            _ => {}
+        }
+    }
+    names
 }
 
 /// The modules `from` reaches by following imports.

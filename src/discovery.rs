@@ -8,9 +8,7 @@
 //! to zero) empties the group; a failed lookup (timeout, SERVFAIL, no server) keeps the last
 //! addresses, so a DNS outage never empties a working pool.
 
-use crate::Gateway;
-use crate::config::{Discovered, Upstream};
-use crate::reload::BackendChanges;
+use crate::config::{Config, Discovered, Upstream};
 use crate::telemetry;
 use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{LookupIpStrategy, NameServerConfig, ResolverConfig};
@@ -25,8 +23,15 @@ use tokio_util::sync::CancellationToken;
 /// Time one group's lookup may take before the round counts it as failed.
 const LOOKUP_LIMIT: Duration = Duration::from_secs(5);
 
-/// The resolver and what it last found, shared by the discovery loop and reloads (which
-/// turn a config's groups into instances with it).
+/// What one group's lookup found: its addresses, or why DNS did not answer.
+pub struct Answer {
+    name: String,
+    dns: String,
+    addresses: Result<BTreeSet<IpAddr>, String>,
+}
+
+/// The resolver and what it last found, shared by the discovery rounds and reloads (which
+/// turn a config's groups into instances with it); `reload::discover` applies a round.
 pub struct Discovery {
     resolver: Result<TokioResolver, String>,
     found: Mutex<Discovered>,
@@ -57,33 +62,43 @@ impl Discovery {
         self.wake.notify_one();
     }
 
-    /// Resolves every group in the running config and applies the difference to the pool.
-    /// Runs under the reload lock, so it never races a reload's own changes.
-    pub async fn round(&self, gateway: &Gateway) {
-        let groups: Vec<(String, String)> = (gateway.live().config.dns_groups())
+    /// Looks up every group of `config` at once: each group's name, its DNS name, and what
+    /// DNS answered.
+    pub async fn lookup_groups(&self, config: &Config) -> Vec<Answer> {
+        let groups: Vec<(String, String)> = (config.dns_groups())
             .map(|g| (g.name.clone(), g.dns.clone().unwrap_or_default()))
             .collect();
         let lookups = groups.into_iter().map(|(name, dns)| async move {
-            let answer = self.lookup(&dns).await;
-            (name, dns, answer)
+            let addresses = self.lookup(&dns).await;
+            Answer {
+                name,
+                dns,
+                addresses,
+            }
         });
-        let answers = futures_util::future::join_all(lookups).await;
+        futures_util::future::join_all(lookups).await
+    }
 
-        let _one_at_a_time = gateway.reload_lock().lock().await;
-        let live = gateway.live();
-        let config = &live.config;
+    /// What was found before `answers`, and after them for the groups `config` has now: an
+    /// answer replaces its group's addresses; a failed lookup keeps them (counted, logged);
+    /// an answer for a group a reload changed or dropped meanwhile is left out.
+    pub fn answered(&self, config: &Config, answers: Vec<Answer>) -> (Discovered, Discovered) {
         let before = self.found();
         let mut after = before.clone();
         after.retain(|name, _| config.dns_groups().any(|g| &g.name == name));
-        for (name, dns, answer) in answers {
-            // A reload between the lookup and now may have changed or dropped the group.
+        for Answer {
+            name,
+            dns,
+            addresses,
+        } in answers
+        {
             if !config
                 .dns_groups()
                 .any(|g| g.name == name && g.dns.as_deref() == Some(&dns))
             {
                 continue;
             }
-            match answer {
+            match addresses {
                 Ok(addresses) => {
                     metrics::gauge!(telemetry::DISCOVERED_BACKENDS, "group" => name.clone())
                         .set(addresses.len() as f64);
@@ -101,35 +116,21 @@ impl Discovery {
                 }
             }
         }
-        if after == before {
-            return;
-        }
-        let changes = BackendChanges::between(
-            &config.instances(&before),
-            &config.instances(&after),
-            config,
-        );
-        match changes {
-            Ok(changes) => {
-                *self.found.lock().expect("discovery lock") = after;
-                let (removed, added) = changes.apply(gateway).await;
-                tracing::info!(?added, ?removed, "DNS discovery changed the pool");
-            }
-            Err(errors) => {
-                tracing::warn!(%errors, "DNS discovery found instances that cannot be built; the pool stays")
-            }
-        }
+        (before, after)
     }
 
-    /// Rounds every `upstream.discovery_interval` (or when woken), until `shutdown`.
-    pub async fn run(&self, gateway: Gateway, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.interval) => {}
-                _ = self.wake.notified() => {}
-            }
-            self.round(&gateway).await;
+    /// Keeps what a round found, once the pool has taken it.
+    pub fn keep(&self, found: Discovered) {
+        *self.found.lock().expect("discovery lock") = found;
+    }
+
+    /// Waits for the next round: `upstream.discovery_interval`, or a wake. False once
+    /// `shutdown` is cancelled.
+    pub async fn next_round(&self, shutdown: &CancellationToken) -> bool {
+        tokio::select! {
+            _ = shutdown.cancelled() => false,
+            _ = tokio::time::sleep(self.interval) => true,
+            _ = self.wake.notified() => true,
         }
     }
 

@@ -4,9 +4,9 @@
 //! finish on the config they started with. Listeners, connection pools and loaded models
 //! are untouched; parts of the file that cannot change while running are refused by key.
 
-use crate::Gateway;
 use crate::config::{Backend, Config, ConfigError, ConfigErrors};
-use crate::pipeline::Live;
+use crate::gateway::Gateway;
+use crate::live::Live;
 use crate::placement::Versions;
 use crate::telemetry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,7 +48,7 @@ pub async fn reload(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigEr
     match &outcome {
         Ok(reloaded) => {
             tracing::info!(config = %path.display(), hash = reloaded.hash, unloaded = ?reloaded.unloaded, "config reloaded");
-            crate::warn_if_open(gateway);
+            gateway.warn_if_open();
         }
         Err(errors) => {
             tracing::warn!(config = %path.display(), %errors, "config reload refused; the running config stays")
@@ -288,6 +288,43 @@ impl BackendChanges {
             gateway.add_backend(backend);
         }
         (self.removed, added)
+    }
+}
+
+/// One DNS discovery round: every group of the running config looked up, and the difference
+/// applied to the pool as a reload applies its backends. Runs under the reload lock, so it
+/// never races a reload's own changes.
+pub async fn discover(gateway: &Gateway) {
+    let discovery = gateway.discovery();
+    let answers = discovery.lookup_groups(&gateway.live().config).await;
+    let _one_at_a_time = gateway.reload_lock().lock().await;
+    let live = gateway.live();
+    let config = &live.config;
+    let (before, after) = discovery.answered(config, answers);
+    if after == before {
+        return;
+    }
+    match BackendChanges::between(
+        &config.instances(&before),
+        &config.instances(&after),
+        config,
+    ) {
+        Ok(changes) => {
+            discovery.keep(after);
+            let (removed, added) = changes.apply(gateway).await;
+            tracing::info!(?added, ?removed, "DNS discovery changed the pool");
+        }
+        Err(errors) => {
+            tracing::warn!(%errors, "DNS discovery found instances that cannot be built; the pool stays")
+        }
+    }
+}
+
+/// Discovery rounds every `upstream.discovery_interval` (or when a reload wakes it), until
+/// `shutdown`.
+pub async fn follow_dns(gateway: Gateway, shutdown: CancellationToken) {
+    while gateway.discovery().next_round(&shutdown).await {
+        discover(&gateway).await;
     }
 }
 

@@ -1098,7 +1098,7 @@ async fn a_streams_requests_are_copied_to_the_routes_mirror() {
     let triton = Triton::start(TritonOptions::default()).await.unwrap();
     let routes = r#"
 [[routes]]
-model = "shadowed"
+model = "stream_shadowed"
 targets = [
   { model = "sized_a", weight = 1 },
   { model = "sized_b", mirror = true, percent = 100 },
@@ -1119,7 +1119,7 @@ targets = [
     let mut stream = ClientStream::open(&gateway, &[]).await;
     for i in 0..REQUESTS {
         let x = i as f32;
-        let mut request = support::grpc::fp32_infer("shadowed", &[("INPUT0", [x; 4])]);
+        let mut request = support::grpc::fp32_infer("stream_shadowed", &[("INPUT0", [x; 4])]);
         request.id = format!("m-{i}");
         let answer = stream.ask(request).await;
         assert_eq!(
@@ -1130,7 +1130,7 @@ targets = [
     }
     drop(stream);
     let sent = format!(
-        "infergate_mirror_requests_total{{route=\"shadowed\",target=\"sized_b\",outcome=\"sent\"}} {REQUESTS}"
+        "infergate_mirror_requests_total{{route=\"stream_shadowed\",target=\"sized_b\",outcome=\"sent\"}} {REQUESTS}"
     );
     let (mut copies, mut metrics) = (0.0, String::new());
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -1229,12 +1229,20 @@ targets = [
         let sent = support::metric_sum(
             &metrics,
             "infergate_mirror_requests_total",
-            &["target=\"sized_b\"", "outcome=\"sent\""],
+            &[
+                "route=\"shadowed\"",
+                "target=\"sized_b\"",
+                "outcome=\"sent\"",
+            ],
         );
         let failed = support::metric_sum(
             &metrics,
             "infergate_mirror_requests_total",
-            &["target=\"error_model\"", "outcome=\"failed\""],
+            &[
+                "route=\"shadowed\"",
+                "target=\"error_model\"",
+                "outcome=\"failed\"",
+            ],
         );
         if sent == f64::from(CALLS) && failed == f64::from(CALLS) {
             break;

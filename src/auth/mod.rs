@@ -6,6 +6,7 @@
 //! go through it.
 
 pub mod api_keys;
+mod caller;
 pub mod jwt;
 pub mod limits;
 pub mod tenants;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tenants::ModelAccess;
 
 pub use api_keys::hash_key;
+pub use caller::Caller;
 
 /// A caller the gateway has verified.
 #[derive(Debug)]

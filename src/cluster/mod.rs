@@ -22,6 +22,17 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
 use view::View;
 
+/// What the registry session reads and changes in the gateway that runs it: the placement
+/// books it shares with the other replicas, and the live routes whose guards' trips it
+/// publishes and applies. The gateway holds the cluster and is its host, so the session
+/// names this, not the gateway.
+pub trait Host: Clone + Send + Sync + 'static {
+    /// The placement books.
+    fn placement(&self) -> &std::sync::Arc<crate::placement::Placement>;
+    /// The running config's snapshot.
+    fn live(&self) -> std::sync::Arc<crate::live::Live>;
+}
+
 /// One replica's membership in the pool: its view of the registry and whether etcd is
 /// reachable. Built with the gateway; `run` (spawned by `serve`) does the talking.
 pub struct Cluster {

@@ -6,12 +6,12 @@
 //! new one and writes the records again.
 
 use super::Cluster;
+use super::Host;
 use super::etcd::{
     self, Client, Compare, Event, EventType, KeyValue, RequestOp, TxnRequest, call, response_op,
 };
 use super::shared::Shared;
 use super::view::{self, Change, Entry, ReplicaRecord};
-use crate::Gateway;
 use crate::telemetry;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,7 +27,7 @@ const SYNC_INTERVAL: Duration = Duration::from_millis(250);
 impl Cluster {
     /// Runs sessions until shutdown; then revokes the lease, so this replica's records go at
     /// once instead of after `lease_ttl`.
-    pub async fn run(self: Arc<Self>, gateway: Gateway, shutdown: CancellationToken) {
+    pub async fn run(self: Arc<Self>, gateway: impl Host, shutdown: CancellationToken) {
         let _ = self.placement.set(gateway.placement().clone());
         if let Some(settles) = self.settles_rx.lock().expect("settles").take() {
             tokio::spawn(self.clone().settle_loop(settles, shutdown.clone()));
@@ -74,7 +74,7 @@ impl Cluster {
     async fn session(
         &self,
         client: &mut Client,
-        gateway: &Gateway,
+        gateway: &impl Host,
         shared: &mut Shared,
         shutdown: &CancellationToken,
     ) -> Result<(), String> {

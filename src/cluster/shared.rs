@@ -7,9 +7,9 @@
 //! on the request path.
 
 use super::Cluster;
+use super::Host;
 use super::etcd::{Client, Compare, RequestOp, TxnRequest, call};
 use super::view::{self, View};
-use crate::Gateway;
 use crate::routing::guard::Trip;
 use crate::telemetry;
 use serde::{Deserialize, Serialize};
@@ -69,7 +69,7 @@ impl Shared {
     pub(super) async fn publish(
         &mut self,
         cluster: &Cluster,
-        gateway: &Gateway,
+        gateway: &impl Host,
         client: &mut Client,
     ) -> Result<(), String> {
         self.publish_trips(cluster, gateway, client).await?;
@@ -77,7 +77,7 @@ impl Shared {
     }
 
     /// Brings local state in line with the view: the limits' share, trips, sizes.
-    pub(super) fn apply(&mut self, cluster: &Cluster, gateway: &Gateway) {
+    pub(super) fn apply(&mut self, cluster: &Cluster, gateway: &impl Host) {
         let view = cluster.view();
         let replicas = view.replicas().len().max(1);
         gateway
@@ -111,7 +111,7 @@ impl Shared {
     async fn publish_trips(
         &mut self,
         cluster: &Cluster,
-        gateway: &Gateway,
+        gateway: &impl Host,
         client: &mut Client,
     ) -> Result<(), String> {
         let live = gateway.live();
@@ -162,7 +162,7 @@ impl Shared {
     async fn publish_sizes(
         &mut self,
         cluster: &Cluster,
-        gateway: &Gateway,
+        gateway: &impl Host,
         client: &mut Client,
     ) -> Result<(), String> {
         for (model, bytes) in gateway.placement().estimator().learned() {
@@ -187,14 +187,14 @@ impl Shared {
 
 /// The route's config as written, which a trip record carries to tell whether another
 /// replica runs the same route.
-fn route_config(live: &crate::pipeline::Live, route: &str) -> Option<serde_json::Value> {
+fn route_config(live: &crate::live::Live, route: &str) -> Option<serde_json::Value> {
     let config = live.config.routes.iter().find(|r| r.model == route)?;
     serde_json::to_value(config).ok()
 }
 
 /// Switches off every canary the registry holds a trip for, where this replica runs the
 /// same route config the trip was made under.
-fn apply_trips(view: &View, gateway: &Gateway) {
+fn apply_trips(view: &View, gateway: &impl Host) {
     let live = gateway.live();
     for (_, entry) in view.under(view::TRIPS) {
         let Ok(record) = serde_json::from_slice::<TripRecord>(&entry.value) else {

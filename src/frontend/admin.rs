@@ -3,8 +3,8 @@
 //! It has the same edge as the KServe listener: request ids and one access-log line each.
 
 use super::http::{Gate, allow, around, decoded, segments};
-use crate::Gateway;
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::Method;

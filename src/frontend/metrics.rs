@@ -2,7 +2,7 @@
 //! series too, labelled by backend, unless `telemetry.merge_backend_metrics` is off), and the
 //! backends' series alone at `/metrics/backends`.
 
-use crate::Gateway;
+use crate::gateway::Gateway;
 use crate::upstream::metrics_scrape;
 use axum::Router;
 use axum::extract::State;

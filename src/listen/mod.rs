@@ -98,12 +98,12 @@ pub enum Answers {
     Router(axum::Router),
     /// A front-end's own edge and endpoints over the gateway (the KServe HTTP and admin
     /// listeners): one boxed future per request, no router in between.
-    Edge(crate::Gateway, Answer),
+    Edge(crate::gateway::Gateway, Answer),
 }
 
 /// A front-end's answer to one request (`frontend::http::serve`, `frontend::admin::serve`).
 pub type Answer = fn(
-    crate::Gateway,
+    crate::gateway::Gateway,
     axum::extract::Request,
 ) -> std::pin::Pin<Box<dyn Future<Output = axum::response::Response> + Send>>;
 

@@ -4,11 +4,10 @@
 //! tenant and outcome. Both read the request's own config snapshot.
 
 use super::RequestCtx;
-use crate::auth::{Access, Admission, Auth, Credentials, Decision, Identity};
+use crate::auth::{Access, Admission, Auth, Caller, Credentials, Decision};
 use crate::error::GatewayError;
 use crate::telemetry;
 use foldhash::HashMap;
-use std::borrow::Cow;
 use std::sync::{Arc, LazyLock, RwLock};
 
 /// The headers (HTTP) and metadata keys (gRPC) that carry a credential: read here, and
@@ -75,42 +74,6 @@ pub fn model(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
 pub fn admin(ctx: &mut RequestCtx, what: &'static str) -> Result<(), GatewayError> {
     ctx.admission = admit(&ctx.live.auth, &ctx.caller, Access::Admin(what))?;
     Ok(())
-}
-
-/// Who is calling.
-#[derive(Clone, Debug)]
-pub enum Caller {
-    /// Authentication is off (`auth.mode = "none"`): anyone may do anything.
-    Open,
-    /// A verified identity.
-    Known(Arc<Identity>),
-}
-
-impl Caller {
-    /// The caller's tenant, for logs.
-    pub fn tenant(&self) -> Option<&Arc<str>> {
-        match self {
-            Self::Open => None,
-            Self::Known(identity) => Some(&identity.tenant),
-        }
-    }
-
-    /// Whether the caller may choose a route's target with `infergate-target`: with auth
-    /// off anyone may; with auth on only the admin role.
-    pub fn may_pin(&self) -> bool {
-        match self {
-            Self::Open => true,
-            Self::Known(identity) => identity.admin,
-        }
-    }
-
-    /// A claim of the caller's verified token (for `sticky = "claim:NAME"`).
-    pub fn claim(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        match self {
-            Self::Open => None,
-            Self::Known(identity) => identity.claim(name),
-        }
-    }
 }
 
 /// Counts a decision in `infergate_auth_decisions_total`. Every request is counted, so each

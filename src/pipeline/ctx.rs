@@ -4,14 +4,14 @@
 //! reload landing mid-request never authenticates a request with one config and routes it
 //! with another.
 
-use super::Live;
-use super::Routed;
-use super::admit::Caller;
-use crate::Gateway;
 use crate::auth::Admission;
+use crate::auth::Caller;
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
+use crate::live::Live;
 use crate::model::{Ask, ModelRef, Served};
 use crate::placement::{Lease, SequenceRef};
+use crate::routing::Routed;
 use http::HeaderValue;
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,8 +8,8 @@
 use super::finish::{self, Answered, Ending};
 use super::series::{InFlightGauge, Protocol};
 use super::{RequestCtx, request_id};
-use crate::Gateway;
 use crate::error::ErrorKind;
+use crate::gateway::Gateway;
 use crate::model::Served;
 use crate::trace::RequestTrace;
 use http::HeaderValue;

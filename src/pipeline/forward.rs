@@ -9,10 +9,11 @@
 //! the books, the request is placed again and sent once more. Only once: a second refusal is
 //! the answer.
 
-use super::{RequestCtx, Routed, mirror, place};
+use super::{RequestCtx, place};
 use crate::error::GatewayError;
 use crate::model::ModelRef;
 use crate::placement::SequenceRef;
+use crate::routing::{Routed, Shadow};
 use crate::upstream::Backend;
 use std::sync::Arc;
 
@@ -37,11 +38,7 @@ pub(crate) trait Wire {
     async fn validate(&mut self, ctx: &RequestCtx, on: Placed<'_>) -> Result<(), GatewayError>;
 
     /// Sends copies of the request to the route's mirrors (shadow traffic).
-    async fn mirror(
-        &mut self,
-        ctx: &RequestCtx,
-        shadow: mirror::Shadow,
-    ) -> Result<(), GatewayError>;
+    async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError>;
 
     /// Sends the request to `backend`, keeping what a second send needs.
     async fn send(

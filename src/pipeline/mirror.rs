@@ -4,31 +4,20 @@
 //! and when too many are already in flight a copy is dropped (and counted) rather than
 //! queued.
 
-use crate::Gateway;
+use crate::gateway::Gateway;
 use crate::model::ModelRef;
+use crate::routing::Shadow;
 use crate::telemetry;
 use crate::upstream::Backend;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
-use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// Copies in flight at most, across the process: a slow mirror costs memory for the bodies
 /// it holds, never the clients' requests.
 const MAX_IN_FLIGHT: usize = 64;
 
 static IN_FLIGHT: Semaphore = Semaphore::const_new(MAX_IN_FLIGHT);
-
-/// The mirror targets one request is copied to (`Routed::shadow` makes one).
-pub struct Shadow {
-    /// The route the client called.
-    pub route: String,
-    /// The mirror targets drawn for this request.
-    pub mirrors: Vec<ModelRef>,
-    /// Held by each copy until it has placed its target, as the client's request holds it:
-    /// a reload that drops a mirror waits for its copies before unloading it.
-    pub resolved: Option<TaskTrackerToken>,
-}
 
 /// Sends a copy of the request to each mirror, each in a task of its own: its target is
 /// placed like any model (it may be loaded for this), then `send` (the front-end's: the

@@ -19,8 +19,6 @@ mod ctx;
 pub mod edge;
 pub mod finish;
 pub mod forward;
-pub mod hold;
-mod live;
 pub mod mirror;
 mod place;
 pub mod repository;
@@ -30,14 +28,13 @@ pub mod series;
 pub mod server_metadata;
 pub mod statistics;
 
-pub use admit::Caller;
 pub use ctx::{RequestCtx, request_id};
 pub(crate) use forward::{Sent, Wire};
-pub use live::Live;
 pub use place::{Local, Placing, place};
-pub use route::{PIN_HEADER, RouteTable, Routed, Tally, route};
+pub use route::route;
 
 use crate::model::Ask;
+use crate::routing::Routed;
 
 use crate::error::GatewayError;
 

@@ -1,8 +1,8 @@
 //! The pool seen as one model repository, for every front-end: the merged index, and the
 //! fan-out that asks every ready backend the same control question.
 
-use crate::Gateway;
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use crate::upstream::{Backend, ModelEntry, TritonClient, TritonError};
 use bytes::Bytes;
 use http::StatusCode;

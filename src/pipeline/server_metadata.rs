@@ -4,32 +4,16 @@
 //! extensions that work through the gateway. The gateway names itself elsewhere: in the
 //! `server` header and on the admin API.
 
-use crate::Gateway;
+use crate::gateway::Gateway;
 use crate::protocol::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::upstream::TritonClient;
-use arc_swap::ArcSwapOption;
-use serde::{Deserialize, Serialize};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use crate::upstream::identity::ServerMetadata;
+use serde::Deserialize;
+use std::time::Duration;
 
 /// How long a backend's identity is used before it is read again, so a pool upgraded one
 /// Triton at a time reports the new version within a minute.
 const REFRESH_AFTER: Duration = Duration::from_secs(60);
-
-/// A server's name, version and protocol extensions, as server metadata carries them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ServerMetadata {
-    /// `triton` from a Triton backend, or `server.name`.
-    pub name: String,
-    /// The backend's version (Triton's release, e.g. `2.51.0`).
-    pub version: String,
-    /// In the backend's order.
-    pub extensions: Vec<String>,
-}
-
-/// The identity last read from a backend, shared by both front-ends.
-#[derive(Default)]
-pub struct IdentityCache(ArcSwapOption<(Instant, ServerMetadata)>);
 
 /// A backend's `GET /v2`.
 #[derive(Deserialize)]
@@ -60,8 +44,8 @@ pub async fn server_metadata(gateway: &Gateway) -> ServerMetadata {
 /// The backends' identity: from the cache while it is fresh, else read from the first ready
 /// backend that answers (the stale entry when none does); `None` before any has answered.
 pub async fn backends_identity(gateway: &Gateway) -> Option<ServerMetadata> {
-    let cache = &gateway.server_identity().0;
-    let cached = cache.load_full();
+    let cache = gateway.server_identity();
+    let cached = cache.last();
     if let Some(entry) = &cached
         && entry.0.elapsed() < REFRESH_AFTER
     {
@@ -69,7 +53,7 @@ pub async fn backends_identity(gateway: &Gateway) -> Option<ServerMetadata> {
     }
     match read_from_backends(gateway).await {
         Some(fresh) => {
-            cache.store(Some(Arc::new((Instant::now(), fresh.clone()))));
+            cache.keep(fresh.clone());
             Some(fresh)
         }
         None => cached.map(|entry| entry.1.clone()),

@@ -8,8 +8,8 @@
 //! `batch_size` and rows of `memory_usage` per `type` and `id`. A copy that is unloaded takes
 //! its counts with it, as an unload does on Triton.
 
-use crate::Gateway;
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use crate::model::{Ask, ModelRef};
 use crate::pipeline::repository::{ask_all, ready_backends};
 use crate::upstream::Backend;

@@ -8,10 +8,12 @@
 //! gateway replica sends a key to the same target.
 
 pub mod guard;
+mod table;
 
 pub use guard::Guard;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+pub use table::{PIN_HEADER, RouteTable, Routed, Shadow, Tally};
 
 /// One place a route can send a request.
 #[derive(Clone, Debug, PartialEq)]

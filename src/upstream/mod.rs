@@ -7,6 +7,7 @@ mod ejection;
 mod failure;
 pub mod grpc;
 mod health;
+pub mod identity;
 mod index;
 mod load_queue;
 pub mod metrics_scrape;

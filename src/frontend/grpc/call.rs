@@ -8,14 +8,16 @@
 //! answer CANCELLED), and turns tonic's OUT_OF_RANGE for an oversized request message into
 //! RESOURCE_EXHAUSTED with a message naming the setting.
 
-use crate::Gateway;
+use crate::auth::Caller;
 use crate::error::{ErrorKind, GatewayError, grpc_status_class};
 use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
+use crate::gateway::Gateway;
+use crate::live::Live;
 use crate::model::Served;
 use crate::pipeline::edge::{Arrival, Edge};
 use crate::pipeline::finish::{self, Answered, Ending};
 use crate::pipeline::series::Protocol;
-use crate::pipeline::{Caller, Live, RequestCtx, request_id};
+use crate::pipeline::{RequestCtx, request_id};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;

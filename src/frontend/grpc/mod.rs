@@ -14,8 +14,8 @@ mod stream;
 mod validate;
 mod wire;
 
-use crate::Gateway;
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use crate::model::Ask;
 use crate::pipeline::admit;
 use crate::pipeline::repository::{self, Index};

@@ -8,8 +8,8 @@
 //! they came, and Triton answers them: never refuse what Triton would accept. An input or
 //! output in shared memory is refused, as on HTTP: no Triton behind a gateway has the region.
 
-use crate::Gateway;
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use crate::model::ModelRef;
 use crate::protocol::inference::ModelInferRequest;
 use crate::upstream::Backend;

@@ -2,9 +2,9 @@
 //! pipeline's `Edge` (which builds the request's one `RequestCtx`), the admit phase, and
 //! the answer's headers (request id, server, route target) before `Edge::end` records it.
 
-use crate::Gateway;
 use crate::error::GatewayError;
 use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
+use crate::gateway::Gateway;
 use crate::pipeline::RequestCtx;
 use crate::pipeline::admit;
 use crate::pipeline::edge::{Arrival, Edge};

@@ -12,8 +12,8 @@ mod wire;
 pub(crate) use edge::{Gate, around};
 pub(crate) use endpoint::{allow, decoded, segments};
 
-use crate::Gateway;
 use crate::error::{GatewayError, www_authenticate};
+use crate::gateway::Gateway;
 use crate::model::{Ask, Served};
 use crate::pipeline::admit;
 use crate::pipeline::repository::{self, Index};
@@ -30,7 +30,7 @@ use wire::HttpWire;
 
 /// Every request on the KServe listener, as the listener calls it.
 pub(crate) fn serve(
-    gateway: crate::Gateway,
+    gateway: crate::gateway::Gateway,
     request: Request,
 ) -> Pin<Box<dyn Future<Output = Response> + Send>> {
     Box::pin(async move {
@@ -118,7 +118,7 @@ async fn model_statistics(
 ) -> Result<Response, GatewayError> {
     let header = |name: &str| headers.get(name).map(|v| v.as_bytes());
     let answer = pipeline::model_statistics(ctx, header).await;
-    ctx.serving = ctx.routed.as_ref().map(pipeline::Routed::served);
+    ctx.serving = ctx.routed.as_ref().map(crate::routing::Routed::served);
     Ok(statistics_response(answer?))
 }
 

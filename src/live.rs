@@ -2,8 +2,8 @@
 //! (`crate::reload`) builds a new one and swaps it whole; a request in flight keeps the one
 //! it started with.
 
-use super::RouteTable;
 use crate::config::{Config, ConfigErrors};
+use crate::routing::RouteTable;
 use std::sync::Arc;
 use std::time::SystemTime;
 
