@@ -26,7 +26,6 @@ mod place;
 pub mod repository;
 mod route;
 pub mod sequence;
-pub mod series;
 pub mod server_metadata;
 pub mod statistics;
 
