@@ -22,6 +22,7 @@ mod placement;
 pub mod protocol;
 mod reload;
 mod routing;
+mod services;
 mod telemetry;
 mod tls;
 mod trace;
@@ -90,7 +91,7 @@ struct Inner {
     /// The listeners' certificates (and client CAs), when `[listen.tls]` is set.
     tls: Option<Arc<tls::ServerTls>>,
     /// What the backends say about themselves, for server metadata.
-    server_identity: pipeline::server_metadata::IdentityCache,
+    server_identity: services::server_metadata::IdentityCache,
     /// Membership in the replicas' registry, with `[cluster]`.
     cluster: Option<Arc<cluster::Cluster>>,
     /// DNS groups' resolver and the addresses it last found.
@@ -156,7 +157,7 @@ impl Gateway {
     }
 
     /// The backends' identity last read, for server metadata.
-    pub fn server_identity(&self) -> &pipeline::server_metadata::IdentityCache {
+    pub fn server_identity(&self) -> &services::server_metadata::IdentityCache {
         &self.inner.server_identity
     }
 
