@@ -83,6 +83,14 @@ pub enum GatewayError {
     /// gateway's, so it is neither logged nor counted as the gateway's error.
     #[error("{}", .0.message())]
     Backend(tonic::Status),
+    /// A backend's refusal of a control question the gateway asked on its client's behalf
+    /// (statistics, the repository index), passed on as the backend worded it: the status
+    /// Triton's control API answered with and its message. Like `Backend`, the backend's
+    /// answer rather than the gateway's failure; each front-end writes it as Triton's own
+    /// server of that protocol would (the status with `{"error": ...}`, or the gRPC code
+    /// Triton's gRPC server gives the same failure).
+    #[error("{message}")]
+    BackendRefused { status: StatusCode, message: String },
     /// The request is malformed in a way the gateway can tell.
     #[error("{0}")]
     BadRequest(String),
@@ -231,7 +239,8 @@ impl GatewayError {
             | Self::UpstreamTimeout { .. }
             | Self::UpstreamFailed { .. }
             | Self::SequenceLost { .. }
-            | Self::Backend(_) => ErrorSource::Upstream,
+            | Self::Backend(_)
+            | Self::BackendRefused { .. } => ErrorSource::Upstream,
             Self::ShuttingDown | Self::NotJoined | Self::RegistryUnreachable { .. } => {
                 ErrorSource::Gateway
             }
@@ -270,7 +279,7 @@ impl GatewayError {
             Self::Unauthenticated { .. } => "unauthenticated",
             Self::Forbidden { .. } => "forbidden",
             Self::RateLimited { .. } => "rate_limited",
-            Self::Backend(_) => "backend",
+            Self::Backend(_) | Self::BackendRefused { .. } => "backend",
         }
     }
 
@@ -329,6 +338,7 @@ impl GatewayError {
             // must start over one level up (a new sequence).
             Self::SequenceLost { .. } => (StatusCode::CONFLICT, Code::Aborted),
             Self::Backend(status) => (http_status_of(status.code()), status.code()),
+            Self::BackendRefused { status, .. } => (*status, grpc_code_of(*status)),
         }
     }
 
@@ -352,11 +362,13 @@ impl GatewayError {
     /// `retry-after` metadata on gRPC): every 503 and 429 the gateway answers itself but a
     /// model that is not loaded, which no wait will change (Triton sends none either).
     pub fn retries_after(&self) -> bool {
-        !matches!(self, Self::NotLoaded { .. } | Self::Backend(_))
-            && matches!(
-                self.http_status(),
-                StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
-            )
+        !matches!(
+            self,
+            Self::NotLoaded { .. } | Self::Backend(_) | Self::BackendRefused { .. }
+        ) && matches!(
+            self.http_status(),
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        )
     }
 
     /// Seconds a client should wait before retrying a 503.
@@ -372,7 +384,7 @@ impl GatewayError {
     /// What the log line and the error counter say of a failure the gateway answered
     /// itself; `None` for a backend's own answer passed through, which is the backend's.
     pub fn report(&self) -> Option<ErrorKind> {
-        if let Self::Backend(_) = self {
+        if let Self::Backend(_) | Self::BackendRefused { .. } = self {
             return None;
         }
         Some(ErrorKind {
@@ -382,14 +394,15 @@ impl GatewayError {
         })
     }
 
-    /// A backend's error answer over HTTP (`{"error": "..."}` with its status), passed
-    /// through to a gRPC client as the status Triton's gRPC server gives the same failure.
+    /// A backend's refusal over Triton's HTTP control API (`{"error": "..."}` with its
+    /// status), to pass on to any client (`BackendRefused`): the body's `error`, or the whole
+    /// body when it has none, with the status it came with.
     pub fn from_backend_http(status: StatusCode, body: &[u8]) -> Self {
         let message = serde_json::from_slice::<serde_json::Value>(body)
             .ok()
             .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
             .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
-        Self::Backend(tonic::Status::new(grpc_code_of(status), message))
+        Self::BackendRefused { status, message }
     }
 }
 
@@ -676,6 +689,24 @@ mod tests {
                 Upstream,
             ),
             (
+                GatewayError::BackendRefused {
+                    status: StatusCode::BAD_REQUEST,
+                    message: "requested model 'm' is not available".into(),
+                },
+                400,
+                InvalidArgument,
+                Upstream,
+            ),
+            (
+                GatewayError::BackendRefused {
+                    status: StatusCode::CONFLICT,
+                    message: "busy".into(),
+                },
+                409,
+                Internal,
+                Upstream,
+            ),
+            (
                 GatewayError::Unauthenticated {
                     reason: "token expired".into(),
                 },
@@ -705,7 +736,10 @@ mod tests {
             assert_eq!(error.http_status().as_u16(), status, "{error:?}");
             assert_eq!(error.grpc_code(), code, "{error:?}");
             assert_eq!(error.origin(), source, "{error:?}");
-            let passed_through = matches!(error, GatewayError::Backend(_));
+            let passed_through = matches!(
+                error,
+                GatewayError::Backend(_) | GatewayError::BackendRefused { .. }
+            );
             assert_eq!(
                 error.retries_after(),
                 (status == 503 || status == 429) && !passed_through,
@@ -802,11 +836,14 @@ mod tests {
             GatewayError::from_backend_http(StatusCode::BAD_REQUEST, br#"{"error":"bad index"}"#);
         assert_eq!(refused.grpc_code(), InvalidArgument);
         assert_eq!(refused.to_string(), "bad index");
+        // HTTP answers with Triton's own status, whatever the gRPC code it maps to.
+        assert_eq!(refused.http_status(), StatusCode::BAD_REQUEST);
         let refused = GatewayError::from_backend_http(StatusCode::BAD_GATEWAY, b"oops");
         assert_eq!(
             (refused.grpc_code(), refused.to_string()),
             (Internal, "oops".into())
         );
+        assert_eq!(refused.http_status(), StatusCode::BAD_GATEWAY);
     }
 
     #[test]

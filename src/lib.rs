@@ -27,6 +27,7 @@ pub mod protocol;
 mod reload;
 mod routing;
 mod run;
+mod services;
 mod telemetry;
 mod tls;
 mod trace;

@@ -121,7 +121,7 @@ async fn server(gateway: &Gateway) -> serde_json::Value {
     serde_json::json!({
         "name": crate::protocol::SERVER_NAME,
         "version": crate::protocol::SERVER_VERSION,
-        "reported": crate::pipeline::server_metadata::server_metadata(gateway).await,
+        "reported": crate::services::server_metadata::server_metadata(gateway).await,
     })
 }
 

@@ -6,11 +6,11 @@
 //! `Arrival` and say how they answered.
 
 use super::finish::{self, Answered, Ending};
-use super::series::{InFlightGauge, Protocol};
 use super::{RequestCtx, request_id};
 use crate::error::ErrorKind;
 use crate::gateway::Gateway;
 use crate::model::Served;
+use crate::telemetry::series::{InFlightGauge, Protocol};
 use crate::trace::RequestTrace;
 use http::HeaderValue;
 use tracing::Span;

@@ -6,9 +6,9 @@
 //! gateway answered itself.
 
 use super::RequestCtx;
-use super::series::{Protocol, RequestSeries};
 use crate::error::{ErrorKind, ErrorSource};
 use crate::telemetry;
+use crate::telemetry::series::{Protocol, RequestSeries};
 use crate::trace::RequestTrace;
 use std::time::Duration;
 

@@ -21,12 +21,8 @@ pub mod finish;
 pub mod forward;
 pub mod mirror;
 mod place;
-pub mod repository;
 mod route;
 pub mod sequence;
-pub mod series;
-pub mod server_metadata;
-pub mod statistics;
 
 pub use ctx::{RequestCtx, request_id};
 pub(crate) use forward::{Sent, Wire};
@@ -41,7 +37,7 @@ use crate::error::GatewayError;
 /// Every request about one model, in order: admit it for the model it names, route it,
 /// read what placement needs, place it, validate an inference and copy it to the route's
 /// mirrors, forward it; then the guard counts the answer. Statistics are read from every
-/// copy instead (`statistics`).
+/// copy instead (`services::statistics`).
 pub(crate) async fn serve<W: Wire>(
     ctx: &mut RequestCtx,
     wire: &mut W,
@@ -79,16 +75,4 @@ async fn placed<W: Wire>(ctx: &mut RequestCtx, wire: &mut W) -> Result<W::Answer
         }
     }
     forward::forward(ctx, wire).await
-}
-
-/// A model's statistics: admitted and routed like any model request, then summed over the
-/// copies that serve the target (`statistics::of_model`).
-pub async fn model_statistics<'h>(
-    ctx: &mut RequestCtx,
-    header: impl Fn(&str) -> Option<&'h [u8]>,
-) -> Result<statistics::Statistics, GatewayError> {
-    admit::model(ctx)?;
-    route(ctx, header)?;
-    let target = &ctx.routed.as_ref().expect("routed").target;
-    statistics::of_model(&ctx.gateway, target).await
 }

@@ -2,7 +2,7 @@
 //! the gRPC types generated from `proto/` by build.rs.
 
 /// The gateway's own name (the `server` header, the admin API). Server metadata reports the
-/// backends' name instead (`pipeline::server_metadata`), as clients check for Triton's.
+/// backends' name instead (`services::server_metadata`), as clients check for Triton's.
 pub const SERVER_NAME: &str = "infergate";
 
 /// The gateway's own version.

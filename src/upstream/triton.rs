@@ -122,6 +122,17 @@ impl TritonError {
         }
     }
 
+    /// What the client of a question the gateway asked for it (statistics, the repository
+    /// index) is told of this failure: Triton's refusal passed on, its status and its
+    /// message (`GatewayError::from_backend_http`); a call that got no usable answer is the
+    /// gateway's failure, naming the backend.
+    pub fn passed_on(self) -> GatewayError {
+        match self.refusal() {
+            Ok((status, body)) => GatewayError::from_backend_http(status, &body),
+            Err(error) => error,
+        }
+    }
+
     /// Triton's refusal (status and body), to pass on to the client as Triton wrote it; a
     /// call that got no usable answer is the gateway's `GatewayError`, naming the backend.
     pub fn refusal(self) -> Result<(StatusCode, Bytes), GatewayError> {
@@ -234,12 +245,12 @@ impl<'a> TritonClient<'a> {
     }
 
     /// `GET /v2/models/{model}[/versions/{version}]/stats`, or `GET /v2/models/stats` for
-    /// every model when `model` is `None`: Triton's `{"model_stats": [...]}`, for the
-    /// gateway to sum over copies.
-    pub async fn model_statistics(
+    /// every model when `model` is `None`: Triton's `{"model_stats": [...]}`, read into the
+    /// caller's `T` (the statistics service's typed rows, which it sums over copies).
+    pub async fn model_statistics<T: DeserializeOwned>(
         &self,
         model: Option<(&str, Option<&str>)>,
-    ) -> Result<serde_json::Value, TritonError> {
+    ) -> Result<T, TritonError> {
         let path = match model {
             Some((name, version)) => model_path(name, version, "/stats"),
             None => "/v2/models/stats".into(),
@@ -409,10 +420,12 @@ mod tests {
         triton.model_metadata(name, version).await.unwrap();
         triton.model_config(name, None).await.unwrap();
         triton
-            .model_statistics(Some((name, version)))
+            .model_statistics::<serde_json::Value>(Some((name, version)))
             .await
             .unwrap();
-        triton.model_statistics(None).await.unwrap();
+        (triton.model_statistics::<serde_json::Value>(None))
+            .await
+            .unwrap();
         assert_eq!(
             triton.metrics_text().await.unwrap().unwrap(),
             r#"{"model_stats": []}"#
@@ -492,7 +505,9 @@ mod tests {
                 .starts_with("repository index is not valid JSON: "),
             "{error}"
         );
-        let error = triton.model_statistics(None).await.unwrap_err();
+        let error = (triton.model_statistics::<serde_json::Value>(None))
+            .await
+            .unwrap_err();
         match error.refusal() {
             Err(GatewayError::UpstreamFailed { backend, reason }) => {
                 assert_eq!(backend, "b");

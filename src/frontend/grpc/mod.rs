@@ -10,6 +10,7 @@
 //! timeout of tonic's would.
 
 mod call;
+mod services;
 mod stream;
 mod validate;
 mod wire;
@@ -18,16 +19,14 @@ use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::model::Ask;
 use crate::pipeline::admit;
-use crate::pipeline::repository::{self, Index};
-use crate::pipeline::statistics::{self, Statistics};
-use crate::pipeline::{self, RequestCtx, server_metadata};
+use crate::pipeline::{self, RequestCtx};
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
 };
-use crate::protocol::inference::repository_index_response::ModelIndex;
 use crate::protocol::inference::*;
+use crate::services::repository::{self, IndexRequest};
+use crate::services::{server_metadata, statistics};
 use crate::upstream::grpc::InferenceClient;
-use bytes::Bytes;
 use call::Call;
 use std::future::Future;
 use std::time::Duration;
@@ -271,11 +270,7 @@ impl GrpcInferenceService for InferenceService {
             .run(&mut ctx, async |ctx| {
                 admit::authenticate(ctx, &mut metadata, call.peer()).await?;
                 let ours = server_metadata::server_metadata(&ctx.gateway).await;
-                Ok(Response::new(ServerMetadataResponse {
-                    name: ours.name,
-                    version: ours.version,
-                    extensions: ours.extensions,
-                }))
+                Ok(Response::new(ServerMetadataResponse::from(ours)))
             })
             .await;
         call.finish(outcome)
@@ -371,27 +366,13 @@ impl GrpcInferenceService for InferenceService {
                     admit::authenticate(ctx, &mut metadata, call.peer()).await?;
                     ctx.about(requested, Ask::Statistics);
                     let header = |name: &str| metadata.get(name).map(|v| v.as_bytes());
-                    let answer = pipeline::model_statistics(ctx, header).await;
+                    let answer = statistics::of_routed(ctx, header).await;
                     if let Some(routed) = &ctx.routed {
                         call.served(routed.served());
                     }
                     answer?
                 };
-                match answer {
-                    Statistics::Merged(value) => json_message::<ModelStatisticsResponse>(
-                        "inference.ModelStatisticsResponse",
-                        &value,
-                    )
-                    .map(Response::new)
-                    .map_err(|reason| {
-                        GatewayError::Backend(Status::internal(format!(
-                            "statistics cannot be written as protobuf: {reason}"
-                        )))
-                    }),
-                    Statistics::Refused { status, body } => {
-                        Err(GatewayError::from_backend_http(status, &body))
-                    }
-                }
+                Ok(Response::new(ModelStatisticsResponse::from(answer)))
             })
             .await;
         call.finish(outcome)
@@ -406,23 +387,9 @@ impl GrpcInferenceService for InferenceService {
             ("RepositoryIndex", "the repository API"),
             request,
             async |message| {
-                let body = serde_json::json!({ "ready": message.ready }).to_string();
-                match repository::index(gateway, Bytes::from(body)).await? {
-                    Index::Merged(rows) => Ok(RepositoryIndexResponse {
-                        models: rows
-                            .into_iter()
-                            .map(|row| ModelIndex {
-                                name: row.name,
-                                version: row.version.unwrap_or_default(),
-                                state: row.state.unwrap_or_default(),
-                                reason: row.reason.unwrap_or_default(),
-                            })
-                            .collect(),
-                    }),
-                    Index::Refused { status, body } => {
-                        Err(GatewayError::from_backend_http(status, &body))
-                    }
-                }
+                let request = IndexRequest::Ready(message.ready);
+                let rows = repository::index(gateway, &request).await?;
+                Ok(services::repository_index(rows))
             },
         )
         .await
@@ -560,59 +527,5 @@ impl GrpcInferenceService for InferenceService {
             Call::start(&self.gateway, "LogSettings", &request),
             "log",
         ))
-    }
-}
-
-/// Triton's JSON for a message (its HTTP answer) as the gRPC message: the field names are
-/// the proto's, so one reading of Triton's answers serves both front-ends (statistics summed
-/// over copies, a model's description).
-pub(super) fn json_message<T: prost::Message + Default>(
-    name: &str,
-    value: &serde_json::Value,
-) -> Result<T, String> {
-    use prost::Message as _;
-    use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage};
-    static POOL: std::sync::OnceLock<DescriptorPool> = std::sync::OnceLock::new();
-    let pool = POOL.get_or_init(|| {
-        DescriptorPool::decode(FILE_DESCRIPTOR_SET).expect("build.rs writes a valid descriptor set")
-    });
-    let schema = pool
-        .get_message_by_name(name)
-        .ok_or_else(|| format!("no message {name} in the descriptor set"))?;
-    let options = DeserializeOptions::new().deny_unknown_fields(false);
-    let message = DynamicMessage::deserialize_with_options(schema, value, &options)
-        .map_err(|e| e.to_string())?;
-    T::decode(message.encode_to_vec().as_slice()).map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn statistics_json_becomes_the_grpc_message() {
-        let json = serde_json::json!({"model_stats": [{
-            "name": "m", "version": "1", "last_inference": 1796156218584u64,
-            "inference_count": 3, "execution_count": 3,
-            "inference_stats": {"success": {"count": 3, "ns": 21016483}},
-            "response_stats": {},
-            "batch_stats": [{"batch_size": 1, "compute_infer": {"count": 3, "ns": 9}}],
-            "memory_usage": [], "some_future_field": true
-        }]});
-        let message: ModelStatisticsResponse =
-            json_message("inference.ModelStatisticsResponse", &json).unwrap();
-        let row = &message.model_stats[0];
-        assert_eq!((row.name.as_str(), row.version.as_str()), ("m", "1"));
-        assert_eq!(row.last_inference, 1796156218584);
-        assert_eq!(row.inference_count, 3);
-        let success = row
-            .inference_stats
-            .as_ref()
-            .unwrap()
-            .success
-            .as_ref()
-            .unwrap();
-        assert_eq!((success.count, success.ns), (3, 21016483));
-        assert_eq!(row.batch_stats[0].compute_infer.as_ref().unwrap().ns, 9);
     }
 }

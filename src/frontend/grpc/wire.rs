@@ -169,7 +169,7 @@ fn described<T: prost::Message + Default>(
     };
     serde_json::from_slice(&json)
         .map_err(|e| e.to_string())
-        .and_then(|value| super::json_message(name, &shape(value)))
+        .and_then(|value| json_message(name, &shape(value)))
         .map_err(|reason| {
             GatewayError::Backend(Status::internal(format!(
                 "the model's description cannot be written as protobuf: {reason}"
@@ -280,4 +280,27 @@ where
     fn unplaced(&mut self, error: GatewayError) -> Result<Response<Res>, GatewayError> {
         Res::unplaced(error).map(Response::new)
     }
+}
+
+/// Triton's JSON for a message (its HTTP answer) as the gRPC message: the field names are
+/// the proto's, so placement's descriptions of a model (its metadata and config, which it
+/// keeps as Triton's JSON) answer both front-ends without a second reading of their own.
+fn json_message<T: prost::Message + Default>(
+    name: &str,
+    value: &serde_json::Value,
+) -> Result<T, String> {
+    use prost::Message as _;
+    use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage};
+    static POOL: std::sync::OnceLock<DescriptorPool> = std::sync::OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        DescriptorPool::decode(crate::protocol::inference::FILE_DESCRIPTOR_SET)
+            .expect("build.rs writes a valid descriptor set")
+    });
+    let schema = pool
+        .get_message_by_name(name)
+        .ok_or_else(|| format!("no message {name} in the descriptor set"))?;
+    let options = DeserializeOptions::new().deny_unknown_fields(false);
+    let message = DynamicMessage::deserialize_with_options(schema, value, &options)
+        .map_err(|e| e.to_string())?;
+    T::decode(message.encode_to_vec().as_slice()).map_err(|e| e.to_string())
 }

@@ -9,7 +9,7 @@ use crate::pipeline::RequestCtx;
 use crate::pipeline::admit;
 use crate::pipeline::edge::{Arrival, Edge};
 use crate::pipeline::finish::Answered;
-use crate::pipeline::series::Protocol;
+use crate::telemetry::series::Protocol;
 use crate::tls::PeerIdentity;
 use crate::trace::TRACEPARENT;
 use axum::extract::Request;

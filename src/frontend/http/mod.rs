@@ -16,9 +16,9 @@ use crate::error::{GatewayError, www_authenticate};
 use crate::gateway::Gateway;
 use crate::model::{Ask, Served};
 use crate::pipeline::admit;
-use crate::pipeline::repository::{self, Index};
-use crate::pipeline::statistics::Statistics;
 use crate::pipeline::{self as pipeline, RequestCtx};
+use crate::services::repository::{self, IndexRequest};
+use crate::services::{server_metadata, statistics};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -61,7 +61,7 @@ async fn answer(
             }
         }
         Endpoint::ServerMetadata => {
-            let metadata = pipeline::server_metadata::server_metadata(&ctx.gateway).await;
+            let metadata = server_metadata::server_metadata(&ctx.gateway).await;
             Ok(axum::Json(metadata).into_response())
         }
         Endpoint::Live => Ok(StatusCode::OK.into_response()),
@@ -72,9 +72,7 @@ async fn answer(
         Endpoint::AllStatistics => {
             // Every model's statistics, including models the tenant may not use.
             admit::admin(ctx, "the statistics of all models")?;
-            Ok(statistics_response(
-                pipeline::statistics::of_all(&ctx.gateway).await?,
-            ))
+            Ok(json_answer(&statistics::of_all(&ctx.gateway).await?))
         }
         Endpoint::RepositoryIndex => {
             admit::admin(ctx, "the repository API")?;
@@ -117,19 +115,17 @@ async fn model_statistics(
     headers: &http::HeaderMap,
 ) -> Result<Response, GatewayError> {
     let header = |name: &str| headers.get(name).map(|v| v.as_bytes());
-    let answer = pipeline::model_statistics(ctx, header).await;
+    let answer = statistics::of_routed(ctx, header).await;
     ctx.serving = ctx.routed.as_ref().map(crate::routing::Routed::served);
-    Ok(statistics_response(answer?))
+    Ok(json_answer(&answer?))
 }
 
-fn statistics_response(answer: Statistics) -> Response {
-    match answer {
-        Statistics::Merged(value) => json_response(
-            StatusCode::OK,
-            Bytes::from(serde_json::to_vec(&value).expect("serializable")),
-        ),
-        Statistics::Refused { status, body } => json_response(status, body),
-    }
+/// A service's answer as a 200 with its JSON.
+fn json_answer(answer: &impl serde::Serialize) -> Response {
+    json_response(
+        StatusCode::OK,
+        Bytes::from(serde_json::to_vec(answer).expect("serializable")),
+    )
 }
 
 /// Reads a small control body (repository requests) within the body limit.
@@ -154,13 +150,8 @@ async fn repository_index(gateway: &Gateway, request: Request) -> Result<Respons
     } else {
         body
     };
-    match repository::index(gateway, body).await? {
-        Index::Merged(rows) => Ok(json_response(
-            StatusCode::OK,
-            Bytes::from(serde_json::to_vec(&rows).expect("serializable")),
-        )),
-        Index::Refused { status, body } => Ok(json_response(status, body)),
-    }
+    let rows = repository::index(gateway, &IndexRequest::Json(body)).await?;
+    Ok(json_answer(&rows))
 }
 
 /// Load and unload through placement: a load is placed like a cold request (room first,

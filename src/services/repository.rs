@@ -1,11 +1,11 @@
-//! The pool seen as one model repository, for every front-end: the merged index, and the
-//! fan-out that asks every ready backend the same control question.
+//! The pool seen as one model repository, for every front-end: the merged index, what a
+//! load's parameters ask for, and the fan-out that asks every ready backend the same
+//! control question.
 
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::upstream::{Backend, ModelEntry, TritonClient, TritonError};
 use bytes::Bytes;
-use http::StatusCode;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
@@ -81,39 +81,46 @@ where
     futures_util::future::join_all(calls).await
 }
 
-/// What the pool's repository index came to.
-#[derive(Debug)]
-pub enum Index {
-    /// One row per model and version, READY where any backend has it.
-    Merged(Vec<ModelEntry>),
-    /// A backend refused the question (a malformed body, say): its answer, to pass on.
-    Refused {
-        /// The backend's status.
-        status: StatusCode,
-        /// The backend's body (Triton's `{"error": "..."}`).
-        body: Bytes,
-    },
+/// What an index request asks of the repository, in the two forms clients send it.
+#[derive(Clone, Debug)]
+pub enum IndexRequest {
+    /// Only the models that are ready (`true`), or every model: gRPC's `ready` field.
+    Ready(bool),
+    /// A client's JSON body as it wrote it (`{"ready": true}`, say), given to every backend
+    /// unread so that Triton judges it, and words the refusal of a malformed one, as it
+    /// would answer the client directly.
+    Json(Bytes),
 }
 
-/// The pool's repository index: every ready backend's index (`body` is Triton's index
-/// request, e.g. `{"ready": true}`), merged.
-pub async fn index(gateway: &Gateway, body: Bytes) -> Result<Index, GatewayError> {
+impl IndexRequest {
+    /// The body of Triton's `POST /v2/repository/index`.
+    fn body(&self) -> Bytes {
+        match self {
+            Self::Ready(true) => Bytes::from_static(br#"{"ready":true}"#),
+            Self::Ready(false) => Bytes::from_static(br#"{"ready":false}"#),
+            Self::Json(body) => body.clone(),
+        }
+    }
+}
+
+/// The pool's repository index: every ready backend's index, merged (one row per model and
+/// version, READY where any backend has it). A backend's refusal of the request (a
+/// malformed body, say) is passed on as `GatewayError::BackendRefused`.
+pub async fn index(
+    gateway: &Gateway,
+    request: &IndexRequest,
+) -> Result<Vec<ModelEntry>, GatewayError> {
     let backends = ready_backends(gateway)?;
+    let body = request.body();
     let mut indexes = Vec::with_capacity(backends.len());
     let asked = ask_all(gateway, &backends, |triton| {
         let body = body.clone();
         async move { triton.repository_index(body).await }
     });
     for answer in asked.await {
-        match answer {
-            Ok(index) => indexes.push(index.into_entries()),
-            Err(error) => {
-                let (status, body) = error.refusal()?;
-                return Ok(Index::Refused { status, body });
-            }
-        }
+        indexes.push(answer.map_err(TritonError::passed_on)?.into_entries());
     }
-    Ok(Index::Merged(merge(indexes)))
+    Ok(merge(indexes))
 }
 
 /// Merges backends' indexes: one row per model and version, the READY row where any backend

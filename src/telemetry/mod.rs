@@ -1,6 +1,8 @@
 //! Metric names and logging setup, in one place: names are user interface (dashboards and
 //! alerts are built on them), so every one is declared and described here and nowhere else.
 
+pub mod series;
+
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::io::{BufWriter, Write};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
