@@ -29,6 +29,7 @@ pub mod sequence;
 pub mod series;
 pub mod server_metadata;
 pub mod statistics;
+mod validate;
 
 pub use admit::Caller;
 pub use ctx::{RequestCtx, request_id};
@@ -36,6 +37,7 @@ pub(crate) use forward::{Sent, Wire};
 pub use live::Live;
 pub use place::{Local, Placing, place};
 pub use route::{PIN_HEADER, RouteTable, Routed, Tally, route};
+pub(crate) use validate::validate;
 
 use crate::model::Ask;
 
@@ -76,7 +78,10 @@ async fn placed<W: Wire>(ctx: &mut RequestCtx, wire: &mut W) -> Result<W::Answer
             backend: &backend,
             model,
         };
-        wire.validate(ctx, on).await?;
+        validate(ctx, on, async |signature| {
+            wire.read(ctx, model, signature).await
+        })
+        .await?;
         if let Some(shadow) = ctx.routed.as_mut().and_then(Routed::shadow) {
             wire.mirror(ctx, shadow).await?;
         }

@@ -2,14 +2,17 @@
 //! the neutral `InferRequest`, with the checks Triton's HTTP front-end makes while reading:
 //! the JSON itself, each field's type, `data` against the shape and the datatype, binary
 //! sizes against the body. Steps, order and messages follow Triton 2.51's `http_server.cc`;
-//! none of them needs the model's signature.
+//! none of them needs the model's signature. `verdict` then checks what was read against it:
+//! the HTTP reader of the pipeline's `validate` phase.
 //!
 //! Nothing is copied: binary tensors become slices of the body (`Bytes::slice`), and JSON
 //! `data` is only counted and classified.
 
+use super::check::{check, check_raw};
 use super::datatype::DataType;
 use super::json::{self, ElementCheck, Kind, Value};
-use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData};
+use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData, Verdict};
+use super::signature::Signature;
 use bytes::Bytes;
 use foldhash::{HashSet, HashSetExt};
 
@@ -223,6 +226,22 @@ pub fn parse(
         }
     }
     Ok(Parsed::Request(request))
+}
+
+/// The verdict on a body as `parse` read it: a request is checked against `signature`, a
+/// raw binary body by its size (`check_raw`). Never `Incomplete`: read that again whole.
+pub fn verdict(
+    parsed: Result<Parsed, Rejection>,
+    body: BodyView<'_>,
+    signature: &Signature,
+) -> Verdict {
+    match parsed {
+        Ok(Parsed::Request(request)) => Verdict::of(check(&request, signature)),
+        Ok(Parsed::Raw) => Verdict::of(check_raw(body.length as u64, signature)),
+        Ok(Parsed::Unvalidated(why)) => Verdict::Unvalidated(why),
+        Ok(Parsed::Incomplete) => unreachable!("read again with the whole body"),
+        Err(rejection) => Verdict::Refused(rejection),
+    }
 }
 
 fn malformed(message: &str) -> Rejection {

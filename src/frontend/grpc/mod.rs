@@ -11,7 +11,6 @@
 
 mod call;
 mod stream;
-mod validate;
 mod wire;
 
 use crate::Gateway;

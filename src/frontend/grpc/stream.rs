@@ -32,11 +32,13 @@ use super::wire::ModelMessage;
 use crate::auth::Admission;
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
+use crate::pipeline::forward::Placed;
 use crate::pipeline::{self, Caller, RequestCtx, Tally, admit, finish};
 use crate::placement::Lease;
 use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
 use crate::upstream::Backend;
 use crate::upstream::grpc as upstream_grpc;
+use crate::validate::Signature;
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -287,7 +289,12 @@ impl Relay<'_> {
                     open.requests.clone(),
                     open.waiting.clone(),
                 );
-                if let Err(error) = message.validate(&ctx, &backend, &model).await {
+                let on = Placed {
+                    backend: &backend,
+                    model: &model,
+                };
+                let read = async |signature: &Signature| Ok(message.read(signature));
+                if let Err(error) = pipeline::validate(&ctx, on, read).await {
                     return self.refuse(&mut ctx, message, error).await;
                 }
                 if let Some(sequence) = &sequence {
@@ -319,7 +326,12 @@ impl Relay<'_> {
             self.call.served(ctx.served());
         }
         let lease = ctx.lease.take().expect("placed");
-        if let Err(error) = message.validate(&ctx, lease.backend(), &model).await {
+        let on = Placed {
+            backend: lease.backend(),
+            model: &model,
+        };
+        let read = async |signature: &Signature| Ok(message.read(signature));
+        if let Err(error) = pipeline::validate(&ctx, on, read).await {
             return self.refuse(&mut ctx, message, error).await;
         }
         self.open(ctx, model, lease, message).await;
