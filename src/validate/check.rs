@@ -593,7 +593,8 @@ mod tests {
             .collect()
     }
 
-    /// Every message below is what Triton 2.51 answered to the same request.
+    /// Every message below is what Triton 2.51 answered to the same request. Long: one list
+    /// of measured cases, each an assertion, reads better whole than split.
     #[test]
     fn names_problems_in_tritons_words() {
         let m = add_sub();

@@ -719,7 +719,8 @@ mod tests {
         assert_eq!(r.outputs, ["O"]);
     }
 
-    /// Every message below is what Triton 2.51 answered to the same body.
+    /// Every message below is what Triton 2.51 answered to the same body. Long: one list of
+    /// measured cases, each an assertion, reads better whole than split.
     #[test]
     fn refuses_what_tritons_reader_refuses_in_its_words() {
         assert_eq!(
