@@ -15,6 +15,7 @@ use crate::model::ModelRef;
 use crate::placement::SequenceRef;
 use crate::routing::{Routed, Shadow};
 use crate::upstream::Backend;
+use crate::validate::{Signature, Verdict};
 use std::sync::Arc;
 
 /// What a front-end does for the phases that touch its wire format. Everything else (the
@@ -33,9 +34,15 @@ pub(crate) trait Wire {
     /// body, within the body limit; gRPC from the message's parameters).
     async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError>;
 
-    /// The validate phase's reader: the request checked against the signature of the model
-    /// on the copy it was placed on (only an inference, with `validation.enabled`).
-    async fn validate(&mut self, ctx: &RequestCtx, on: Placed<'_>) -> Result<(), GatewayError>;
+    /// The validate phase's reader: reads the request in this wire's format and checks it
+    /// against `signature`, the signature of `model` on the copy it was placed on. The
+    /// phase (`validate`) decides whether to ask, and refuses and counts what this refuses.
+    async fn read(
+        &mut self,
+        ctx: &RequestCtx,
+        model: &ModelRef,
+        signature: &Signature,
+    ) -> Result<Verdict, GatewayError>;
 
     /// Sends copies of the request to the route's mirrors (shadow traffic).
     async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError>;

@@ -23,11 +23,13 @@ pub mod mirror;
 mod place;
 mod route;
 pub mod sequence;
+mod validate;
 
 pub use ctx::{RequestCtx, request_id};
 pub(crate) use forward::{Sent, Wire};
 pub use place::{Local, Placing, place};
 pub use route::route;
+pub(crate) use validate::validate;
 
 use crate::model::Ask;
 use crate::routing::Routed;
@@ -69,7 +71,10 @@ async fn placed<W: Wire>(ctx: &mut RequestCtx, wire: &mut W) -> Result<W::Answer
             backend: &backend,
             model,
         };
-        wire.validate(ctx, on).await?;
+        validate(ctx, on, async |signature| {
+            wire.read(ctx, model, signature).await
+        })
+        .await?;
         if let Some(shadow) = ctx.routed.as_mut().and_then(Routed::shadow) {
             wire.mirror(ctx, shadow).await?;
         }

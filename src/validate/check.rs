@@ -22,31 +22,12 @@ a batch dimension to be prepended to each input shape. If you want to specify th
 including the batch dim in your input dims config, try setting max_batch_size to zero. See the \
 model configuration docs for more info on max_batch_size.";
 
-/// Checks `request` against `signature`; the first problem found is the refusal.
+/// Checks `request` against `signature`; the first problem found is the refusal. Each step is
+/// one of Triton's, in Triton's order.
 pub fn check(request: &InferRequest, signature: &Signature) -> Result<(), Rejection> {
     let log = request.log_prefix();
-    let model = signature.name.as_str();
-
-    let mut names = HashSet::with_capacity(request.inputs.len());
-    for input in &request.inputs {
-        if !names.insert(input.name.as_str()) {
-            return Err(Rejection::new(
-                Reason::DuplicateInput,
-                format!("{log}input '{}' already exists in request", input.name),
-            ));
-        }
-    }
-
-    let mut outputs: Vec<&str> = request.outputs.iter().map(String::as_str).collect();
-    outputs.sort_unstable();
-    outputs.dedup();
-    if let Some(unknown) = outputs.iter().find(|o| !signature.has_output(o)) {
-        return Err(Rejection::new(
-            Reason::UnknownOutput,
-            format!("unexpected inference output '{unknown}' for model '{model}'"),
-        ));
-    }
-
+    let names = distinct_inputs(request, log)?;
+    known_outputs(request, signature)?;
     let order = iteration_order(
         &request
             .inputs
@@ -65,116 +46,17 @@ pub fn check(request: &InferRequest, signature: &Signature) -> Result<(), Reject
         };
         return Err(count_error(request, signature, &order, log, reason));
     }
-
-    let unknown = |input: &InputTensor| {
-        Rejection::new(
-            Reason::UnknownInput,
-            format!(
-                "unexpected inference input '{}' for model '{model}'",
-                input.name
-            ),
-        )
+    let walk = Walk {
+        request,
+        signature,
+        order: &order,
+        log,
+        model: signature.name.as_str(),
+        batched: signature.max_batch_size > 0,
     };
-    let batched = signature.max_batch_size > 0;
-    // Triton's `batch_size_` is a uint32 taken from the first dimension.
-    let mut batch: u32 = 0;
-    if batched {
-        for &i in &order {
-            let input = &request.inputs[i];
-            let spec = signature.input(&input.name).ok_or_else(|| unknown(input))?;
-            if spec.is_shape_tensor {
-                continue;
-            }
-            let Some(&first) = input.shape.first() else {
-                return Err(Rejection::new(
-                    Reason::Shape,
-                    format!(
-                        "{log}input '{}' has no shape but model requires batch dimension for '{model}'",
-                        input.name
-                    ),
-                ));
-            };
-            if batch == 0 {
-                batch = first as u32;
-            } else if first != i64::from(batch) {
-                return Err(Rejection::new(
-                    Reason::BatchSize,
-                    format!(
-                        "{log}input '{}' batch size does not match other inputs for '{model}'",
-                        input.name
-                    ),
-                ));
-            }
-        }
-    }
-    if (batch as i32) > signature.max_batch_size {
-        return Err(Rejection::new(
-            Reason::BatchSize,
-            format!(
-                "{log}inference request batch-size must be <= {} for '{model}'",
-                signature.max_batch_size
-            ),
-        ));
-    }
-
-    let mut specs: Vec<Option<&InputSpec>> = vec![None; request.inputs.len()];
-    for &i in &order {
-        let input = &request.inputs[i];
-        let spec = signature.input(&input.name).ok_or_else(|| unknown(input))?;
-        if DataType::from_protocol(&input.datatype) != Some(spec.datatype) {
-            return Err(Rejection::new(
-                Reason::Datatype,
-                format!(
-                    "{log}inference input '{}' data-type is '{}', but model '{model}' expects '{}'",
-                    input.name,
-                    protocol_string(&input.datatype),
-                    spec.datatype
-                ),
-            ));
-        }
-        check_shape(input, spec, batched, log, model)?;
-        specs[i] = Some(spec);
-    }
-
-    let skip_fixed_sizes = signature.platform.starts_with("tensorrt_");
-    for &i in &order {
-        let input = &request.inputs[i];
-        let spec = specs[i].expect("every input was checked");
-        if spec.is_shape_tensor {
-            continue;
-        }
-        let dims = if batched {
-            &input.shape[1..]
-        } else {
-            &input.shape[..]
-        };
-        let mut elements = dims.iter().fold(1i64, |n, &d| n.wrapping_mul(d));
-        if batched && batch != 0 {
-            elements = elements.wrapping_mul(i64::from(batch));
-        }
-        match spec.datatype.size() {
-            None => check_strings(input, elements, log, model)?,
-            Some(_) if skip_fixed_sizes => {}
-            Some(size) => {
-                let expected = elements.wrapping_mul(size as i64);
-                let actual = input.data.byte_size();
-                if i64::try_from(actual) != Ok(expected) {
-                    let reason = match input.data {
-                        TensorData::Elements { .. } => Reason::DataLength,
-                        _ => Reason::BinarySize,
-                    };
-                    return Err(Rejection::new(
-                        reason,
-                        format!(
-                            "{log}input byte size mismatch for input '{}' for model '{model}'. Expected {expected}, got {actual}",
-                            input.name
-                        ),
-                    ));
-                }
-            }
-        }
-    }
-
+    let batch = walk.batch_size()?;
+    let specs = walk.datatypes_and_shapes()?;
+    walk.data_sizes(&specs, batch)?;
     if signature
         .inputs
         .iter()
@@ -189,6 +71,189 @@ pub fn check(request: &InferRequest, signature: &Signature) -> Result<(), Reject
         ));
     }
     Ok(())
+}
+
+/// The request's input names, refusing one named twice.
+fn distinct_inputs<'r>(
+    request: &'r InferRequest,
+    log: LogPrefix<'_>,
+) -> Result<HashSet<&'r str>, Rejection> {
+    let mut names = HashSet::with_capacity(request.inputs.len());
+    for input in &request.inputs {
+        if !names.insert(input.name.as_str()) {
+            return Err(Rejection::new(
+                Reason::DuplicateInput,
+                format!("{log}input '{}' already exists in request", input.name),
+            ));
+        }
+    }
+    Ok(names)
+}
+
+/// Every output asked for is the model's, looked at in name order (Triton's `std::set`).
+fn known_outputs(request: &InferRequest, signature: &Signature) -> Result<(), Rejection> {
+    let mut outputs: Vec<&str> = request.outputs.iter().map(String::as_str).collect();
+    outputs.sort_unstable();
+    outputs.dedup();
+    if let Some(unknown) = outputs.iter().find(|o| !signature.has_output(o)) {
+        return Err(Rejection::new(
+            Reason::UnknownOutput,
+            format!(
+                "unexpected inference output '{unknown}' for model '{}'",
+                signature.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The inputs of a request whose count is in range, walked in Triton's iteration order
+/// (`order`) against the model's signature.
+struct Walk<'r> {
+    /// The request.
+    request: &'r InferRequest,
+    /// The model's signature.
+    signature: &'r Signature,
+    /// Indexes into `request.inputs`, in Triton's order.
+    order: &'r [usize],
+    /// The request id prefix of Triton's messages.
+    log: LogPrefix<'r>,
+    /// The model's name, for Triton's messages.
+    model: &'r str,
+    /// The model batches: every (non shape-tensor) input leads with the batch dimension.
+    batched: bool,
+}
+
+impl<'r> Walk<'r> {
+    /// The spec of `input`, or Triton's refusal of an input the model does not have.
+    fn spec(&self, input: &InputTensor) -> Result<&'r InputSpec, Rejection> {
+        self.signature.input(&input.name).ok_or_else(|| {
+            Rejection::new(
+                Reason::UnknownInput,
+                format!(
+                    "unexpected inference input '{}' for model '{}'",
+                    input.name, self.model
+                ),
+            )
+        })
+    }
+
+    /// The request's batch size (0 for a model that does not batch): every input's first
+    /// dimension, the same for all, at most `max_batch_size`.
+    fn batch_size(&self) -> Result<u32, Rejection> {
+        let (log, model) = (self.log, self.model);
+        // Triton's `batch_size_` is a uint32 taken from the first dimension.
+        let mut batch: u32 = 0;
+        if self.batched {
+            for &i in self.order {
+                let input = &self.request.inputs[i];
+                if self.spec(input)?.is_shape_tensor {
+                    continue;
+                }
+                let Some(&first) = input.shape.first() else {
+                    return Err(Rejection::new(
+                        Reason::Shape,
+                        format!(
+                            "{log}input '{}' has no shape but model requires batch dimension for '{model}'",
+                            input.name
+                        ),
+                    ));
+                };
+                if batch == 0 {
+                    batch = first as u32;
+                } else if first != i64::from(batch) {
+                    return Err(Rejection::new(
+                        Reason::BatchSize,
+                        format!(
+                            "{log}input '{}' batch size does not match other inputs for '{model}'",
+                            input.name
+                        ),
+                    ));
+                }
+            }
+        }
+        if (batch as i32) > self.signature.max_batch_size {
+            return Err(Rejection::new(
+                Reason::BatchSize,
+                format!(
+                    "{log}inference request batch-size must be <= {} for '{model}'",
+                    self.signature.max_batch_size
+                ),
+            ));
+        }
+        Ok(batch)
+    }
+
+    /// Each input's datatype and shape against its spec; the specs, by request index.
+    fn datatypes_and_shapes(&self) -> Result<Vec<Option<&'r InputSpec>>, Rejection> {
+        let (log, model) = (self.log, self.model);
+        let mut specs: Vec<Option<&InputSpec>> = vec![None; self.request.inputs.len()];
+        for &i in self.order {
+            let input = &self.request.inputs[i];
+            let spec = self.spec(input)?;
+            if DataType::from_protocol(&input.datatype) != Some(spec.datatype) {
+                return Err(Rejection::new(
+                    Reason::Datatype,
+                    format!(
+                        "{log}inference input '{}' data-type is '{}', but model '{model}' expects '{}'",
+                        input.name,
+                        protocol_string(&input.datatype),
+                        spec.datatype
+                    ),
+                ));
+            }
+            check_shape(input, spec, self.batched, log, model)?;
+            specs[i] = Some(spec);
+        }
+        Ok(specs)
+    }
+
+    /// Each input's data against its shape: BYTES by its length prefixes, fixed-size
+    /// datatypes by their byte size (which Triton leaves to TensorRT for its models).
+    fn data_sizes(&self, specs: &[Option<&InputSpec>], batch: u32) -> Result<(), Rejection> {
+        let skip_fixed_sizes = self.signature.platform.starts_with("tensorrt_");
+        for &i in self.order {
+            let input = &self.request.inputs[i];
+            let spec = specs[i].expect("every input was checked");
+            if spec.is_shape_tensor {
+                continue;
+            }
+            let dims = if self.batched {
+                &input.shape[1..]
+            } else {
+                &input.shape[..]
+            };
+            let mut elements = dims.iter().fold(1i64, |n, &d| n.wrapping_mul(d));
+            if self.batched && batch != 0 {
+                elements = elements.wrapping_mul(i64::from(batch));
+            }
+            match spec.datatype.size() {
+                None => check_strings(input, elements, self.log, self.model)?,
+                Some(_) if skip_fixed_sizes => {}
+                Some(size) => self.byte_size(input, elements.wrapping_mul(size as i64))?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A fixed-size input's data holds `expected` bytes.
+    fn byte_size(&self, input: &InputTensor, expected: i64) -> Result<(), Rejection> {
+        let actual = input.data.byte_size();
+        if i64::try_from(actual) == Ok(expected) {
+            return Ok(());
+        }
+        let reason = match input.data {
+            TensorData::Elements { .. } => Reason::DataLength,
+            _ => Reason::BinarySize,
+        };
+        Err(Rejection::new(
+            reason,
+            format!(
+                "{}input byte size mismatch for input '{}' for model '{}'. Expected {expected}, got {actual}",
+                self.log, input.name, self.model
+            ),
+        ))
+    }
 }
 
 /// A raw binary request (no JSON header): `size` bytes for the model's only input, whose
@@ -528,7 +593,8 @@ mod tests {
             .collect()
     }
 
-    /// Every message below is what Triton 2.51 answered to the same request.
+    /// Every message below is what Triton 2.51 answered to the same request. Long: one list
+    /// of measured cases, each an assertion, reads better whole than split.
     #[test]
     fn names_problems_in_tritons_words() {
         let m = add_sub();

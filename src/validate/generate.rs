@@ -17,7 +17,7 @@
 //! of the JSON Triton's reader takes; a body it does not read is forwarded unvalidated.
 
 use super::datatype::DataType;
-use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData};
+use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData, Verdict};
 use super::signature::{InputSpec, Signature};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
@@ -31,6 +31,16 @@ pub enum Generate {
     /// Something Triton reads its own way (and would refuse with its own words): forwarded
     /// as it came. The text says why, for debug logs.
     Unvalidated(&'static str),
+}
+
+/// Reads a generate body and checks it against `signature`: the generate endpoints' side of
+/// the `validate` phase.
+pub fn verdict(body: &[u8], signature: &Signature) -> Verdict {
+    match parse(body, signature) {
+        Ok(Generate::Request(request)) => Verdict::of(super::check(&request, signature)),
+        Ok(Generate::Unvalidated(why)) => Verdict::Unvalidated(why),
+        Err(rejection) => Verdict::Refused(rejection),
+    }
 }
 
 /// Reads a generate body for the model of `signature`.

@@ -2,14 +2,17 @@
 //! the neutral `InferRequest`, with the checks Triton's HTTP front-end makes while reading:
 //! the JSON itself, each field's type, `data` against the shape and the datatype, binary
 //! sizes against the body. Steps, order and messages follow Triton 2.51's `http_server.cc`;
-//! none of them needs the model's signature.
+//! none of them needs the model's signature. `verdict` then checks what was read against it:
+//! the HTTP reader of the pipeline's `validate` phase.
 //!
 //! Nothing is copied: binary tensors become slices of the body (`Bytes::slice`), and JSON
 //! `data` is only counted and classified.
 
+use super::check::{check, check_raw};
 use super::datatype::DataType;
-use super::json::{self, ElementCheck, Kind, Value};
-use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData};
+use super::json::{self, DataSummary, ElementCheck, Kind, Value};
+use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData, Verdict};
+use super::signature::Signature;
 use bytes::Bytes;
 use foldhash::{HashSet, HashSetExt};
 
@@ -58,42 +61,85 @@ pub fn parse(
     content_encoding: Option<&[u8]>,
     model: &str,
 ) -> Result<Parsed, Rejection> {
+    let read = json_header(body, header_length, content_encoding)
+        .and_then(|header_length| read_request(body, header_length, model));
+    match read {
+        Ok(request) => Ok(Parsed::Request(request)),
+        Err(Stop::Early(parsed)) => Ok(parsed),
+        Err(Stop::Refused(rejection)) => Err(rejection),
+    }
+}
+
+/// Why reading ended before a whole request was read: an outcome that is not a request, or
+/// a refusal. Lets each step of `parse` end the reading with `?`.
+enum Stop {
+    /// Not read further (`Raw`, `Unvalidated`, `Incomplete`).
+    Early(Parsed),
+    /// Refused.
+    Refused(Rejection),
+}
+
+impl From<Rejection> for Stop {
+    fn from(rejection: Rejection) -> Self {
+        Self::Refused(rejection)
+    }
+}
+
+/// The length of the body's JSON header (all of it, unless the binary tensor extension's
+/// `Inference-Header-Content-Length` says less), once it has arrived; the bodies the
+/// gateway does not read as JSON stop here.
+fn json_header(
+    body: BodyView<'_>,
+    header_length: Option<&[u8]>,
+    content_encoding: Option<&[u8]>,
+) -> Result<usize, Stop> {
     if content_encoding.is_some_and(|e| !e.is_empty() && e != b"identity") {
-        return Ok(Parsed::Unvalidated("compressed request body"));
+        return Err(Stop::Early(Parsed::Unvalidated("compressed request body")));
     }
     let Ok(content_length) = i32::try_from(body.length) else {
-        return Ok(Parsed::Unvalidated("body larger than Triton's 2 GiB limit"));
+        return Err(Stop::Early(Parsed::Unvalidated(
+            "body larger than Triton's 2 GiB limit",
+        )));
     };
     let header_length = match header_length {
         None => content_length,
         Some(raw) => match atoi(raw) {
             None => {
-                return Ok(Parsed::Unvalidated(
+                return Err(Stop::Early(Parsed::Unvalidated(
                     "Inference-Header-Content-Length overflows",
-                ));
+                )));
             }
             Some(n) if n < 0 || n > content_length => {
-                return Err(Rejection::new(
+                return Err(Stop::Refused(Rejection::new(
                     Reason::BinarySize,
                     format!(
                         "inference header size should be in range (0, {content_length}), got: {}",
                         String::from_utf8_lossy(raw)
                     ),
-                ));
+                )));
             }
             Some(n) => n,
         },
     } as usize;
     if header_length == 0 {
         // Triton reads the whole body as one tensor for the model's only input.
-        return Ok(Parsed::Raw);
+        return Err(Stop::Early(Parsed::Raw));
     }
     if body.arrived.len() < header_length {
-        return Ok(Parsed::Incomplete);
+        return Err(Stop::Early(Parsed::Incomplete));
     }
+    Ok(header_length)
+}
+
+/// The request in the JSON header's first `header_length` bytes, with its binary tensors
+/// behind them: `id`, `parameters`, `inputs`, `outputs`, in the order Triton reads them.
+fn read_request(
+    body: BodyView<'_>,
+    header_length: usize,
+    model: &str,
+) -> Result<InferRequest, Stop> {
     let document = json::parse_request(&body.arrived[..header_length])
         .map_err(|e| Rejection::new(Reason::MalformedJson, json::syntax_message(&e)))?;
-
     let mut request = InferRequest::default();
     if let Some(id) = document.find("id") {
         let id = id.as_bytes().ok_or_else(|| {
@@ -104,61 +150,70 @@ pub fn parse(
     if let Some(parameters) = document.find("parameters") {
         request_parameters(parameters)?;
     }
-    let inputs = member_array(&document, "inputs")?;
-    let mut next = header_length;
+    let mut binary = Binary {
+        body,
+        next: header_length,
+        model,
+    };
+    read_inputs(&document, &mut binary, &mut request)?;
+    if binary.next != body.length {
+        return Err(Stop::Refused(Rejection::new(
+            Reason::BinarySize,
+            format!("unexpected additional input data for model '{model}'"),
+        )));
+    }
+    if document.find("outputs").is_some() {
+        for output in member_array(&document, "outputs")? {
+            request.outputs.push(read_output(output)?);
+        }
+    }
+    Ok(request)
+}
+
+/// Where the binary tensors are: the body, and where the next one starts (after the JSON
+/// header and the tensors read so far).
+struct Binary<'b> {
+    /// The body.
+    body: BodyView<'b>,
+    /// The offset of the next tensor's first byte.
+    next: usize,
+    /// The model named in the URL, for Triton's messages.
+    model: &'b str,
+}
+
+/// Each input in request order, its name, datatype and shape, and its data.
+fn read_inputs(
+    document: &Value<'_>,
+    binary: &mut Binary<'_>,
+    request: &mut InferRequest,
+) -> Result<(), Stop> {
     let mut names = HashSet::new();
-    for input in inputs {
+    for input in member_array(document, "inputs")? {
         content_type(input)?;
         let name = member_string(input, "name")?;
         let datatype = member_string(input, "datatype")?;
-        let shape = shape(input, &name)?;
-        let shape = match shape {
-            Some(shape) => shape,
-            None => return Ok(Parsed::Unvalidated("shape with more than 1024 dimensions")),
+        let Some(shape) = shape(input, &name)? else {
+            return Err(Stop::Early(Parsed::Unvalidated(
+                "shape with more than 1024 dimensions",
+            )));
         };
         if !names.insert(name.clone()) {
-            return Err(Rejection::new(
+            return Err(Stop::Refused(Rejection::new(
                 Reason::DuplicateInput,
                 format!(
                     "{}input '{name}' already exists in request",
                     request.log_prefix()
                 ),
-            ));
+            )));
         }
         let parameters = input.find("parameters");
         let param = |key: &str| parameters.and_then(|p| p.find(key));
         let data = if let Some(size) = param("binary_data_size") {
-            let size = size.as_u64().ok_or_else(|| {
-                Rejection::new(
-                    Reason::BinarySize,
-                    "Unable to parse 'binary_data_size': attempt to access JSON non-unsigned-integer as unsigned-integer",
-                )
-            })?;
-            let available = (body.length - next) as u64;
-            if size > available {
-                return Err(Rejection::new(
-                    Reason::BinarySize,
-                    format!(
-                        "unexpected size for input '{name}', expecting {} additional bytes for model '{model}'",
-                        size - available
-                    ),
-                ));
-            }
-            let size = size as usize;
-            next += size;
-            if next <= body.arrived.len() {
-                TensorData::Raw(body.arrived.slice(next - size..next))
-            } else if datatype == "BYTES" {
-                return Ok(Parsed::Incomplete);
-            } else {
-                TensorData::Arriving {
-                    byte_size: size as u64,
-                }
-            }
+            binary.tensor(size, &name, &datatype)?
         } else if parameters.is_some_and(|p| p.find("shared_memory_region").is_some()) {
             // Where Triton looks the region up (and finds none).
             shared_memory(parameters)?;
-            return Err(Rejection::shared_memory());
+            return Err(Stop::Refused(Rejection::shared_memory()));
         } else {
             json_data(input, &name, &datatype, &shape)?
         };
@@ -169,60 +224,118 @@ pub fn parse(
             data,
         });
     }
-    if next != body.length {
-        return Err(Rejection::new(
-            Reason::BinarySize,
-            format!("unexpected additional input data for model '{model}'"),
-        ));
-    }
+    Ok(())
+}
 
-    if document.find("outputs").is_some() {
-        for output in member_array(&document, "outputs")? {
-            let parameters = output.find("parameters");
-            let param = |key: &str| parameters.and_then(|p| p.find(key));
-            let shm = param("shared_memory_region").is_some();
-            if shm {
-                if param("classification").is_some() {
-                    return Err(Rejection::new(
-                        Reason::Parameters,
-                        "Output can't set both 'shared_memory_region' and 'classification'",
-                    ));
-                }
-                if let Some(binary) = param("binary_data") {
-                    let binary = binary.as_bool().ok_or_else(|| {
-                        Rejection::new(
-                            Reason::Parameters,
-                            "Unable to set 'binary_data': attempt to access JSON non-boolean as boolean",
-                        )
-                    })?;
-                    if binary {
-                        return Err(Rejection::new(
-                            Reason::Parameters,
-                            "Output can't set both 'shared_memory_region' and 'binary_data'",
-                        ));
-                    }
-                }
-            }
-            let name = member_string(output, "name")?;
-            if param("classification").is_some_and(|c| c.as_u64().is_none()) {
-                return Err(Rejection::new(
-                    Reason::Parameters,
-                    "Unable to set 'classification': attempt to access JSON non-unsigned-integer as unsigned-integer",
-                ));
-            }
-            if shm {
-                shared_memory(parameters)?;
-                return Err(Rejection::shared_memory());
-            } else if param("binary_data").is_some_and(|b| b.as_bool().is_none()) {
-                return Err(Rejection::new(
-                    Reason::Parameters,
-                    "Unable to parse 'binary_data': attempt to access JSON non-boolean as boolean",
-                ));
-            }
-            request.outputs.push(name);
+impl Binary<'_> {
+    /// The next binary tensor, `binary_data_size` bytes: a slice of the body when they have
+    /// arrived, else their size (a BYTES tensor must be walked: read the whole body).
+    fn tensor(&mut self, size: &Value<'_>, name: &str, datatype: &str) -> Result<TensorData, Stop> {
+        let size = size.as_u64().ok_or_else(|| {
+            Rejection::new(
+                Reason::BinarySize,
+                "Unable to parse 'binary_data_size': attempt to access JSON non-unsigned-integer as unsigned-integer",
+            )
+        })?;
+        let available = (self.body.length - self.next) as u64;
+        if size > available {
+            return Err(Stop::Refused(Rejection::new(
+                Reason::BinarySize,
+                format!(
+                    "unexpected size for input '{name}', expecting {} additional bytes for model '{}'",
+                    size - available,
+                    self.model
+                ),
+            )));
+        }
+        let size = size as usize;
+        self.next += size;
+        if self.next <= self.body.arrived.len() {
+            Ok(TensorData::Raw(
+                self.body.arrived.slice(self.next - size..self.next),
+            ))
+        } else if datatype == "BYTES" {
+            Err(Stop::Early(Parsed::Incomplete))
+        } else {
+            Ok(TensorData::Arriving {
+                byte_size: size as u64,
+            })
         }
     }
-    Ok(Parsed::Request(request))
+}
+
+/// One requested output: its name, once its parameters are ones Triton accepts (an output in
+/// shared memory is refused, as an input is).
+fn read_output(output: &Value<'_>) -> Result<String, Rejection> {
+    let parameters = output.find("parameters");
+    let param = |key: &str| parameters.and_then(|p| p.find(key));
+    let shm = param("shared_memory_region").is_some();
+    if shm {
+        shared_memory_output(param("classification"), param("binary_data"))?;
+    }
+    let name = member_string(output, "name")?;
+    if param("classification").is_some_and(|c| c.as_u64().is_none()) {
+        return Err(Rejection::new(
+            Reason::Parameters,
+            "Unable to set 'classification': attempt to access JSON non-unsigned-integer as unsigned-integer",
+        ));
+    }
+    if shm {
+        shared_memory(parameters)?;
+        return Err(Rejection::shared_memory());
+    } else if param("binary_data").is_some_and(|b| b.as_bool().is_none()) {
+        return Err(Rejection::new(
+            Reason::Parameters,
+            "Unable to parse 'binary_data': attempt to access JSON non-boolean as boolean",
+        ));
+    }
+    Ok(name)
+}
+
+/// An output in shared memory can be neither classified nor sent as binary data; Triton
+/// says so before it reads the output's name.
+fn shared_memory_output(
+    classification: Option<&Value<'_>>,
+    binary_data: Option<&Value<'_>>,
+) -> Result<(), Rejection> {
+    if classification.is_some() {
+        return Err(Rejection::new(
+            Reason::Parameters,
+            "Output can't set both 'shared_memory_region' and 'classification'",
+        ));
+    }
+    let Some(binary) = binary_data else {
+        return Ok(());
+    };
+    let binary = binary.as_bool().ok_or_else(|| {
+        Rejection::new(
+            Reason::Parameters,
+            "Unable to set 'binary_data': attempt to access JSON non-boolean as boolean",
+        )
+    })?;
+    if binary {
+        return Err(Rejection::new(
+            Reason::Parameters,
+            "Output can't set both 'shared_memory_region' and 'binary_data'",
+        ));
+    }
+    Ok(())
+}
+
+/// The verdict on a body as `parse` read it: a request is checked against `signature`, a
+/// raw binary body by its size (`check_raw`). Never `Incomplete`: read that again whole.
+pub fn verdict(
+    parsed: Result<Parsed, Rejection>,
+    body: BodyView<'_>,
+    signature: &Signature,
+) -> Verdict {
+    match parsed {
+        Ok(Parsed::Request(request)) => Verdict::of(check(&request, signature)),
+        Ok(Parsed::Raw) => Verdict::of(check_raw(body.length as u64, signature)),
+        Ok(Parsed::Unvalidated(why)) => Verdict::Unvalidated(why),
+        Ok(Parsed::Incomplete) => unreachable!("read again with the whole body"),
+        Err(rejection) => Verdict::Refused(rejection),
+    }
 }
 
 fn malformed(message: &str) -> Rejection {
@@ -454,18 +567,7 @@ fn json_data(
         ));
     }
     let datatype = match DataType::from_protocol(datatype) {
-        Some(DataType::Bytes) => {
-            if data.first_refused(ElementCheck::String).is_some() {
-                return Err(Rejection::new(
-                    Reason::DataValue,
-                    "Unable to parse JSON bytes array: attempt to access JSON non-string as string",
-                ));
-            }
-            return Ok(TensorData::Elements {
-                count: data.elements,
-                byte_size: data.string_bytes,
-            });
-        }
+        Some(DataType::Bytes) => return bytes_data(data),
         Some(half @ (DataType::Fp16 | DataType::Bf16)) => {
             return Err(Rejection::new(
                 Reason::Datatype,
@@ -482,17 +584,7 @@ fn json_data(
             ));
         }
     };
-    let (check, what) = match datatype {
-        DataType::Bool => (ElementCheck::Bool, "non-boolean as boolean"),
-        DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64 => (
-            ElementCheck::Uint,
-            "non-unsigned-integer as unsigned-integer",
-        ),
-        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
-            (ElementCheck::Int, "non-signed-integer as signed-integer")
-        }
-        _ => (ElementCheck::Double, "non-number as double"),
-    };
+    let (check, what) = element_check(datatype);
     // Triton reads element by element: a value of the wrong kind within the first
     // `elements` is found before a surplus of elements is.
     if data.first_refused(check).is_some_and(|i| i < elements) {
@@ -511,6 +603,36 @@ fn json_data(
         count: elements,
         byte_size: elements * datatype.size().expect("fixed-size datatype"),
     })
+}
+
+/// JSON `data` of a BYTES input: every element a string; its size as Triton serializes it.
+fn bytes_data(data: &DataSummary) -> Result<TensorData, Rejection> {
+    if data.first_refused(ElementCheck::String).is_some() {
+        return Err(Rejection::new(
+            Reason::DataValue,
+            "Unable to parse JSON bytes array: attempt to access JSON non-string as string",
+        ));
+    }
+    Ok(TensorData::Elements {
+        count: data.elements,
+        byte_size: data.string_bytes,
+    })
+}
+
+/// How Triton reads each JSON element of a fixed-size `datatype`, and its words for a value
+/// it cannot read so.
+fn element_check(datatype: DataType) -> (ElementCheck, &'static str) {
+    match datatype {
+        DataType::Bool => (ElementCheck::Bool, "non-boolean as boolean"),
+        DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64 => (
+            ElementCheck::Uint,
+            "non-unsigned-integer as unsigned-integer",
+        ),
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
+            (ElementCheck::Int, "non-signed-integer as signed-integer")
+        }
+        _ => (ElementCheck::Double, "non-number as double"),
+    }
 }
 
 /// An input or output in shared memory: its region name and numbers must be well-formed,
@@ -597,7 +719,8 @@ mod tests {
         assert_eq!(r.outputs, ["O"]);
     }
 
-    /// Every message below is what Triton 2.51 answered to the same body.
+    /// Every message below is what Triton 2.51 answered to the same body. Long: one list of
+    /// measured cases, each an assertion, reads better whole than split.
     #[test]
     fn refuses_what_tritons_reader_refuses_in_its_words() {
         assert_eq!(

@@ -572,67 +572,81 @@ impl<'a> Reader<'a> {
                         continue;
                     }
                 }
-                b'"' => {
-                    let length = self.skip_string()?;
-                    if counts && let Some(summary) = summary.as_mut() {
-                        summary.add(Leaf::String);
-                        summary.string_bytes = summary.string_bytes.saturating_add(length + 4);
-                    }
-                    Kind::String
-                }
-                b'n' | b't' | b'f' => {
-                    let (rest, leaf, kind): (&[u8], _, _) = match self.peek() {
-                        b'n' => (b"ull", Leaf::Other, Kind::Null),
-                        b't' => (b"rue", Leaf::Bool, Kind::Bool),
-                        _ => (b"alse", Leaf::Bool, Kind::Bool),
-                    };
-                    self.literal(rest, Value::Null)?;
-                    if counts && let Some(summary) = summary.as_mut() {
-                        summary.add(leaf);
-                    }
-                    kind
-                }
-                _ => {
-                    let leaf = match self.plain_number() {
-                        Some(leaf) => leaf,
-                        None => Leaf::number(self.number()?),
-                    };
-                    if counts && let Some(summary) = summary.as_mut() {
-                        summary.add(leaf);
-                    }
-                    Kind::Number
-                }
+                _ => self.scalar(if counts { summary.as_mut() } else { None })?,
             };
             root_kind.get_or_insert(kind);
-            // The value is complete: close every container it completes.
-            loop {
-                let Some(frame) = stack.last().copied() else {
-                    let kind = root_kind.expect("a value was read");
-                    if let Some(summary) = summary.as_mut() {
-                        summary.kind = kind;
-                    }
-                    return Ok((kind, summary));
-                };
-                self.skip_whitespace();
-                match (frame, self.peek()) {
-                    (Frame::Array { .. }, b',') => {
-                        self.pos += 1;
-                        self.skip_whitespace();
-                        break;
-                    }
-                    (Frame::Object, b',') => {
-                        self.pos += 1;
-                        self.skip_whitespace();
-                        self.member_name()?;
-                        break;
-                    }
-                    (Frame::Array { .. }, b']') | (Frame::Object, b'}') => {
-                        self.pos += 1;
-                        stack.pop();
-                    }
-                    (Frame::Array { .. }, _) => return Err(self.error(ARRAY_MISS_COMMA)),
-                    (Frame::Object, _) => return Err(self.error(OBJECT_MISS_COMMA)),
+            if self.close(&mut stack)? {
+                let kind = root_kind.expect("a value was read");
+                if let Some(summary) = summary.as_mut() {
+                    summary.kind = kind;
                 }
+                return Ok((kind, summary));
+            }
+        }
+    }
+
+    /// A string, literal or number, walked; an element of `data` (`summary`) is classified.
+    fn scalar(&mut self, summary: Option<&mut DataSummary>) -> Result<Kind, SyntaxError> {
+        match self.peek() {
+            b'"' => {
+                let length = self.skip_string()?;
+                if let Some(summary) = summary {
+                    summary.add(Leaf::String);
+                    summary.string_bytes = summary.string_bytes.saturating_add(length + 4);
+                }
+                Ok(Kind::String)
+            }
+            b'n' | b't' | b'f' => {
+                let (rest, leaf, kind): (&[u8], _, _) = match self.peek() {
+                    b'n' => (b"ull", Leaf::Other, Kind::Null),
+                    b't' => (b"rue", Leaf::Bool, Kind::Bool),
+                    _ => (b"alse", Leaf::Bool, Kind::Bool),
+                };
+                self.literal(rest, Value::Null)?;
+                if let Some(summary) = summary {
+                    summary.add(leaf);
+                }
+                Ok(kind)
+            }
+            _ => {
+                let leaf = match self.plain_number() {
+                    Some(leaf) => leaf,
+                    None => Leaf::number(self.number()?),
+                };
+                if let Some(summary) = summary {
+                    summary.add(leaf);
+                }
+                Ok(Kind::Number)
+            }
+        }
+    }
+
+    /// After a complete value, closes every container it completes: `false` at the next
+    /// element or member (its name read), `true` when the walked value itself is complete.
+    fn close(&mut self, stack: &mut Vec<Frame>) -> Result<bool, SyntaxError> {
+        loop {
+            let Some(frame) = stack.last().copied() else {
+                return Ok(true);
+            };
+            self.skip_whitespace();
+            match (frame, self.peek()) {
+                (Frame::Array { .. }, b',') => {
+                    self.pos += 1;
+                    self.skip_whitespace();
+                    return Ok(false);
+                }
+                (Frame::Object, b',') => {
+                    self.pos += 1;
+                    self.skip_whitespace();
+                    self.member_name()?;
+                    return Ok(false);
+                }
+                (Frame::Array { .. }, b']') | (Frame::Object, b'}') => {
+                    self.pos += 1;
+                    stack.pop();
+                }
+                (Frame::Array { .. }, _) => return Err(self.error(ARRAY_MISS_COMMA)),
+                (Frame::Object, _) => return Err(self.error(OBJECT_MISS_COMMA)),
             }
         }
     }

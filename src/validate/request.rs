@@ -171,6 +171,30 @@ impl fmt::Display for Rejection {
     }
 }
 
+/// What a wire's reader made of a request checked against the model's signature: the
+/// pipeline's `validate` phase forwards it, logs why it went unread, or refuses and counts
+/// it, the same way for every wire format.
+#[derive(Debug, PartialEq)]
+pub enum Verdict {
+    /// Read and checked: it matches the signature.
+    Passed,
+    /// A kind of request the gateway leaves to Triton, forwarded as it came; why, for the
+    /// debug log.
+    Unvalidated(&'static str),
+    /// Refused, in Triton's words where Triton has words for it.
+    Refused(Rejection),
+}
+
+impl Verdict {
+    /// The verdict of a check (`check`, `check_raw`) on a request that was read.
+    pub fn of(checked: Result<(), Rejection>) -> Self {
+        match checked {
+            Ok(()) => Self::Passed,
+            Err(rejection) => Self::Refused(rejection),
+        }
+    }
+}
+
 /// Triton's `DimsListToString`: `[4]`, `[-1,4]`, `[]`.
 pub fn dims_to_string(dims: &[i64]) -> String {
     let inner: Vec<String> = dims.iter().map(i64::to_string).collect();

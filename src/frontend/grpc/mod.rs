@@ -12,7 +12,6 @@
 mod call;
 mod services;
 mod stream;
-mod validate;
 mod wire;
 
 use crate::error::GatewayError;

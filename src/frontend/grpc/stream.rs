@@ -34,12 +34,14 @@ use crate::auth::Admission;
 use crate::auth::Caller;
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
+use crate::pipeline::forward::Placed;
 use crate::pipeline::{self, RequestCtx, admit, finish};
 use crate::placement::Lease;
 use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
 use crate::routing::{Routed, Tally};
 use crate::upstream::Backend;
 use crate::upstream::grpc as upstream_grpc;
+use crate::validate::Signature;
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -428,7 +430,11 @@ async fn inspect(
     backend: &Arc<Backend>,
     model: &ModelRef,
 ) -> Result<(), GatewayError> {
-    message.validate(ctx, backend, model).await?;
+    let on = Placed { backend, model };
+    pipeline::validate(ctx, on, async |signature: &Signature| {
+        Ok(message.read(signature))
+    })
+    .await?;
     if let Some(shadow) = ctx.routed.as_mut().and_then(Routed::shadow) {
         message.mirror(ctx, shadow);
     }

@@ -6,7 +6,6 @@ use super::call::Call;
 use super::{upstream_request, version};
 use crate::error::GatewayError;
 use crate::model::ModelRef;
-use crate::pipeline::forward::Placed;
 use crate::pipeline::mirror;
 use crate::pipeline::{Local, RequestCtx, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
@@ -14,6 +13,7 @@ use crate::protocol::inference::*;
 use crate::routing::{Routed, Shadow};
 use crate::upstream::Backend;
 use crate::upstream::grpc::{self as upstream_grpc, InferenceClient};
+use crate::validate::{self, Signature, Verdict};
 use std::future::Future;
 use std::sync::Arc;
 use tonic::metadata::MetadataMap;
@@ -29,14 +29,9 @@ pub(crate) trait ModelMessage: Clone + Send + Sync + 'static {
     fn sequence(&self) -> Option<SequenceRef> {
         None
     }
-    /// The validate phase (only an inference is checked).
-    async fn validate(
-        &self,
-        _ctx: &RequestCtx,
-        _backend: &Arc<Backend>,
-        _model: &ModelRef,
-    ) -> Result<(), GatewayError> {
-        Ok(())
+    /// The validate phase's reader (only an inference is checked: `validate::grpc`).
+    fn read(&self, _signature: &Signature) -> Verdict {
+        Verdict::Passed
     }
     /// Sends copies to the route's mirrors (only an inference is mirrored).
     fn mirror(&self, _ctx: &RequestCtx, _shadow: Shadow) {}
@@ -80,13 +75,8 @@ impl ModelMessage for ModelInferRequest {
         sequence::from_parameters(&self.parameters)
     }
 
-    async fn validate(
-        &self,
-        ctx: &RequestCtx,
-        backend: &Arc<Backend>,
-        model: &ModelRef,
-    ) -> Result<(), GatewayError> {
-        super::validate::infer_request(&ctx.gateway, backend, model, self).await
+    fn read(&self, signature: &Signature) -> Verdict {
+        validate::grpc::read(self, signature)
     }
 
     fn mirror(&self, ctx: &RequestCtx, shadow: Shadow) {
@@ -224,8 +214,13 @@ where
         Ok(self.message.sequence())
     }
 
-    async fn validate(&mut self, ctx: &RequestCtx, on: Placed<'_>) -> Result<(), GatewayError> {
-        self.message.validate(ctx, on.backend, on.model).await
+    async fn read(
+        &mut self,
+        _ctx: &RequestCtx,
+        _model: &ModelRef,
+        signature: &Signature,
+    ) -> Result<Verdict, GatewayError> {
+        Ok(self.message.read(signature))
     }
 
     async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {

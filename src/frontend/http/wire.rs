@@ -6,12 +6,12 @@ use super::body;
 use super::validate::{self, HEADER_LENGTH};
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
-use crate::pipeline::forward::Placed;
 use crate::pipeline::mirror;
 use crate::pipeline::{Local, RequestCtx, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
 use crate::routing::{Routed, Shadow};
 use crate::upstream::{self, Backend};
+use crate::validate::{Signature, Verdict};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
@@ -109,10 +109,19 @@ impl Wire for HttpWire {
         Ok(sequence)
     }
 
-    async fn validate(&mut self, ctx: &RequestCtx, on: Placed<'_>) -> Result<(), GatewayError> {
-        let request = validate::infer_request(ctx, on.backend, on.model, self.request()?).await?;
-        self.request = Some(request);
-        Ok(())
+    /// Reads the body (`validate::read`) and keeps the request to forward; a refused
+    /// request is dropped here, its body unread, as nothing will send it.
+    async fn read(
+        &mut self,
+        ctx: &RequestCtx,
+        model: &ModelRef,
+        signature: &Signature,
+    ) -> Result<Verdict, GatewayError> {
+        let (request, verdict) = validate::read(ctx, model, signature, self.request()?).await?;
+        if !matches!(verdict, Verdict::Refused(_)) {
+            self.request = Some(request);
+        }
+        Ok(verdict)
     }
 
     /// The body is read whole (it usually already is, after validation: then this costs no

@@ -1,6 +1,5 @@
-//! The gRPC reader of the `validate` stage: a `ModelInferRequest` described as the
-//! protocol-neutral `validate::InferRequest`, then checked against the model's signature by
-//! the same `validate::check` as HTTP's requests, before anything is sent to a backend.
+//! The gRPC reader: a `ModelInferRequest` described as the protocol-neutral `InferRequest`,
+//! then checked against the model's signature by the same `check` as HTTP's requests.
 //!
 //! Only what the gateway can describe exactly is checked: tensors in `raw_input_contents`
 //! (what tritonclient and most clients send), as slices of the decoded message. Typed
@@ -8,36 +7,19 @@
 //! they came, and Triton answers them: never refuse what Triton would accept. An input or
 //! output in shared memory is refused, as on HTTP: no Triton behind a gateway has the region.
 
-use crate::error::GatewayError;
-use crate::gateway::Gateway;
-use crate::model::ModelRef;
+use super::{InferRequest, InputTensor, Rejection, Signature, TensorData, Verdict, check};
 use crate::protocol::inference::ModelInferRequest;
-use crate::upstream::Backend;
-use crate::validate::{self, InferRequest, InputTensor, Rejection, TensorData};
-use std::sync::Arc;
 
-/// Checks an inference request bound for `backend`; `Ok` also when it cannot be checked.
-pub async fn infer_request(
-    gateway: &Gateway,
-    backend: &Arc<Backend>,
-    model: &ModelRef,
-    message: &ModelInferRequest,
-) -> Result<(), GatewayError> {
-    if !gateway.fixed_config().validation.enabled {
-        return Ok(());
+/// Reads a gRPC inference message and checks it against `signature`: the gRPC side of the
+/// `validate` phase (unary calls and each message of a stream alike).
+pub fn read(message: &ModelInferRequest, signature: &Signature) -> Verdict {
+    if let Err(rejection) = no_shared_memory(message) {
+        return Verdict::Refused(rejection);
     }
-    no_shared_memory(message).map_err(|rejection| validate::refuse(rejection, model))?;
-    let request = match describe(message) {
-        Ok(request) => request,
-        Err(why) => {
-            tracing::debug!(model = %model.name, why, "inference request forwarded unvalidated");
-            return Ok(());
-        }
-    };
-    let Some(signature) = gateway.signatures().get(backend, model).await else {
-        return Ok(());
-    };
-    validate::check(&request, &signature).map_err(|rejection| validate::refuse(rejection, model))
+    match describe(message) {
+        Ok(request) => Verdict::of(check(&request, signature)),
+        Err(why) => Verdict::Unvalidated(why),
+    }
 }
 
 /// Refuses a request whose inputs or outputs name a shared-memory region.
