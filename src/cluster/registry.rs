@@ -132,6 +132,8 @@ struct Plan {
     written: Vec<(String, Option<ModelRecord>)>,
 }
 
+/// Builds the `Plan` (see there): each model's record with its copy changed, then the
+/// backend's record, each compared at the revision it was read at.
 fn plan(
     view: &View,
     change: &Change,
@@ -225,6 +227,7 @@ fn backend_after(
     changed: &[(String, Option<SharedCopy>)],
     settling: bool,
 ) -> Option<BackendRecord> {
+    /// `BackendRecord::of` reads copies by reference.
     fn borrowed(copies: &[(String, Option<SharedCopy>)]) -> Vec<(String, Option<&SharedCopy>)> {
         copies
             .iter()
