@@ -291,58 +291,16 @@ impl Args {
             &self.headers,
         )?;
 
-        let timing = crate::runner::Timing {
-            warmup: parse_duration(&self.warmup).context("--warmup")?,
-            window: parse_duration(&self.duration).context("--duration")?,
-            windows: self.windows,
-            timeout: parse_duration(&self.timeout).context("--timeout")?,
-        };
-        if timing.window.is_zero() {
-            bail!("--duration must be greater than zero");
-        }
-        if timing.windows == 0 {
-            bail!("--windows must be at least 1");
-        }
-        if timing.timeout.is_zero() {
-            bail!("--timeout must be greater than zero");
-        }
+        let timing = self.timing()?;
         if self.connections == Some(0) {
             bail!("--connections must be at least 1");
         }
         if self.threads == Some(0) {
             bail!("--threads must be at least 1");
         }
-
-        let loads: Vec<Load> = match (&self.concurrency, &self.rate) {
-            (_, Some(rates)) => parse_list::<f64>(rates)
-                .context("--rate")?
-                .into_iter()
-                .map(|rate| Load::Open { rate })
-                .collect(),
-            (Some(c), None) => parse_list::<usize>(c)
-                .context("--concurrency")?
-                .into_iter()
-                .map(|concurrency| Load::Closed { concurrency })
-                .collect(),
-            (None, None) => vec![Load::Closed { concurrency: 1 }],
-        };
+        let loads = self.loads()?;
         let (bodies, body_source) = self.bodies()?;
-        let sequences = match (self.sequence_length, &body_source) {
-            (None, _) => None,
-            (Some(0), _) => bail!("--sequence-length must be at least 1"),
-            (Some(length), BodySource::Generated { specs, encoding }) => Some((
-                Sequences {
-                    length,
-                    first_id: self.sequence_id_start,
-                    string_ids: self.string_sequence_ids,
-                },
-                SequenceTemplate::new(specs, &self.outputs, *encoding)?,
-            )),
-            (Some(_), BodySource::File(_)) => bail!("--sequence-length builds its own requests"),
-        };
-        if sequences.is_some() && self.sequence_id_start == 0 && !self.string_sequence_ids {
-            bail!("--sequence-id-start must be at least 1: sequence id 0 means no sequence");
-        }
+        let sequences = self.sequences(&body_source)?;
         let steps = loads
             .into_iter()
             .map(|load| crate::runner::StepConfig {
@@ -375,6 +333,67 @@ impl Args {
             threads: self.threads,
             sequences,
         })
+    }
+
+    /// Warm-up, window length and count, and the request timeout: a zero window or timeout
+    /// would measure nothing.
+    fn timing(&self) -> Result<crate::runner::Timing> {
+        let timing = crate::runner::Timing {
+            warmup: parse_duration(&self.warmup).context("--warmup")?,
+            window: parse_duration(&self.duration).context("--duration")?,
+            windows: self.windows,
+            timeout: parse_duration(&self.timeout).context("--timeout")?,
+        };
+        if timing.window.is_zero() {
+            bail!("--duration must be greater than zero");
+        }
+        if timing.windows == 0 {
+            bail!("--windows must be at least 1");
+        }
+        if timing.timeout.is_zero() {
+            bail!("--timeout must be greater than zero");
+        }
+        Ok(timing)
+    }
+
+    /// The load steps: open-loop rates win over closed-loop concurrencies; neither means
+    /// one request at a time.
+    fn loads(&self) -> Result<Vec<Load>> {
+        Ok(match (&self.concurrency, &self.rate) {
+            (_, Some(rates)) => parse_list::<f64>(rates)
+                .context("--rate")?
+                .into_iter()
+                .map(|rate| Load::Open { rate })
+                .collect(),
+            (Some(c), None) => parse_list::<usize>(c)
+                .context("--concurrency")?
+                .into_iter()
+                .map(|concurrency| Load::Closed { concurrency })
+                .collect(),
+            (None, None) => vec![Load::Closed { concurrency: 1 }],
+        })
+    }
+
+    /// Sequences, when asked for: they build their own requests, so they need generated
+    /// bodies, and ids from 1 (id 0 means no sequence to Triton).
+    fn sequences(&self, body_source: &BodySource) -> Result<Option<(Sequences, SequenceTemplate)>> {
+        let sequences = match (self.sequence_length, body_source) {
+            (None, _) => None,
+            (Some(0), _) => bail!("--sequence-length must be at least 1"),
+            (Some(length), BodySource::Generated { specs, encoding }) => Some((
+                Sequences {
+                    length,
+                    first_id: self.sequence_id_start,
+                    string_ids: self.string_sequence_ids,
+                },
+                SequenceTemplate::new(specs, &self.outputs, *encoding)?,
+            )),
+            (Some(_), BodySource::File(_)) => bail!("--sequence-length builds its own requests"),
+        };
+        if sequences.is_some() && self.sequence_id_start == 0 && !self.string_sequence_ids {
+            bail!("--sequence-id-start must be at least 1: sequence id 0 means no sequence");
+        }
+        Ok(sequences)
     }
 
     fn bodies(&self) -> Result<(Vec<EncodedBody>, BodySource)> {

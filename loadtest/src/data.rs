@@ -52,90 +52,84 @@ pub struct Tensor {
 
 const ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
 
+/// `n` elements of one tensor: with `DataMode::Fixed` a pattern by index, so runs compare;
+/// otherwise random draws, in element order, so a seed gives the same tensor.
+fn elements<T>(
+    n: usize,
+    mode: DataMode,
+    rng: &mut SmallRng,
+    fixed: impl Fn(usize) -> T,
+    mut random: impl FnMut(&mut SmallRng) -> T,
+) -> Vec<T> {
+    if mode == DataMode::Fixed {
+        (0..n).map(fixed).collect()
+    } else {
+        (0..n).map(|_| random(rng)).collect()
+    }
+}
+
+/// A short ASCII string for a random BYTES element (JSON carries it as it is).
+fn random_string(rng: &mut SmallRng) -> String {
+    let len = rng.random_range(1..=16);
+    (0..len)
+        .map(|_| ALNUM[rng.random_range(0..ALNUM.len())] as char)
+        .collect()
+}
+
 impl Tensor {
     /// Generates values for `spec` according to `mode`.
     pub fn generate(spec: &TensorSpec, mode: DataMode, rng: &mut SmallRng) -> Tensor {
         let n = spec.element_count();
-        let fixed = mode == DataMode::Fixed;
         let values = match spec.datatype {
-            DataType::Bool => Values::Bool(
-                (0..n)
-                    .map(|i| if fixed { i % 2 == 0 } else { rng.random() })
-                    .collect(),
-            ),
-            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Values::Int(
-                (0..n)
-                    .map(|i| {
-                        if fixed {
-                            (i % 16) as i64
-                        } else {
-                            rng.random_range(-100..=100)
-                        }
-                    })
-                    .collect(),
-            ),
+            DataType::Bool => Values::Bool(elements(n, mode, rng, |i| i % 2 == 0, |r| r.random())),
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
+                Values::Int(elements(
+                    n,
+                    mode,
+                    rng,
+                    |i| (i % 16) as i64,
+                    |r| r.random_range(-100..=100),
+                ))
+            }
             DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64 => {
-                Values::Uint(
-                    (0..n)
-                        .map(|i| {
-                            if fixed {
-                                (i % 16) as u64
-                            } else {
-                                rng.random_range(0..=200)
-                            }
-                        })
-                        .collect(),
-                )
+                Values::Uint(elements(
+                    n,
+                    mode,
+                    rng,
+                    |i| (i % 16) as u64,
+                    |r| r.random_range(0..=200),
+                ))
             }
             // k/1024 with k < 1024 is exact in half precision, so the JSON
             // number and the binary FP16 bits describe the same value.
-            DataType::Fp16 => Values::F32(
-                (0..n)
-                    .map(|i| {
-                        if fixed {
-                            (i % 16) as f32 * 0.5
-                        } else {
-                            rng.random_range(0..1024u32) as f32 / 1024.0
-                        }
-                    })
-                    .collect(),
-            ),
-            DataType::Fp32 => Values::F32(
-                (0..n)
-                    .map(|i| {
-                        if fixed {
-                            (i % 16) as f32 * 0.5
-                        } else {
-                            rng.random::<f32>()
-                        }
-                    })
-                    .collect(),
-            ),
-            DataType::Fp64 => Values::F64(
-                (0..n)
-                    .map(|i| {
-                        if fixed {
-                            (i % 16) as f64 * 0.5
-                        } else {
-                            rng.random::<f64>()
-                        }
-                    })
-                    .collect(),
-            ),
-            DataType::Bytes => Values::Str(
-                (0..n)
-                    .map(|i| {
-                        if fixed {
-                            format!("item{}", i % 16)
-                        } else {
-                            let len = rng.random_range(1..=16);
-                            (0..len)
-                                .map(|_| ALNUM[rng.random_range(0..ALNUM.len())] as char)
-                                .collect()
-                        }
-                    })
-                    .collect(),
-            ),
+            DataType::Fp16 => Values::F32(elements(
+                n,
+                mode,
+                rng,
+                |i| (i % 16) as f32 * 0.5,
+                |r| r.random_range(0..1024u32) as f32 / 1024.0,
+            )),
+            DataType::Fp32 => Values::F32(elements(
+                n,
+                mode,
+                rng,
+                |i| (i % 16) as f32 * 0.5,
+                |r| r.random::<f32>(),
+            )),
+            DataType::Fp64 => Values::F64(elements(
+                n,
+                mode,
+                rng,
+                |i| (i % 16) as f64 * 0.5,
+                |r| r.random::<f64>(),
+            )),
+            DataType::Bytes => Values::Str(elements(
+                n,
+                mode,
+                rng,
+                |i| format!("item{}", i % 16),
+                random_string,
+            )),
         };
         Tensor {
             spec: spec.clone(),

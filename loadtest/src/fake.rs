@@ -460,65 +460,93 @@ impl FakeTriton {
         }
         self.body_bytes.fetch_add(read, Ordering::Relaxed);
         let path = parts.uri.path();
-        let get = parts.method == Method::GET;
-        let post = parts.method == Method::POST;
-
-        match path {
-            "/v2/health/live" | "/v2/health/ready" => {
-                return if get {
-                    empty_ok()
-                } else {
-                    method_not_allowed()
-                };
-            }
-            "/v2" => {
-                return if get {
-                    json_ok(&self.server_metadata)
-                } else {
-                    method_not_allowed()
-                };
-            }
-            "/v2/repository/index" => {
-                return if post {
-                    json_ok(&self.repository_index())
-                } else {
-                    method_not_allowed()
-                };
-            }
-            "/metrics" => {
-                return if get {
-                    respond(StatusCode::OK, Some(PROMETHEUS_TEXT), self.metrics.clone())
-                } else {
-                    method_not_allowed()
-                };
-            }
-            _ => {}
+        if let Some(answer) = self.server_endpoint(path, &parts.method) {
+            return answer;
         }
-
         if let Some(rest) = path.strip_prefix("/v2/repository/models/") {
-            return match rest.split_once('/') {
-                Some((m, action @ ("load" | "unload"))) if self.models.contains_key(m) => {
-                    if !post {
-                        return method_not_allowed();
-                    }
-                    if action == "load" && !self.load_delay.is_zero() {
-                        tokio::time::sleep(self.load_delay).await;
-                    }
-                    self.models[m]
-                        .loaded
-                        .store(action == "load", Ordering::Relaxed);
-                    empty_ok()
-                }
-                Some((m, "load" | "unload")) => {
-                    not_found(&format!("failed to load '{m}', no version is available"))
-                }
-                _ => not_found(&format!("unknown path {path}")),
-            };
+            return self.repository_action(path, rest, &parts.method).await;
         }
-
         let Some(rest) = path.strip_prefix("/v2/models/") else {
             return not_found(&format!("unknown path {path}"));
         };
+        self.model_endpoint(&parts, path, rest).await
+    }
+
+    /// The server's own endpoints (health, metadata, the repository index, metrics);
+    /// `None` for any other path.
+    fn server_endpoint(&self, path: &str, method: &Method) -> Option<Response<Full<Bytes>>> {
+        let get = method == Method::GET;
+        let post = method == Method::POST;
+        Some(match path {
+            "/v2/health/live" | "/v2/health/ready" => {
+                if get {
+                    empty_ok()
+                } else {
+                    method_not_allowed()
+                }
+            }
+            "/v2" => {
+                if get {
+                    json_ok(&self.server_metadata)
+                } else {
+                    method_not_allowed()
+                }
+            }
+            "/v2/repository/index" => {
+                if post {
+                    json_ok(&self.repository_index())
+                } else {
+                    method_not_allowed()
+                }
+            }
+            "/metrics" => {
+                if get {
+                    respond(StatusCode::OK, Some(PROMETHEUS_TEXT), self.metrics.clone())
+                } else {
+                    method_not_allowed()
+                }
+            }
+            _ => return None,
+        })
+    }
+
+    /// `POST /v2/repository/models/{model}/load|unload` (`rest` is what follows the
+    /// prefix): a load waits `load_delay`, as a real one takes time.
+    async fn repository_action(
+        &self,
+        path: &str,
+        rest: &str,
+        method: &Method,
+    ) -> Response<Full<Bytes>> {
+        match rest.split_once('/') {
+            Some((m, action @ ("load" | "unload"))) if self.models.contains_key(m) => {
+                if method != Method::POST {
+                    return method_not_allowed();
+                }
+                if action == "load" && !self.load_delay.is_zero() {
+                    tokio::time::sleep(self.load_delay).await;
+                }
+                self.models[m]
+                    .loaded
+                    .store(action == "load", Ordering::Relaxed);
+                empty_ok()
+            }
+            Some((m, "load" | "unload")) => {
+                not_found(&format!("failed to load '{m}', no version is available"))
+            }
+            _ => not_found(&format!("unknown path {path}")),
+        }
+    }
+
+    /// `/v2/models/{model}[/versions/1][/action]` (`rest` is what follows `/v2/models/`):
+    /// the model must exist, be version 1 if one is named, and be loaded, refused in
+    /// Triton's words otherwise.
+    async fn model_endpoint(
+        &self,
+        parts: &http::request::Parts,
+        path: &str,
+        rest: &str,
+    ) -> Response<Full<Bytes>> {
         let mut segs = rest.split('/');
         let model_name = segs.next().unwrap_or_default();
         let Some(model) = self.models.get(model_name) else {
@@ -551,59 +579,49 @@ impl FakeTriton {
                 )),
             );
         }
+        let get = parts.method == Method::GET;
         match action {
-            None | Some("") => {
-                if get {
-                    json_ok(&model.metadata)
-                } else {
-                    method_not_allowed()
-                }
-            }
-            Some("config") => {
-                if get {
-                    json_ok(&model.config)
-                } else {
-                    method_not_allowed()
-                }
-            }
-            Some("ready") => {
-                if get {
-                    empty_ok()
-                } else {
-                    method_not_allowed()
-                }
-            }
-            Some("infer") if post => {
-                self.infer_count.fetch_add(1, Ordering::Relaxed);
-                if !self.delay.is_zero() {
-                    tokio::time::sleep(self.delay).await;
-                }
-                if self.fail_rate > 0.0
-                    && RNG.with(|r| r.borrow_mut().random::<f64>()) < self.fail_rate
-                {
-                    return respond(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        Some(APPLICATION_JSON),
-                        self.injected_failure.clone(),
-                    );
-                }
-                if parts.headers.contains_key(INFERENCE_HEADER_CONTENT_LENGTH) {
-                    let mut resp = respond(
-                        StatusCode::OK,
-                        Some(OCTET_STREAM),
-                        model.infer_binary.clone(),
-                    );
-                    resp.headers_mut().insert(
-                        HeaderName::from_static(INFERENCE_HEADER_CONTENT_LENGTH),
-                        model.infer_binary_header_len.clone(),
-                    );
-                    resp
-                } else {
-                    json_ok(&model.infer_json)
-                }
-            }
+            None | Some("") if get => json_ok(&model.metadata),
+            Some("config") if get => json_ok(&model.config),
+            Some("ready") if get => empty_ok(),
+            None | Some("" | "config" | "ready") => method_not_allowed(),
+            Some("infer") if parts.method == Method::POST => self.infer(model, parts).await,
             Some("infer") => method_not_allowed(),
             Some(_) => not_found(&format!("unknown path {path}")),
+        }
+    }
+
+    /// An inference: counted, delayed by `delay`, failed at `fail_rate`, else the model's
+    /// prepared answer, binary when the request asked for the binary extension.
+    async fn infer(
+        &self,
+        model: &ModelBodies,
+        parts: &http::request::Parts,
+    ) -> Response<Full<Bytes>> {
+        self.infer_count.fetch_add(1, Ordering::Relaxed);
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        if self.fail_rate > 0.0 && RNG.with(|r| r.borrow_mut().random::<f64>()) < self.fail_rate {
+            return respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some(APPLICATION_JSON),
+                self.injected_failure.clone(),
+            );
+        }
+        if parts.headers.contains_key(INFERENCE_HEADER_CONTENT_LENGTH) {
+            let mut resp = respond(
+                StatusCode::OK,
+                Some(OCTET_STREAM),
+                model.infer_binary.clone(),
+            );
+            resp.headers_mut().insert(
+                HeaderName::from_static(INFERENCE_HEADER_CONTENT_LENGTH),
+                model.infer_binary_header_len.clone(),
+            );
+            resp
+        } else {
+            json_ok(&model.infer_json)
         }
     }
 }

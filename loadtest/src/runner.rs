@@ -386,37 +386,12 @@ async fn collect(
                 let rate = (ok - ok_last) as f64 / secs;
                 ok_last = ok;
                 last_tick = now;
-                let phase = if now < phases.measure_start {
-                    format!(
-                        "warmup {}/{}",
-                        fmt_duration(round_s(now - phases.start)),
-                        fmt_duration(phases.measure_start - phases.start)
-                    )
-                } else if now < phases.end {
-                    let idx = phases.window_of(now).unwrap_or(phases.windows - 1);
-                    format!(
-                        "window {}/{} {}/{}",
-                        idx + 1,
-                        phases.windows,
-                        fmt_duration(round_s(now - phases.measure_start)),
-                        fmt_duration(phases.end - phases.measure_start)
-                    )
-                } else if open {
-                    "waiting for in-flight requests".to_string()
-                } else {
-                    "finishing".to_string()
-                };
+                let phase = phase_at(now, &phases, open);
                 let line = format!(
                     "{} {phase} | ok {ok} err {err} | {rate:.0} infer/s",
                     progress.prefix
                 );
-                let mut e = std::io::stderr().lock();
-                if tty {
-                    let _ = write!(e, "\r\x1b[2K{line}");
-                } else {
-                    let _ = writeln!(e, "{line}");
-                }
-                let _ = e.flush();
+                show_progress(&line, tty);
                 printed = true;
             }
         }
@@ -427,6 +402,43 @@ async fn collect(
         let _ = e.flush();
     }
     (windows, lag)
+}
+
+/// Where the run is at `now`, for the progress line: warm-up, which window, or the
+/// wait for the last answers.
+fn phase_at(now: Instant, phases: &Phases, open: bool) -> String {
+    if now < phases.measure_start {
+        format!(
+            "warmup {}/{}",
+            fmt_duration(round_s(now - phases.start)),
+            fmt_duration(phases.measure_start - phases.start)
+        )
+    } else if now < phases.end {
+        let idx = phases.window_of(now).unwrap_or(phases.windows - 1);
+        format!(
+            "window {}/{} {}/{}",
+            idx + 1,
+            phases.windows,
+            fmt_duration(round_s(now - phases.measure_start)),
+            fmt_duration(phases.end - phases.measure_start)
+        )
+    } else if open {
+        "waiting for in-flight requests".to_string()
+    } else {
+        "finishing".to_string()
+    }
+}
+
+/// Writes a progress line: redrawn in place on a terminal, one line each otherwise, so a
+/// log file gets no control characters.
+fn show_progress(line: &str, tty: bool) {
+    let mut e = std::io::stderr().lock();
+    if tty {
+        let _ = write!(e, "\r\x1b[2K{line}");
+    } else {
+        let _ = writeln!(e, "{line}");
+    }
+    let _ = e.flush();
 }
 
 fn round_s(d: Duration) -> Duration {

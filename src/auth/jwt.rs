@@ -140,6 +140,13 @@ fn parse_algorithms(names: &[String]) -> Vec<Algorithm> {
         .collect()
 }
 
+/// What one configured key becomes: a key that verifies as it is, or a JWKS source whose
+/// keys come and go.
+enum Configured {
+    Fixed(VerifyKey),
+    Jwks(JwksSource),
+}
+
 impl JwtKeys {
     /// Reads every configured key: PEM files and secrets now, JWKS files now (URLs are
     /// fetched by `refresh`). Errors name the key.
@@ -153,101 +160,17 @@ impl JwtKeys {
         let mut fixed = Vec::new();
         let mut jwks = Vec::new();
         for (i, key) in config.jwt_keys.iter().enumerate() {
-            let origin = format!("auth.jwt_keys[{i}]");
-            let algorithms = parse_algorithms(&key.algorithms);
-            let family = key.algorithms.first().and_then(|a| algorithm_family(a));
-            let error = |field: &str, message: String| config::ConfigError {
-                key: format!("{origin}.{field}"),
-                message,
-            };
-            if let Some(path) = &key.pem_file {
-                let decoded = std::fs::read(path)
-                    .map_err(|e| format!("cannot read {path}: {e}"))
-                    .and_then(|pem| {
-                        match family {
-                            Some("rsa") => DecodingKey::from_rsa_pem(&pem),
-                            Some("ec") => DecodingKey::from_ec_pem(&pem),
-                            Some("ed") => DecodingKey::from_ed_pem(&pem),
-                            _ => return Err("no public-key algorithm given".into()),
-                        }
-                        .map_err(|e| {
-                            format!(
-                                "{path} is not a {} public key in PEM: {e}",
-                                family.unwrap_or("").to_uppercase()
-                            )
-                        })
-                    });
-                match decoded {
-                    Ok(decoding) => fixed.push(Arc::new(rules.key(
-                        key.id.clone(),
-                        origin.clone(),
-                        decoding,
-                        &algorithms,
-                    ))),
-                    Err(message) => errors.push(error("pem_file", message)),
-                }
-            } else if let Some(var) = &key.secret_env {
-                match std::env::var(var) {
-                    Ok(secret) if !secret.is_empty() => {
-                        match DecodingKey::from_secret(secret.as_bytes()) {
-                            Ok(decoding) => fixed.push(Arc::new(rules.key(
-                                key.id.clone(),
-                                origin.clone(),
-                                decoding,
-                                &algorithms,
-                            ))),
-                            Err(e) => {
-                                errors.push(error("secret_env", format!("unusable secret: {e}")))
-                            }
-                        }
-                    }
-                    _ => errors.push(error(
-                        "secret_env",
-                        format!("environment variable {var} is not set or empty"),
-                    )),
-                }
-            } else {
-                let location = match (&key.jwks_file, &key.jwks_url) {
-                    (Some(path), _) => Location::File(PathBuf::from(path)),
-                    (None, Some(url)) => Location::Url(url.clone()),
-                    (None, None) => continue,
-                };
-                let source = JwksSource {
-                    origin: origin.clone(),
-                    location,
-                    algorithms,
-                    keys: ArcSwap::from_pointee(Vec::new()),
-                    fingerprint: AtomicU64::new(0),
-                };
-                if let Location::File(path) = &source.location {
-                    let loaded = std::fs::read(path)
-                        .map_err(|e| format!("cannot read {}: {e}", path.display()))
-                        .and_then(|text| source.parse(&rules, &text).map(|keys| (keys, text)));
-                    match loaded {
-                        Ok((keys, text)) => {
-                            source.keys.store(Arc::new(keys));
-                            source
-                                .fingerprint
-                                .store(crate::fnv::fnv1a(&text), Ordering::Relaxed);
-                        }
-                        Err(message) => errors.push(error("jwks_file", message)),
-                    }
-                }
-                jwks.push(source);
+            match configure_key(&rules, format!("auth.jwt_keys[{i}]"), key) {
+                Ok(Some(Configured::Fixed(key))) => fixed.push(Arc::new(key)),
+                Ok(Some(Configured::Jwks(source))) => jwks.push(source),
+                Ok(None) => {}
+                Err(error) => errors.push(error),
             }
         }
         if !errors.is_empty() {
             return Err(errors);
         }
-        let http = jwks
-            .iter()
-            .any(|s| matches!(s.location, Location::Url(_)))
-            .then(|| {
-                reqwest::Client::builder()
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .expect("HTTP client for JWKS")
-            });
+        let http = jwks_client(&jwks);
         Ok(Self {
             rules,
             fixed,
@@ -445,7 +368,102 @@ enum Lookup {
     NoKeyForAlg,
 }
 
+/// Reads one `[[auth.jwt_keys]]` entry from whichever source it names; the error names the
+/// field at fault. `None`: the entry names no source (config validation has refused it).
+fn configure_key(
+    rules: &Rules,
+    origin: String,
+    key: &config::JwtKey,
+) -> Result<Option<Configured>, config::ConfigError> {
+    let algorithms = parse_algorithms(&key.algorithms);
+    let error = |field: &str, message: String| config::ConfigError {
+        key: format!("{origin}.{field}"),
+        message,
+    };
+    if let Some(path) = &key.pem_file {
+        let family = key.algorithms.first().and_then(|a| algorithm_family(a));
+        let decoding = read_pem_key(path, family).map_err(|m| error("pem_file", m))?;
+        let verify = rules.key(key.id.clone(), origin.clone(), decoding, &algorithms);
+        Ok(Some(Configured::Fixed(verify)))
+    } else if let Some(var) = &key.secret_env {
+        let decoding = read_secret(var).map_err(|m| error("secret_env", m))?;
+        let verify = rules.key(key.id.clone(), origin.clone(), decoding, &algorithms);
+        Ok(Some(Configured::Fixed(verify)))
+    } else {
+        let location = match (&key.jwks_file, &key.jwks_url) {
+            (Some(path), _) => Location::File(PathBuf::from(path)),
+            (None, Some(url)) => Location::Url(url.clone()),
+            (None, None) => return Ok(None),
+        };
+        let source = JwksSource {
+            origin: origin.clone(),
+            location,
+            algorithms,
+            keys: ArcSwap::from_pointee(Vec::new()),
+            fingerprint: AtomicU64::new(0),
+        };
+        source.load_file(rules).map_err(|m| error("jwks_file", m))?;
+        Ok(Some(Configured::Jwks(source)))
+    }
+}
+
+/// A PEM public key of the family its first algorithm names: the family decides which of
+/// jsonwebtoken's readers applies, and an HMAC family has no public key at all.
+fn read_pem_key(path: &str, family: Option<&str>) -> Result<DecodingKey, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    match family {
+        Some("rsa") => DecodingKey::from_rsa_pem(&pem),
+        Some("ec") => DecodingKey::from_ec_pem(&pem),
+        Some("ed") => DecodingKey::from_ed_pem(&pem),
+        _ => return Err("no public-key algorithm given".into()),
+    }
+    .map_err(|e| {
+        format!(
+            "{path} is not a {} public key in PEM: {e}",
+            family.unwrap_or("").to_uppercase()
+        )
+    })
+}
+
+/// An HMAC secret from the environment, so it never sits in the config file; an empty one
+/// would let anyone sign.
+fn read_secret(var: &str) -> Result<DecodingKey, String> {
+    match std::env::var(var) {
+        Ok(secret) if !secret.is_empty() => {
+            DecodingKey::from_secret(secret.as_bytes()).map_err(|e| format!("unusable secret: {e}"))
+        }
+        _ => Err(format!("environment variable {var} is not set or empty")),
+    }
+}
+
+/// One HTTP client for every JWKS URL, built only when some source is a URL.
+fn jwks_client(jwks: &[JwksSource]) -> Option<reqwest::Client> {
+    jwks.iter()
+        .any(|s| matches!(s.location, Location::Url(_)))
+        .then(|| {
+            reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("HTTP client for JWKS")
+        })
+}
+
 impl JwksSource {
+    /// A JWKS file is read at start, so a missing or broken file is a config error rather
+    /// than a gateway that refuses every token; a URL waits for `refresh`.
+    fn load_file(&self, rules: &Rules) -> Result<(), String> {
+        let Location::File(path) = &self.location else {
+            return Ok(());
+        };
+        let text =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let keys = self.parse(rules, &text)?;
+        self.keys.store(Arc::new(keys));
+        self.fingerprint
+            .store(crate::fnv::fnv1a(&text), Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The keys of a JWKS document this source may use: each key's algorithms are its
     /// `alg` if it names one, else its family's, narrowed to the configured ones.
     fn parse(&self, rules: &Rules, text: &[u8]) -> Result<Vec<Arc<VerifyKey>>, String> {

@@ -393,85 +393,116 @@ impl Auth {
         access: Access<'_>,
     ) -> Result<Admission, (Decision, GatewayError)> {
         let policy = self.tenants.get(&identity.tenant);
+        self.check_access(identity, policy, access)?;
+        let Some(policy) = policy else {
+            return Ok(Admission::default());
+        };
+        let replicas = self.share.load().replicas();
+        let slot = match &policy.concurrency {
+            Some(limit) => Some(enter(limit, identity, replicas)?),
+            None => None,
+        };
+        if let Some(bucket) = &policy.rate {
+            take_rate_token(bucket, identity, replicas)?;
+        }
+        Ok(Admission { _slot: slot })
+    }
+
+    /// Whether the identity may do this at all, before any limit is spent on it: admin
+    /// endpoints need the admin role, a model must be on the tenant's list (from config,
+    /// else the token, else `auth.default_models`).
+    fn check_access(
+        &self,
+        identity: &Identity,
+        policy: Option<&TenantPolicy>,
+        access: Access<'_>,
+    ) -> Result<(), (Decision, GatewayError)> {
         match access {
-            Access::Admin(what) if !identity.admin => {
-                return Err((
-                    Decision::Forbidden,
-                    GatewayError::Forbidden {
-                        message: format!(
-                            "tenant '{}' may not use {what}: it needs the '{}' role",
-                            identity.tenant, self.admin_role
-                        ),
-                    },
-                ));
-            }
-            Access::Admin(_) => {}
+            Access::Admin(what) if !identity.admin => Err((
+                Decision::Forbidden,
+                GatewayError::Forbidden {
+                    message: format!(
+                        "tenant '{}' may not use {what}: it needs the '{}' role",
+                        identity.tenant, self.admin_role
+                    ),
+                },
+            )),
+            Access::Admin(_) => Ok(()),
             Access::Model(model) => {
                 let allowed = policy
                     .and_then(|p| p.models.as_ref())
                     .or(identity.models.as_ref())
                     .unwrap_or(&self.default_models);
-                if !allowed.allows(model) {
-                    return Err((
-                        Decision::Forbidden,
-                        GatewayError::Forbidden {
-                            message: format!(
-                                "tenant '{}' may not use model '{model}'",
-                                identity.tenant
-                            ),
-                        },
-                    ));
+                if allowed.allows(model) {
+                    return Ok(());
                 }
+                Err((
+                    Decision::Forbidden,
+                    GatewayError::Forbidden {
+                        message: format!(
+                            "tenant '{}' may not use model '{model}'",
+                            identity.tenant
+                        ),
+                    },
+                ))
             }
         }
-        let Some(policy) = policy else {
-            return Ok(Admission::default());
-        };
-        let replicas = self.share.load().replicas();
-        let of_replicas = |replicas: u32| {
-            if replicas > 1 {
-                format!(" (this replica's share over {replicas} replicas)")
-            } else {
-                String::new()
-            }
-        };
-        let slot = match &policy.concurrency {
-            Some(limit) => match limit.try_enter(replicas) {
-                Some(slot) => Some(slot),
-                None => {
-                    return Err((
-                        Decision::ConcurrencyLimited,
-                        GatewayError::RateLimited {
-                            message: format!(
-                                "tenant '{}' has {} requests in progress, its limit{}",
-                                identity.tenant,
-                                limit.share(replicas),
-                                of_replicas(replicas)
-                            ),
-                            retry_after: Duration::from_secs(1),
-                        },
-                    ));
-                }
+    }
+}
+
+/// A slot under the tenant's concurrency limit (this replica's share of it), or the refusal
+/// that says how many are in progress.
+fn enter(
+    limit: &Concurrency,
+    identity: &Identity,
+    replicas: u32,
+) -> Result<Slot, (Decision, GatewayError)> {
+    limit.try_enter(replicas).ok_or_else(|| {
+        (
+            Decision::ConcurrencyLimited,
+            GatewayError::RateLimited {
+                message: format!(
+                    "tenant '{}' has {} requests in progress, its limit{}",
+                    identity.tenant,
+                    limit.share(replicas),
+                    of_replicas(replicas)
+                ),
+                retry_after: Duration::from_secs(1),
             },
-            None => None,
-        };
-        if let Some(bucket) = &policy.rate
-            && let Err(wait) = bucket.take(Instant::now(), replicas)
-        {
-            return Err((
-                Decision::RateLimited,
-                GatewayError::RateLimited {
-                    message: format!(
-                        "tenant '{}' is over its limit of {} requests per second{}",
-                        identity.tenant,
-                        bucket.rate() / f64::from(replicas),
-                        of_replicas(replicas)
-                    ),
-                    retry_after: wait,
-                },
-            ));
-        }
-        Ok(Admission { _slot: slot })
+        )
+    })
+}
+
+/// One token from the tenant's rate bucket (this replica's share of the rate), or the
+/// refusal with how long to wait for the next.
+fn take_rate_token(
+    bucket: &TokenBucket,
+    identity: &Identity,
+    replicas: u32,
+) -> Result<(), (Decision, GatewayError)> {
+    bucket.take(Instant::now(), replicas).map_err(|wait| {
+        (
+            Decision::RateLimited,
+            GatewayError::RateLimited {
+                message: format!(
+                    "tenant '{}' is over its limit of {} requests per second{}",
+                    identity.tenant,
+                    bucket.rate() / f64::from(replicas),
+                    of_replicas(replicas)
+                ),
+                retry_after: wait,
+            },
+        )
+    })
+}
+
+/// Limits are split over replicas; a refusal says so, or a client reading "limit 5" while
+/// it sees 2 refused would be misled.
+fn of_replicas(replicas: u32) -> String {
+    if replicas > 1 {
+        format!(" (this replica's share over {replicas} replicas)")
+    } else {
+        String::new()
     }
 }
 

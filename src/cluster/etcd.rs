@@ -10,9 +10,11 @@
 
 mod client;
 
-pub use client::Client;
-pub use client::pb::etcdserverpb::{Compare, RequestOp, ResponseOp, TxnRequest, response_op};
+pub use client::pb::etcdserverpb::{
+    Compare, RequestOp, ResponseOp, TxnRequest, WatchResponse, response_op,
+};
 pub use client::pb::mvccpb::{Event, KeyValue, event::EventType};
+pub use client::{Client, KeepAlive, Watch};
 
 use crate::config;
 use crate::telemetry;

@@ -13,7 +13,8 @@ use super::etcd::{Client, Compare, RequestOp, ResponseOp, TxnRequest, call, resp
 use super::view::{self, View};
 use crate::placement::Placement;
 use crate::placement::registry::{
-    Agreed, Change, InUse, ModelRecord, Pending, Record, Registry, SharedCopy, SharedSpec,
+    Agreed, Change, CopyChange, InUse, ModelRecord, Pending, Record, Registry, SharedCopy,
+    SharedSpec,
 };
 use crate::telemetry;
 use serde::{Deserialize, Serialize};
@@ -131,6 +132,8 @@ struct Plan {
     written: Vec<(String, Option<ModelRecord>)>,
 }
 
+/// Builds the `Plan` (see there): each model's record with its copy changed, then the
+/// backend's record, each compared at the revision it was read at.
 fn plan(
     view: &View,
     change: &Change,
@@ -144,65 +147,16 @@ fn plan(
     let mut changed: Vec<(String, Option<SharedCopy>)> = Vec::new();
     let mut before: Vec<(String, Option<SharedCopy>)> = Vec::new();
     for ((model, record, revision), copy) in current.iter().zip(&change.copies) {
-        let mut record = record.clone().unwrap_or_default();
-        let old = record.copies.get(&change.backend).cloned();
-        if settling {
-            let state_ok = old.as_ref().map(|c| c.state) == copy.from;
-            let lease_ok = copy
-                .lease
-                .is_none_or(|l| old.as_ref().is_some_and(|c| c.lease == l));
-            if !(state_ok && lease_ok) {
-                return None;
-            }
-        }
+        let (record, old) = apply_copy(record.as_ref(), &change.backend, copy, settling)?;
         before.push((model.clone(), old));
-        match &copy.to {
-            Some(to) => record.copies.insert(change.backend.clone(), to.clone()),
-            None => record.copies.remove(&change.backend),
-        };
-        if let Some(backoff) = &copy.backoff {
-            record
-                .backoffs
-                .insert(change.backend.clone(), backoff.clone());
-        } else if copy
-            .to
-            .as_ref()
-            .is_some_and(|c| c.state == crate::placement::registry::SharedState::Ready)
-        {
-            record.backoffs.remove(&change.backend);
-        }
         changed.push((model.clone(), copy.to.clone()));
         let key = model_key(view, model);
         compares.push(unchanged(&key, *revision));
-        if record.copies.is_empty() && record.backoffs.is_empty() {
-            puts.push(RequestOp::delete(key));
-            written.push((model.clone(), None));
-        } else {
-            puts.push(RequestOp::put(
-                key,
-                serde_json::to_vec(&record).expect("a record serializes"),
-                0,
-            ));
-            written.push((model.clone(), Some(record)));
-        }
+        let (put, kept) = model_write(key, record);
+        puts.push(put);
+        written.push((model.clone(), kept));
     }
-    let old: Vec<(String, Option<&SharedCopy>)> = before
-        .iter()
-        .map(|(m, c)| (m.clone(), c.as_ref()))
-        .collect();
-    let new: Vec<(String, Option<&SharedCopy>)> = changed
-        .iter()
-        .map(|(m, c)| (m.clone(), c.as_ref()))
-        .collect();
-    let was = BackendRecord::of(view, &change.backend, change.usable, &old);
-    let will = BackendRecord::of(view, &change.backend, change.usable, &new);
-    // The books' rule: what is committed, and what departing copies still hold from before,
-    // fits in the usable bytes; a change that commits nothing more always may, and a settle
-    // records what happened on the backend.
-    if !settling && will.committed > was.committed && will.committed + was.departing > change.usable
-    {
-        return None;
-    }
+    let will = backend_after(view, change, &before, &changed, settling)?;
     let key = backend_key(view, &change.backend);
     compares.push(unchanged(&key, backend_revision));
     puts.push(RequestOp::put(
@@ -216,6 +170,81 @@ fn plan(
         failure: Vec::new(),
     };
     Some(Plan { txn, written })
+}
+
+/// One model's record with the change's copy on `backend` applied (a backoff kept, or
+/// cleared by a ready copy), and the copy as it was; `None` when a settle finds the copy
+/// not in the state, or not on the lease, it requires.
+fn apply_copy(
+    record: Option<&ModelRecord>,
+    backend: &str,
+    copy: &CopyChange,
+    settling: bool,
+) -> Option<(ModelRecord, Option<SharedCopy>)> {
+    let mut record = record.cloned().unwrap_or_default();
+    let old = record.copies.get(backend).cloned();
+    if settling {
+        let state_ok = old.as_ref().map(|c| c.state) == copy.from;
+        let lease_ok = copy
+            .lease
+            .is_none_or(|l| old.as_ref().is_some_and(|c| c.lease == l));
+        if !(state_ok && lease_ok) {
+            return None;
+        }
+    }
+    match &copy.to {
+        Some(to) => record.copies.insert(backend.to_owned(), to.clone()),
+        None => record.copies.remove(backend),
+    };
+    if let Some(backoff) = &copy.backoff {
+        record.backoffs.insert(backend.to_owned(), backoff.clone());
+    } else if copy
+        .to
+        .as_ref()
+        .is_some_and(|c| c.state == crate::placement::registry::SharedState::Ready)
+    {
+        record.backoffs.remove(backend);
+    }
+    Some((record, old))
+}
+
+/// The write for a model's record: an empty record is deleted rather than kept, so the
+/// registry holds only models some backend has or backs off. Returns what was written.
+fn model_write(key: String, record: ModelRecord) -> (RequestOp, Option<ModelRecord>) {
+    if record.copies.is_empty() && record.backoffs.is_empty() {
+        (RequestOp::delete(key), None)
+    } else {
+        let value = serde_json::to_vec(&record).expect("a record serializes");
+        (RequestOp::put(key, value, 0), Some(record))
+    }
+}
+
+/// The backend's record after the change, `None` when an agreement would overcommit it.
+fn backend_after(
+    view: &View,
+    change: &Change,
+    before: &[(String, Option<SharedCopy>)],
+    changed: &[(String, Option<SharedCopy>)],
+    settling: bool,
+) -> Option<BackendRecord> {
+    /// `BackendRecord::of` reads copies by reference.
+    fn borrowed(copies: &[(String, Option<SharedCopy>)]) -> Vec<(String, Option<&SharedCopy>)> {
+        copies
+            .iter()
+            .map(|(m, c)| (m.clone(), c.as_ref()))
+            .collect()
+    }
+    let (old, new) = (borrowed(before), borrowed(changed));
+    let was = BackendRecord::of(view, &change.backend, change.usable, &old);
+    let will = BackendRecord::of(view, &change.backend, change.usable, &new);
+    // The books' rule: what is committed, and what departing copies still hold from before,
+    // fits in the usable bytes; a change that commits nothing more always may, and a settle
+    // records what happened on the backend.
+    if !settling && will.committed > was.committed && will.committed + was.departing > change.usable
+    {
+        return None;
+    }
+    Some(will)
 }
 
 impl Registry for Cluster {

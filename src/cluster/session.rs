@@ -8,11 +8,14 @@
 use super::Cluster;
 use super::Host;
 use super::etcd::{
-    self, Client, Compare, Event, EventType, KeyValue, RequestOp, TxnRequest, call, response_op,
+    self, Client, Compare, Event, EventType, KeepAlive, KeyValue, RequestOp, TxnRequest, Watch,
+    WatchResponse, call, response_op,
 };
 use super::shared::Shared;
 use super::view::{self, Change, Entry, ReplicaRecord};
+use crate::placement::Placement;
 use crate::telemetry;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -70,7 +73,9 @@ impl Cluster {
         }
     }
 
-    /// One session; `Ok` on shutdown, else why it ended.
+    /// One session; `Ok` on shutdown, else why it ended. Starts the session (lease, record,
+    /// view, campaign), then serves its four clocks until one of them fails: the lease's
+    /// renewal, the watch, the election, and the publishing of shared state.
     async fn session(
         &self,
         client: &mut Client,
@@ -83,70 +88,32 @@ impl Cluster {
         let me = self.replica().to_string();
         let mut keeper = call("keep_alive", &me, client.keep_alive(lease)).await?;
         let prefix = self.view().key("");
-        let read = call("get", &me, client.get_prefix(prefix.clone())).await?;
-        let revision = read.header.map_or(0, |h| h.revision);
-        self.view().reset(
-            read.kvs
-                .iter()
-                .map(|kv| (String::from_utf8_lossy(&kv.key).into_owned(), entry(kv))),
-            revision,
-        );
+        let revision = self.read_view(client, prefix.clone()).await?;
         *self.client.lock().expect("cluster client") = Some(client.clone());
         let placement = gateway.placement();
         self.resync(placement);
-        let mut marks_sent = None;
-        let mut orphans = std::collections::HashMap::new();
+        let mut publishing = Publishing::default();
         let mut watch = call("watch", &me, client.watch_prefix(prefix, revision + 1)).await?;
-        let election = self.view().key(view::ELECTION);
-        let mut campaign = Some(Abort(tokio::spawn({
-            let mut client = client.clone();
-            let me = me.clone();
-            async move { client.campaign(election, me, lease).await }
-        })));
+        let mut campaign = Some(self.campaign(client, lease));
         self.set_degraded(None);
         shared.apply(self, gateway);
-        let ttl = Duration::from_secs(self.config.lease_seconds() as u64);
+        let mut clock = LeaseClock {
+            id: lease,
+            ttl: Duration::from_secs(self.config.lease_seconds() as u64),
+            renewed: std::time::Instant::now(),
+        };
         // Renewed four times a lease; a renewal may take until a quarter of the lease is
         // left since the last one etcd confirmed: one late answer (a busy machine, etcd
         // paused a moment) is not an outage, and the replica degrades only when the lease
         // is really at risk.
-        let mut keep_alive = tokio::time::interval((ttl / 4).max(Duration::from_millis(250)));
-        let mut renewed = std::time::Instant::now();
+        let mut keep_alive = tokio::time::interval((clock.ttl / 4).max(Duration::from_millis(250)));
         let mut sync = tokio::time::interval(SYNC_INTERVAL);
         let own_record = self.view().key(&format!("{}{me}", view::REPLICAS));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                _ = keep_alive.tick() => {
-                    let sent = std::time::Instant::now();
-                    let at_risk = renewed + ttl * 3 / 4;
-                    let answer = etcd::call_until("keep_alive", &me, at_risk, keeper.renew()).await?;
-                    renewed = sent;
-                    if answer.ttl <= 0 {
-                        return Err(format!("lease {lease:x} expired"));
-                    }
-                    let current = answer.header.map_or(0, |h| h.revision);
-                    let lag = (current - self.view().revision()).max(0);
-                    self.gauge(telemetry::CLUSTER_WATCH_LAG).set(lag as f64);
-                    // Ask for a progress notice, so a quiet prefix still moves the view's
-                    // revision up to etcd's and the lag reads true.
-                    watch.request_progress().await.map_err(|e| format!("etcd watch failed: {e}"))?;
-                }
-                message = watch.message() => {
-                    let answer = message
-                        .map_err(|e| format!("etcd watch failed: {e}"))?
-                        .ok_or("etcd ended the watch")?;
-                    if answer.canceled {
-                        return Err(format!("etcd cancelled the watch: {}", answer.cancel_reason));
-                    }
-                    let revision = answer.header.map_or(0, |h| h.revision);
-                    let changes: Vec<Change> = answer.events.iter().filter_map(change).collect();
-                    if changes.iter().any(|c| matches!(c, Change::Delete(key) if *key == own_record)) {
-                        return Err("this replica's record was deleted".into());
-                    }
-                    self.view().apply(changes.iter().cloned(), revision);
-                    self.mirror_changes(placement, &changes, revision);
-                }
+                _ = keep_alive.tick() => self.renew(&mut keeper, &mut watch, &mut clock).await?,
+                message = watch.message() => self.follow_watch(message, &own_record, placement)?,
                 elected = async { (&mut campaign.as_mut().expect("campaigning").0).await }, if campaign.is_some() => {
                     campaign = None;
                     match elected {
@@ -156,24 +123,127 @@ impl Cluster {
                     }
                 }
                 _ = sync.tick() => {
-                    let published = match shared.publish(self, gateway, client).await {
-                        Ok(()) => {
-                            shared.apply(self, gateway);
-                            self.publish_marks(placement, client, lease, &mut marks_sent).await
-                        }
-                        Err(reason) => Err(reason),
-                    };
-                    match published {
-                        Ok(()) => self.finish_orphans(placement, &mut orphans),
-                        // What was not published goes on the next tick, while the lease is safe.
-                        Err(reason) if renewed.elapsed() < ttl * 3 / 4 => {
-                            tracing::info!(replica = %me, %reason, "etcd was slow to take shared state; publishing again");
-                        }
-                        Err(reason) => return Err(reason),
-                    }
+                    self.publish_shared(shared, gateway, client, &clock, &mut publishing).await?;
                 }
             }
         }
+    }
+
+    /// Reads the whole registry into the view; returns the revision it was read at, where
+    /// the watch takes over.
+    async fn read_view(&self, client: &mut Client, prefix: String) -> Result<i64, String> {
+        let read = call("get", self.replica(), client.get_prefix(prefix)).await?;
+        let revision = read.header.map_or(0, |h| h.revision);
+        self.view().reset(
+            read.kvs
+                .iter()
+                .map(|kv| (String::from_utf8_lossy(&kv.key).into_owned(), entry(kv))),
+            revision,
+        );
+        Ok(revision)
+    }
+
+    /// Stands for the pool's housekeeping on the session's lease, in a task of its own: the
+    /// wait to lead may last the whole session, and ends with it.
+    fn campaign(&self, client: &Client, lease: i64) -> Abort<Result<(), tonic::Status>> {
+        let election = self.view().key(view::ELECTION);
+        let mut client = client.clone();
+        let me = self.replica().to_string();
+        Abort(tokio::spawn(async move {
+            client.campaign(election, me, lease).await
+        }))
+    }
+
+    /// Renews the lease and reads how far the view lags etcd; `Err` when the renewal did
+    /// not come back before the lease was at risk, or etcd no longer has the lease.
+    async fn renew(
+        &self,
+        keeper: &mut KeepAlive,
+        watch: &mut Watch,
+        clock: &mut LeaseClock,
+    ) -> Result<(), String> {
+        let sent = std::time::Instant::now();
+        let answer = etcd::call_until(
+            "keep_alive",
+            self.replica(),
+            clock.at_risk(),
+            keeper.renew(),
+        )
+        .await?;
+        clock.renewed = sent;
+        if answer.ttl <= 0 {
+            return Err(format!("lease {:x} expired", clock.id));
+        }
+        let current = answer.header.map_or(0, |h| h.revision);
+        let lag = (current - self.view().revision()).max(0);
+        self.gauge(telemetry::CLUSTER_WATCH_LAG).set(lag as f64);
+        // Ask for a progress notice, so a quiet prefix still moves the view's
+        // revision up to etcd's and the lag reads true.
+        watch
+            .request_progress()
+            .await
+            .map_err(|e| format!("etcd watch failed: {e}"))
+    }
+
+    /// Applies one watch answer to the view and mirrors it into placement's books; `Err`
+    /// when the watch ended, or this replica's own record went (its lease is gone).
+    fn follow_watch(
+        &self,
+        message: Result<Option<WatchResponse>, tonic::Status>,
+        own_record: &str,
+        placement: &Arc<Placement>,
+    ) -> Result<(), String> {
+        let answer = message
+            .map_err(|e| format!("etcd watch failed: {e}"))?
+            .ok_or("etcd ended the watch")?;
+        if answer.canceled {
+            return Err(format!(
+                "etcd cancelled the watch: {}",
+                answer.cancel_reason
+            ));
+        }
+        let revision = answer.header.map_or(0, |h| h.revision);
+        let changes: Vec<Change> = answer.events.iter().filter_map(change).collect();
+        if changes
+            .iter()
+            .any(|c| matches!(c, Change::Delete(key) if key.as_str() == own_record))
+        {
+            return Err("this replica's record was deleted".into());
+        }
+        self.view().apply(changes.iter().cloned(), revision);
+        self.mirror_changes(placement, &changes, revision);
+        Ok(())
+    }
+
+    /// Publishes shared state and this replica's use marks, then (as leader) finishes
+    /// orphaned records. A failure is tried again on the next tick while the lease is safe;
+    /// past that it ends the session.
+    async fn publish_shared(
+        &self,
+        shared: &mut Shared,
+        gateway: &impl Host,
+        client: &mut Client,
+        clock: &LeaseClock,
+        publishing: &mut Publishing,
+    ) -> Result<(), String> {
+        let placement = gateway.placement();
+        let published = match shared.publish(self, gateway, client).await {
+            Ok(()) => {
+                shared.apply(self, gateway);
+                self.publish_marks(placement, client, clock.id, &mut publishing.marks_sent)
+                    .await
+            }
+            Err(reason) => Err(reason),
+        };
+        match published {
+            Ok(()) => self.finish_orphans(placement, &mut publishing.orphans),
+            // What was not published goes on the next tick, while the lease is safe.
+            Err(reason) if std::time::Instant::now() < clock.at_risk() => {
+                tracing::info!(replica = %self.replica(), %reason, "etcd was slow to take shared state; publishing again");
+            }
+            Err(reason) => return Err(reason),
+        }
+        Ok(())
     }
 
     /// The previous lease when etcd still holds it, else a new one.
@@ -253,6 +323,29 @@ fn change(event: &Event) -> Option<Change> {
         EventType::Put => Change::Put(key, entry(kv)),
         EventType::Delete => Change::Delete(key),
     })
+}
+
+/// A session's lease, and when etcd last confirmed its renewal.
+struct LeaseClock {
+    id: i64,
+    ttl: Duration,
+    renewed: std::time::Instant,
+}
+
+impl LeaseClock {
+    /// When a quarter of the lease is left since the last confirmed renewal: until then a
+    /// slow renewal or publish is waited out, after it the session ends.
+    fn at_risk(&self) -> std::time::Instant {
+        self.renewed + self.ttl * 3 / 4
+    }
+}
+
+/// What a session has published of this replica's use, and the orphaned records its
+/// leader is finishing; both start over with each session.
+#[derive(Default)]
+struct Publishing {
+    marks_sent: Option<Vec<u8>>,
+    orphans: HashMap<(String, String, i64), Option<tokio::time::Instant>>,
 }
 
 /// A task aborted when dropped: a session's campaign ends with the session.

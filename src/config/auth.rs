@@ -163,9 +163,23 @@ pub fn algorithm_family(name: &str) -> Option<&'static str> {
 }
 
 impl Auth {
-    /// Checks what can be checked without reading files.
+    /// Checks what can be checked without reading files. Each part of `[auth]` checks its own
+    /// keys; the order here is the order the errors are reported in.
     pub(super) fn validate(&self, errors: &mut Vec<ConfigError>) {
         let mut error = |key: String, message: String| errors.push(ConfigError { key, message });
+        self.check_mode_and_claims(&mut error);
+        // Key ids are unique across all keys, so the set outlives each key's check.
+        let mut ids = HashSet::new();
+        for (i, key) in self.jwt_keys.iter().enumerate() {
+            key.check(i, &mut ids, &mut error);
+        }
+        self.check_api_keys(&mut error);
+        self.check_tenants(&mut error);
+    }
+
+    /// The table's own keys: `required` with no way to present a credential would refuse
+    /// every request, and an empty claim or role name could never match.
+    fn check_mode_and_claims(&self, error: &mut impl FnMut(String, String)) {
         if self.mode == AuthMode::Required
             && self.jwt_keys.is_empty()
             && self.api_keys.is_empty()
@@ -193,88 +207,11 @@ impl Auth {
                 "must be greater than 0".into(),
             );
         }
-        let mut ids = HashSet::new();
-        for (i, key) in self.jwt_keys.iter().enumerate() {
-            let at = |field: &str| format!("auth.jwt_keys[{i}].{field}");
-            let sources = [
-                key.pem_file.is_some(),
-                key.secret_env.is_some(),
-                key.jwks_file.is_some(),
-                key.jwks_url.is_some(),
-            ]
-            .iter()
-            .filter(|&&s| s)
-            .count();
-            if sources != 1 {
-                error(
-                    format!("auth.jwt_keys[{i}]"),
-                    "needs exactly one of pem_file, secret_env, jwks_file, jwks_url".into(),
-                );
-            }
-            let jwks = key.jwks_file.is_some() || key.jwks_url.is_some();
-            if let Some(id) = &key.id
-                && !ids.insert(id.as_str())
-            {
-                error(at("id"), format!("duplicate key id {id:?}"));
-            }
-            if jwks && key.id.is_some() {
-                error(
-                    at("id"),
-                    "a JWKS names its keys itself (each key's kid)".into(),
-                );
-            }
-            if !jwks && key.algorithms.is_empty() {
-                error(
-                    at("algorithms"),
-                    "required: the algorithms this key may verify, e.g. [\"RS256\"]".into(),
-                );
-            }
-            let mut families = HashSet::new();
-            for alg in &key.algorithms {
-                match algorithm_family(alg) {
-                    Some(family) => {
-                        families.insert(family);
-                    }
-                    None if alg.eq_ignore_ascii_case("none") => error(
-                        at("algorithms"),
-                        "\"none\" is refused: tokens must be signed".into(),
-                    ),
-                    None => error(
-                        at("algorithms"),
-                        format!(
-                            "unknown algorithm {alg:?} (HS256/384/512, RS256/384/512, \
-                             PS256/384/512, ES256/384, EdDSA)"
-                        ),
-                    ),
-                }
-            }
-            // A JWKS key's own type fixes its family, so a JWKS may list several.
-            if families.len() > 1 && !jwks {
-                error(
-                    at("algorithms"),
-                    "all algorithms of one key must be of one family (HMAC, RSA, EC or EdDSA)"
-                        .into(),
-                );
-            }
-            let hmac = families.contains("hmac");
-            if key.secret_env.is_some() && !families.is_empty() && !hmac {
-                error(
-                    at("algorithms"),
-                    "an HMAC secret verifies HS256/384/512 only".into(),
-                );
-            }
-            if key.pem_file.is_some() && hmac {
-                error(
-                    at("algorithms"),
-                    "a PEM public key cannot verify HMAC (HS*) tokens; use secret_env".into(),
-                );
-            }
-            if let Some(url) = &key.jwks_url
-                && !(url.starts_with("http://") || url.starts_with("https://"))
-            {
-                error(at("jwks_url"), "must be an http:// or https:// URL".into());
-            }
-        }
+    }
+
+    /// API keys are looked up by name in logs and by hash at the door: both must be unique,
+    /// and the hash must be one `infergate hash-key` could have printed.
+    fn check_api_keys(&self, error: &mut impl FnMut(String, String)) {
         let mut names = HashSet::new();
         let mut hashes = HashSet::new();
         for (i, key) in self.api_keys.iter().enumerate() {
@@ -303,6 +240,10 @@ impl Auth {
                 );
             }
         }
+    }
+
+    /// Tenants are found by name, so names are unique; each checks its own limits.
+    fn check_tenants(&self, error: &mut impl FnMut(String, String)) {
         let mut tenants = HashSet::new();
         for (i, tenant) in self.tenants.iter().enumerate() {
             if tenant.name.trim().is_empty() {
@@ -316,32 +257,172 @@ impl Auth {
                     format!("duplicate tenant {:?}", tenant.name),
                 );
             }
-            if let Some(rate) = tenant.requests_per_second
-                && !(rate.is_finite() && rate > 0.0)
-            {
-                error(
-                    format!("auth.tenants[{i}].requests_per_second"),
-                    "must be greater than 0".into(),
-                );
+            tenant.check_limits(i, error);
+        }
+    }
+}
+
+impl JwtKey {
+    /// Checks `auth.jwt_keys[i]`; `ids` holds the key ids seen in earlier keys.
+    fn check<'a>(
+        &'a self,
+        i: usize,
+        ids: &mut HashSet<&'a str>,
+        error: &mut impl FnMut(String, String),
+    ) {
+        self.check_source(i, ids, error);
+        let families = self.check_algorithm_names(i, error);
+        self.check_families(i, &families, error);
+        if let Some(url) = &self.jwks_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            error(
+                format!("auth.jwt_keys[{i}].jwks_url"),
+                "must be an http:// or https:// URL".into(),
+            );
+        }
+    }
+
+    /// Whether the key verifies through a JWKS document, which names and types its own keys.
+    fn is_jwks(&self) -> bool {
+        self.jwks_file.is_some() || self.jwks_url.is_some()
+    }
+
+    /// Where the key comes from decides what else it needs: exactly one source, an `id` only
+    /// for a single key, and an algorithm list unless a JWKS says it per key.
+    fn check_source<'a>(
+        &'a self,
+        i: usize,
+        ids: &mut HashSet<&'a str>,
+        error: &mut impl FnMut(String, String),
+    ) {
+        let at = |field: &str| format!("auth.jwt_keys[{i}].{field}");
+        let sources = [
+            self.pem_file.is_some(),
+            self.secret_env.is_some(),
+            self.jwks_file.is_some(),
+            self.jwks_url.is_some(),
+        ]
+        .iter()
+        .filter(|&&s| s)
+        .count();
+        if sources != 1 {
+            error(
+                format!("auth.jwt_keys[{i}]"),
+                "needs exactly one of pem_file, secret_env, jwks_file, jwks_url".into(),
+            );
+        }
+        let jwks = self.is_jwks();
+        if let Some(id) = &self.id
+            && !ids.insert(id.as_str())
+        {
+            error(at("id"), format!("duplicate key id {id:?}"));
+        }
+        if jwks && self.id.is_some() {
+            error(
+                at("id"),
+                "a JWKS names its keys itself (each key's kid)".into(),
+            );
+        }
+        if !jwks && self.algorithms.is_empty() {
+            error(
+                at("algorithms"),
+                "required: the algorithms this key may verify, e.g. [\"RS256\"]".into(),
+            );
+        }
+    }
+
+    /// Refuses unknown algorithm names (and `none`, which would accept unsigned tokens);
+    /// returns the families of the known ones.
+    fn check_algorithm_names(
+        &self,
+        i: usize,
+        error: &mut impl FnMut(String, String),
+    ) -> HashSet<&'static str> {
+        let at = format!("auth.jwt_keys[{i}].algorithms");
+        let mut families = HashSet::new();
+        for alg in &self.algorithms {
+            match algorithm_family(alg) {
+                Some(family) => {
+                    families.insert(family);
+                }
+                None if alg.eq_ignore_ascii_case("none") => error(
+                    at.clone(),
+                    "\"none\" is refused: tokens must be signed".into(),
+                ),
+                None => error(
+                    at.clone(),
+                    format!(
+                        "unknown algorithm {alg:?} (HS256/384/512, RS256/384/512, \
+                         PS256/384/512, ES256/384, EdDSA)"
+                    ),
+                ),
             }
-            if tenant.burst == Some(0) {
-                error(
-                    format!("auth.tenants[{i}].burst"),
-                    "must be at least 1".into(),
-                );
-            }
-            if tenant.burst.is_some() && tenant.requests_per_second.is_none() {
-                error(
-                    format!("auth.tenants[{i}].burst"),
-                    "needs requests_per_second".into(),
-                );
-            }
-            if tenant.max_concurrent == Some(0) {
-                error(
-                    format!("auth.tenants[{i}].max_concurrent"),
-                    "must be at least 1".into(),
-                );
-            }
+        }
+        families
+    }
+
+    /// One key material verifies one family: mixing them, or pairing a secret with a
+    /// public-key algorithm (or a PEM with HMAC), could never verify a token.
+    fn check_families(
+        &self,
+        i: usize,
+        families: &HashSet<&'static str>,
+        error: &mut impl FnMut(String, String),
+    ) {
+        let at = format!("auth.jwt_keys[{i}].algorithms");
+        // A JWKS key's own type fixes its family, so a JWKS may list several.
+        if families.len() > 1 && !self.is_jwks() {
+            error(
+                at.clone(),
+                "all algorithms of one key must be of one family (HMAC, RSA, EC or EdDSA)".into(),
+            );
+        }
+        let hmac = families.contains("hmac");
+        if self.secret_env.is_some() && !families.is_empty() && !hmac {
+            error(
+                at.clone(),
+                "an HMAC secret verifies HS256/384/512 only".into(),
+            );
+        }
+        if self.pem_file.is_some() && hmac {
+            error(
+                at,
+                "a PEM public key cannot verify HMAC (HS*) tokens; use secret_env".into(),
+            );
+        }
+    }
+}
+
+impl Tenant {
+    /// Limits that could never admit a request (a zero rate, burst or concurrency), or a
+    /// burst with no rate to burst above.
+    fn check_limits(&self, i: usize, error: &mut impl FnMut(String, String)) {
+        if let Some(rate) = self.requests_per_second
+            && !(rate.is_finite() && rate > 0.0)
+        {
+            error(
+                format!("auth.tenants[{i}].requests_per_second"),
+                "must be greater than 0".into(),
+            );
+        }
+        if self.burst == Some(0) {
+            error(
+                format!("auth.tenants[{i}].burst"),
+                "must be at least 1".into(),
+            );
+        }
+        if self.burst.is_some() && self.requests_per_second.is_none() {
+            error(
+                format!("auth.tenants[{i}].burst"),
+                "needs requests_per_second".into(),
+            );
+        }
+        if self.max_concurrent == Some(0) {
+            error(
+                format!("auth.tenants[{i}].max_concurrent"),
+                "must be at least 1".into(),
+            );
         }
     }
 }

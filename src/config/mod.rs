@@ -99,6 +99,25 @@ pub struct Validation {
     pub signature_fetch_timeout: HumanDuration,
 }
 
+impl Validation {
+    /// A cache of no signatures, or a fetch that times out at once, would make every request
+    /// for a cold model go unchecked or fail.
+    fn check(&self, error: &mut impl FnMut(String, String)) {
+        if self.signature_cache_capacity == 0 {
+            error(
+                "validation.signature_cache_capacity".into(),
+                "must be at least 1".into(),
+            );
+        }
+        if self.signature_fetch_timeout.0.is_zero() {
+            error(
+                "validation.signature_fetch_timeout".into(),
+                "must be greater than 0".into(),
+            );
+        }
+    }
+}
+
 impl Default for Validation {
     fn default() -> Self {
         Self {
@@ -229,6 +248,31 @@ pub struct Server {
 }
 
 impl Server {
+    /// The message keys: a zero size would refuse every request, and a gRPC message length
+    /// is 32 bits, so more than 4GiB cannot be honoured.
+    fn check_size_and_name_keys(&self, error: &mut impl FnMut(String, String)) {
+        if self.max_body_size.bytes() == 0 {
+            error(
+                "server.max_body_size".into(),
+                "must be greater than 0".into(),
+            );
+        }
+        if self.max_grpc_message_size.bytes() == 0
+            || self.max_grpc_message_size.bytes() > u32::MAX as u64
+        {
+            error(
+                "server.max_grpc_message_size".into(),
+                "must be greater than 0 and at most 4GiB (a gRPC message length is 32 bits)".into(),
+            );
+        }
+        if self.name.as_deref().is_some_and(str::is_empty) {
+            error(
+                "server.name".into(),
+                "must not be empty (leave it out to report the backends' own name)".into(),
+            );
+        }
+    }
+
     /// The accept path's keys: a zero would close every connection or serve none.
     fn check_connection_keys(&self, error: &mut impl FnMut(String, String)) {
         for (key, value) in [
@@ -321,6 +365,33 @@ pub struct Upstream {
     pub dns_server: Option<SocketAddr>,
 }
 
+impl Upstream {
+    /// Health counts and timeouts: a zero count flaps a backend on every probe, and a zero
+    /// timeout or interval fails or spins every call.
+    fn check(&self, error: &mut impl FnMut(String, String)) {
+        for (key, value) in [
+            ("upstream.eject_after_failures", self.eject_after_failures),
+            ("upstream.unhealthy_threshold", self.unhealthy_threshold),
+            ("upstream.healthy_threshold", self.healthy_threshold),
+        ] {
+            if value == 0 {
+                error(key.into(), "must be at least 1".into());
+            }
+        }
+        for (key, value) in [
+            ("upstream.connect_timeout", self.connect_timeout),
+            ("upstream.request_timeout", self.request_timeout),
+            ("upstream.health_interval", self.health_interval),
+            ("upstream.discovery_interval", self.discovery_interval),
+            ("upstream.health_timeout", self.health_timeout),
+        ] {
+            if value.0.is_zero() {
+                error(key.into(), "must be greater than 0".into());
+            }
+        }
+    }
+}
+
 impl Default for Upstream {
     fn default() -> Self {
         Self {
@@ -394,76 +465,38 @@ impl Config {
         parse::parse(text)
     }
 
-    /// Checks what serde cannot: uniqueness, URLs, sensible numbers.
+    /// Checks what serde cannot: uniqueness, URLs, sensible numbers. Each section checks its
+    /// own keys; the order here is the order the errors are reported in.
     fn validate(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         self.check_backends(&mut errors);
         let mut error = |key: String, message: String| errors.push(ConfigError { key, message });
-        if self.server.max_body_size.bytes() == 0 {
-            error(
-                "server.max_body_size".into(),
-                "must be greater than 0".into(),
-            );
-        }
-        if self.server.max_grpc_message_size.bytes() == 0
-            || self.server.max_grpc_message_size.bytes() > u32::MAX as u64
-        {
-            error(
-                "server.max_grpc_message_size".into(),
-                "must be greater than 0 and at most 4GiB (a gRPC message length is 32 bits)".into(),
-            );
-        }
-        if self.server.name.as_deref().is_some_and(str::is_empty) {
-            error(
-                "server.name".into(),
-                "must not be empty (leave it out to report the backends' own name)".into(),
-            );
-        }
+        self.server.check_size_and_name_keys(&mut error);
         self.server.check_connection_keys(&mut error);
-        if self.validation.signature_cache_capacity == 0 {
-            error(
-                "validation.signature_cache_capacity".into(),
-                "must be at least 1".into(),
-            );
+        self.validation.check(&mut error);
+        self.upstream.check(&mut error);
+        self.check_client_certificate_keys(&mut error);
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint
+            && let Err(message) = crate::trace::check_endpoint(endpoint)
+        {
+            errors.push(ConfigError {
+                key: "telemetry.otlp_endpoint".into(),
+                message,
+            });
         }
-        if self.validation.signature_fetch_timeout.0.is_zero() {
-            error(
-                "validation.signature_fetch_timeout".into(),
-                "must be greater than 0".into(),
-            );
+        self.placement.validate(&self.models, &mut errors);
+        if let Some(cluster) = &self.cluster {
+            cluster.validate(&mut errors);
         }
-        for (key, value) in [
-            (
-                "upstream.eject_after_failures",
-                self.upstream.eject_after_failures,
-            ),
-            (
-                "upstream.unhealthy_threshold",
-                self.upstream.unhealthy_threshold,
-            ),
-            (
-                "upstream.healthy_threshold",
-                self.upstream.healthy_threshold,
-            ),
-        ] {
-            if value == 0 {
-                error(key.into(), "must be at least 1".into());
-            }
-        }
-        for (key, value) in [
-            ("upstream.connect_timeout", self.upstream.connect_timeout),
-            ("upstream.request_timeout", self.upstream.request_timeout),
-            ("upstream.health_interval", self.upstream.health_interval),
-            (
-                "upstream.discovery_interval",
-                self.upstream.discovery_interval,
-            ),
-            ("upstream.health_timeout", self.upstream.health_timeout),
-        ] {
-            if value.0.is_zero() {
-                error(key.into(), "must be greater than 0".into());
-            }
-        }
+        routes::validate(&self.routes, &mut errors);
+        self.auth.validate(&mut errors);
+        self.claims_for_sticky_keys(&mut errors);
+        errors
+    }
+
+    /// Client-certificate keys span two tables (`listen.tls` verifies the certificates,
+    /// `auth` trusts them), so neither table can check them alone: each needs `client_ca`.
+    fn check_client_certificate_keys(&self, error: &mut impl FnMut(String, String)) {
         if let Some(tls) = &self.listen.tls
             && tls.client_ca.is_none()
         {
@@ -491,22 +524,6 @@ impl Config {
                 "needs listen.tls.client_ca (clients must present verified certificates)".into(),
             );
         }
-        if let Some(endpoint) = &self.telemetry.otlp_endpoint
-            && let Err(message) = crate::trace::check_endpoint(endpoint)
-        {
-            errors.push(ConfigError {
-                key: "telemetry.otlp_endpoint".into(),
-                message,
-            });
-        }
-        self.placement.validate(&self.models, &mut errors);
-        if let Some(cluster) = &self.cluster {
-            cluster.validate(&mut errors);
-        }
-        routes::validate(&self.routes, &mut errors);
-        self.auth.validate(&mut errors);
-        self.claims_for_sticky_keys(&mut errors);
-        errors
     }
 
     /// A `claim:` sticky key needs verified tokens: without JWT keys no request has claims,

@@ -529,16 +529,35 @@ mod tests {
         }
     }
 
-    #[test]
-    fn explicit_then_disk_then_default() {
-        let repo = tempfile::tempdir().unwrap();
-        let model = repo.path().join("padded");
+    /// `padded`: a config of 100 bytes, version 1 of 5000, version 2 of 300 + 600 (in a
+    /// subdirectory); returns the model's directory.
+    fn write_padded_model(repo: &std::path::Path) -> std::path::PathBuf {
+        let model = repo.join("padded");
         std::fs::create_dir_all(model.join("1")).unwrap();
         std::fs::create_dir_all(model.join("2/sub")).unwrap();
         std::fs::write(model.join("config.pbtxt"), vec![b'c'; 100]).unwrap();
         std::fs::write(model.join("1/weights.bin"), vec![0; 5000]).unwrap();
         std::fs::write(model.join("2/model.py"), vec![0; 300]).unwrap();
         std::fs::write(model.join("2/sub/weights.bin"), vec![0; 600]).unwrap();
+        model
+    }
+
+    /// `linked`: version 1 holds 70 bytes and a link to itself (a loop), version 2 links
+    /// to 1's file, version 3 is a link to version 1's directory.
+    fn write_linked_model(repo: &std::path::Path) {
+        let linked = repo.join("linked");
+        std::fs::create_dir_all(linked.join("1")).unwrap();
+        std::fs::write(linked.join("1/model.py"), vec![0; 70]).unwrap();
+        std::fs::create_dir_all(linked.join("2")).unwrap();
+        std::os::unix::fs::symlink("../1/model.py", linked.join("2/model.py")).unwrap();
+        std::os::unix::fs::symlink("1", linked.join("3")).unwrap();
+        std::os::unix::fs::symlink(".", linked.join("1/loop")).unwrap();
+    }
+
+    #[test]
+    fn explicit_then_disk_then_default() {
+        let repo = tempfile::tempdir().unwrap();
+        let model = write_padded_model(repo.path());
 
         let placement = config::Placement {
             model_repository: Some(repo.path().to_path_buf()),
@@ -580,13 +599,7 @@ mod tests {
             "a name not on disk is not kept"
         );
         // Linked files and directories count as what they point at; a link loop ends.
-        let linked = repo.path().join("linked");
-        std::fs::create_dir_all(linked.join("1")).unwrap();
-        std::fs::write(linked.join("1/model.py"), vec![0; 70]).unwrap();
-        std::fs::create_dir_all(linked.join("2")).unwrap();
-        std::os::unix::fs::symlink("../1/model.py", linked.join("2/model.py")).unwrap();
-        std::os::unix::fs::symlink("1", linked.join("3")).unwrap();
-        std::os::unix::fs::symlink(".", linked.join("1/loop")).unwrap();
+        write_linked_model(repo.path());
         let sizing = estimator.sizing("linked");
         assert_eq!(
             sizing.newest(),

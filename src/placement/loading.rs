@@ -19,16 +19,7 @@ impl Placement {
         self.publish_usage(plan.backend);
         let _slot = backend.load_slots.acquire(priority).await;
         let _changing = backend.start_change();
-        // The victims go first, all at once, and the load starts once Triton has let them
-        // go: the backend never holds more than its capacity.
-        let unloads = plan.evict.iter().map(|victim| {
-            metrics::counter!(telemetry::PLACEMENT_EVICTIONS, "backend" => backend.name.clone())
-                .increment(1);
-            metrics::histogram!(telemetry::PLACEMENT_EVICTED_IDLE)
-                .record(victim.idle.as_secs_f64());
-            self.unload_on(plan.backend, &victim.model, "evict")
-        });
-        futures_util::future::join_all(unloads).await;
+        self.evict_victims(&plan, &backend).await;
         let started = Instant::now();
         let outcome = self.measured_load(&plan, &backend).await;
         let serving = if outcome.is_ok() {
@@ -40,6 +31,41 @@ impl Placement {
         } else {
             None
         };
+        self.report_load(&plan, &backend, &outcome, started);
+        let took = started.elapsed();
+        self.book_load(&plan, &backend, &outcome, serving, took);
+        self.publish_usage(plan.backend);
+        self.settle_load(&plan);
+        let failed = outcome.is_err();
+        let _ = plan.done.send(Some(outcome));
+        if failed {
+            // A new copy that failed has left the books: its bytes are free.
+            self.offer_room(plan.backend);
+        }
+    }
+
+    /// The victims go first, all at once, and the load starts once Triton has let them go:
+    /// the backend never holds more than its capacity.
+    async fn evict_victims(&self, plan: &LoadPlan, backend: &Backend) {
+        let unloads = plan.evict.iter().map(|victim| {
+            metrics::counter!(telemetry::PLACEMENT_EVICTIONS, "backend" => backend.name.clone())
+                .increment(1);
+            metrics::histogram!(telemetry::PLACEMENT_EVICTED_IDLE)
+                .record(victim.idle.as_secs_f64());
+            self.unload_on(plan.backend, &victim.model, "evict")
+        });
+        futures_util::future::join_all(unloads).await;
+    }
+
+    /// Counts, times and logs a load's outcome, and tells subscribers (signature caches) of
+    /// a success.
+    fn report_load(
+        &self,
+        plan: &LoadPlan,
+        backend: &Backend,
+        outcome: &Result<(), Arc<str>>,
+        started: Instant,
+    ) {
         let result = if outcome.is_ok() {
             "success"
         } else {
@@ -50,7 +76,7 @@ impl Placement {
         .increment(1);
         metrics::histogram!(telemetry::PLACEMENT_LOAD_DURATION)
             .record(started.elapsed().as_secs_f64());
-        match &outcome {
+        match outcome {
             Ok(()) => {
                 tracing::info!(model = plan.model, backend = %backend.name, versions = %plan.versions,
                     reason = plan.reason.as_str(), evicted = plan.evict.len(),
@@ -62,9 +88,21 @@ impl Placement {
                     %reason, "model failed to load")
             }
         }
-        let took = started.elapsed();
+    }
+
+    /// Writes a finished load into the books in one lock: the load time learned, the copy
+    /// ready (or gone), the versions it serves, and for an ensemble the parts it brought,
+    /// which then settle with the registry like any copy.
+    fn book_load(
+        &self,
+        plan: &LoadPlan,
+        backend: &Backend,
+        outcome: &Result<(), Arc<str>>,
+        serving: Option<BTreeSet<u64>>,
+        took: Duration,
+    ) {
         let group = if outcome.is_ok() {
-            self.group(&plan)
+            self.group(plan)
         } else {
             None
         };
@@ -73,7 +111,7 @@ impl Placement {
             if outcome.is_ok() && plan.reason == LoadReason::New {
                 books.learn_load_time(&plan.model, took);
             }
-            books.finish_load(plan.backend, &plan.model, &outcome, Instant::now());
+            books.finish_load(plan.backend, &plan.model, outcome, Instant::now());
             if let Some(serving) = serving {
                 books.set_serving(plan.backend, &plan.model, serving);
             }
@@ -85,14 +123,6 @@ impl Placement {
             tracing::info!(model = part, ensemble = plan.model, backend = %backend.name,
                 "loaded as a part of an ensemble");
             self.settle_copy(plan.backend, part, None);
-        }
-        self.publish_usage(plan.backend);
-        self.settle_load(&plan);
-        let failed = outcome.is_err();
-        let _ = plan.done.send(Some(outcome));
-        if failed {
-            // A new copy that failed has left the books: its bytes are free.
-            self.offer_room(plan.backend);
         }
     }
 

@@ -291,6 +291,9 @@ impl Placement {
             .sequence_sent(b, model, sequence, Instant::now());
     }
 
+    /// The one walk behind `acquire` and `acquire_in`: decide, and until a decision serves,
+    /// wait for room or for a load and decide again. Each round's outcome is handled by one
+    /// of the helpers below.
     async fn acquire_with(
         self: &Arc<Self>,
         model: &ModelRef,
@@ -312,22 +315,8 @@ impl Placement {
                 Some(decision) => decision,
                 None => self.decide(model, sequence, allow_evict),
             };
-            let mut waiting = match decision {
-                Decision::Serve(backend) => {
-                    if let Some(since) = cold_since {
-                        metrics::histogram!(telemetry::PLACEMENT_COLD_WAIT)
-                            .record(since.elapsed().as_secs_f64());
-                    }
-                    let in_flight = self.pool.backends()[backend].start_request();
-                    return Ok(Lease {
-                        placement: self.clone(),
-                        backend,
-                        model: model.name.clone(),
-                        // `Serve` only follows a version that parsed.
-                        version: model.version_number().ok().flatten(),
-                        in_flight,
-                    });
-                }
+            let waiting = match decision {
+                Decision::Serve(backend) => return Ok(self.lease(model, backend, cold_since)),
                 Decision::Refuse(error @ GatewayError::NoRoom { .. }) => {
                     // Waits up to `room_wait` in all, however many times it is refused, and
                     // never past the client's deadline.
@@ -359,29 +348,63 @@ impl Placement {
             };
             cold_since.get_or_insert_with(Instant::now);
             attempts += 1;
-            let outcome =
-                tokio::time::timeout(self.load_timeout, waiting.wait_for(Option::is_some)).await;
-            match outcome {
-                Err(_) => {
-                    return Err(GatewayError::LoadTimeout {
+            self.wait_for_load(model, waiting, attempts).await?;
+        }
+    }
+
+    /// The lease on the copy a decision serves from; a request that went through a cold
+    /// miss records how long it waited.
+    fn lease(
+        self: &Arc<Self>,
+        model: &ModelRef,
+        backend: usize,
+        cold_since: Option<Instant>,
+    ) -> Lease {
+        if let Some(since) = cold_since {
+            metrics::histogram!(telemetry::PLACEMENT_COLD_WAIT)
+                .record(since.elapsed().as_secs_f64());
+        }
+        let in_flight = self.pool.backends()[backend].start_request();
+        Lease {
+            placement: self.clone(),
+            backend,
+            model: model.name.clone(),
+            // `Serve` only follows a version that parsed.
+            version: model.version_number().ok().flatten(),
+            in_flight,
+        }
+    }
+
+    /// Waits for a load this request joined (its `attempts`-th), up to `load_timeout`.
+    /// `Ok` means decide again: the load ended, or failed with attempts left, or its task
+    /// ended without a word.
+    async fn wait_for_load(
+        &self,
+        model: &ModelRef,
+        mut waiting: tokio::sync::watch::Receiver<table::LoadOutcome>,
+        attempts: usize,
+    ) -> Result<(), GatewayError> {
+        let outcome =
+            tokio::time::timeout(self.load_timeout, waiting.wait_for(Option::is_some)).await;
+        match outcome {
+            Err(_) => Err(GatewayError::LoadTimeout {
+                model: model.name.clone(),
+                after: self.load_timeout,
+            }),
+            Ok(Ok(result)) => {
+                if let Some(Err(reason)) = result.clone()
+                    && attempts >= self.max_attempts
+                {
+                    return Err(GatewayError::LoadFailed {
                         model: model.name.clone(),
-                        after: self.load_timeout,
+                        reason: reason.to_string(),
+                        retry_after: Duration::from_secs(1),
                     });
                 }
-                Ok(Ok(result)) => {
-                    if let Some(Err(reason)) = result.clone()
-                        && attempts >= self.max_attempts
-                    {
-                        return Err(GatewayError::LoadFailed {
-                            model: model.name.clone(),
-                            reason: reason.to_string(),
-                            retry_after: Duration::from_secs(1),
-                        });
-                    }
-                }
-                // The load task ended without a word (it panicked): decide again.
-                Ok(Err(_)) => {}
+                Ok(())
             }
+            // The load task ended without a word (it panicked): decide again.
+            Ok(Err(_)) => Ok(()),
         }
     }
 

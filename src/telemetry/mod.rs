@@ -161,7 +161,19 @@ pub async fn upkeep(handle: PrometheusHandle, shutdown: tokio_util::sync::Cancel
     }
 }
 
+/// Gives every metric its help text and unit, so `/metrics` explains itself. One function
+/// per part of the gateway keeps each list short; the exporter looks descriptions up by name,
+/// so their order does not matter.
 fn describe() {
+    describe_requests();
+    describe_edge();
+    describe_backends();
+    describe_cluster();
+    describe_placement();
+}
+
+/// Requests as clients see them: answered, refused, held, copied, rolled back.
+fn describe_requests() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         REQUESTS,
@@ -178,6 +190,84 @@ fn describe() {
         "Backend latency until response headers."
     );
     describe_gauge!(IN_FLIGHT, "Requests being handled.");
+    describe_counter!(
+        ERRORS,
+        "Errors answered by the gateway itself, by kind and source."
+    );
+    describe_counter!(
+        VALIDATION_REJECTIONS,
+        "Inference requests refused by validation before reaching a backend, by model and reason."
+    );
+    describe_gauge!(
+        REQUESTS_WAITING,
+        "Requests held now for a pool that could not take them, by model."
+    );
+    describe_counter!(
+        REQUESTS_HELD,
+        "Requests held for the pool, by model and outcome (served, timeout, full)."
+    );
+    describe_counter!(
+        ROUTE_ROLLBACKS,
+        "Canaries switched off by a route guard, by route, target and reason."
+    );
+    describe_counter!(
+        MIRRORED,
+        "Request copies for mirror targets, by route, target and outcome."
+    );
+}
+
+/// The edge: listeners, their connections and certificates, config reloads and auth.
+fn describe_edge() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by listener.");
+    describe_counter!(
+        CONNECTIONS_SHED,
+        "Connections closed at accept past server.max_connections, by listener."
+    );
+    describe_counter!(
+        CLIENT_TIMEOUTS,
+        "Connections closed for a request head or body that came too slowly, by listener and phase."
+    );
+    describe_counter!(
+        TLS_RELOADS,
+        "Listener certificate reloads by result; on failure the running certificate stays."
+    );
+    describe_counter!(
+        TLS_HANDSHAKE_FAILURES,
+        "TLS handshakes that failed or timed out, by listener."
+    );
+    describe_counter!(CONFIG_RELOADS, "Config reloads by result.");
+    describe_counter!(
+        JWKS_REFRESHES,
+        "JWKS refreshes by result; on failure the last good keys stay."
+    );
+    describe_counter!(
+        AUTH_DECISIONS,
+        "Authentication and authorization decisions, by tenant and outcome."
+    );
+}
+
+/// Backends: health, ejection and DNS discovery.
+fn describe_backends() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(BACKEND_UP, "1 while the backend passes health checks.");
+    describe_counter!(
+        BACKEND_EJECTIONS,
+        "Backends taken out of traffic, by backend and reason (health_check, requests)."
+    );
+    describe_gauge!(
+        DISCOVERED_BACKENDS,
+        "Instances a DNS group resolved to at its last answer, by group."
+    );
+    describe_counter!(
+        DISCOVERY_FAILURES,
+        "DNS rounds that got no answer for a group, which keeps its last instances, by group."
+    );
+}
+
+/// Several replicas sharing a registry in etcd.
+fn describe_cluster() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_gauge!(
         CLUSTER_DEGRADED,
         "1 while this replica cannot reach etcd and serves from its last view of the registry."
@@ -201,69 +291,11 @@ fn describe() {
         "Revisions the local view of the registry is behind etcd."
     );
     describe_gauge!(CLUSTER_REPLICAS, "Live replicas in the registry.");
-    describe_counter!(
-        ERRORS,
-        "Errors answered by the gateway itself, by kind and source."
-    );
-    describe_gauge!(BACKEND_UP, "1 while the backend passes health checks.");
-    describe_counter!(CONFIG_RELOADS, "Config reloads by result.");
-    describe_counter!(
-        ROUTE_ROLLBACKS,
-        "Canaries switched off by a route guard, by route, target and reason."
-    );
-    describe_counter!(
-        MIRRORED,
-        "Request copies for mirror targets, by route, target and outcome."
-    );
-    describe_counter!(
-        TLS_RELOADS,
-        "Listener certificate reloads by result; on failure the running certificate stays."
-    );
-    describe_counter!(
-        TLS_HANDSHAKE_FAILURES,
-        "TLS handshakes that failed or timed out, by listener."
-    );
-    describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by listener.");
-    describe_counter!(
-        CONNECTIONS_SHED,
-        "Connections closed at accept past server.max_connections, by listener."
-    );
-    describe_counter!(
-        BACKEND_EJECTIONS,
-        "Backends taken out of traffic, by backend and reason (health_check, requests)."
-    );
-    describe_counter!(
-        CLIENT_TIMEOUTS,
-        "Connections closed for a request head or body that came too slowly, by listener and phase."
-    );
-    describe_gauge!(
-        REQUESTS_WAITING,
-        "Requests held now for a pool that could not take them, by model."
-    );
-    describe_gauge!(
-        DISCOVERED_BACKENDS,
-        "Instances a DNS group resolved to at its last answer, by group."
-    );
-    describe_counter!(
-        DISCOVERY_FAILURES,
-        "DNS rounds that got no answer for a group, which keeps its last instances, by group."
-    );
-    describe_counter!(
-        REQUESTS_HELD,
-        "Requests held for the pool, by model and outcome (served, timeout, full)."
-    );
-    describe_counter!(
-        JWKS_REFRESHES,
-        "JWKS refreshes by result; on failure the last good keys stay."
-    );
-    describe_counter!(
-        AUTH_DECISIONS,
-        "Authentication and authorization decisions, by tenant and outcome."
-    );
-    describe_counter!(
-        VALIDATION_REJECTIONS,
-        "Inference requests refused by validation before reaching a backend, by model and reason."
-    );
+}
+
+/// Placement: cold misses, loads, unloads, evictions and the books per backend.
+fn describe_placement() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         PLACEMENT_COLD_MISSES,
         "Requests for a model no backend had loaded."
