@@ -12,7 +12,7 @@ mod support;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use support::gateway::{TestGateway, pool_config, pool_config_in};
-use support::{Triton, TritonOptions, copy_dir, model_repository};
+use support::{Triton, TritonOptions, copy_dir, identity_request, model_repository};
 
 async fn empty_triton(verbose: bool) -> Triton {
     Triton::start(TritonOptions {
@@ -21,10 +21,6 @@ async fn empty_triton(verbose: bool) -> Triton {
     })
     .await
     .expect("triton starts")
-}
-
-fn identity_request() -> Value {
-    json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
 }
 
 async fn infer(gateway: &TestGateway, model: &str) -> (u16, Value) {
@@ -144,11 +140,11 @@ async fn filling_the_pool_evicts_least_recently_used_within_capacity() {
     assert_books_match(&gateway, &[&t0]).await;
 
     let metrics = gateway.metrics_text("/metrics").await;
-    let evictions: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("infergate_placement_evictions_total{backend=\"lru-0\"}"))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum();
+    let evictions = support::metric_sum(
+        &metrics,
+        "infergate_placement_evictions_total",
+        &["{backend=\"lru-0\"}"],
+    );
     assert_eq!(evictions, 2.0, "{metrics}");
 }
 
@@ -337,7 +333,9 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
         "first come, first placed: {first:?} {second:?}"
     );
     assert_eq!(
-        counter(&gateway, "infergate_placement_room_waits_total", "placed").await,
+        gateway
+            .metric_sum("infergate_placement_room_waits_total", &["placed"])
+            .await,
         2.0
     );
     assert_eq!(gateway.placed().await, [["sized_b"]]);
@@ -367,7 +365,9 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
     assert_eq!(body["retry_after"], "1", "{body}");
     assert_eq!(slow.await.unwrap(), 200);
     assert_eq!(
-        counter(&gateway, "infergate_placement_room_waits_total", "refused").await,
+        gateway
+            .metric_sum("infergate_placement_room_waits_total", &["refused"])
+            .await,
         1.0
     );
     drop(gateway);
@@ -407,7 +407,9 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
     // Placement ended the wait at the deadline itself (counted so), not only the call's
     // timer dropping it.
     assert_eq!(
-        counter(&gateway, "infergate_placement_room_waits_total", "deadline").await,
+        gateway
+            .metric_sum("infergate_placement_room_waits_total", &["deadline"])
+            .await,
         1.0
     );
     // The next waiter gets the room when slow_model lets go: the one that went is not placed.
@@ -426,9 +428,7 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
 /// Retry-After header as `retry_after`).
 async fn timed_infer(url: &str, model: &str) -> (u16, Duration, Value) {
     let started = Instant::now();
-    let response = reqwest::Client::new()
-        .post(format!("{url}/v2/models/{model}/infer"))
-        .json(&identity_request())
+    let response = support::infer_post(&reqwest::Client::new(), url, model, &identity_request())
         .send()
         .await
         .unwrap();
@@ -629,11 +629,6 @@ async fn a_load_in_progress_never_costs_a_backend_its_place() {
     );
 }
 
-/// The sum of a counter of the gateway's over every series whose line contains `filter`.
-async fn counter(gateway: &TestGateway, name: &str, filter: &str) -> f64 {
-    support::metric_sum(&gateway.metrics_text("/metrics").await, name, &[filter])
-}
-
 /// The last line of defence: a copy unloaded behind the gateway's back (here straight on
 /// Triton, before reconciliation could notice) is refused by Triton with 404 "has no
 /// available versions" before any work. The gateway drops that copy, places the request
@@ -672,7 +667,9 @@ async fn a_request_for_a_copy_that_is_gone_is_placed_again() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["outputs"][0]["data"], json!([5.0, 6.0, 7.0, 8.0]));
     assert_eq!(
-        counter(&gateway, "infergate_placement_stale_copies_total", "gone-0").await,
+        gateway
+            .metric_sum("infergate_placement_stale_copies_total", &["gone-0"])
+            .await,
         1.0
     );
     assert_eq!(loads(&gateway, "new", "success", "gone-").await, 2.0);
@@ -694,7 +691,9 @@ async fn a_request_for_a_copy_that_is_gone_is_placed_again() {
         message_bytes([1.0, 2.0, 3.0, 4.0])
     );
     assert_eq!(
-        counter(&gateway, "infergate_placement_stale_copies_total", "gone-0").await,
+        gateway
+            .metric_sum("infergate_placement_stale_copies_total", &["gone-0"])
+            .await,
         2.0
     );
     assert_books_match(&gateway, &[&t0]).await;
@@ -1085,15 +1084,15 @@ fn answered_by(body: &Value) -> (String, f64) {
 
 /// The sum of `infergate_placement_loads_total` for a reason and result.
 async fn loads(gateway: &TestGateway, reason: &str, result: &str, backend_prefix: &str) -> f64 {
-    let metrics = gateway.metrics_text("/metrics").await;
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("infergate_placement_loads_total{"))
-        .filter(|l| l.contains(&format!("backend=\"{backend_prefix}")))
-        .filter(|l| l.contains(&format!("reason=\"{reason}\"")))
-        .filter(|l| l.contains(&format!("result=\"{result}\"")))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
+    let filters = [
+        format!("backend=\"{backend_prefix}"),
+        format!("reason=\"{reason}\""),
+        format!("result=\"{result}\""),
+    ];
+    let filters: Vec<&str> = filters.iter().map(String::as_str).collect();
+    gateway
+        .metric_sum("infergate_placement_loads_total", &filters)
+        .await
 }
 
 #[tokio::test]
@@ -1580,19 +1579,10 @@ async fn sequences_stay_on_the_copy_that_saw_them_start() {
 
 /// `nv_inference_request_success` of a model on one Triton.
 async fn triton_successes(triton: &Triton, model: &str) -> f64 {
-    reqwest::get(triton.metrics_url())
+    let model = format!("model=\"{model}\"");
+    triton
+        .metric_sum("nv_inference_request_success", &[&model])
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-        .lines()
-        .filter(|l| {
-            l.starts_with("nv_inference_request_success{")
-                && l.contains(&format!("model=\"{model}\""))
-        })
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
 }
 
 /// A sequence whose copy has gone (here unloaded straight on Triton, behind the gateway's

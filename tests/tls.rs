@@ -78,18 +78,10 @@ async fn start(config: &str, admin: reqwest::Client) -> TestGateway {
     gateway
 }
 
-fn add_sub_body() -> Value {
-    json!({"inputs": [
-        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]},
-        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1, 1, 1, 1]},
-    ]})
-}
-
 /// One add_sub inference over https; returns OUTPUT0 and the server certificate's CN.
 async fn infer(client: &reqwest::Client, addr: std::net::SocketAddr) -> (Vec<f64>, String) {
-    let response = client
-        .post(format!("https://{addr}/v2/models/add_sub/infer"))
-        .json(&add_sub_body())
+    let base = format!("https://{addr}");
+    let response = support::infer_post(client, &base, "add_sub", &support::add_sub_request())
         .send()
         .await
         .expect("https inference");
@@ -305,7 +297,7 @@ async fn mtls_refuses_clients_without_a_certificate_and_names_those_with_one() {
     let anonymous = https_client(&pki, None);
     let refused = anonymous
         .post(format!("https://{}/v2/models/add_sub/infer", gateway.http))
-        .json(&add_sub_body())
+        .json(&support::add_sub_request())
         .send()
         .await;
     assert!(refused.is_err(), "{refused:?}");
@@ -367,12 +359,8 @@ async fn grpc_refused(pki: &Pki, addr: std::net::SocketAddr) -> bool {
 /// `infergate_tls_reloads_total{result="failure"}`.
 async fn failed_reloads(gateway: &TestGateway) -> u64 {
     gateway
-        .metrics_text("/metrics")
-        .await
-        .lines()
-        .find(|l| l.starts_with("infergate_tls_reloads_total{") && l.contains("result=\"failure\""))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0)
+        .metric_sum("infergate_tls_reloads_total", &["result=\"failure\""])
+        .await as u64
 }
 
 /// Waits until the gateway has tried `what` and counted it as a failed reload.
@@ -560,7 +548,7 @@ async fn backends_over_https_are_verified_with_the_ca_bundle() {
     .await;
     let answer: Value = reqwest::Client::new()
         .post(format!("{}/v2/models/add_sub/infer", trusted.url()))
-        .json(&add_sub_body())
+        .json(&support::add_sub_request())
         .send()
         .await
         .unwrap()
@@ -598,7 +586,7 @@ async fn backends_over_https_are_verified_with_the_ca_bundle() {
     );
     let refused = reqwest::Client::new()
         .post(format!("{}/v2/models/add_sub/infer", untrusted.url()))
-        .json(&add_sub_body())
+        .json(&support::add_sub_request())
         .send()
         .await
         .unwrap();
@@ -645,7 +633,7 @@ async fn a_client_certificate_names_the_tenant_when_auth_is_on() {
     assert_eq!(output, [2.0, 3.0, 4.0, 5.0]);
     let forbidden = client
         .post(format!("https://{}/v2/models/sized_a/infer", gateway.http))
-        .json(&add_sub_body())
+        .json(&support::add_sub_request())
         .send()
         .await
         .unwrap();

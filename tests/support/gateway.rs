@@ -360,6 +360,13 @@ impl TestGateway {
             .unwrap()
     }
 
+    /// The sum of metric `name` on the gateway's own `/metrics` over the series matching every
+    /// one of `filters` ([`crate::support::metric_sum`]): the one metrics reader tests use for
+    /// what a dashboard would show.
+    pub async fn metric_sum(&self, name: &str, filters: &[&str]) -> f64 {
+        super::metric_sum(&self.metrics_text("/metrics").await, name, filters)
+    }
+
     /// Begins shutdown and returns the serve task to await.
     pub fn begin_shutdown(&mut self) -> JoinHandle<anyhow::Result<()>> {
         self.shutdown.cancel();
