@@ -29,25 +29,13 @@ async fn pytest(gateway: &TestGateway, env: &[(&str, &str)], extra: &[&str]) -> 
     let url = gateway.grpc.to_string();
     let mut envs = vec![("INFERGATE_GRPC_URL", url.as_str())];
     envs.extend_from_slice(env);
-    let mut args = vec![
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-rs",
-        suite.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    // `python -m pytest FILE`: run_python's script argument is the `-m` flag here.
-    let output = support::run_python(std::path::Path::new("-m"), &args, &envs).await;
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "tritonclient.grpc suite failed through the gateway:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains(" passed"), "{stdout}");
-    stdout
+    support::run_pytest(
+        &suite,
+        extra,
+        &envs,
+        "tritonclient.grpc suite failed through the gateway",
+    )
+    .await
 }
 
 #[tokio::test]

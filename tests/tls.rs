@@ -221,29 +221,16 @@ async fn rustls_python_and_grpc_clients_infer_over_tls() {
     let suite = support::repo_root().join("tests/python/test_http_client.py");
     let url = format!("localhost:{}", gateway.http.port());
     let ca = pki.path("ca.pem");
-    let output = support::run_python(
-        Path::new("-m"),
-        &[
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-rs",
-            suite.to_str().unwrap(),
-        ],
+    let stdout = support::run_pytest(
+        &suite,
+        &[],
         &[
             ("INFERGATE_URL", url.as_str()),
             ("INFERGATE_CA", ca.to_str().unwrap()),
         ],
+        "tritonclient.http over https failed",
     )
     .await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "tritonclient.http over https failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains(" passed"), "{stdout}");
     assert!(!stdout.contains("skipped"), "{stdout}");
 }
 

@@ -34,9 +34,17 @@ pub fn config_for(name: &str, tritons: &[&Triton], upstream: &str, server: &str)
         "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
          [server]\n{server}\n[upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"3s\"\n{upstream}\n"
     );
+    text.push_str(&backends(name, tritons, "1GiB"));
+    text
+}
+
+/// The `[[backends]]` tables for `tritons`, named `{name}-i`, each with its HTTP, gRPC and
+/// metrics URL and `capacity`: what every test config says about its Tritons.
+pub fn backends(name: &str, tritons: &[&Triton], capacity: &str) -> String {
+    let mut text = String::new();
     for (i, triton) in tritons.iter().enumerate() {
         text.push_str(&format!(
-            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\ngrpc = \"{}\"\nmetrics = \"{}\"\ncapacity = \"1GiB\"\n",
+            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\ngrpc = \"{}\"\nmetrics = \"{}\"\ncapacity = \"{capacity}\"\n",
             triton.http_url(),
             triton.grpc_url(),
             triton.metrics_url()
@@ -87,14 +95,7 @@ pub fn pool_config_in(
          [placement]\nmodel_repository = \"{}\"\n{placement}\n",
         repository.display()
     );
-    for (i, triton) in tritons.iter().enumerate() {
-        text.push_str(&format!(
-            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\ngrpc = \"{}\"\nmetrics = \"{}\"\ncapacity = \"{capacity}\"\n",
-            triton.http_url(),
-            triton.grpc_url(),
-            triton.metrics_url()
-        ));
-    }
+    text.push_str(&backends(name, tritons, capacity));
     text.push_str(tables);
     text
 }

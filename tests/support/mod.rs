@@ -155,6 +155,32 @@ pub async fn run_python(
     })
 }
 
+/// Runs the pytest `suite` (more pytest args in `extra`) with the virtualenv's python and
+/// fails the test unless it ran and passed, with pytest's output and `what` in the message:
+/// the Python clients' suites (tritonclient over HTTP, gRPC, TLS) all run so. Returns
+/// pytest's stdout for further checks (skips, counts).
+pub async fn run_pytest(suite: &Path, extra: &[&str], envs: &[(&str, &str)], what: &str) -> String {
+    let mut args = vec![
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        suite.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    // `python -m pytest FILE`: run_python's script argument is the `-m` flag here.
+    let output = run_python(Path::new("-m"), &args, envs).await;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{what}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains(" passed"), "{stdout}");
+    stdout
+}
+
 /// How to start a [`Triton`].
 #[derive(Debug, Clone, Default)]
 pub struct TritonOptions {
