@@ -102,18 +102,11 @@ async fn wait_for(
     what: &str,
     ready: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
+    support::eventually(within, what, async || {
         let view = cluster_view(admin).await;
-        if ready(&view) {
-            return view;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: never, last /admin/cluster {view}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if ready(&view) { Ok(view) } else { Err(view) }
+    })
+    .await
 }
 
 /// Waits until each of `replicas` sees them all, and none is degraded.
@@ -1295,11 +1288,11 @@ async fn a_replica_killed_mid_traffic_behind_haproxy_hangs_no_client_and_the_oth
 
 /// Waits until a replica process's admin listener accepts connections.
 async fn wait_for_admin(admin: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(admin).await.is_err() {
-        assert!(Instant::now() < deadline, "no admin listener on {admin}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("an admin listener on {admin}");
+    support::eventually(Duration::from_secs(30), &what, async || {
+        tokio::net::TcpStream::connect(admin).await.is_ok()
+    })
+    .await;
 }
 
 /// Turns on etcd's authentication (through its plain listener): a root user, and `user`

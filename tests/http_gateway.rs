@@ -286,14 +286,13 @@ async fn serves_every_metadata_health_and_repository_endpoint() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while t0.stub_count() + t1.stub_count() != 2 {
-        assert!(
-            Instant::now() < deadline,
-            "stub process left behind after unload"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::eventually_every(
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+        "the unloaded model's stub process gone",
+        async || t0.stub_count() + t1.stub_count() == 2,
+    )
+    .await;
     let echo =
         json!({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]});
     let (status, body) = post_json(&format!("{base}/v2/models/string_echo/infer"), &echo).await;

@@ -12,7 +12,9 @@ mod support;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use support::gateway::{TestGateway, pool_config, pool_config_in};
-use support::{Triton, TritonOptions, copy_dir, identity_request, model_repository};
+use support::{
+    Triton, TritonOptions, copy_dir, eventually_every, identity_request, model_repository,
+};
 
 async fn empty_triton(verbose: bool) -> Triton {
     Triton::start(TritonOptions {
@@ -36,8 +38,9 @@ async fn infer_path(gateway: &TestGateway, model: &str) -> (u16, Value) {
 /// Triton's READY models, the gateway's books and the stub processes agree, and no backend
 /// is over its capacity.
 async fn assert_books_match(gateway: &TestGateway, tritons: &[&Triton]) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
+    let what = "the books match Triton (books, Triton, stubs)";
+    let every = Duration::from_millis(100);
+    eventually_every(every, Duration::from_secs(15), what, async || {
         let placed = gateway.placed().await;
         let mut loaded = Vec::new();
         for triton in tritons {
@@ -48,14 +51,12 @@ async fn assert_books_match(gateway: &TestGateway, tritons: &[&Triton]) {
         let stubs: Vec<usize> = tritons.iter().map(|t| t.stub_count()).collect();
         let counts: Vec<usize> = loaded.iter().map(Vec::len).collect();
         if placed == loaded && stubs == counts {
-            break;
+            Ok(())
+        } else {
+            Err((placed, loaded, stubs))
         }
-        assert!(
-            Instant::now() < deadline,
-            "books {placed:?} vs Triton {loaded:?}, stubs {stubs:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     for backend in gateway.placement().await["backends"].as_array().unwrap() {
         let (used, capacity) = (
             backend["used"].as_u64().unwrap(),
@@ -280,23 +281,23 @@ async fn hold_the_backend(gateway: &TestGateway, delay_ms: u64) -> tokio::task::
         let response = reqwest::Client::new().post(url).json(&body).send().await;
         response.unwrap().status().as_u16()
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let placement = gateway.placement().await;
-        let busy = placement["backends"][0]["models"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|m| m["name"] == "slow_model" && m["in_flight"] == 1);
-        if busy {
-            return slow;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "slow_model never busy: {placement}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let every = Duration::from_millis(20);
+    eventually_every(
+        every,
+        Duration::from_secs(20),
+        "slow_model busy",
+        async || {
+            let placement = gateway.placement().await;
+            let busy = placement["backends"][0]["models"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == "slow_model" && m["in_flight"] == 1);
+            if busy { Ok(()) } else { Err(placement) }
+        },
+    )
+    .await;
+    slow
 }
 
 /// A cold request that finds the only backend's memory held by a copy in use for a few
@@ -452,14 +453,13 @@ async fn a_pinned_model_is_loaded_at_start_and_never_evicted() {
         "[[models]]\nname = \"sized_c\"\nmin_copies = 1\n",
     ))
     .await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while gateway.placed().await != [["sized_c"]] {
-        assert!(
-            Instant::now() < deadline,
-            "pinned model not loaded at start"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_every(
+        Duration::from_millis(100),
+        Duration::from_secs(60),
+        "the pinned model loaded at start",
+        async || gateway.placed().await == [["sized_c"]],
+    )
+    .await;
     assert_eq!(infer(&gateway, "sized_b").await.0, 200);
     // sized_a does not fit beside both; only sized_b may make room.
     assert_eq!(infer(&gateway, "sized_a").await.0, 200);
@@ -572,16 +572,16 @@ async fn a_load_in_progress_never_costs_a_backend_its_place() {
         let gateway = gateway.clone();
         async move { infer(&gateway, "sized_b").await }
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let loading = loop {
-        if let [(b, state)] = &copies_of(&gateway, "sized_b").await[..]
-            && state == "loading"
-        {
-            break *b;
-        }
-        assert!(Instant::now() < deadline, "sized_b never started loading");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let loading = eventually_every(
+        Duration::from_millis(10),
+        Duration::from_secs(10),
+        "sized_b loading",
+        async || match &copies_of(&gateway, "sized_b").await[..] {
+            [(b, state)] if state == "loading" => Some(*b),
+            _ => None,
+        },
+    )
+    .await;
     let tritons = [&t0, &t1];
     // Loading, with Triton's default flags: not ready, as Triton says, but live.
     let ready = reqwest::get(format!("{}/v2/health/ready", tritons[loading].http_url()))

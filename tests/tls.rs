@@ -20,12 +20,11 @@ use infergate::protocol::inference::{ModelInferRequest, ServerLiveRequest};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::gateway::TestGateway;
 use support::pki::{Issued, Pki};
-use support::{Triton, TritonOptions};
+use support::{Triton, TritonOptions, eventually_every};
 use tokio::sync::OnceCell;
 
 /// One Triton for the whole binary, started empty with default flags: each test starts its
@@ -352,11 +351,13 @@ async fn failed_reloads(gateway: &TestGateway) -> u64 {
 
 /// Waits until the gateway has tried `what` and counted it as a failed reload.
 async fn await_failed_reload(gateway: &TestGateway, before: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while failed_reloads(gateway).await == before {
-        assert!(Instant::now() < deadline, "{what} was never tried");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_every(
+        Duration::from_millis(200),
+        Duration::from_secs(15),
+        &format!("{what} tried"),
+        async || failed_reloads(gateway).await != before,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -372,18 +373,16 @@ async fn rotated_certificates_reach_new_connections_and_bad_ones_are_refused() {
 
     // Rotate: new files; the watcher picks them up within a few seconds.
     pki.install_server(&pki.server("second"));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let fresh = https_client(&pki, None);
-        if infer(&fresh, gateway.http).await.1 == "second" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the new certificate was never served"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_every(
+        Duration::from_millis(200),
+        Duration::from_secs(15),
+        "the new certificate served",
+        async || {
+            let fresh = https_client(&pki, None);
+            infer(&fresh, gateway.http).await.1 == "second"
+        },
+    )
+    .await;
     // The connection opened before the rotation still works, on its own session.
     let (output, served_by) = infer(&kept, gateway.http).await;
     assert_eq!(output, [2.0, 3.0, 4.0, 5.0]);
@@ -556,15 +555,20 @@ async fn backends_over_https_are_verified_with_the_ca_bundle() {
     // Without it (the system's roots do not know the test CA): never healthy, and the
     // reason names the certificate.
     let untrusted = TestGateway::start_unready(&config("tlsupno", ""), None).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let backend = loop {
-        let backends = untrusted.admin_backends().await;
-        if backends[0]["last_error"].is_string() {
-            break backends[0].clone();
-        }
-        assert!(Instant::now() < deadline, "{backends:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let backend = eventually_every(
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+        "the backend's last error",
+        async || {
+            let backends = untrusted.admin_backends().await;
+            if backends[0]["last_error"].is_string() {
+                Ok(backends[0].clone())
+            } else {
+                Err(backends)
+            }
+        },
+    )
+    .await;
     assert_eq!(backend["ready"], false);
     let reason = backend["last_error"].as_str().unwrap();
     assert!(

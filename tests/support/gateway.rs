@@ -4,7 +4,7 @@ use super::Triton;
 use infergate::config::Config;
 use infergate::{Gateway, Listeners};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -235,19 +235,17 @@ impl TestGateway {
 
     /// Waits until the admin API shows `count` ready backends.
     pub async fn wait_for_ready_backends(&self, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        let what = format!("{count} backends ready");
+        super::eventually(Duration::from_secs(20), &what, async || {
             let backends = self.admin_backends().await;
             let ready = backends.iter().filter(|b| b["ready"] == true).count();
             if ready == count {
-                return;
+                Ok(())
+            } else {
+                Err(backends)
             }
-            assert!(
-                Instant::now() < deadline,
-                "backends never became ready: {backends:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     /// `GET /admin/backends` as JSON.
@@ -340,15 +338,15 @@ impl TestGateway {
 
     /// Waits until `model` has a ready copy on `count` backends (`min_copies` loading).
     pub async fn wait_for_copies(&self, model: &str, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.ready_copies(model).await.len() < count {
-            assert!(
-                Instant::now() < deadline,
-                "{model}: not {count} ready copies: {:?}",
-                self.placed().await
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{model}: {count} ready copies");
+        super::eventually(Duration::from_secs(60), &what, async || {
+            if self.ready_copies(model).await.len() >= count {
+                Ok(())
+            } else {
+                Err(self.placed().await)
+            }
+        })
+        .await
     }
 
     /// Text of the gateway's own `/metrics`.
