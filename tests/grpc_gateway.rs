@@ -804,17 +804,9 @@ async fn load_step(url: &str, model: &str) -> infergate_load::stats::StepSummary
 
 /// Triton's count of successful add_sub requests, from its metrics.
 async fn triton_successes(triton: &Triton) -> f64 {
-    let metrics = reqwest::get(triton.metrics_url())
+    triton
+        .metric_sum("nv_inference_request_success", &["model=\"add_sub\""])
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    support::metric_sum(
-        &metrics,
-        "nv_inference_request_success",
-        &["model=\"add_sub\""],
-    )
 }
 
 #[tokio::test]

@@ -718,12 +718,7 @@ async fn a_models_size_is_learned_from_the_backends_memory_metric() {
     assert_eq!(copy["size"], 3u64 << 30);
     // Statistics come first, where the backend reports the model's memory; the python
     // backend reports none, so the size is the metric's.
-    let stats: Value = reqwest::get(format!("{}/v2/models/sized_a/stats", t0.http_url()))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats = t0.model_stats("sized_a").await;
     assert_eq!(
         stats["model_stats"][0]["memory_usage"],
         json!([]),

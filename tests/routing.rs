@@ -291,12 +291,7 @@ struct MirrorCase {
 
 /// A request's count in Triton's statistics of `model`, over the given outcomes.
 async fn stats_count(triton: &Triton, model: &str, outcomes: &[&str]) -> f64 {
-    let stats: Value = reqwest::get(format!("{}/v2/models/{model}/stats", triton.http_url()))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats = triton.model_stats(model).await;
     let inference = &stats["model_stats"][0]["inference_stats"];
     outcomes
         .iter()
@@ -443,13 +438,11 @@ targets = [{ model = "versioned", version = "1", weight = 50 }, { model = "versi
 "#;
     let gateway = TestGateway::start(&routes_config("versions", &[&triton], routes)).await;
     let client = reqwest::Client::new();
-    let url = format!("{}/v2/models/versions/infer", gateway.url());
+    let base = gateway.url();
     let mut answered = std::collections::BTreeMap::<String, u32>::new();
     for _ in 0..25 {
         let batch = (0..16).map(|_| async {
-            let response = client
-                .post(&url)
-                .json(&identity_request())
+            let response = support::infer_post(&client, &base, "versions", &identity_request())
                 .send()
                 .await
                 .unwrap();
@@ -483,10 +476,10 @@ targets = [{ model = "versioned", version = "1", weight = 50 }, { model = "versi
 
     // A request the gateway refuses (a wrong shape, pinned to version 2) is counted for
     // that target too.
-    let response = client
-        .post(&url)
+    let wrong_shape = json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]}]});
+    let response = support::infer_post(&client, &base, "versions", &wrong_shape)
         .header("infergate-target", "versioned/2")
-        .json(&json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]}]}))
         .send()
         .await
         .unwrap();

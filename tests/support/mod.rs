@@ -396,6 +396,13 @@ impl Triton {
         metric_sum(&text, name, filters)
     }
 
+    /// `GET /v2/models/{model}/stats` straight from this server: what Triton itself saw of a
+    /// model (counts, memory), to compare with what the gateway sent or reports.
+    pub async fn model_stats(&self, model: &str) -> serde_json::Value {
+        let url = format!("{}/v2/models/{model}/stats", self.http_url());
+        reqwest::get(url).await.unwrap().json().await.unwrap()
+    }
+
     pub fn pid(&self) -> u32 {
         self.pid
     }
