@@ -252,22 +252,18 @@ fn set_secret() {
     unsafe { std::env::set_var("INFERGATE_TEST_JWT_SECRET", HMAC_SECRET) };
 }
 
-fn add_sub_body() -> Value {
-    json!({"inputs": [
-        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]},
-        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1, 1, 1, 1]},
-    ]})
-}
-
 /// What a gateway answered: status, the error or "", the WWW-Authenticate header or "".
 async fn infer_http(
     gateway: &TestGateway,
     model: &str,
     headers: &[(&str, &str)],
 ) -> (u16, String, String) {
-    let mut request = reqwest::Client::new()
-        .post(format!("{}/v2/models/{model}/infer", gateway.url()))
-        .json(&add_sub_body());
+    let mut request = support::infer_post(
+        &reqwest::Client::new(),
+        &gateway.url(),
+        model,
+        &support::add_sub_request(),
+    );
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -652,15 +648,15 @@ async fn the_token_matrix_is_decided_alike_on_http_and_grpc() {
     // Decisions are counted; the refused ones have no tenant.
     let metrics = gateway.metrics_text("/metrics").await;
     let decisions = |tenant: &str, outcome: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| {
-                l.starts_with("infergate_auth_decisions_total{")
-                    && l.contains(&format!("tenant=\"{tenant}\""))
-                    && l.contains(&format!("outcome=\"{outcome}\""))
-            })
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-            .sum()
+        let (tenant, outcome) = (
+            format!("tenant=\"{tenant}\""),
+            format!("outcome=\"{outcome}\""),
+        );
+        support::metric_sum(
+            &metrics,
+            "infergate_auth_decisions_total",
+            &[&tenant, &outcome],
+        )
     };
     assert!(
         decisions("acme", "allowed") >= 2.0 * accepted.len() as f64,
@@ -931,7 +927,7 @@ async fn tenant_limits_answer_429_then_recover() {
     let response = reqwest::Client::new()
         .post(format!("{}/v2/models/add_sub/infer", gateway.url()))
         .header("x-api-key", SLOW_KEY)
-        .json(&add_sub_body())
+        .json(&support::add_sub_request())
         .send()
         .await
         .unwrap();
@@ -1309,10 +1305,12 @@ roles = ["admin"]
         (401, "invalid credentials: unknown key id 'j2'".into())
     );
     *server.document.lock().unwrap() = keys.jwks(&["j2"]);
-    assert!(
-        support::eventually(Duration::from_secs(5), async || call(&j2).await.0 == 200).await,
-        "the interval refresh took j2 in"
-    );
+    support::eventually(
+        Duration::from_secs(5),
+        "the interval refresh took j2 in",
+        async || call(&j2).await.0 == 200,
+    )
+    .await;
     assert_eq!(
         call(&j1).await,
         (401, "invalid credentials: unknown key id 'j1'".into())
@@ -1323,12 +1321,12 @@ roles = ["admin"]
         .failing
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let before = server.fetches();
-    assert!(
-        support::eventually(Duration::from_secs(5), async || server.fetches()
-            >= before + 2)
-        .await,
-        "the interval kept fetching"
-    );
+    support::eventually(
+        Duration::from_secs(5),
+        "the interval kept fetching",
+        async || server.fetches() >= before + 2,
+    )
+    .await;
     assert_eq!(call(&j2).await, (200, String::new()));
     let metrics = gateway.metrics_text("/metrics").await;
     assert!(

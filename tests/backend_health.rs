@@ -30,29 +30,19 @@ fn with_checks(config: String, interval: &str, timeout: &str) -> String {
         )
 }
 
-/// One add_sub inference through the gateway: its status.
+/// One add_sub inference through the gateway: its status (0 when none came).
 async fn infer(client: &reqwest::Client, url: &str) -> u16 {
-    let body = serde_json::json!({"inputs": [
-        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1.0, 2.0, 3.0, 4.0]},
-        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1.0, 1.0, 1.0, 1.0]}]});
-    client
-        .post(format!("{url}/v2/models/add_sub/infer"))
-        .json(&body)
-        .send()
+    support::infer(client, url, "add_sub", &support::add_sub_request())
         .await
-        .map_or(0, |r| r.status().as_u16())
+        .0
 }
 
 /// `infergate_backend_ejections_total` of one backend, over every reason.
 async fn ejections(gateway: &TestGateway, backend: &str) -> f64 {
     let filter = format!("backend=\"{backend}\"");
     gateway
-        .metrics_text("/metrics")
+        .metric_sum("infergate_backend_ejections_total", &[&filter])
         .await
-        .lines()
-        .filter(|l| l.starts_with("infergate_backend_ejections_total") && l.contains(&filter))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
 }
 
 /// Whether the admin API shows backend `i` ready.

@@ -7,7 +7,7 @@ mod support;
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{Triton, TritonOptions};
+use support::{Triton, TritonOptions, eventually, eventually_every};
 
 fn infergate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_infergate"))
@@ -240,14 +240,10 @@ impl Running {
         command.envs(env.iter().copied());
         let child = spawn_gateway(command, &config);
         let base = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while reqwest::get(format!("{base}/v2/health/live"))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "gateway never came up");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually(Duration::from_secs(20), "the gateway up", async || {
+            reqwest::get(format!("{base}/v2/health/live")).await.is_ok()
+        })
+        .await;
         Self {
             child,
             base,
@@ -355,7 +351,6 @@ sha256 = "{hash}"
     let good = sign(SECRET);
     let forged = sign("not-the-secret-not-the-secret-not!!");
     let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
     let call = async |id: &str, header: (&str, String)| {
         client
             .post(format!("{}/v2/models/add_sub/infer", gateway.base))
@@ -371,10 +366,10 @@ sha256 = "{hash}"
             .as_u16()
     };
     // Until the backend's first ready check, the gateway answers 503.
-    while call("warm-up", ("x-api-key", API_KEY.into())).await != 200 {
-        assert!(Instant::now() < deadline, "backend never became ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(20), "the backend ready", async || {
+        call("warm-up", ("x-api-key", API_KEY.into())).await == 200
+    })
+    .await;
     assert_eq!(
         call("jwt-ok", ("authorization", format!("Bearer {good}"))).await,
         200
@@ -440,16 +435,11 @@ fn spawn_gateway(mut command: Command, config: &tempfile::NamedTempFile) -> Chil
 }
 
 async fn wait_until_ready(client: &reqwest::Client, base: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(r) = client.get(format!("{base}/v2/health/ready")).send().await
-            && r.status() == 200
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "gateway never became ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(20), "the gateway ready", async || {
+        let ready = client.get(format!("{base}/v2/health/ready")).send().await;
+        ready.is_ok_and(|r| r.status() == 200)
+    })
+    .await
 }
 
 /// Sends `kill -<name>` to the process, as an operator (or an orchestrator) would.
@@ -566,11 +556,13 @@ async fn sigterm_and_sigint_let_the_request_in_flight_finish_and_exit_0() {
         signal(&run.child, name);
 
         // The listener closes while the request is still being answered.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !refuses_connections(run.http_port) {
-            assert!(Instant::now() < deadline, "SIG{name}: still accepting");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually_every(
+            Duration::from_millis(20),
+            Duration::from_secs(5),
+            &format!("SIG{name}: the listener closed"),
+            async || refuses_connections(run.http_port),
+        )
+        .await;
         assert!(
             !run.response.is_finished(),
             "SIG{name}: the request ended before the listener closed; the drain is untested"
@@ -685,11 +677,12 @@ async fn sighup_reloads_the_config_file() {
     assert_eq!(served().await, "sized_a", "reloaded without a signal");
 
     signal(&child, "HUP");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while served().await != "sized_b" {
-        assert!(Instant::now() < deadline, "SIGHUP never reloaded the file");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        Duration::from_secs(5),
+        "SIGHUP reloaded the file",
+        async || served().await == "sized_b",
+    )
+    .await;
     signal(&child, "TERM");
     let output = child.wait_with_output().unwrap();
     let logs = String::from_utf8_lossy(&output.stdout).to_string()

@@ -56,30 +56,17 @@ fn load_calls(triton: &Triton, model: &str) -> usize {
 /// unloaded there before it, so it starts cold.
 async fn run_suite(http: &str, grpc: &str, admin: Option<&str>, against: &str) {
     let suite = support::repo_root().join("tests/python/test_examples.py");
-    let output = support::run_python(
-        std::path::Path::new("-m"),
-        &[
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-rs",
-            suite.to_str().unwrap(),
-        ],
+    let stdout = support::run_pytest(
+        &suite,
+        &[],
         &[
             ("EXAMPLES_HTTP", http),
             ("EXAMPLES_GRPC", grpc),
             ("EXAMPLES_ADMIN", admin.unwrap_or("")),
         ],
+        &format!("the examples' suite failed against {against}"),
     )
     .await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the examples' suite failed against {against}:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains(" passed"), "{stdout}");
     assert!(!stdout.contains("skipped"), "a test was skipped:\n{stdout}");
 }
 

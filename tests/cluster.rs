@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use support::cluster::{Etcd, Haproxy, prefix_range};
 use support::gateway::{TestGateway, pool_config};
 use support::pki::Pki;
-use support::{Triton, TritonOptions};
+use support::{Triton, TritonOptions, identity_request};
 
 /// A fresh etcd and two empty Tritons (default flags), started at once.
 async fn etcd_and_two_tritons() -> (Etcd, Triton, Triton) {
@@ -102,22 +102,11 @@ async fn wait_for(
     what: &str,
     ready: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
+    support::eventually(within, what, async || {
         let view = cluster_view(admin).await;
-        if ready(&view) {
-            return view;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: never, last /admin/cluster {view}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn request() -> Value {
-    json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
+        if ready(&view) { Ok(view) } else { Err(view) }
+    })
+    .await
 }
 
 /// Waits until each of `replicas` sees them all, and none is degraded.
@@ -140,14 +129,7 @@ async fn infer(
     model: &str,
     key: Option<&str>,
 ) -> (u16, String) {
-    let mut builder = client
-        .post(format!("{base}/v2/models/{model}/infer"))
-        .json(&request());
-    if let Some(key) = key {
-        builder = builder.header("x-api-key", key);
-    }
-    let answer = builder.send().await.unwrap();
-    (answer.status().as_u16(), answer.text().await.unwrap())
+    support::infer_with_key(client, base, model, &identity_request(), key).await
 }
 
 #[tokio::test]
@@ -562,13 +544,11 @@ async fn wait_registered(replicas: &[TestGateway]) {
 /// Successful loads of new copies the replicas ran on `test`'s backends (the metrics
 /// registry is the process's, shared by the in-process replicas).
 async fn loads(gateway: &TestGateway, test: &str) -> u64 {
-    let text = gateway.metrics_text("/metrics").await;
-    text.lines()
-        .filter(|l| l.starts_with("infergate_placement_loads_total{"))
-        .filter(|l| l.contains(&format!("backend=\"{test}-")))
-        .filter(|l| l.contains("reason=\"new\"") && l.contains("result=\"success\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    let backend = format!("backend=\"{test}-");
+    let filters = [&backend, "reason=\"new\"", "result=\"success\""];
+    gateway
+        .metric_sum("infergate_placement_loads_total", &filters)
+        .await as u64
 }
 
 /// Each Triton's READY models, by Triton's own index.
@@ -714,7 +694,7 @@ async fn with_etcd_down_warm_requests_are_served_cold_ones_get_503_and_a_new_rep
     );
     let cold = client
         .post(format!("{}/v2/models/sized_b/infer", a.url()))
-        .json(&request())
+        .json(&identity_request())
         .send()
         .await
         .unwrap();
@@ -866,7 +846,7 @@ async fn a_load_left_by_a_killed_replica_is_finished_by_the_leader_and_served_wi
         // Its replica dies under it: the client sees the connection go, no answer.
         async move {
             let sent = client.post(format!("{url}/v2/models/slow_start/infer"));
-            sent.json(&request()).send().await.is_err()
+            sent.json(&identity_request()).send().await.is_err()
         }
     });
     let etcd_json = etcd.json();
@@ -954,7 +934,7 @@ async fn load_through(
             for i in 0..each {
                 let sent = client
                     .post(format!("{url}/v2/models/{}/infer", model(c, i)))
-                    .json(&request())
+                    .json(&identity_request())
                     .send()
                     .await;
                 answers.push(match sent {
@@ -1130,13 +1110,11 @@ async fn restarting_each_replica_in_turn_behind_haproxy_under_load_fails_no_requ
 
 /// Failed loads the replicas ran on `test`'s backends (see `loads`).
 async fn failed_loads(gateway: &TestGateway, test: &str) -> u64 {
-    let text = gateway.metrics_text("/metrics").await;
-    text.lines()
-        .filter(|l| l.starts_with("infergate_placement_loads_total{"))
-        .filter(|l| l.contains(&format!("backend=\"{test}-")))
-        .filter(|l| l.contains("result=\"failure\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    let backend = format!("backend=\"{test}-");
+    let filters = [&backend, "result=\"failure\""];
+    gateway
+        .metric_sum("infergate_placement_loads_total", &filters)
+        .await as u64
 }
 
 #[tokio::test]
@@ -1266,7 +1244,7 @@ async fn a_replica_killed_mid_traffic_behind_haproxy_hangs_no_client_and_the_oth
                         let started = Instant::now();
                         let sent = client
                             .post(format!("{url}/v2/models/sized_a/infer"))
-                            .json(&request())
+                            .json(&identity_request())
                             .send()
                             .await;
                         let status = sent.map_or(0, |r| r.status().as_u16());
@@ -1310,11 +1288,11 @@ async fn a_replica_killed_mid_traffic_behind_haproxy_hangs_no_client_and_the_oth
 
 /// Waits until a replica process's admin listener accepts connections.
 async fn wait_for_admin(admin: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(admin).await.is_err() {
-        assert!(Instant::now() < deadline, "no admin listener on {admin}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("an admin listener on {admin}");
+    support::eventually(Duration::from_secs(30), &what, async || {
+        tokio::net::TcpStream::connect(admin).await.is_ok()
+    })
+    .await;
 }
 
 /// Turns on etcd's authentication (through its plain listener): a root user, and `user`
@@ -1543,7 +1521,12 @@ async fn on_a_busy_machine_with_a_triton_paused_requests_get_200_or_a_clear_503_
     let client = reqwest::Client::new();
     for model in ["sized_c", "sized_b", "sized_a"] {
         let url = format!("{}/v2/models/{model}/infer", haproxy.url());
-        let answer = client.post(url).json(&request()).send().await.unwrap();
+        let answer = client
+            .post(url)
+            .json(&identity_request())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(answer.status(), 200, "{}", answer.text().await.unwrap());
     }
     let capacities = [13 * MIB / 2, 13 * MIB / 2];
@@ -1568,7 +1551,7 @@ async fn on_a_busy_machine_with_a_triton_paused_requests_get_200_or_a_clear_503_
                     let sent = Instant::now();
                     let answer = client
                         .post(format!("{url}/v2/models/{model}/infer"))
-                        .json(&request())
+                        .json(&identity_request())
                         .send()
                         .await;
                     let took = sent.elapsed();

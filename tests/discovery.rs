@@ -147,23 +147,31 @@ async fn a_pool_named_by_dns_follows_its_tritons_as_they_come_and_go() {
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     dns.publish(SERVICE, &[IpAddr::V4(POD_B)]);
-    assert!(
-        eventually(Duration::from_secs(5), async || pool(&gateway).await
-            == [pod_b.as_str()])
-        .await,
-        "the vanished pod leaves the pool: {:?}",
-        pool(&gateway).await
-    );
-    assert!(
-        eventually(Duration::from_secs(20), async || holders(
-            &gateway, "sized_a"
-        )
-        .await
-            == [pod_b.as_str()])
-        .await,
-        "its model is placed on the pod that stays: {:?}",
-        gateway.placed().await
-    );
+    eventually(
+        Duration::from_secs(5),
+        "the vanished pod leaves the pool",
+        async || {
+            let pool = pool(&gateway).await;
+            if pool == [pod_b.as_str()] {
+                Ok(())
+            } else {
+                Err(pool)
+            }
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "its model is placed on the pod that stays",
+        async || {
+            if holders(&gateway, "sized_a").await == [pod_b.as_str()] {
+                Ok(())
+            } else {
+                Err(gateway.placed().await)
+            }
+        },
+    )
+    .await;
     a.kill();
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, Ordering::Relaxed);
@@ -198,18 +206,19 @@ async fn a_pool_named_by_dns_follows_its_tritons_as_they_come_and_go() {
 
     // 4. DNS stops answering: the pool keeps what it has, serves, and counts the failures.
     dns.stop();
-    assert!(
-        eventually(Duration::from_secs(15), async || {
+    eventually(
+        Duration::from_secs(15),
+        "lookups without an answer are counted",
+        async || {
             let metrics = gateway.metrics_text("/metrics").await;
             metric_sum(
                 &metrics,
                 "infergate_discovery_failures_total",
                 &["group=\"pod\""],
             ) >= 2.0
-        })
-        .await,
-        "lookups without an answer are counted"
-    );
+        },
+    )
+    .await;
     assert_eq!(pool(&gateway).await, [pod_b.as_str()]);
     for _ in 0..5 {
         let (status, body) = infer(&client, &url, "sized_a", &identity_request()).await;

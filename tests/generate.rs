@@ -151,11 +151,7 @@ async fn send(client: &reqwest::Client, url: String, body: &str) -> (u16, String
 }
 
 fn rejections(metrics: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("infergate_validation_rejections_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    support::metric_sum(metrics, "infergate_validation_rejections_total", &[])
 }
 
 #[tokio::test]

@@ -29,25 +29,13 @@ async fn pytest(gateway: &TestGateway, env: &[(&str, &str)], extra: &[&str]) -> 
     let url = gateway.grpc.to_string();
     let mut envs = vec![("INFERGATE_GRPC_URL", url.as_str())];
     envs.extend_from_slice(env);
-    let mut args = vec![
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-rs",
-        suite.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    // `python -m pytest FILE`: run_python's script argument is the `-m` flag here.
-    let output = support::run_python(std::path::Path::new("-m"), &args, &envs).await;
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "tritonclient.grpc suite failed through the gateway:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains(" passed"), "{stdout}");
-    stdout
+    support::run_pytest(
+        &suite,
+        extra,
+        &envs,
+        "tritonclient.grpc suite failed through the gateway",
+    )
+    .await
 }
 
 #[tokio::test]
@@ -816,17 +804,9 @@ async fn load_step(url: &str, model: &str) -> infergate_load::stats::StepSummary
 
 /// Triton's count of successful add_sub requests, from its metrics.
 async fn triton_successes(triton: &Triton) -> f64 {
-    let metrics = reqwest::get(triton.metrics_url())
+    triton
+        .metric_sum("nv_inference_request_success", &["model=\"add_sub\""])
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    support::metric_sum(
-        &metrics,
-        "nv_inference_request_success",
-        &["model=\"add_sub\""],
-    )
 }
 
 #[tokio::test]
@@ -1129,158 +1109,34 @@ targets = [
         assert_eq!(sum(&answer), [x; 4]);
     }
     drop(stream);
-    let sent = format!(
-        "infergate_mirror_requests_total{{route=\"stream_shadowed\",target=\"sized_b\",outcome=\"sent\"}} {REQUESTS}"
-    );
-    let (mut copies, mut metrics) = (0.0, String::new());
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while std::time::Instant::now() < deadline {
-        metrics = gateway.metrics_text("/metrics").await;
-        let triton_metrics = reqwest::get(triton.metrics_url())
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        copies = support::metric_sum(
-            &triton_metrics,
-            "nv_inference_request_success",
-            &["model=\"sized_b\""],
-        );
-        if metrics.contains(&sent) && copies - 1.0 == f64::from(REQUESTS) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(metrics.contains(&sent), "{sent}\n{metrics}");
-    // Less the warm-up request.
-    assert_eq!(
-        copies - 1.0,
-        f64::from(REQUESTS),
-        "sized_b served every copy"
-    );
-}
-
-#[tokio::test]
-async fn a_grpc_mirror_gets_copies_and_the_client_only_sees_the_primary() {
-    let triton = Triton::start(TritonOptions::default()).await.unwrap();
-    let routes = r#"
-[[routes]]
-model = "shadowed"
-targets = [
-  { model = "sized_a", weight = 1 },
-  { model = "sized_b", mirror = true, percent = 100 },
-  { model = "error_model", mirror = true, percent = 100 },
-]
-"#;
-    let gateway = TestGateway::start(&support::gateway::routes_config(
-        "grpcmirrors",
-        &[&triton],
-        routes,
-    ))
+    // The copies reach the mirror on their own time: every one, counted as sent, and each
+    // served by sized_b (less the warm-up request).
+    support::eventually(
+        Duration::from_secs(30),
+        "every stream request copied to the mirror",
+        async || {
+            let sent = gateway
+                .metric_sum(
+                    "infergate_mirror_requests_total",
+                    &[
+                        "route=\"stream_shadowed\"",
+                        "target=\"sized_b\"",
+                        "outcome=\"sent\"",
+                    ],
+                )
+                .await;
+            let copies = triton
+                .metric_sum("nv_inference_request_success", &["model=\"sized_b\""])
+                .await;
+            let counts = (sent, copies - 1.0);
+            if counts == (f64::from(REQUESTS), f64::from(REQUESTS)) {
+                Ok(())
+            } else {
+                Err(format!("sent, served: {counts:?}"))
+            }
+        },
+    )
     .await;
-    let mut client = client(&gateway).await;
-    // The mirrors are loaded first: copies that arrive while a cold mirror loads may be
-    // dropped by design (tests/routing.rs), and this test counts every copy.
-    for model in ["sized_b", "error_model"] {
-        let request = support::grpc::fp32_infer(model, &[("INPUT0", [0.0; 4])]);
-        let _ = client.model_infer(request).await;
-    }
-    const CALLS: u32 = 40;
-    for i in 0..CALLS {
-        let x = i as f32;
-        let request = support::grpc::fp32_infer("shadowed", &[("INPUT0", [x; 4])]);
-        let answer = client.model_infer(request).await.unwrap().into_inner();
-        // The client's answer is the primary's (an identity model), even though one mirror
-        // fails every copy.
-        assert_eq!(answer.model_name, "sized_a");
-        assert_eq!(sum(&answer), [x; 4]);
-    }
-    // The copies reach Triton on their own time: every one of them, as both mirrors take
-    // 100%, and each is counted by the gateway as sent (sized_b) or failed (error_model).
-    let (mut copies, mut answered, mut metrics) = (0.0, 0.0, String::new());
-    for _ in 0..300 {
-        let triton_metrics = reqwest::get(triton.metrics_url())
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        copies = support::metric_sum(
-            &triton_metrics,
-            "nv_inference_request_success",
-            &["model=\"sized_b\""],
-        );
-        // Requests error_model answered (Triton files a python model's error response
-        // under success or fail depending on its version: both are counted).
-        let stats: serde_json::Value =
-            reqwest::get(format!("{}/v2/models/error_model/stats", triton.http_url()))
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-        let inference = &stats["model_stats"][0]["inference_stats"];
-        answered = ["success", "fail"]
-            .iter()
-            .filter_map(|k| inference[k]["count"].as_f64())
-            .sum();
-        metrics = gateway.metrics_text("/metrics").await;
-        let sent = support::metric_sum(
-            &metrics,
-            "infergate_mirror_requests_total",
-            &[
-                "route=\"shadowed\"",
-                "target=\"sized_b\"",
-                "outcome=\"sent\"",
-            ],
-        );
-        let failed = support::metric_sum(
-            &metrics,
-            "infergate_mirror_requests_total",
-            &[
-                "route=\"shadowed\"",
-                "target=\"error_model\"",
-                "outcome=\"failed\"",
-            ],
-        );
-        if sent == f64::from(CALLS) && failed == f64::from(CALLS) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Less the warm-up requests.
-    assert_eq!(
-        copies - 1.0,
-        f64::from(CALLS),
-        "sized_b served every copy\n{metrics}"
-    );
-    assert_eq!(
-        answered - 1.0,
-        f64::from(CALLS),
-        "error_model was sent every copy"
-    );
-    for (target, outcome) in [("sized_b", "sent"), ("error_model", "failed")] {
-        let series = format!(
-            "infergate_mirror_requests_total{{route=\"shadowed\",target=\"{target}\",outcome=\"{outcome}\"}} {CALLS}"
-        );
-        assert!(metrics.contains(&series), "{series}\n{metrics}");
-    }
-    // The primary served exactly the client's calls.
-    let primary = reqwest::get(triton.metrics_url())
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert_eq!(
-        support::metric_sum(
-            &primary,
-            "nv_inference_request_success",
-            &["model=\"sized_a\""]
-        ),
-        f64::from(CALLS)
-    );
 }
 
 /// Triton answers a call whose `grpc-timeout` has run out with its trailers several times over

@@ -286,14 +286,13 @@ async fn serves_every_metadata_health_and_repository_endpoint() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while t0.stub_count() + t1.stub_count() != 2 {
-        assert!(
-            Instant::now() < deadline,
-            "stub process left behind after unload"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::eventually_every(
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+        "the unloaded model's stub process gone",
+        async || t0.stub_count() + t1.stub_count() == 2,
+    )
+    .await;
     let echo =
         json!({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]});
     let (status, body) = post_json(&format!("{base}/v2/models/string_echo/infer"), &echo).await;
@@ -649,17 +648,18 @@ async fn metrics_cover_requests_and_reexport_each_backends_series() {
     let own = gateway.metrics_text("/metrics").await;
     // Each series names the backend that served it; only the versioned request has a version.
     let served = |version: &str| -> f64 {
-        own.lines()
-            .filter(|l| {
-                l.starts_with("infergate_requests_total{")
-                    && l.contains("model=\"add_sub\"")
-                    && l.contains(&format!("version=\"{version}\""))
-                    && l.contains("status=\"2xx\"")
-                    && l.contains("protocol=\"http\"")
-                    && (l.contains("backend=\"metrics-0\"") || l.contains("backend=\"metrics-1\""))
-            })
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-            .sum()
+        let version = format!("version=\"{version}\"");
+        let on = |backend: &str| {
+            let filters = [
+                "model=\"add_sub\"",
+                &version,
+                "status=\"2xx\"",
+                "protocol=\"http\"",
+                backend,
+            ];
+            support::metric_sum(&own, "infergate_requests_total", &filters)
+        };
+        on("backend=\"metrics-0\"") + on("backend=\"metrics-1\"")
     };
     assert_eq!(served(""), 5.0, "{own}");
     assert_eq!(served("1"), 1.0, "{own}");
@@ -690,10 +690,11 @@ async fn metrics_cover_requests_and_reexport_each_backends_series() {
             .iter()
             .any(|l| l.contains("backend=\"metrics-1\""))
     );
-    let total: f64 = successes
-        .iter()
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum();
+    let total = support::metric_sum(
+        &pool,
+        "nv_inference_request_success",
+        &["model=\"add_sub\""],
+    );
     assert_eq!(total, 6.0);
     assert_eq!(
         pool.matches("# TYPE nv_inference_request_success ").count(),
@@ -887,18 +888,9 @@ async fn after_shutdown_readiness_is_false_and_new_connections_are_served_for_sh
 
 /// `nv_inference_request_success` for add_sub, read from the Triton itself.
 async fn add_sub_successes(triton: &Triton) -> f64 {
-    let text = reqwest::get(triton.metrics_url())
+    triton
+        .metric_sum("nv_inference_request_success", &["model=\"add_sub\""])
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| {
-            l.starts_with("nv_inference_request_success{") && l.contains("model=\"add_sub\"")
-        })
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
 }
 
 #[tokio::test]

@@ -198,15 +198,7 @@ async fn infer_with(
     body: &Value,
     key: Option<&str>,
 ) -> (u16, String) {
-    let mut request = client
-        .post(format!("{}/v2/models/{model}/infer", gateway.url()))
-        .json(body);
-    if let Some(key) = key {
-        request = request.header("x-api-key", key);
-    }
-    let answer = request.send().await.unwrap();
-    let status = answer.status().as_u16();
-    (status, answer.text().await.unwrap())
+    support::infer_with_key(client, &gateway.url(), model, body, key).await
 }
 
 /// `infer`, retried as a client would while the answer is 503 (a busy machine can fail a
@@ -219,10 +211,8 @@ async fn infer_retrying(
 ) -> (u16, String) {
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
-        let answer = client
-            .post(format!("{}/v2/models/{model}/infer", gateway.url()))
+        let answer = support::infer_post(client, &gateway.url(), model, body)
             .header("x-api-key", KEY)
-            .json(body)
             .send()
             .await
             .unwrap();

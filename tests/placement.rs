@@ -12,7 +12,9 @@ mod support;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use support::gateway::{TestGateway, pool_config, pool_config_in};
-use support::{Triton, TritonOptions, copy_dir, model_repository};
+use support::{
+    Triton, TritonOptions, copy_dir, eventually_every, identity_request, model_repository,
+};
 
 async fn empty_triton(verbose: bool) -> Triton {
     Triton::start(TritonOptions {
@@ -21,10 +23,6 @@ async fn empty_triton(verbose: bool) -> Triton {
     })
     .await
     .expect("triton starts")
-}
-
-fn identity_request() -> Value {
-    json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
 }
 
 async fn infer(gateway: &TestGateway, model: &str) -> (u16, Value) {
@@ -40,8 +38,9 @@ async fn infer_path(gateway: &TestGateway, model: &str) -> (u16, Value) {
 /// Triton's READY models, the gateway's books and the stub processes agree, and no backend
 /// is over its capacity.
 async fn assert_books_match(gateway: &TestGateway, tritons: &[&Triton]) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
+    let what = "the books match Triton (books, Triton, stubs)";
+    let every = Duration::from_millis(100);
+    eventually_every(every, Duration::from_secs(15), what, async || {
         let placed = gateway.placed().await;
         let mut loaded = Vec::new();
         for triton in tritons {
@@ -52,14 +51,12 @@ async fn assert_books_match(gateway: &TestGateway, tritons: &[&Triton]) {
         let stubs: Vec<usize> = tritons.iter().map(|t| t.stub_count()).collect();
         let counts: Vec<usize> = loaded.iter().map(Vec::len).collect();
         if placed == loaded && stubs == counts {
-            break;
+            Ok(())
+        } else {
+            Err((placed, loaded, stubs))
         }
-        assert!(
-            Instant::now() < deadline,
-            "books {placed:?} vs Triton {loaded:?}, stubs {stubs:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     for backend in gateway.placement().await["backends"].as_array().unwrap() {
         let (used, capacity) = (
             backend["used"].as_u64().unwrap(),
@@ -144,11 +141,11 @@ async fn filling_the_pool_evicts_least_recently_used_within_capacity() {
     assert_books_match(&gateway, &[&t0]).await;
 
     let metrics = gateway.metrics_text("/metrics").await;
-    let evictions: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("infergate_placement_evictions_total{backend=\"lru-0\"}"))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum();
+    let evictions = support::metric_sum(
+        &metrics,
+        "infergate_placement_evictions_total",
+        &["{backend=\"lru-0\"}"],
+    );
     assert_eq!(evictions, 2.0, "{metrics}");
 }
 
@@ -284,23 +281,23 @@ async fn hold_the_backend(gateway: &TestGateway, delay_ms: u64) -> tokio::task::
         let response = reqwest::Client::new().post(url).json(&body).send().await;
         response.unwrap().status().as_u16()
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let placement = gateway.placement().await;
-        let busy = placement["backends"][0]["models"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|m| m["name"] == "slow_model" && m["in_flight"] == 1);
-        if busy {
-            return slow;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "slow_model never busy: {placement}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let every = Duration::from_millis(20);
+    eventually_every(
+        every,
+        Duration::from_secs(20),
+        "slow_model busy",
+        async || {
+            let placement = gateway.placement().await;
+            let busy = placement["backends"][0]["models"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == "slow_model" && m["in_flight"] == 1);
+            if busy { Ok(()) } else { Err(placement) }
+        },
+    )
+    .await;
+    slow
 }
 
 /// A cold request that finds the only backend's memory held by a copy in use for a few
@@ -337,7 +334,9 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
         "first come, first placed: {first:?} {second:?}"
     );
     assert_eq!(
-        counter(&gateway, "infergate_placement_room_waits_total", "placed").await,
+        gateway
+            .metric_sum("infergate_placement_room_waits_total", &["placed"])
+            .await,
         2.0
     );
     assert_eq!(gateway.placed().await, [["sized_b"]]);
@@ -367,7 +366,9 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
     assert_eq!(body["retry_after"], "1", "{body}");
     assert_eq!(slow.await.unwrap(), 200);
     assert_eq!(
-        counter(&gateway, "infergate_placement_room_waits_total", "refused").await,
+        gateway
+            .metric_sum("infergate_placement_room_waits_total", &["refused"])
+            .await,
         1.0
     );
     drop(gateway);
@@ -407,7 +408,9 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
     // Placement ended the wait at the deadline itself (counted so), not only the call's
     // timer dropping it.
     assert_eq!(
-        counter(&gateway, "infergate_placement_room_waits_total", "deadline").await,
+        gateway
+            .metric_sum("infergate_placement_room_waits_total", &["deadline"])
+            .await,
         1.0
     );
     // The next waiter gets the room when slow_model lets go: the one that went is not placed.
@@ -426,9 +429,7 @@ async fn a_cold_request_waits_for_room_in_arrival_order_then_is_refused() {
 /// Retry-After header as `retry_after`).
 async fn timed_infer(url: &str, model: &str) -> (u16, Duration, Value) {
     let started = Instant::now();
-    let response = reqwest::Client::new()
-        .post(format!("{url}/v2/models/{model}/infer"))
-        .json(&identity_request())
+    let response = support::infer_post(&reqwest::Client::new(), url, model, &identity_request())
         .send()
         .await
         .unwrap();
@@ -452,14 +453,13 @@ async fn a_pinned_model_is_loaded_at_start_and_never_evicted() {
         "[[models]]\nname = \"sized_c\"\nmin_copies = 1\n",
     ))
     .await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while gateway.placed().await != [["sized_c"]] {
-        assert!(
-            Instant::now() < deadline,
-            "pinned model not loaded at start"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_every(
+        Duration::from_millis(100),
+        Duration::from_secs(60),
+        "the pinned model loaded at start",
+        async || gateway.placed().await == [["sized_c"]],
+    )
+    .await;
     assert_eq!(infer(&gateway, "sized_b").await.0, 200);
     // sized_a does not fit beside both; only sized_b may make room.
     assert_eq!(infer(&gateway, "sized_a").await.0, 200);
@@ -572,16 +572,16 @@ async fn a_load_in_progress_never_costs_a_backend_its_place() {
         let gateway = gateway.clone();
         async move { infer(&gateway, "sized_b").await }
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let loading = loop {
-        if let [(b, state)] = &copies_of(&gateway, "sized_b").await[..]
-            && state == "loading"
-        {
-            break *b;
-        }
-        assert!(Instant::now() < deadline, "sized_b never started loading");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let loading = eventually_every(
+        Duration::from_millis(10),
+        Duration::from_secs(10),
+        "sized_b loading",
+        async || match &copies_of(&gateway, "sized_b").await[..] {
+            [(b, state)] if state == "loading" => Some(*b),
+            _ => None,
+        },
+    )
+    .await;
     let tritons = [&t0, &t1];
     // Loading, with Triton's default flags: not ready, as Triton says, but live.
     let ready = reqwest::get(format!("{}/v2/health/ready", tritons[loading].http_url()))
@@ -629,11 +629,6 @@ async fn a_load_in_progress_never_costs_a_backend_its_place() {
     );
 }
 
-/// The sum of a counter of the gateway's over every series whose line contains `filter`.
-async fn counter(gateway: &TestGateway, name: &str, filter: &str) -> f64 {
-    support::metric_sum(&gateway.metrics_text("/metrics").await, name, &[filter])
-}
-
 /// The last line of defence: a copy unloaded behind the gateway's back (here straight on
 /// Triton, before reconciliation could notice) is refused by Triton with 404 "has no
 /// available versions" before any work. The gateway drops that copy, places the request
@@ -672,7 +667,9 @@ async fn a_request_for_a_copy_that_is_gone_is_placed_again() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["outputs"][0]["data"], json!([5.0, 6.0, 7.0, 8.0]));
     assert_eq!(
-        counter(&gateway, "infergate_placement_stale_copies_total", "gone-0").await,
+        gateway
+            .metric_sum("infergate_placement_stale_copies_total", &["gone-0"])
+            .await,
         1.0
     );
     assert_eq!(loads(&gateway, "new", "success", "gone-").await, 2.0);
@@ -694,7 +691,9 @@ async fn a_request_for_a_copy_that_is_gone_is_placed_again() {
         message_bytes([1.0, 2.0, 3.0, 4.0])
     );
     assert_eq!(
-        counter(&gateway, "infergate_placement_stale_copies_total", "gone-0").await,
+        gateway
+            .metric_sum("infergate_placement_stale_copies_total", &["gone-0"])
+            .await,
         2.0
     );
     assert_books_match(&gateway, &[&t0]).await;
@@ -719,12 +718,7 @@ async fn a_models_size_is_learned_from_the_backends_memory_metric() {
     assert_eq!(copy["size"], 3u64 << 30);
     // Statistics come first, where the backend reports the model's memory; the python
     // backend reports none, so the size is the metric's.
-    let stats: Value = reqwest::get(format!("{}/v2/models/sized_a/stats", t0.http_url()))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats = t0.model_stats("sized_a").await;
     assert_eq!(
         stats["model_stats"][0]["memory_usage"],
         json!([]),
@@ -1085,15 +1079,15 @@ fn answered_by(body: &Value) -> (String, f64) {
 
 /// The sum of `infergate_placement_loads_total` for a reason and result.
 async fn loads(gateway: &TestGateway, reason: &str, result: &str, backend_prefix: &str) -> f64 {
-    let metrics = gateway.metrics_text("/metrics").await;
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("infergate_placement_loads_total{"))
-        .filter(|l| l.contains(&format!("backend=\"{backend_prefix}")))
-        .filter(|l| l.contains(&format!("reason=\"{reason}\"")))
-        .filter(|l| l.contains(&format!("result=\"{result}\"")))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
+    let filters = [
+        format!("backend=\"{backend_prefix}"),
+        format!("reason=\"{reason}\""),
+        format!("result=\"{result}\""),
+    ];
+    let filters: Vec<&str> = filters.iter().map(String::as_str).collect();
+    gateway
+        .metric_sum("infergate_placement_loads_total", &filters)
+        .await
 }
 
 #[tokio::test]
@@ -1580,19 +1574,10 @@ async fn sequences_stay_on_the_copy_that_saw_them_start() {
 
 /// `nv_inference_request_success` of a model on one Triton.
 async fn triton_successes(triton: &Triton, model: &str) -> f64 {
-    reqwest::get(triton.metrics_url())
+    let model = format!("model=\"{model}\"");
+    triton
+        .metric_sum("nv_inference_request_success", &[&model])
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-        .lines()
-        .filter(|l| {
-            l.starts_with("nv_inference_request_success{")
-                && l.contains(&format!("model=\"{model}\""))
-        })
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
 }
 
 /// A sequence whose copy has gone (here unloaded straight on Triton, behind the gateway's

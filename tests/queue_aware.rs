@@ -36,15 +36,11 @@ fn flood(triton: &Triton, clients: usize, delay_ms: u64) -> tokio::task::JoinSet
 
 /// Requests `slow_model` answered by each backend, from the gateway's own metrics.
 async fn served_by(gateway: &TestGateway, backend: &str) -> u64 {
-    let text = gateway.metrics_text("/metrics").await;
-    text.lines()
-        .filter(|l| {
-            l.starts_with("infergate_requests_total{")
-                && l.contains("model=\"slow_model\"")
-                && l.contains(&format!("backend=\"{backend}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    let backend = format!("backend=\"{backend}\"");
+    let filters = ["model=\"slow_model\"", &backend];
+    gateway
+        .metric_sum("infergate_requests_total", &filters)
+        .await as u64
 }
 
 async fn placed_on(gateway: &TestGateway, model: &str) -> usize {
@@ -53,13 +49,6 @@ async fn placed_on(gateway: &TestGateway, model: &str) -> usize {
         .iter()
         .filter(|b| b.iter().any(|m| m == model))
         .count()
-}
-
-async fn wait_until(what: &str, limit: Duration, done: impl AsyncFnMut() -> bool) {
-    assert!(
-        support::eventually(limit, done).await,
-        "{what}: not within {limit:?}"
-    );
 }
 
 /// Two copies, one behind a queue the gateway did not fill: every request goes to the other
@@ -80,7 +69,7 @@ async fn requests_go_to_the_copy_with_the_shorter_queue() {
             "[[models]]\nname = \"slow_model\"\nmin_copies = 2\n",
         );
         let gateway = TestGateway::start(&config).await;
-        wait_until("two copies", Duration::from_secs(60), async || {
+        support::eventually(Duration::from_secs(60), "two copies", async || {
             placed_on(&gateway, "slow_model").await == 2
         })
         .await;
@@ -148,7 +137,7 @@ async fn a_backed_up_copy_gets_another() {
         .position(|b| b.iter().any(|m| m == "slow_model"))
         .unwrap();
     let _queued = flood(&tritons[first], 5, 300);
-    wait_until("a second copy", Duration::from_secs(30), async || {
+    support::eventually(Duration::from_secs(30), "a second copy", async || {
         placed_on(&gateway, "slow_model").await == 2
     })
     .await;

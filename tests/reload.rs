@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::gateway::{TestGateway, routes_config};
-use support::{Triton, TritonOptions};
+use support::{Triton, TritonOptions, eventually, eventually_every};
 
 fn config(triton: &Triton, targets: &str) -> String {
     routes_config(
@@ -274,19 +274,21 @@ async fn routes_reload_under_load_without_a_failed_request() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["unloaded"], json!(["sized_a"]));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let loaded = triton.loaded_models().await.unwrap();
-        if loaded == ["sized_b"] && triton.stub_count() == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sized_a left behind: {loaded:?}, {} stubs",
-            triton.stub_count()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_every(
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+        "sized_a unloaded, its stub gone",
+        async || {
+            let loaded = triton.loaded_models().await.unwrap();
+            let stubs = triton.stub_count();
+            if loaded == ["sized_b"] && stubs == 1 {
+                Ok(())
+            } else {
+                Err((loaded, stubs))
+            }
+        },
+    )
+    .await;
     let metrics = gateway.metrics_text("/metrics").await;
     assert!(
         metrics.contains("infergate_config_reload_total{result=\"failure\"}"),
@@ -470,19 +472,15 @@ async fn in_flight(gateway: &TestGateway, model: &str) -> Option<u64> {
 
 /// Polls until `check` holds for Triton's state, for up to 10 s.
 async fn until_triton(triton: &Triton, what: &str, check: impl Fn(&Triton, &[String]) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually(Duration::from_secs(10), what, async || {
         let loaded = triton.loaded_models().await.unwrap();
         if check(triton, &loaded) {
-            return;
+            Ok(())
+        } else {
+            Err((loaded, triton.stub_count()))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: Triton has {loaded:?} READY, {} stubs",
-            triton.stub_count()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test]
@@ -589,15 +587,11 @@ async fn a_version_a_reload_drops_is_unloaded_while_the_other_keeps_serving() {
     let url = format!("{}/v2/models/ranker/infer", gateway.url());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let clients = request_loop(8, &url, &stop);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while triton.ready_versions().await.unwrap().len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "{:?}",
-            triton.ready_versions().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(20), "two versions ready", async || {
+        let ready = triton.ready_versions().await.unwrap();
+        if ready.len() >= 2 { Ok(()) } else { Err(ready) }
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     std::fs::write(
@@ -610,19 +604,20 @@ async fn a_version_a_reload_drops_is_unloaded_while_the_other_keeps_serving() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["unloaded"], json!(["versioned/1"]));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let ready = triton.ready_versions().await.unwrap();
-        if ready == [("versioned".to_string(), 2)] && triton.stub_count() == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "version 1 left behind: {ready:?}, {} stubs",
-            triton.stub_count()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "version 1 unloaded, its stub gone",
+        async || {
+            let ready = triton.ready_versions().await.unwrap();
+            let stubs = triton.stub_count();
+            if ready == [("versioned".to_string(), 2)] && stubs == 1 {
+                Ok(())
+            } else {
+                Err((ready, stubs))
+            }
+        },
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let answers = stop_loop(&stop, clients, 1).await;
     let versions: std::collections::BTreeSet<&str> = answers

@@ -5,8 +5,10 @@
 mod support;
 
 use serde_json::{Value, json};
+use std::time::Duration;
 use support::gateway::{TestGateway, routes_config};
-use support::{Triton, TritonOptions};
+use support::wire::{Wire, WireClient};
+use support::{Triton, TritonOptions, eventually_every, identity_request};
 
 const ROUTES: &str = r#"
 [[routes]]
@@ -19,14 +21,10 @@ sticky = "header:x-user-id"
 targets = [{ model = "sized_a", weight = 50 }, { model = "sized_b", weight = 50 }]
 "#;
 
-fn request() -> Value {
-    json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
-}
-
 /// Sends one infer and returns (served model, infergate-target header or ""). A target that
 /// names a version must have been answered by that version.
 async fn call(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> (String, String) {
-    let mut builder = client.post(url).json(&request());
+    let mut builder = client.post(url).json(&identity_request());
     for (name, value) in headers {
         builder = builder.header(*name, *value);
     }
@@ -94,7 +92,7 @@ async fn a_route_splits_by_weight_sticks_by_key_and_names_its_target() {
     let response = client
         .post(&url)
         .header("infergate-target", "nope")
-        .json(&request())
+        .json(&identity_request())
         .send()
         .await
         .unwrap();
@@ -130,23 +128,16 @@ async fn a_route_splits_by_weight_sticks_by_key_and_names_its_target() {
     // Dashboards compare targets of a route.
     let metrics = gateway.metrics_text("/metrics").await;
     let count = |model: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| {
-                l.starts_with("infergate_requests_total{")
-                    && l.contains("route=\"ranker\"")
-                    && l.contains(&format!("model=\"{model}\""))
-                    && l.contains("backend=\"routes-0\"")
-            })
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-            .sum()
+        let model = format!("model=\"{model}\"");
+        let filters = ["route=\"ranker\"", &model, "backend=\"routes-0\""];
+        support::metric_sum(&metrics, "infergate_requests_total", &filters)
     };
     assert_eq!(count("sized_a") + count("sized_b"), 10_002.0, "{metrics}");
 }
 
 /// Sends one infer; returns the status and the model that answered (or the error).
 async fn infer_status(client: &reqwest::Client, url: &str) -> (u16, String) {
-    infer_status_of(client, url, &request()).await
+    infer_status_of(client, url, &identity_request()).await
 }
 
 /// `infer_status` with a body of the caller's.
@@ -289,68 +280,137 @@ async fn a_streams_failures_reach_the_canary_guard() {
     assert_eq!(view[0]["trips"][0]["reason"], "error_rate", "{view}");
 }
 
+/// How the mirror test runs on one wire: the share of copies `sized_b` draws, how many calls
+/// the client makes, and how many of them `sized_b` may get (a 50% draw varies).
+struct MirrorCase {
+    wire: Wire,
+    percent: u32,
+    calls: u32,
+    copies: std::ops::RangeInclusive<f64>,
+}
+
+/// A request's count in Triton's statistics of `model`, over the given outcomes.
+async fn stats_count(triton: &Triton, model: &str, outcomes: &[&str]) -> f64 {
+    let stats = triton.model_stats(model).await;
+    let inference = &stats["model_stats"][0]["inference_stats"];
+    outcomes
+        .iter()
+        .filter_map(|k| inference[k]["count"].as_f64())
+        .sum()
+}
+
+/// Mirrors get copies of a route's requests, a failing mirror included, and the client only
+/// ever sees the primary's answer: the same rule over HTTP and gRPC.
 #[tokio::test]
 async fn a_mirror_gets_copies_and_the_client_only_sees_the_primary() {
-    let triton = Triton::start(TritonOptions::default()).await.unwrap();
-    let routes = r#"
+    let cases = [
+        MirrorCase {
+            wire: Wire::Http,
+            percent: 50,
+            calls: 200,
+            copies: 70.0..=130.0,
+        },
+        MirrorCase {
+            wire: Wire::Grpc,
+            percent: 100,
+            calls: 40,
+            copies: 40.0..=40.0,
+        },
+    ];
+    for case in cases {
+        let wire = case.wire.name();
+        // Metrics are the process's: each wire has a route (and Triton) of its own.
+        let route = format!("shadowed_{wire}");
+        let triton = Triton::start(TritonOptions::default()).await.unwrap();
+        let routes = format!(
+            r#"
 [[routes]]
-model = "shadowed"
+model = "{route}"
 targets = [
-  { model = "sized_a", weight = 1 },
-  { model = "sized_b", mirror = true, percent = 50 },
-  { model = "error_model", mirror = true, percent = 100 },
+  {{ model = "sized_a", weight = 1 }},
+  {{ model = "sized_b", mirror = true, percent = {percent} }},
+  {{ model = "error_model", mirror = true, percent = 100 }},
 ]
-"#;
-    let gateway = TestGateway::start(&routes_config("mirrors", &[&triton], routes)).await;
-    let client = reqwest::Client::new();
-    // The mirrors are loaded first: while a cold mirror loads, copies beyond the in-flight
-    // cap are dropped by design, and this test counts the share that is drawn.
-    for model in ["sized_b", "error_model"] {
-        let url = format!("{}/v2/models/{model}/infer", gateway.url());
-        infer_status(&client, &url).await;
-    }
-    let url = format!("{}/v2/models/shadowed/infer", gateway.url());
-    for _ in 0..200 {
-        // A failing mirror (error_model) never shows in the client's answer.
+"#,
+            percent = case.percent
+        );
+        let config = routes_config(&format!("mirrors-{wire}"), &[&triton], &routes);
+        let gateway = TestGateway::start(&config).await;
+        let mut client = WireClient::connect(case.wire, &gateway).await;
+        // The mirrors are loaded first: while a cold mirror loads, copies beyond the in-flight
+        // cap are dropped by design, and this test counts the copies that are drawn.
+        for model in ["sized_b", "error_model"] {
+            let _ = client.identity(model, 0.0).await;
+        }
+        for i in 0..case.calls {
+            let x = i as f32;
+            // The client's answer is the primary's (an identity model), even though one
+            // mirror (error_model) fails every copy.
+            assert_eq!(
+                client.identity(&route, x).await,
+                Ok(("sized_a".to_string(), vec![x; 4])),
+                "{wire}"
+            );
+        }
+        // The copies reach Triton on their own time, and each is counted by the gateway as
+        // sent (sized_b) or failed (error_model).
+        let calls = f64::from(case.calls);
+        let route_label = format!("route=\"{route}\"");
+        let mirrored = |metrics: &str, target: &str, outcome: &str| {
+            let (target, outcome) = (
+                format!("target=\"{target}\""),
+                format!("outcome=\"{outcome}\""),
+            );
+            let filters = [route_label.as_str(), &target, &outcome];
+            support::metric_sum(metrics, "infergate_mirror_requests_total", &filters)
+        };
+        let (copies, metrics) = eventually_every(
+            Duration::from_millis(100),
+            Duration::from_secs(30),
+            &format!("{wire}: every mirror copy answered and counted"),
+            async || {
+                // Less the warm-up request.
+                let copies = stats_count(&triton, "sized_b", &["success"]).await - 1.0;
+                let metrics = gateway.metrics_text("/metrics").await;
+                let (sent, failed) = (
+                    mirrored(&metrics, "sized_b", "sent"),
+                    mirrored(&metrics, "error_model", "failed"),
+                );
+                if sent == copies && failed == calls && case.copies.contains(&copies) {
+                    Ok((copies, metrics))
+                } else {
+                    Err((copies, sent, failed))
+                }
+            },
+        )
+        .await;
+        assert!(
+            case.copies.contains(&copies),
+            "{wire}: sized_b got {copies} copies of {calls} requests at {}%",
+            case.percent
+        );
+        assert_eq!(mirrored(&metrics, "sized_b", "sent"), copies, "{metrics}");
         assert_eq!(
-            infer_status(&client, &url).await,
-            (200, "sized_a".to_string())
+            mirrored(&metrics, "error_model", "failed"),
+            calls,
+            "{metrics}"
+        );
+        // Requests error_model answered (Triton files a python model's error response under
+        // success or fail depending on its version: both are counted), less the warm-up.
+        assert_eq!(
+            stats_count(&triton, "error_model", &["success", "fail"]).await - 1.0,
+            calls,
+            "{wire}: error_model was sent every copy"
+        );
+        // The primary served exactly the client's calls.
+        assert_eq!(
+            triton
+                .metric_sum("nv_inference_request_success", &["model=\"sized_a\""])
+                .await,
+            calls,
+            "{wire}"
         );
     }
-    // The copies arrive at Triton on their own time.
-    let stats_url = format!("{}/v2/models/sized_b/stats", triton.http_url());
-    let mut copies = 0;
-    let sent = |copies: u64| {
-        format!(
-            "infergate_mirror_requests_total{{route=\"shadowed\",target=\"sized_b\",outcome=\"sent\"}} {copies}"
-        )
-    };
-    let failed = "infergate_mirror_requests_total{route=\"shadowed\",target=\"error_model\",outcome=\"failed\"} 200";
-    for _ in 0..300 {
-        let stats: Value = reqwest::get(&stats_url)
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        // Less the warm-up request.
-        copies = stats["model_stats"][0]["inference_stats"]["success"]["count"]
-            .as_u64()
-            .unwrap_or(0)
-            .saturating_sub(1);
-        let metrics = gateway.metrics_text("/metrics").await;
-        if metrics.contains(failed) && metrics.contains(&sent(copies)) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(
-        (70..=130).contains(&copies),
-        "sized_b got {copies} copies of 200 requests at 50%"
-    );
-    let metrics = gateway.metrics_text("/metrics").await;
-    assert!(metrics.contains(&sent(copies)), "{metrics}");
-    assert!(metrics.contains(failed), "{metrics}");
 }
 
 /// Value of the one line of `family` whose labels include every `labels` pair.
@@ -378,11 +438,14 @@ targets = [{ model = "versioned", version = "1", weight = 50 }, { model = "versi
 "#;
     let gateway = TestGateway::start(&routes_config("versions", &[&triton], routes)).await;
     let client = reqwest::Client::new();
-    let url = format!("{}/v2/models/versions/infer", gateway.url());
+    let base = gateway.url();
     let mut answered = std::collections::BTreeMap::<String, u32>::new();
     for _ in 0..25 {
         let batch = (0..16).map(|_| async {
-            let response = client.post(&url).json(&request()).send().await.unwrap();
+            let response = support::infer_post(&client, &base, "versions", &identity_request())
+                .send()
+                .await
+                .unwrap();
             assert_eq!(response.status(), 200);
             let target = response.headers()["infergate-target"]
                 .to_str()
@@ -413,10 +476,10 @@ targets = [{ model = "versioned", version = "1", weight = 50 }, { model = "versi
 
     // A request the gateway refuses (a wrong shape, pinned to version 2) is counted for
     // that target too.
-    let response = client
-        .post(&url)
+    let wrong_shape = json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]}]});
+    let response = support::infer_post(&client, &base, "versions", &wrong_shape)
         .header("infergate-target", "versioned/2")
-        .json(&json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]}]}))
         .send()
         .await
         .unwrap();

@@ -50,8 +50,9 @@ async fn statistics_are_summed_over_the_copies_that_serve_a_model() {
     .await;
     // One copy on each backend (min_copies), loaded at start: ready in the books and in
     // each Triton's own index.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
+    let every = std::time::Duration::from_millis(100);
+    let limit = std::time::Duration::from_secs(30);
+    support::eventually_every(every, limit, "a ready copy on each backend", async || {
         let placement = gateway.placement().await;
         let ready_copies = placement["backends"]
             .as_array()
@@ -65,11 +66,12 @@ async fn statistics_are_summed_over_the_copies_that_serve_a_model() {
             && on(t0.loaded_models().await.unwrap())
             && on(t1.loaded_models().await.unwrap())
         {
-            break;
+            Ok(())
+        } else {
+            Err(placement)
         }
-        assert!(std::time::Instant::now() < deadline, "{placement}");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let client = reqwest::Client::new();
     // Requests through the gateway, and some straight to each Triton, so that both copies
     // have counted something.

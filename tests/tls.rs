@@ -20,12 +20,11 @@ use infergate::protocol::inference::{ModelInferRequest, ServerLiveRequest};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::gateway::TestGateway;
 use support::pki::{Issued, Pki};
-use support::{Triton, TritonOptions};
+use support::{Triton, TritonOptions, eventually_every};
 use tokio::sync::OnceCell;
 
 /// One Triton for the whole binary, started empty with default flags: each test starts its
@@ -78,18 +77,10 @@ async fn start(config: &str, admin: reqwest::Client) -> TestGateway {
     gateway
 }
 
-fn add_sub_body() -> Value {
-    json!({"inputs": [
-        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]},
-        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1, 1, 1, 1]},
-    ]})
-}
-
 /// One add_sub inference over https; returns OUTPUT0 and the server certificate's CN.
 async fn infer(client: &reqwest::Client, addr: std::net::SocketAddr) -> (Vec<f64>, String) {
-    let response = client
-        .post(format!("https://{addr}/v2/models/add_sub/infer"))
-        .json(&add_sub_body())
+    let base = format!("https://{addr}");
+    let response = support::infer_post(client, &base, "add_sub", &support::add_sub_request())
         .send()
         .await
         .expect("https inference");
@@ -229,29 +220,16 @@ async fn rustls_python_and_grpc_clients_infer_over_tls() {
     let suite = support::repo_root().join("tests/python/test_http_client.py");
     let url = format!("localhost:{}", gateway.http.port());
     let ca = pki.path("ca.pem");
-    let output = support::run_python(
-        Path::new("-m"),
-        &[
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-rs",
-            suite.to_str().unwrap(),
-        ],
+    let stdout = support::run_pytest(
+        &suite,
+        &[],
         &[
             ("INFERGATE_URL", url.as_str()),
             ("INFERGATE_CA", ca.to_str().unwrap()),
         ],
+        "tritonclient.http over https failed",
     )
     .await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "tritonclient.http over https failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains(" passed"), "{stdout}");
     assert!(!stdout.contains("skipped"), "{stdout}");
 }
 
@@ -305,7 +283,7 @@ async fn mtls_refuses_clients_without_a_certificate_and_names_those_with_one() {
     let anonymous = https_client(&pki, None);
     let refused = anonymous
         .post(format!("https://{}/v2/models/add_sub/infer", gateway.http))
-        .json(&add_sub_body())
+        .json(&support::add_sub_request())
         .send()
         .await;
     assert!(refused.is_err(), "{refused:?}");
@@ -367,21 +345,19 @@ async fn grpc_refused(pki: &Pki, addr: std::net::SocketAddr) -> bool {
 /// `infergate_tls_reloads_total{result="failure"}`.
 async fn failed_reloads(gateway: &TestGateway) -> u64 {
     gateway
-        .metrics_text("/metrics")
-        .await
-        .lines()
-        .find(|l| l.starts_with("infergate_tls_reloads_total{") && l.contains("result=\"failure\""))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0)
+        .metric_sum("infergate_tls_reloads_total", &["result=\"failure\""])
+        .await as u64
 }
 
 /// Waits until the gateway has tried `what` and counted it as a failed reload.
 async fn await_failed_reload(gateway: &TestGateway, before: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while failed_reloads(gateway).await == before {
-        assert!(Instant::now() < deadline, "{what} was never tried");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_every(
+        Duration::from_millis(200),
+        Duration::from_secs(15),
+        &format!("{what} tried"),
+        async || failed_reloads(gateway).await != before,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -397,18 +373,16 @@ async fn rotated_certificates_reach_new_connections_and_bad_ones_are_refused() {
 
     // Rotate: new files; the watcher picks them up within a few seconds.
     pki.install_server(&pki.server("second"));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let fresh = https_client(&pki, None);
-        if infer(&fresh, gateway.http).await.1 == "second" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the new certificate was never served"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_every(
+        Duration::from_millis(200),
+        Duration::from_secs(15),
+        "the new certificate served",
+        async || {
+            let fresh = https_client(&pki, None);
+            infer(&fresh, gateway.http).await.1 == "second"
+        },
+    )
+    .await;
     // The connection opened before the rotation still works, on its own session.
     let (output, served_by) = infer(&kept, gateway.http).await;
     assert_eq!(output, [2.0, 3.0, 4.0, 5.0]);
@@ -560,7 +534,7 @@ async fn backends_over_https_are_verified_with_the_ca_bundle() {
     .await;
     let answer: Value = reqwest::Client::new()
         .post(format!("{}/v2/models/add_sub/infer", trusted.url()))
-        .json(&add_sub_body())
+        .json(&support::add_sub_request())
         .send()
         .await
         .unwrap()
@@ -581,15 +555,20 @@ async fn backends_over_https_are_verified_with_the_ca_bundle() {
     // Without it (the system's roots do not know the test CA): never healthy, and the
     // reason names the certificate.
     let untrusted = TestGateway::start_unready(&config("tlsupno", ""), None).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let backend = loop {
-        let backends = untrusted.admin_backends().await;
-        if backends[0]["last_error"].is_string() {
-            break backends[0].clone();
-        }
-        assert!(Instant::now() < deadline, "{backends:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let backend = eventually_every(
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+        "the backend's last error",
+        async || {
+            let backends = untrusted.admin_backends().await;
+            if backends[0]["last_error"].is_string() {
+                Ok(backends[0].clone())
+            } else {
+                Err(backends)
+            }
+        },
+    )
+    .await;
     assert_eq!(backend["ready"], false);
     let reason = backend["last_error"].as_str().unwrap();
     assert!(
@@ -598,7 +577,7 @@ async fn backends_over_https_are_verified_with_the_ca_bundle() {
     );
     let refused = reqwest::Client::new()
         .post(format!("{}/v2/models/add_sub/infer", untrusted.url()))
-        .json(&add_sub_body())
+        .json(&support::add_sub_request())
         .send()
         .await
         .unwrap();
@@ -645,7 +624,7 @@ async fn a_client_certificate_names_the_tenant_when_auth_is_on() {
     assert_eq!(output, [2.0, 3.0, 4.0, 5.0]);
     let forbidden = client
         .post(format!("https://{}/v2/models/sized_a/infer", gateway.http))
-        .json(&add_sub_body())
+        .json(&support::add_sub_request())
         .send()
         .await
         .unwrap();

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{Triton, TritonOptions};
+use support::{Triton, TritonOptions, eventually, eventually_every};
 
 /// A span as the collector received it; ids in lowercase hex (empty: none).
 #[derive(Clone, Debug)]
@@ -156,19 +156,20 @@ impl Collector {
     /// Waits until Triton has exported `count` request spans, so every request so far is
     /// done there before the gateway stops; a failure here says which spans did come.
     async fn wait_for_triton_spans(&self, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let triton = self.triton_requests();
-            if triton.len() >= count {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Triton exported {} of {count} request spans: {triton:?}",
-                triton.len()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually_every(
+            Duration::from_millis(100),
+            Duration::from_secs(20),
+            &format!("Triton exported {count} request spans"),
+            async || {
+                let triton = self.triton_requests();
+                if triton.len() >= count {
+                    Ok(())
+                } else {
+                    Err(triton)
+                }
+            },
+        )
+        .await
     }
 
     /// Triton's request spans so far.
@@ -189,21 +190,17 @@ impl Collector {
 
     /// Triton's request span of the trace, once it came.
     async fn triton_span(&self, trace_id: &str) -> Received {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(span) = self
-                .spans()
-                .into_iter()
-                .find(|s| s.trace_id == trace_id && !s.from_gateway && s.name == "InferRequest")
-            {
-                return span;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Triton never exported {trace_id}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually_every(
+            Duration::from_millis(100),
+            Duration::from_secs(20),
+            &format!("Triton exported {trace_id}"),
+            async || {
+                self.spans()
+                    .into_iter()
+                    .find(|s| s.trace_id == trace_id && !s.from_gateway && s.name == "InferRequest")
+            },
+        )
+        .await
     }
 }
 
@@ -245,15 +242,12 @@ impl Gateway {
             grpc: format!("http://127.0.0.1:{grpc}"),
             _config: config,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        eventually(Duration::from_secs(30), "the gateway ready", async || {
             let ready = reqwest::get(format!("{}/v2/health/ready", this.http)).await;
-            if ready.is_ok_and(|r| r.status() == 200) {
-                return this;
-            }
-            assert!(Instant::now() < deadline, "the gateway never became ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            ready.is_ok_and(|r| r.status() == 200)
+        })
+        .await;
+        this
     }
 
     /// Stops it with SIGTERM (which also sends the last spans) and returns its log lines.
@@ -338,19 +332,20 @@ async fn grpc_joined(
         let seen = collector.gateway_infers().len();
         let triton_seen = collector.triton_requests().len();
         grpc_infer(gateway, &request_id, Some(&traceparent(attempt))).await;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let (ours, theirs) = loop {
-            let ours = collector.gateway_infers();
-            let theirs = collector.triton_requests();
-            if ours.len() > seen && theirs.len() > triton_seen {
-                break (ours[seen].clone(), theirs[triton_seen..].to_vec());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no spans for {request_id}: the gateway's {ours:?}, Triton's {theirs:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let (ours, theirs) = eventually(
+            Duration::from_secs(20),
+            &format!("spans for {request_id} (the gateway's, Triton's)"),
+            async || {
+                let ours = collector.gateway_infers();
+                let theirs = collector.triton_requests();
+                if ours.len() > seen && theirs.len() > triton_seen {
+                    Ok((ours[seen].clone(), theirs[triton_seen..].to_vec()))
+                } else {
+                    Err((ours, theirs))
+                }
+            },
+        )
+        .await;
         if let Some(joined) = theirs.iter().find(|s| s.trace_id == ours.trace_id) {
             return (request_id, ours, joined.clone());
         }

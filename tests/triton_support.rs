@@ -14,8 +14,9 @@ async fn infer_add_sub(client: &reqwest::Client, triton: &Triton) -> anyhow::Res
             {"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": [10.0, 20.0, 30.0, 40.0]}
         ]
     });
-    let url = format!("{}/v2/models/add_sub/infer", triton.http_url());
-    let resp = client.post(url).json(&body).send().await?;
+    let resp = support::infer_post(client, &triton.http_url(), "add_sub", &body)
+        .send()
+        .await?;
     anyhow::ensure!(resp.status() == 200, "infer: {}", resp.status());
     Ok(resp.json().await?)
 }

@@ -502,11 +502,7 @@ fn test_repository() -> tempfile::TempDir {
 /// The sum of `infergate_validation_rejections_total` for `model` (every reason).
 fn rejections(metrics: &str, model: &str) -> u64 {
     let label = format!("model=\"{model}\"");
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("infergate_validation_rejections_total{") && l.contains(&label))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
-        .sum()
+    support::metric_sum(metrics, "infergate_validation_rejections_total", &[&label]) as u64
 }
 
 /// The rejection counters are process-wide and labelled by model: the tests that count

@@ -4,7 +4,7 @@ use super::Triton;
 use infergate::config::Config;
 use infergate::{Gateway, Listeners};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -34,9 +34,17 @@ pub fn config_for(name: &str, tritons: &[&Triton], upstream: &str, server: &str)
         "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
          [server]\n{server}\n[upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"3s\"\n{upstream}\n"
     );
+    text.push_str(&backends(name, tritons, "1GiB"));
+    text
+}
+
+/// The `[[backends]]` tables for `tritons`, named `{name}-i`, each with its HTTP, gRPC and
+/// metrics URL and `capacity`: what every test config says about its Tritons.
+pub fn backends(name: &str, tritons: &[&Triton], capacity: &str) -> String {
+    let mut text = String::new();
     for (i, triton) in tritons.iter().enumerate() {
         text.push_str(&format!(
-            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\ngrpc = \"{}\"\nmetrics = \"{}\"\ncapacity = \"1GiB\"\n",
+            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\ngrpc = \"{}\"\nmetrics = \"{}\"\ncapacity = \"{capacity}\"\n",
             triton.http_url(),
             triton.grpc_url(),
             triton.metrics_url()
@@ -87,14 +95,7 @@ pub fn pool_config_in(
          [placement]\nmodel_repository = \"{}\"\n{placement}\n",
         repository.display()
     );
-    for (i, triton) in tritons.iter().enumerate() {
-        text.push_str(&format!(
-            "[[backends]]\nname = \"{name}-{i}\"\nhttp = \"{}\"\ngrpc = \"{}\"\nmetrics = \"{}\"\ncapacity = \"{capacity}\"\n",
-            triton.http_url(),
-            triton.grpc_url(),
-            triton.metrics_url()
-        ));
-    }
+    text.push_str(&backends(name, tritons, capacity));
     text.push_str(tables);
     text
 }
@@ -234,19 +235,17 @@ impl TestGateway {
 
     /// Waits until the admin API shows `count` ready backends.
     pub async fn wait_for_ready_backends(&self, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        let what = format!("{count} backends ready");
+        super::eventually(Duration::from_secs(20), &what, async || {
             let backends = self.admin_backends().await;
             let ready = backends.iter().filter(|b| b["ready"] == true).count();
             if ready == count {
-                return;
+                Ok(())
+            } else {
+                Err(backends)
             }
-            assert!(
-                Instant::now() < deadline,
-                "backends never became ready: {backends:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     /// `GET /admin/backends` as JSON.
@@ -339,15 +338,15 @@ impl TestGateway {
 
     /// Waits until `model` has a ready copy on `count` backends (`min_copies` loading).
     pub async fn wait_for_copies(&self, model: &str, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.ready_copies(model).await.len() < count {
-            assert!(
-                Instant::now() < deadline,
-                "{model}: not {count} ready copies: {:?}",
-                self.placed().await
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{model}: {count} ready copies");
+        super::eventually(Duration::from_secs(60), &what, async || {
+            if self.ready_copies(model).await.len() >= count {
+                Ok(())
+            } else {
+                Err(self.placed().await)
+            }
+        })
+        .await
     }
 
     /// Text of the gateway's own `/metrics`.
@@ -358,6 +357,13 @@ impl TestGateway {
             .text()
             .await
             .unwrap()
+    }
+
+    /// The sum of metric `name` on the gateway's own `/metrics` over the series matching every
+    /// one of `filters` ([`crate::support::metric_sum`]): the one metrics reader tests use for
+    /// what a dashboard would show.
+    pub async fn metric_sum(&self, name: &str, filters: &[&str]) -> f64 {
+        super::metric_sum(&self.metrics_text("/metrics").await, name, filters)
     }
 
     /// Begins shutdown and returns the serve task to await.

@@ -16,6 +16,7 @@ pub mod dns;
 pub mod gateway;
 pub mod grpc;
 pub mod pki;
+pub mod wire;
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -152,6 +153,32 @@ pub async fn run_python(
             script.display()
         )
     })
+}
+
+/// Runs the pytest `suite` (more pytest args in `extra`) with the virtualenv's python and
+/// fails the test unless it ran and passed, with pytest's output and `what` in the message:
+/// the Python clients' suites (tritonclient over HTTP, gRPC, TLS) all run so. Returns
+/// pytest's stdout for further checks (skips, counts).
+pub async fn run_pytest(suite: &Path, extra: &[&str], envs: &[(&str, &str)], what: &str) -> String {
+    let mut args = vec![
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        suite.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    // `python -m pytest FILE`: run_python's script argument is the `-m` flag here.
+    let output = run_python(Path::new("-m"), &args, envs).await;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{what}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains(" passed"), "{stdout}");
+    stdout
 }
 
 /// How to start a [`Triton`].
@@ -355,6 +382,25 @@ impl Triton {
 
     pub fn metrics_url(&self) -> String {
         format!("http://{}:{}/metrics", self.address, self.metrics_port)
+    }
+
+    /// The sum of metric `name` on this server's `/metrics` over the series matching every one
+    /// of `filters` ([`metric_sum`]): what Triton itself counted, to compare with the gateway.
+    pub async fn metric_sum(&self, name: &str, filters: &[&str]) -> f64 {
+        let text = reqwest::get(self.metrics_url())
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        metric_sum(&text, name, filters)
+    }
+
+    /// `GET /v2/models/{model}/stats` straight from this server: what Triton itself saw of a
+    /// model (counts, memory), to compare with what the gateway sent or reports.
+    pub async fn model_stats(&self, model: &str) -> serde_json::Value {
+        let url = format!("{}/v2/models/{model}/stats", self.http_url());
+        reqwest::get(url).await.unwrap().json().await.unwrap()
     }
 
     pub fn pid(&self) -> u32 {
@@ -611,26 +657,63 @@ pub fn identity_request() -> serde_json::Value {
         {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
 }
 
+/// The request every `add_sub` test model takes (FP32 [4] twice), for tests that only need
+/// some valid add_sub inference: OUTPUT0 is `[2, 3, 4, 5]`.
+pub fn add_sub_request() -> serde_json::Value {
+    serde_json::json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1, 1, 1, 1]}]})
+}
+
+/// The JSON inference POST of `model` at `base_url` (a gateway or a Triton), not yet sent:
+/// the one place the infer path is spelled, for tests that add headers or read the whole
+/// response (headers, TLS peer, timing) rather than [`infer`]'s status and text.
+pub fn infer_post(
+    client: &reqwest::Client,
+    base_url: &str,
+    model: &str,
+    request: &serde_json::Value,
+) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{base_url}/v2/models/{model}/infer"))
+        .json(request)
+}
+
 /// One JSON inference of `model` at `base_url` (a gateway or a Triton), as a client sends
-/// it: the status, and the body as text (an error's message, or the outputs).
+/// it: the status, and the body as text (an error's message, or the outputs). No answer at
+/// all (refused, reset) is status 0, for tests that count failures while servers come and go.
 pub async fn infer(
     client: &reqwest::Client,
     base_url: &str,
     model: &str,
     request: &serde_json::Value,
 ) -> (u16, String) {
-    match client
-        .post(format!("{base_url}/v2/models/{model}/infer"))
-        .json(request)
-        .send()
-        .await
-    {
+    match infer_post(client, base_url, model, request).send().await {
         Ok(response) => (
             response.status().as_u16(),
             response.text().await.unwrap_or_default(),
         ),
         Err(e) => (0, format!("no answer: {e}")),
     }
+}
+
+/// [`infer`] with an API key (`x-api-key`) when `key` is given, for gateways with auth on;
+/// and, unlike [`infer`], a request that gets no answer at all fails the test: these tests
+/// expect every request to be answered, even with an error.
+pub async fn infer_with_key(
+    client: &reqwest::Client,
+    base_url: &str,
+    model: &str,
+    request: &serde_json::Value,
+    key: Option<&str>,
+) -> (u16, String) {
+    let mut post = infer_post(client, base_url, model, request);
+    if let Some(key) = key {
+        post = post.header("x-api-key", key);
+    }
+    let answer = post.send().await.unwrap();
+    let status = answer.status().as_u16();
+    (status, answer.text().await.unwrap())
 }
 
 /// The sum of a metric's samples, in Prometheus text, over the series whose line contains
@@ -647,17 +730,67 @@ pub fn metric_sum(text: &str, name: &str, filters: &[&str]) -> f64 {
         .sum()
 }
 
-/// Polls `check` every 100 ms until it holds: true then, false once `limit` has passed.
-pub async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+/// What a poll in [`eventually`] may return: `true`, `Some(value)` or `Ok(value)` when what
+/// was awaited has come; `false`, `None` or `Err(state)` while not yet (an `Err`'s state, as
+/// last seen, goes into the failure message).
+pub trait Settled {
+    type Value;
+    fn settled(self) -> Result<Self::Value, Option<String>>;
+}
+
+impl Settled for bool {
+    type Value = ();
+    fn settled(self) -> Result<(), Option<String>> {
+        if self { Ok(()) } else { Err(None) }
+    }
+}
+
+impl<T> Settled for Option<T> {
+    type Value = T;
+    fn settled(self) -> Result<T, Option<String>> {
+        self.ok_or(None)
+    }
+}
+
+impl<T, E: std::fmt::Debug> Settled for Result<T, E> {
+    type Value = T;
+    fn settled(self) -> Result<T, Option<String>> {
+        self.map_err(|state| Some(format!("{state:?}")))
+    }
+}
+
+/// Polls `check` every 50 ms until it settles (see [`Settled`]) and returns its value; panics
+/// naming `what` once `limit` has passed. Tests wait on servers that change on their own time
+/// (loads, health checks, watches): one poll loop, so every wait fails the same readable way.
+pub async fn eventually<S: Settled>(
+    limit: Duration,
+    what: &str,
+    check: impl AsyncFnMut() -> S,
+) -> S::Value {
+    eventually_every(Duration::from_millis(50), limit, what, check).await
+}
+
+/// [`eventually`], polling every `every`: shorter to catch a passing state (a copy loading),
+/// longer where each poll costs (a burst of requests).
+pub async fn eventually_every<S: Settled>(
+    every: Duration,
+    limit: Duration,
+    what: &str,
+    mut check: impl AsyncFnMut() -> S,
+) -> S::Value {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        if check().await {
-            return true;
-        }
+        let last = match check().await.settled() {
+            Ok(value) => return value,
+            Err(last) => last,
+        };
         if tokio::time::Instant::now() >= deadline {
-            return false;
+            match last {
+                Some(state) => panic!("{what}: not within {limit:?}; last seen: {state}"),
+                None => panic!("{what}: not within {limit:?}"),
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
