@@ -279,8 +279,8 @@ for s in $(rotated 2 "${PROXIES[@]}"); do
     sleep 0.5 # h2load's connections closed before the count is read
     total=0
     for p in $counted; do
-        dump part "cg-$p" "$p"
-        total=$((total + $(ir_of "$part")))
+        dump cg_file "cg-$p" "$p"
+        total=$((total + $(ir_of "$cg_file")))
     done
     IR[$s]="$(calc %.0f "$total / $H2_OK")"
     say "callgrind, $s: $total Ir over $H2_OK requests: ${IR[$s]} per request ($((SECONDS - t0)) s)"
