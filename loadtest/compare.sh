@@ -40,7 +40,7 @@
 # Knobs (environment):
 #   CMP_GATEWAY=target/release/infergate   the gateway (or the first argument)
 #   CMP_BIN=target/release                 fake-triton (cargo build --release -p infergate-load)
-#   CMP_RATES="5000 10000 20000"  CMP_OPEN_CLIENTS=32  CMP_OPEN_WINDOW=4     family 1 (seconds)
+#   CMP_RATES="5000 10000 20000"  CMP_OPEN_CLIENTS=40  CMP_OPEN_WINDOW=4     family 1 (seconds)
 #   CMP_CONCURRENCY="16 64"  CMP_WRK_WINDOW=4  CMP_WARMUP=1                  family 2 (seconds)
 #   CMP_STRACE_REQUESTS=10000  CMP_CG_REQUESTS=3000  CMP_CG_WARMUP=500  CMP_COUNT_CLIENTS=16
 #   CMP_STAGES="nginx ig-off ig-val ig-on"  the proxies (nginx and any of the three gateways)
@@ -56,7 +56,7 @@ GATEWAY="${1:-${CMP_GATEWAY:-$ROOT/target/release/infergate}}"
 GATEWAY="$(realpath "$GATEWAY")"
 BIN="$(realpath "${CMP_BIN:-$ROOT/target/release}")"
 read -r -a RATES <<<"${CMP_RATES:-5000 10000 20000}"
-OPEN_CLIENTS="${CMP_OPEN_CLIENTS:-32}"
+OPEN_CLIENTS="${CMP_OPEN_CLIENTS:-40}"
 OPEN_WINDOW="${CMP_OPEN_WINDOW:-4}"
 read -r -a LEVELS <<<"${CMP_CONCURRENCY:-16 64}"
 WRK_WINDOW="${CMP_WRK_WINDOW:-4}"
@@ -308,7 +308,7 @@ report() {
     echo
     echo "## 1. Equal offered load (open loop, h2load)"
     echo
-    echo "\`h2load --h1 -t 1 -c $OPEN_CLIENTS --rps <rate/$OPEN_CLIENTS> -D $OPEN_WINDOW\` (not pinned). CPU: utime+stime of all the proxy's processes (/proc/PID/stat, ${HZ} Hz ticks) over the run ÷ requests that succeeded. Mean: h2load's mean time per request (it reports no percentiles)."
+    echo "\`h2load --h1 -t 1 -c $OPEN_CLIENTS --rps ⌈rate/$OPEN_CLIENTS⌉ -D $OPEN_WINDOW\` (not pinned). CPU: utime+stime of all the proxy's processes (/proc/PID/stat, ${HZ} Hz ticks) over the run ÷ requests that succeeded. Mean: h2load's mean time per request (it reports no percentiles)."
     echo
     echo "| offered req/s | stage | achieved req/s | requests | mean µs | proxy CPU µs/req | CPU × nginx | load avg |"
     echo "|---:|---|---:|---:|---:|---:|---:|---:|"
