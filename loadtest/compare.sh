@@ -308,7 +308,7 @@ report() {
     echo
     echo "## 1. Equal offered load (open loop, h2load)"
     echo
-    echo "\`h2load --h1 -t 1 -c $OPEN_CLIENTS --rps ⌈rate/$OPEN_CLIENTS⌉ -D $OPEN_WINDOW\` (not pinned). CPU: utime+stime of all the proxy's processes (/proc/PID/stat, ${HZ} Hz ticks) over the run ÷ requests that succeeded. Mean: h2load's mean time per request (it reports no percentiles)."
+    echo "\`h2load --h1 -t 1 -c $OPEN_CLIENTS --rps ⌈rate/$OPEN_CLIENTS⌉ -D $OPEN_WINDOW\` (not pinned). CPU: utime+stime of all the proxy's processes (/proc/PID/stat, ${HZ} Hz ticks) over the run ÷ requests that succeeded. Mean: h2load's mean time per request (it reports no percentiles). \"Behind\": less than 95% of the offered rate achieved (h2load's connections carry one request at a time, so a slow proxy lowers the rate): that row's load was not equal."
     echo
     echo "| offered req/s | stage | achieved req/s | requests | mean µs | proxy CPU µs/req | CPU × nginx | load avg |"
     echo "|---:|---|---:|---:|---:|---:|---:|---:|"
@@ -317,7 +317,8 @@ report() {
         n="${OPEN[nginx-$rate]}"
         for s in "${PROXIES[@]}"; do
             v="${OPEN[$s-$rate]}"
-            printf '| %s | %s | %.0f | %s | %s | %s | %s | %s |\n' "$rate" "${LABEL[$s]}" "$(field "$v" 1)" "$(field "$v" 2)" \
+            printf '| %s | %s | %.0f%s | %s | %s | %s | %s | %s |\n' "$rate" "${LABEL[$s]}" "$(field "$v" 1)" \
+                "$(awk -v a="$(field "$v" 1)" -v r="$rate" 'BEGIN { if (a < 0.95 * r) printf " (behind)" }')" "$(field "$v" 2)" \
                 "$(field "$v" 3)" "$(field "$v" 4)" "$(ratio "$(field "$v" 4)" "$(field "$n" 4)")" "$(field "$v" 5)"
         done
     done
