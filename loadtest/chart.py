@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""loadtest/chart.py: the chart next to bench.sh's markdown table.
+"""loadtest/chart.py: the chart next to bench.sh's (and compare.sh's) markdown table.
 
 Reads rows "pass<TAB>stage<TAB>concurrency<TAB>infer/s<TAB>p99 µs" (bench.sh writes them) and
-draws, for each pass, throughput and p99 against concurrency, one line per stage, as one SVG.
+draws, for each pass (compare.sh has one, "wrk"), throughput and p99 against concurrency, one
+line per stage, as one SVG.
 Standard library only, so the benchmark needs nothing the test setup does not install.
 
     python3 loadtest/chart.py rows.tsv out.svg "title"
@@ -11,10 +12,12 @@ import sys
 from collections import defaultdict
 from xml.sax.saxutils import escape
 
-COLOURS = {"direct": "#7f7f7f", "nginx": "#2ca02c", "ig-off": "#1f77b4", "ig-on": "#d62728"}
+COLOURS = {"direct": "#7f7f7f", "nginx": "#2ca02c", "ig-off": "#1f77b4", "ig-val": "#ff7f0e",
+           "ig-on": "#d62728"}
 LABELS = {"direct": "direct", "nginx": "nginx", "ig-off": "infergate, validation off",
-          "ig-on": "infergate, everything on"}
-PASSES = {"fake": "pass 1: fake-triton backend", "real": "pass 2: real Triton"}
+          "ig-val": "infergate, validation on", "ig-on": "infergate, everything on"}
+PASSES = {"fake": "pass 1: fake-triton backend", "real": "pass 2: real Triton",
+          "wrk": "wrk, proxy pinned"}
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 360, 240, 64, 16, 34, 42
 
 
@@ -79,7 +82,8 @@ def main():
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="{width / 2}" y="18" text-anchor="middle" font-size="13">{escape(title)}</text>']
     x = 10
-    for stage in COLOURS:
+    present = {stage for p in data for stage in data[p]["rps"]}
+    for stage in (s for s in COLOURS if s in present):
         svg.append(f'<rect x="{x}" y="32" width="14" height="4" fill="{COLOURS[stage]}"/>')
         svg.append(f'<text x="{x + 18}" y="38">{escape(LABELS[stage])}</text>')
         x += 30 + 6.2 * len(LABELS[stage])

@@ -67,13 +67,13 @@ DURATION="${IC_DURATION:-20s}"
 IDLE="${IC_IDLE:-5}"
 TOP="${IC_TOP:-15}"
 INCL_MAX="${IC_INCL_MAX:-90}"
-TUNABLES="${IC_TUNABLES-glibc.cpu.x86_rep_movsb_threshold=1073741824:glibc.cpu.x86_rep_stosb_threshold=1073741824}"
 BASE="${IC_BASE_PORT:-29800}"
 read -r -a LABELS <<<"${IC_LABELS:-before after}"
 BIN="$(realpath "${IC_BIN:-$ROOT/target/release}")"
 BUILD=0 WORKERS=auto ACCESS_LOG=on STARTED=$SECONDS
 # shellcheck source=loadtest/lib.sh
 source loadtest/lib.sh
+TUNABLES="${IC_TUNABLES-$CALLGRIND_TUNABLES}"
 
 require curl jq openssl awk
 ensure_valgrind
@@ -81,7 +81,6 @@ for b in "${GATEWAY_BIN[@]}"; do [[ -x "$b" ]] || die "not an executable: $b"; d
 [[ -x "$BIN/infergate-load" && -x "$BIN/fake-triton" ]] || die "build the load tool first: cargo build --release -p infergate-load (or set IC_BIN)"
 check_ports "$BASE" $((BASE + 10)) $((BASE + 11))
 describe_machine src
-VG="$TMP/vgdb" # vgdb's FIFOs, ours alone
 
 everything_on_key
 
@@ -89,40 +88,12 @@ everything_on_key
 PIDS+=("$!")
 wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start"
 
-BODY='{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"data":[1,2,3,4]},{"name":"INPUT1","datatype":"FP32","shape":[4],"data":[1,2,3,4]}]}'
-# wait_infer URL MODEL SECONDS [BEARER] — until one inference answers 200 (placement has
-# adopted add_sub from the backend's index).
-wait_infer() {
-    local deadline=$((SECONDS + $3)) auth=()
-    [[ -n "${4:-}" ]] && auth=(-H "authorization: Bearer $4")
-    until [[ "$(curl -s -o /dev/null -w '%{http_code}' "${auth[@]}" -H 'content-type: application/json' \
-        -d "$BODY" "$1/v2/models/$2/infer" 2>/dev/null)" == 200 ]]; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.5
-    done
-}
 # served METRICS_PORT — inference requests the gateway has answered: infergate_requests_total
 # summed over its series (protocol, model, version, backend, route, status).
 served() {
     curl -sf "http://127.0.0.1:$1/metrics" >"$TMP/metrics.txt" || die "no /metrics on :$1"
     awk '/^infergate_requests_total[{ ]/ { n += $NF } END { printf "%d\n", n }' "$TMP/metrics.txt"
 }
-cg() { callgrind_control --vgdb-prefix="$VG" "$@" >>"$TMP/cgctl.log" 2>&1; }
-# dump OUT NAME PID — a callgrind dump of everything since the last zero; OUT gets its path.
-# With --callgrind-out-file=F, the Nth dump of a run is F.N (and F itself is written at exit).
-declare -A DUMPS=()
-dump() {
-    local n=$((${DUMPS[$2]:-0} + 1)) deadline=$((SECONDS + 60))
-    local part="$TMP/$2.cg.$n"
-    cg --dump "$3" || die "callgrind_control --dump $3 failed: $(tail -3 "$TMP/cgctl.log")"
-    until [[ -f "$part" ]] && grep -q '^totals:' "$part"; do
-        ((SECONDS < deadline)) || die "no complete callgrind dump $part"
-        sleep 0.2
-    done
-    DUMPS[$2]=$n
-    printf -v "$1" '%s' "$part"
-}
-ir_of() { awk '/^totals:/ { print $2 }' "$1"; }
 # top FILE inclusive(yes/no) TOTAL — callgrind_annotate's functions as "Ir<TAB>share %<TAB>
 # function" (share of the dump's total Ir): the top IC_TOP, inclusive ones below IC_INCL_MAX %
 # (the runtime's and the connection task's frames, on every stack, say nothing). A call

@@ -33,31 +33,34 @@ stop_pids() { local p; for p in "$@"; do kill "$p" 2>/dev/null || true; done; fo
 # ---------------------------------------------------------------- prerequisites
 require() { local tool; for tool in "$@"; do command -v "$tool" >/dev/null || die "$tool is required (apt-get install -y $tool)"; done; }
 
+# ensure_debian TOOL:PACKAGE... — each TOOL on PATH, or its Debian PACKAGE installed when
+# missing (root only; one `apt-get update` when the first install fails). The benchmarks'
+# only install step: nothing here touches the test suite's setup (scripts/setup.sh).
+ensure_debian() {
+    local pair tool pkg need=()
+    for pair in "$@"; do
+        tool="${pair%%:*}" pkg="${pair#*:}"
+        command -v "$tool" >/dev/null || need+=("$pkg")
+    done
+    ((${#need[@]})) || return 0
+    [[ $(id -u) == 0 ]] || die "missing ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}"
+    say "installing ${need[*]} (Debian packages)"
+    # Debian starts a packaged service (nginx) on install unless policy-rc.d forbids it; we
+    # never use that service, only a foreground nginx on our own config.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${need[@]}" >"$TMP/apt.log" 2>&1 ||
+        { apt-get update >>"$TMP/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y "${need[@]}" >>"$TMP/apt.log" 2>&1; } ||
+        { tail -20 "$TMP/apt.log" >&2; die "apt-get install ${need[*]} failed"; }
+}
+
 # nginx from Debian's package, installed when missing (root only); sets NGINX.
 ensure_nginx() {
-    if ! command -v nginx >/dev/null; then
-        [[ $(id -u) == 0 ]] || die "nginx is missing; run as root or: sudo apt-get install -y nginx"
-        say "installing nginx (Debian package)"
-        # Debian starts the packaged service on install unless policy-rc.d forbids it; we
-        # never use that service, only a foreground nginx on our own config.
-        DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >"$TMP/apt.log" 2>&1 ||
-            { apt-get update >>"$TMP/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx >>"$TMP/apt.log" 2>&1; } ||
-            { tail -20 "$TMP/apt.log" >&2; die "apt-get install nginx failed"; }
-    fi
+    ensure_debian nginx:nginx
     NGINX="$(command -v nginx)"
 }
 
 # valgrind (callgrind, callgrind_control, callgrind_annotate) from Debian's package, installed
-# when missing (root only), for instructions.sh.
-ensure_valgrind() {
-    if ! command -v valgrind >/dev/null || ! command -v callgrind_control >/dev/null; then
-        [[ $(id -u) == 0 ]] || die "valgrind is missing; run as root or: sudo apt-get install -y valgrind"
-        say "installing valgrind (Debian package)"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y valgrind >"$TMP/apt.log" 2>&1 ||
-            { apt-get update >>"$TMP/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y valgrind >>"$TMP/apt.log" 2>&1; } ||
-            { tail -20 "$TMP/apt.log" >&2; die "apt-get install valgrind failed"; }
-    fi
-}
+# when missing (root only), for instructions.sh and compare.sh.
+ensure_valgrind() { ensure_debian valgrind:valgrind callgrind_control:valgrind; }
 
 port_busy() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
 check_ports() { local p; for p in "$@"; do if port_busy "$p"; then die "port $p is in use (set the base port knob)"; fi; done; }
@@ -146,6 +149,20 @@ wait_http() { # url [seconds] [header] — until it answers 200
     done
 }
 
+# The add_sub request every script's checks send (INPUT0, INPUT1: FP32 [4], JSON).
+INFER_BODY='{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"data":[1,2,3,4]},{"name":"INPUT1","datatype":"FP32","shape":[4],"data":[1,2,3,4]}]}'
+# wait_infer URL MODEL SECONDS [BEARER] — until one inference answers 200 (placement has
+# adopted add_sub from the backend's index).
+wait_infer() {
+    local deadline=$((SECONDS + $3)) auth=()
+    [[ -n "${4:-}" ]] && auth=(-H "authorization: Bearer $4")
+    until [[ "$(curl -s -o /dev/null -w '%{http_code}' "${auth[@]}" -H 'content-type: application/json' \
+        -d "$INFER_BODY" "$1/v2/models/$2/infer" 2>/dev/null)" == 200 ]]; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.5
+    done
+}
+
 wait_port() { # port [seconds] — until something listens on it
     local deadline=$((SECONDS + ${2:-20}))
     until port_busy "$1"; do
@@ -154,18 +171,23 @@ wait_port() { # port [seconds] — until something listens on it
     done
 }
 
+# PROXY_WRAP: a command start_nginx and start_infergate run the proxy under (valgrind, env),
+# empty by default; it is the proxy's pid that PID[name] then holds (valgrind execs in place).
+PROXY_WRAP=()
+
 # nginx: render a template from loadtest/nginx into its own prefix dir, check it, and run it
-# in the foreground.
-start_nginx() { # name listen_port upstream_port template
-    local dir="$TMP/nginx-$1" log=off
+# in the foreground; GLOBALS, when given, are added with -g (compare.sh: 'master_process off;').
+start_nginx() { # name listen_port upstream_port template [globals]
+    local dir="$TMP/nginx-$1" log=off globals=()
+    [[ -n "${5:-}" ]] && globals=(-g "$5")
     mkdir -p "$dir"
     [[ "$ACCESS_LOG" == on ]] && log="$dir/access.log"
     sed -e "s#@PREFIX@#$dir#g" -e "s#@WORKERS@#$WORKERS#" -e "s#@LISTEN@#127.0.0.1:$2#" \
         -e "s#@UPSTREAM@#127.0.0.1:$3#" -e "s#@ACCESS_LOG@#$log#" \
         "loadtest/nginx/$4" >"$dir/nginx.conf"
-    "$NGINX" -t -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/test.log" 2>&1 ||
+    "$NGINX" -t -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" "${globals[@]}" >"$dir/test.log" 2>&1 ||
         { cat "$dir/test.log" >&2; die "nginx rejected loadtest/nginx/$4"; }
-    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout.log" 2>&1 &
+    "${PROXY_WRAP[@]}" "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" "${globals[@]}" >"$dir/stdout.log" 2>&1 &
     PIDS+=("$!")
     PID[$1]=$!
 }
@@ -187,7 +209,7 @@ start_infergate() { # name config [binary, default $BIN/infergate]
     fi
     "$binary" check --config "$config" >"$TMP/check.out" 2>&1 ||
         { cat "$TMP/check.out" >&2; die "infergate check refused the $1 config"; }
-    RUST_LOG="$level" "$binary" --config "$config" >"$TMP/$1.log" 2>&1 &
+    RUST_LOG="$level" "${PROXY_WRAP[@]}" "$binary" --config "$config" >"$TMP/$1.log" 2>&1 &
     PIDS+=("$!")
     PID[$1]=$!
 }
@@ -231,16 +253,19 @@ everything_on_key() {
 }
 
 # fake_gateway_config PORT ON WORKERS BACKEND_PORT [METRICS_PORT] — a gateway on PORT in front
-# of one fake-triton: validation off (ON=0), or everything on (ON=1); server.workers when
-# WORKERS is set; a metrics listener when asked. ab.sh's and instructions.sh's gateways.
+# of one fake-triton: validation off (ON=0), everything on (ON=1), or validation on and
+# nothing else (ON=2); server.workers when WORKERS is set; a metrics listener when asked.
+# ab.sh's, instructions.sh's and compare.sh's gateways.
 fake_gateway_config() {
     printf '[listen]\nhttp = "127.0.0.1:%s"\n' "$1"
     [[ -n "${5:-}" ]] && printf 'metrics = "127.0.0.1:%s"\n' "$5"
     printf '\n'
     [[ -n "$3" ]] && printf '[server]\nworkers = %s\n\n' "$3"
     printf '[[backends]]\nname = "backend"\nhttp = "http://127.0.0.1:%s"\ncapacity = "16GiB"\n\n' "$4"
-    if (($2)); then
+    if (($2 == 1)); then
         everything_on_tables
+    elif (($2 == 2)); then
+        printf '[validation]\nenabled = true\n'
     else
         printf '[validation]\nenabled = false\n'
     fi
@@ -315,6 +340,33 @@ load_step() {
                  printf "%s %s\n", (np ? sprintf("%.1f", p / hz / n * 1e6) : "-"), sprintf("%.1f", b / hz / n * 1e6) }' >"$out.cpu"
     say "$label: $(jq -r '.steps[0] | "\(.throughput_rps | floor) infer/s, p50 \(.latency_us.p50) us, p99 \(.latency_us.p99) us, errors \(.errors)"' "$out")"
 }
+
+# ---------------------------------------------------------------- callgrind
+# Counting a running process's user-space instructions (instructions.sh, compare.sh): start
+# it under `valgrind --tool=callgrind --vgdb-prefix="$VG" --callgrind-out-file=F`, then
+# `cg --zero PID`, the load, `dump OUT NAME PID` (F must be $TMP/NAME.cg), `ir_of` the dump.
+VG="$TMP/vgdb" # vgdb's FIFOs, ours alone
+# GLIBC_TUNABLES for a process under callgrind: glibc's `rep movsb`/`stosb` above 2 KiB count
+# as one instruction per byte, so the count would follow bytes moved, not work done
+# (instructions.sh's header has the figures); these thresholds keep glibc on its vector loops.
+# shellcheck disable=SC2034 # read by the scripts that source this
+CALLGRIND_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=1073741824:glibc.cpu.x86_rep_stosb_threshold=1073741824
+cg() { callgrind_control --vgdb-prefix="$VG" "$@" >>"$TMP/cgctl.log" 2>&1; }
+# dump OUT NAME PID — a callgrind dump of everything since the last zero; OUT gets its path.
+# With --callgrind-out-file=F, the Nth dump of a run is F.N (and F itself is written at exit).
+declare -A DUMPS=()
+dump() {
+    local n=$((${DUMPS[$2]:-0} + 1)) deadline=$((SECONDS + 60))
+    local part="$TMP/$2.cg.$n"
+    cg --dump "$3" || die "callgrind_control --dump $3 failed: $(tail -3 "$TMP/cgctl.log")"
+    until [[ -f "$part" ]] && grep -q '^totals:' "$part"; do
+        ((SECONDS < deadline)) || die "no complete callgrind dump $part"
+        sleep 0.2
+    done
+    DUMPS[$2]=$n
+    printf -v "$1" '%s' "$part"
+}
+ir_of() { awk '/^totals:/ { print $2 }' "$1"; }
 
 # ---------------------------------------------------------------- report arithmetic
 calc() { awk "BEGIN { printf \"$1\", $2 }"; }

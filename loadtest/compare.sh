@@ -1,0 +1,401 @@
+#!/usr/bin/env bash
+# loadtest/compare.sh — infergate next to nginx over one fixed-answer backend (issue 31).
+#
+#   loadtest/compare.sh [GATEWAY_BINARY]     # default $CMP_GATEWAY, else target/release/infergate
+#
+# One fake-triton (1 thread, pinned to the client's core) answers add_sub; in front of it,
+# nginx (Debian's, loadtest/nginx/proxy.conf.template: keep-alive upstream, keepalive_requests
+# raised, its default access log to a file) and the gateway under test three times: validation
+# off (ig-off, "everything off"), validation on and nothing else (ig-val, the default
+# configuration), and everything on (ig-on: lib.sh's everything_on_tables, an RS256 JWT with
+# the verified-token cache, validation, a 90/10 route with a guard; the load calls route
+# "bench" with the bearer). Two workers each (nginx worker_processes, infergate
+# server.workers), access logs on for all. Every request is the same KServe v2 infer: HTTP/1.1
+# keep-alive POST /v2/models/<m>/infer, lib.sh's INFER_BODY (add_sub, JSON). The proxies take
+# turns in rotated order (step k starts with the k-th), so drifting machine load hits each alike.
+#
+# Three families of measures:
+#   1. Equal offered load: `h2load --h1 --rps` (open loop: CMP_OPEN_CLIENTS connections, each
+#      at rate/clients; h2load never reconnects) at 5k, 10k and 20k req/s for CMP_OPEN_WINDOW
+#      seconds; each proxy's CPU per request = utime+stime of all its processes (/proc/PID/stat,
+#      nginx master and workers) over the run ÷ requests h2load saw succeed. This is the fair
+#      CPU comparison: CPU per request falls as a proxy is driven harder (more work per wake-up).
+#   2. Closed loop, `wrk` at c=16 and c=64: throughput, p50/p99 and added latency vs direct to
+#      the backend. The proxy under test is pinned to one core (`taskset -a`, CMP_PROXY_CPU),
+#      wrk and the backend to the other (CMP_CLIENT_CPU), so the tail is the proxy's own.
+#   3. Counts that do not follow the machine's noise, on a fixed number of requests (h2load -n,
+#      c=16): syscalls per request (`strace -c -f` attached to the running proxy: nginx's
+#      workers, every gateway thread), and user-space instructions per request under callgrind
+#      (a fresh instance of each proxy under valgrind, zeroed after a warm-up, dumped after the
+#      counted requests; nginx as one process, master_process off, one worker; GLIBC_TUNABLES
+#      as instructions.sh).
+#
+# Writes loadtest/results/<date>-<rev>-compare.md (rev: the binary's name infergate-<rev>, else
+# this checkout's HEAD) and its chart (<results>.svg: wrk throughput and p99 per concurrency;
+# for a run recorded in loadtest/results/, also loadtest/results/compare-latest.svg), and prints
+# the report. About 4 minutes with the defaults; every benchmark command is bounded by `timeout`.
+# Installs nginx, wrk, h2load (nghttp2-client), strace and valgrind when missing (root only).
+# Stays on loopback; stops only what it started.
+#
+# Knobs (environment):
+#   CMP_GATEWAY=target/release/infergate   the gateway (or the first argument)
+#   CMP_BIN=target/release                 fake-triton (cargo build --release -p infergate-load)
+#   CMP_RATES="5000 10000 20000"  CMP_OPEN_CLIENTS=40  CMP_OPEN_WINDOW=4     family 1 (seconds)
+#   CMP_CONCURRENCY="16 64"  CMP_WRK_WINDOW=4  CMP_WARMUP=1                  family 2 (seconds)
+#   CMP_STRACE_REQUESTS=10000  CMP_CG_REQUESTS=3000  CMP_CG_WARMUP=500  CMP_COUNT_CLIENTS=16
+#   CMP_STAGES="nginx ig-off ig-val ig-on"  the proxies (nginx and any of the three gateways)
+#   CMP_PROXY_CPU=1  CMP_CLIENT_CPU=0      cores of family 2 (the backend always on the client's)
+#   CMP_WORKERS=2                          nginx worker_processes and infergate server.workers
+#   CMP_BASE_PORT=29900  CMP_REV=<rev>  CMP_OUT=path.md
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+GATEWAY="${1:-${CMP_GATEWAY:-$ROOT/target/release/infergate}}"
+[[ -x "$GATEWAY" ]] || { echo "compare.sh: not an executable: $GATEWAY" >&2; exit 2; }
+GATEWAY="$(realpath "$GATEWAY")"
+BIN="$(realpath "${CMP_BIN:-$ROOT/target/release}")"
+read -r -a RATES <<<"${CMP_RATES:-5000 10000 20000}"
+OPEN_CLIENTS="${CMP_OPEN_CLIENTS:-40}"
+OPEN_WINDOW="${CMP_OPEN_WINDOW:-4}"
+read -r -a LEVELS <<<"${CMP_CONCURRENCY:-16 64}"
+WRK_WINDOW="${CMP_WRK_WINDOW:-4}"
+WARMUP="${CMP_WARMUP:-1}"
+STRACE_N="${CMP_STRACE_REQUESTS:-10000}"
+CG_N="${CMP_CG_REQUESTS:-3000}"
+CG_WARM="${CMP_CG_WARMUP:-500}"
+COUNT_CLIENTS="${CMP_COUNT_CLIENTS:-16}"
+read -r -a PROXIES <<<"${CMP_STAGES:-nginx ig-off ig-val ig-on}"
+PROXY_CPU="${CMP_PROXY_CPU:-1}"
+CLIENT_CPU="${CMP_CLIENT_CPU:-0}"
+BASE="${CMP_BASE_PORT:-29900}"
+REV="${CMP_REV:-$(basename "$GATEWAY" | sed -n 's/^infergate-\([0-9a-f]\{7,40\}\)$/\1/p')}"
+[[ -n "$REV" ]] || REV="$(git rev-parse --short HEAD)"
+DATE="$(date +%F)"
+OUT="${CMP_OUT:-loadtest/results/$DATE-$REV-compare.md}"
+WORKERS="${CMP_WORKERS:-2}" ACCESS_LOG=on BUILD=0 STARTED=$SECONDS
+# shellcheck source=loadtest/lib.sh
+source loadtest/lib.sh
+
+[[ " ${PROXIES[*]} " == *" nginx "* ]] || die "CMP_STAGES must include nginx: every ratio is against it"
+require curl jq openssl awk taskset python3
+ensure_nginx
+ensure_debian wrk:wrk h2load:nghttp2-client strace:strace
+ensure_valgrind
+[[ -x "$BIN/fake-triton" ]] || die "no $BIN/fake-triton: cargo build --release -p infergate-load (or set CMP_BIN)"
+NPROC_ALL="0-$(($(nproc) - 1))"
+describe_machine src
+
+# ---------------------------------------------------------------- the stages
+declare -A PORT=([direct]="$BASE" [nginx]=$((BASE + 10)) [ig-off]=$((BASE + 20)) [ig-val]=$((BASE + 30)) [ig-on]=$((BASE + 40)))
+declare -A IG_ON=([ig-off]=0 [ig-val]=2 [ig-on]=1) # fake_gateway_config's ON
+declare -A LABEL=([direct]="direct" [nginx]="nginx" [ig-off]="infergate, validation off"
+    [ig-val]="infergate, validation on" [ig-on]="infergate, everything on")
+ports=("$BASE")
+for s in "${PROXIES[@]}"; do ports+=("${PORT[$s]}" $((PORT[$s] + 1))); done
+check_ports "${ports[@]}"
+
+model_of() { [[ "$1" == ig-on ]] && echo bench || echo add_sub; }
+bearer_of() { if [[ "$1" == ig-on ]]; then echo "$TOKEN"; fi; }
+url_of() { echo "http://127.0.0.1:$2/v2/models/$(model_of "$1")/infer"; } # stage port
+# h2load's and wrk's request headers for a stage.
+h2_headers() { H2H=(-H 'content-type: application/json'); [[ "$1" == ig-on ]] && H2H+=(-H "authorization: Bearer $TOKEN"); return 0; }
+wrk_script() { # stage -> $TMP/STAGE.lua: the POST, its body and headers
+    {
+        printf 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        printf 'wrk.body = [[%s]]\n' "$INFER_BODY"
+        [[ "$1" == ig-on ]] && printf 'wrk.headers["Authorization"] = "Bearer %s"\n' "$TOKEN"
+        true
+    } >"$TMP/$1.lua"
+}
+# rotated K ITEMS... — the items starting at the (K mod n)-th: step K's order.
+rotated() { local k="$1"; shift; local n=$# i; for ((i = 0; i < n; i++)); do local j=$(((k + i) % n + 1)); echo "${!j}"; done; }
+
+everything_on_key
+printf '%s' "$INFER_BODY" >"$TMP/body.json"
+
+# start_proxy STAGE PORT [NGINX_GLOBALS] — nginx or a gateway on PORT over the backend
+# (PROXY_WRAP applies); waits until one inference goes through; sets PROXY_PIDS[STAGE] (nginx:
+# master and workers).
+declare -A PROXY_PIDS
+start_proxy() {
+    local s="$1" port="$2" name="$1-$2"
+    if [[ "$s" == nginx ]]; then
+        start_nginx "$name" "$port" "$BASE" proxy.conf.template "${3:-}"
+    else
+        fake_gateway_config "$port" "${IG_ON[$s]}" "" "$BASE" >"$TMP/$name.toml"
+        start_infergate "$name" "$TMP/$name.toml" "$GATEWAY"
+    fi
+    wait_http "http://127.0.0.1:$port/v2/health/ready" 120 ||
+        die "$name did not start: $(tail -5 "$TMP/$name.log" "$TMP/nginx-$name/error.log" 2>/dev/null)"
+    wait_infer "http://127.0.0.1:$port" "$(model_of "$s")" 120 "$(bearer_of "$s")" ||
+        die "$name never answered an inference: $(tail -5 "$TMP/$name.log" 2>/dev/null)"
+    local pids="${PID[$name]}" deadline=$((SECONDS + 30))
+    if [[ "$s" == nginx && "${3:-}" != *"master_process off"* ]]; then # until every worker is up
+        until (($(pgrep -c -P "${PID[$name]}" || true) >= WORKERS)); do
+            ((SECONDS < deadline)) || die "nginx $name: fewer than $WORKERS workers"
+            sleep 0.2
+        done
+        pids+=" $(children "${PID[$name]}")"
+    fi
+    PROXY_PIDS[$s]="$pids"
+}
+
+# h2 OUT STAGE PORT SECONDS ARGS... — one bounded h2load run at STAGE on PORT; OUT gets its
+# output; sets H2_OK (requests that succeeded), H2_RPS, H2_MEAN_US (mean time per request).
+h2() {
+    local out="$1" s="$2" port="$3" bound="$4"; shift 4
+    h2_headers "$s"
+    timeout "$bound" h2load --h1 -t 1 "${H2H[@]}" -d "$TMP/body.json" "$@" "$(url_of "$s" "$port")" >"$out" 2>&1 ||
+        { tail -5 "$out" >&2; die "h2load failed or timed out at $s ($*)"; }
+    H2_OK="$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) ~ /^succeeded/) { print $i; exit } }' "$out")"
+    H2_RPS="$(awk '/^finished in/ { print $4 }' "$out")"
+    H2_MEAN_US="$(awk '/^time for request:/ { v = $6; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
+        printf "%.0f", v * (u == "s" ? 1e6 : u == "ms" ? 1e3 : 1) }' "$out")"
+    [[ -n "$H2_OK" ]] || die "no request count in h2load's output ($out)"
+}
+per_req_us() { awk -v t="$1" -v hz="$HZ" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / hz / n * 1e6; else print "-" }'; }
+
+# ---------------------------------------------------------------- backend and proxies
+say "fake-triton on core $CLIENT_CPU, then ${PROXIES[*]} (temp dir $TMP)"
+taskset -c "$CLIENT_CPU" "$BIN/fake-triton" --listen "127.0.0.1:$BASE" --threads 1 >"$TMP/fake.log" 2>&1 &
+PIDS+=("$!")
+wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start"
+for s in "${PROXIES[@]}"; do
+    start_proxy "$s" "${PORT[$s]}"
+    wrk_script "$s"
+done
+wrk_script direct
+
+# ---------------------------------------------------------------- 1. equal offered load
+declare -A OPEN # stage-rate -> "achieved_rps ok mean_us cpu_us_per_req"
+step=0
+for rate in "${RATES[@]}"; do
+    for s in $(rotated $step "${PROXIES[@]}"); do
+        # shellcheck disable=SC2086
+        before="$(ticks ${PROXY_PIDS[$s]})"
+        h2 "$TMP/open-$s-$rate.txt" "$s" "${PORT[$s]}" $((OPEN_WINDOW + 20)) \
+            -c "$OPEN_CLIENTS" --rps $(((rate + OPEN_CLIENTS - 1) / OPEN_CLIENTS)) -D "$OPEN_WINDOW"
+        # shellcheck disable=SC2086
+        after="$(ticks ${PROXY_PIDS[$s]})"
+        OPEN[$s-$rate]="$H2_RPS $H2_OK $H2_MEAN_US $(per_req_us $((after - before)) "$H2_OK") $(cut -d' ' -f1 /proc/loadavg)"
+        say "open loop $rate req/s, $s: ${OPEN[$s-$rate]} (achieved, ok, mean µs, CPU µs/req, load)"
+    done
+    step=$((step + 1))
+done
+
+# ---------------------------------------------------------------- 2. closed loop, pinned
+pin() { local p; for p in $2; do taskset -a -p -c "$1" "$p" >/dev/null; done; } # cpus "pids"
+# wrk_run OUT STAGE C SECONDS — bounded wrk, one thread, on the client's core.
+wrk_run() {
+    timeout $(($4 + 20)) taskset -c "$CLIENT_CPU" wrk -t 1 -c "$3" -d "${4}s" --latency -s "$TMP/$2.lua" \
+        "$(url_of "$2" "${PORT[$2]}")" >"$1" 2>&1 || { tail -5 "$1" >&2; die "wrk failed or timed out at $2 c=$3"; }
+}
+wrk_us() { # file percentile -> µs
+    awk -v p="$2%" '$1 == p { v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
+        printf "%.0f", v * (u == "s" ? 1e6 : u == "ms" ? 1e3 : 1); exit }' "$1"
+}
+declare -A CLOSED # stage-c -> "rps p50 p99 cpu_us_per_req errors load"
+for s in "${PROXIES[@]}"; do pin "$PROXY_CPU" "${PROXY_PIDS[$s]}"; done
+step=0
+for c in "${LEVELS[@]}"; do
+    for s in $(rotated $step direct "${PROXIES[@]}"); do
+        wrk_run "$TMP/warm.txt" "$s" "$c" "$WARMUP"
+        # shellcheck disable=SC2086
+        before="$(ticks ${PROXY_PIDS[$s]:-})"
+        wrk_run "$TMP/wrk-$s-$c.txt" "$s" "$c" "$WRK_WINDOW"
+        # shellcheck disable=SC2086
+        after="$(ticks ${PROXY_PIDS[$s]:-})"
+        out="$TMP/wrk-$s-$c.txt"
+        n="$(awk '/requests in/ { print $1; exit }' "$out")"
+        errors="$(awk '/Non-2xx/ { e += $NF } /Socket errors/ { for (i = 4; i <= NF; i += 2) e += $i } END { print e + 0 }' "$out")"
+        cpu="-"; [[ "$s" == direct ]] || cpu="$(per_req_us $((after - before)) "$n")"
+        CLOSED[$s-$c]="$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out") $(wrk_us "$out" 50) $(wrk_us "$out" 99) $cpu $errors $(cut -d' ' -f1 /proc/loadavg)"
+        say "wrk c=$c, $s: ${CLOSED[$s-$c]} (req/s, p50 µs, p99 µs, CPU µs/req, errors, load)"
+    done
+    step=$((step + 1))
+done
+for s in "${PROXIES[@]}"; do pin "$NPROC_ALL" "${PROXY_PIDS[$s]}"; done
+
+# ---------------------------------------------------------------- 3a. syscalls per request
+# every thread of PIDS traced (TracerPid set), or give up after 10 s
+traced() {
+    local p t deadline=$((SECONDS + 10))
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*; do
+            until [[ "$(awk '/^TracerPid:/ { print $2 }' "$t/status" 2>/dev/null)" != 0 ]]; do
+                ((SECONDS < deadline)) || return 1
+                sleep 0.1
+            done
+        done
+    done
+}
+declare -A SYSCALLS # stage -> calls per request; SYS_TOP[stage] -> its five most frequent
+declare -A SYS_TOP
+step=0
+for s in $(rotated 1 "${PROXIES[@]}"); do
+    traced_pids="${PROXY_PIDS[$s]}"
+    [[ "$s" == nginx ]] && traced_pids="$(children "${PROXY_PIDS[$s]%% *}")" # the master idles
+    args=()
+    for p in $traced_pids; do args+=(-p "$p"); done
+    timeout 300 strace -c -f -o "$TMP/strace-$s.txt" "${args[@]}" 2>"$TMP/strace-$s.err" &
+    strace_pid=$!
+    # shellcheck disable=SC2086
+    traced $traced_pids || die "strace did not attach to $s: $(tail -3 "$TMP/strace-$s.err")"
+    h2 "$TMP/strace-h2-$s.txt" "$s" "${PORT[$s]}" 120 -c "$COUNT_CLIENTS" -n "$STRACE_N"
+    kill -INT "$strace_pid"
+    wait "$strace_pid" || true
+    calls="$(awk '$NF == "total" { print $4 }' "$TMP/strace-$s.txt")"
+    [[ -n "$calls" ]] || die "no strace summary for $s: $(tail -3 "$TMP/strace-$s.err")"
+    SYSCALLS[$s]="$(calc %.2f "$calls / $H2_OK")"
+    SYS_TOP[$s]="$(awk -v n="$H2_OK" '$1 ~ /^[0-9.]+$/ && NF >= 5 && $NF != "total" { printf "%s %.2f\n", $NF, $4 / n }' "$TMP/strace-$s.txt" |
+        sort -k2 -g -r | head -5 | awk '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2 }')"
+    say "strace, $s: $calls syscalls over $H2_OK requests: ${SYSCALLS[$s]} per request (${SYS_TOP[$s]})"
+done
+
+# ---------------------------------------------------------------- 3b. instructions per request
+# Each proxy once more, alone under callgrind, on its port + 1; the proxies above stay idle.
+# nginx runs as one process (master_process off and one worker: the worker's loop in the
+# process valgrind started), because callgrind_control cannot reach a forked child (vgdb
+# makes no FIFOs for it); the gateway keeps its workers.
+declare -A IR # stage -> Ir per request
+for s in $(rotated 2 "${PROXIES[@]}"); do
+    port=$((PORT[$s] + 1))
+    PROXY_WRAP=(env GLIBC_TUNABLES="$CALLGRIND_TUNABLES" valgrind --tool=callgrind --vgdb-prefix="$VG"
+        --callgrind-out-file="$TMP/cg-%p.cg" --dump-instr=no --collect-jumps=no --dump-line=no)
+    t0=$SECONDS
+    if [[ "$s" == nginx ]]; then
+        # one worker too: with `reuseport` each worker has its own listening socket, and the
+        # second one would never be accepted from
+        WORKERS=1 start_proxy "$s" "$port" "master_process off;"
+    else
+        start_proxy "$s" "$port"
+    fi
+    PROXY_WRAP=()
+    counted="${PROXY_PIDS[$s]}"
+    h2 "$TMP/cg-warm-$s.txt" "$s" "$port" 300 -c "$COUNT_CLIENTS" -n "$CG_WARM"
+    for p in $counted; do cg --zero "$p" || die "callgrind_control --zero $p ($s) failed: $(tail -3 "$TMP/cgctl.log")"; done
+    h2 "$TMP/cg-h2-$s.txt" "$s" "$port" 600 -c "$COUNT_CLIENTS" -n "$CG_N"
+    sleep 0.5 # h2load's connections closed before the count is read
+    total=0
+    for p in $counted; do
+        dump cg_file "cg-$p" "$p"
+        total=$((total + $(ir_of "$cg_file")))
+    done
+    IR[$s]="$(calc %.0f "$total / $H2_OK")"
+    say "callgrind, $s: $total Ir over $H2_OK requests: ${IR[$s]} per request ($((SECONDS - t0)) s)"
+    # shellcheck disable=SC2086
+    stop_pids ${PROXY_PIDS[$s]%% *}
+done
+LOAD_AFTER="$(loadavg)"
+ELAPSED=$((SECONDS - STARTED))
+
+# ---------------------------------------------------------------- report
+field() { cut -d' ' -f"$2" <<<"$1"; }
+igs=()
+for s in "${PROXIES[@]}"; do [[ "$s" == nginx ]] || igs+=("$s"); done
+has() { [[ " ${PROXIES[*]} " == *" $1 "* ]]; }
+
+report() {
+    echo "# infergate ($REV) next to nginx: $DATE"
+    echo
+    echo "Produced by \`loadtest/compare.sh\` in ${ELAPSED} s. Gateway: \`$GATEWAY\`$([[ "$GATEWAY" == "$ROOT/target/release/infergate" ]] && ((DIRTY)) && echo " (built from $REV plus $DIRTY uncommitted paths under src/)"). nginx $("$NGINX" -v 2>&1 | cut -d/ -f2) (Debian), \`loadtest/nginx/proxy.conf.template\`."
+    echo
+    echo "- Machine: $NPROC × $CPU_MODEL, $MEM, $KERNEL; load average $LOAD_BEFORE before, $LOAD_AFTER after (a shared machine: CPU per request and the counts of family 3 hold up under other load, throughput and latency do not)."
+    echo "- Backend: fake-triton, 1 thread, pinned to core $CLIENT_CPU. Proxies: $WORKERS workers each (nginx \`worker_processes\`, infergate \`server.workers\`), access logs on for both (nginx's default format to a file; infergate at info level to a file)."
+    echo "- Request: HTTP/1.1 keep-alive POST \`/v2/models/add_sub/infer\` (everything on: route \`bench\`, \`Authorization: Bearer\` RS256 JWT), JSON body \`$INFER_BODY\`."
+    echo "- Stages: $(for s in "${PROXIES[@]}"; do printf '%s (\x60%s\x60); ' "${LABEL[$s]}" "$s"; done | sed 's/; $//'). Everything on: validation, RS256 JWT (verified-token cache on), 90/10 route with an error-rate guard (lib.sh \`everything_on_tables\`). Order rotated step by step."
+    echo
+    echo "## 1. Equal offered load (open loop, h2load)"
+    echo
+    echo "\`h2load --h1 -t 1 -c $OPEN_CLIENTS --rps ⌈rate/$OPEN_CLIENTS⌉ -D $OPEN_WINDOW\` (not pinned). CPU: utime+stime of all the proxy's processes (/proc/PID/stat, ${HZ} Hz ticks) over the run ÷ requests that succeeded. Mean: h2load's mean time per request (it reports no percentiles). \"Behind\": less than 95% of the offered rate achieved (h2load's connections carry one request at a time, so a slow proxy lowers the rate): that row's load was not equal."
+    echo
+    echo "| offered req/s | stage | achieved req/s | requests | mean µs | proxy CPU µs/req | CPU × nginx | load avg |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|"
+    local rate s v n c
+    for rate in "${RATES[@]}"; do
+        n="${OPEN[nginx-$rate]}"
+        for s in "${PROXIES[@]}"; do
+            v="${OPEN[$s-$rate]}"
+            printf '| %s | %s | %.0f%s | %s | %s | %s | %s | %s |\n' "$rate" "${LABEL[$s]}" "$(field "$v" 1)" \
+                "$(awk -v a="$(field "$v" 1)" -v r="$rate" 'BEGIN { if (a < 0.95 * r) printf " (behind)" }')" "$(field "$v" 2)" \
+                "$(field "$v" 3)" "$(field "$v" 4)" "$(ratio "$(field "$v" 4)" "$(field "$n" 4)")" "$(field "$v" 5)"
+        done
+    done
+    echo
+    echo "## 2. Closed loop (wrk), proxy pinned to core $PROXY_CPU, wrk and backend on core $CLIENT_CPU"
+    echo
+    echo "\`wrk -t 1 -c C -d ${WRK_WINDOW}s --latency\` after ${WARMUP} s of warm-up. Added: the stage's percentile minus direct's at the same C."
+    echo
+    echo "| c | stage | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | proxy CPU µs/req | errors | load avg |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    local d
+    for c in "${LEVELS[@]}"; do
+        d="${CLOSED[direct-$c]}"
+        for s in direct "${PROXIES[@]}"; do
+            v="${CLOSED[$s-$c]}"
+            printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$c" "${LABEL[$s]}" "$(field "$v" 1)" \
+                "$([[ $s == direct ]] && echo — || ratio "$(field "$v" 1)" "$(field "${CLOSED[nginx-$c]}" 1)")" \
+                "$(field "$v" 2)" "$(field "$v" 3)" \
+                "$([[ $s == direct ]] && echo — || echo $(($(field "$v" 2) - $(field "$d" 2))))" \
+                "$([[ $s == direct ]] && echo — || echo $(($(field "$v" 3) - $(field "$d" 3))))" \
+                "$(field "$v" 4)" "$(field "$v" 5)" "$(field "$v" 6)"
+        done
+    done
+    echo
+    echo "## 3. Counts per request"
+    echo
+    echo "Syscalls: \`strace -c -f\` attached to the running proxy (nginx: its workers; infergate: every thread) over \`h2load -n $STRACE_N -c $COUNT_CLIENTS\` (its $COUNT_CLIENTS connects included), all calls counted. Instructions: user-space Ir under \`valgrind --tool=callgrind\` ($(valgrind --version)) of a fresh instance of the proxy (nginx: one process, \`master_process off\` and one worker, as callgrind_control cannot reach forked workers; infergate: $WORKERS workers), zeroed after $CG_WARM warm-up requests, dumped after \`h2load -n $CG_N -c $COUNT_CLIENTS\`; idle work inside the window included; GLIBC_TUNABLES=\`$CALLGRIND_TUNABLES\` (see instructions.sh)."
+    echo
+    echo "| stage | syscalls/req | − nginx | most frequent (per request) | Ir/req | × nginx |"
+    echo "|---|---:|---:|---|---:|---:|"
+    for s in "${PROXIES[@]}"; do
+        printf '| %s | %s | %s | %s | %s | %s |\n' "${LABEL[$s]}" "${SYSCALLS[$s]}" \
+            "$(calc %+.2f "${SYSCALLS[$s]} - ${SYSCALLS[nginx]}")" "${SYS_TOP[$s]}" \
+            "$(printf "%'d" "${IR[$s]}")" "$(ratio "${IR[$s]}" "${IR[nginx]}")"
+    done
+    echo
+    echo "## Issue 31 targets (infergate ÷ nginx, this run)"
+    echo
+    local r
+    if [[ " ${RATES[*]} " == *" 10000 "* ]]; then
+        if has ig-val; then
+            r="$(ratio "$(field "${OPEN[ig-val-10000]}" 4)" "$(field "${OPEN[nginx-10000]}" 4)")"
+            echo "- CPU per request at 10k req/s offered, validation on, ≤ 1.3 × nginx: $r — $(met "$r" 1.3001 "<")."
+        fi
+        if has ig-on; then
+            r="$(ratio "$(field "${OPEN[ig-on-10000]}" 4)" "$(field "${OPEN[nginx-10000]}" 4)")"
+            echo "- CPU per request at 10k req/s offered, everything on, ≤ 1.6 × nginx: $r — $(met "$r" 1.6001 "<")."
+        fi
+    fi
+    if [[ " ${LEVELS[*]} " == *" 16 "* ]]; then
+        for s in "${igs[@]}"; do
+            r="$(ratio "$(field "${CLOSED[$s-16]}" 1)" "$(field "${CLOSED[nginx-16]}" 1)")"
+            echo "- wrk c=16 throughput ≥ 0.85 × nginx, ${LABEL[$s]#infergate, }: $r — $(met "$r" 0.85 ">=")."
+        done
+        for s in "${igs[@]}"; do
+            r=$(($(field "${CLOSED[$s-16]}" 3) - $(field "${CLOSED[direct-16]}" 3)))
+            echo "- p99 added at c=16, proxy pinned, < 500 µs, ${LABEL[$s]#infergate, }: $r µs — $(met "$r" 500 "<") (nginx: $(($(field "${CLOSED[nginx-16]}" 3) - $(field "${CLOSED[direct-16]}" 3))) µs)."
+        done
+    fi
+    for s in "${igs[@]}"; do
+        r="$(calc %+.2f "${SYSCALLS[$s]} - ${SYSCALLS[nginx]}")"
+        echo "- Syscalls per request ≤ nginx's + 1, ${LABEL[$s]#infergate, }: ${SYSCALLS[$s]} vs ${SYSCALLS[nginx]} ($r) — $(met "$r" 1.0001 "<")."
+    done
+    if has ig-off; then
+        r="$(ratio "${IR[ig-off]}" "${IR[nginx]}")"
+        echo "- Instructions per request, validation off, ≤ 3 × nginx's: $r — $(met "$r" 3.0001 "<")."
+    fi
+}
+
+mkdir -p "$(dirname "$OUT")"
+for c in "${LEVELS[@]}"; do
+    for s in direct "${PROXIES[@]}"; do
+        printf 'wrk\t%s\t%s\t%s\t%s\n' "$s" "$c" "$(field "${CLOSED[$s-$c]}" 1)" "$(field "${CLOSED[$s-$c]}" 3)"
+    done
+done >"$TMP/chart.tsv"
+python3 loadtest/chart.py "$TMP/chart.tsv" "${OUT%.md}.svg" "infergate $REV next to nginx, $DATE ($WORKERS workers, proxy pinned to one core)"
+if [[ "$(realpath "$(dirname "$OUT")")" == "$ROOT/loadtest/results" ]]; then cp "${OUT%.md}.svg" loadtest/results/compare-latest.svg; fi
+report >"$OUT"
+cat "$OUT"
+say "wrote $OUT and its chart ${OUT%.md}.svg"
