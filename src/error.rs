@@ -493,7 +493,7 @@ mod tests {
     use super::*;
 
     /// The whole mapping table, HTTP status and gRPC code side by side, pinned: changing
-    /// either is a user-visible change.
+    /// either is a user-visible change. One table, so it is long: a row per error.
     #[test]
     fn every_error_maps_to_its_status_code_and_source() {
         use ErrorSource::*;

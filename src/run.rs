@@ -22,45 +22,11 @@ pub async fn serve(
     if let Some(endpoint) = &gateway.fixed_config().telemetry.otlp_endpoint {
         trace::start_export(endpoint).map_err(anyhow::Error::msg)?;
     }
-    let upstream_config = &gateway.fixed_config().upstream;
-    let placement = gateway.placement().clone();
-    let books = gateway.placement().clone();
-    let health = upstream::HealthChecks {
-        interval: upstream_config.health_interval.0,
-        timeout: upstream_config.health_timeout.0,
-        tasks: tasks.clone(),
-        shutdown: shutdown.clone(),
-        after_check: Arc::new(move |backend| placement.reconcile(backend)),
-        read_queues: !gateway.fixed_config().placement.queue_max_age.0.is_zero(),
-        loading: Arc::new(move |backend| books.loading_on(backend)),
-        load_timeout: gateway.fixed_config().placement.load_timeout.0,
-    };
     // The first DNS round comes before health checks and listeners, so the instances found
     // are checked at once; a group DNS does not answer for starts empty (requests wait).
     reload::discover(&gateway).await;
-    tasks.spawn(reload::follow_dns(gateway.clone(), shutdown.clone()));
-    gateway.start_health_checks(health);
-    spawn_warm_up(&gateway, &tasks, &shutdown);
-    tasks.spawn(gateway.placement().clone().rebalance_loop(shutdown.clone()));
-    tasks.spawn(gateway.placement().clone().reconcile_loop(shutdown.clone()));
-    tasks.spawn(telemetry::upkeep(
-        gateway.metrics().clone(),
-        shutdown.clone(),
-    ));
-    if let Some(path) = gateway.config_path() {
-        reload::spawn_triggers(&gateway, path, Duration::from_secs(1), &tasks, &shutdown);
-    }
-    tasks.spawn(forget_signatures_on_change(
-        gateway.clone(),
-        shutdown.clone(),
-    ));
-    if let Some(tls) = gateway.tls() {
-        tls.spawn_watch(Duration::from_secs(1), &tasks, &shutdown);
-    }
-    tasks.spawn(refresh_jwks(gateway.clone(), shutdown.clone()));
-    if let Some(cluster) = gateway.cluster() {
-        tasks.spawn(cluster.clone().run(gateway.clone(), shutdown.clone()));
-    }
+    gateway.start_health_checks(health_checks(&gateway, &tasks, &shutdown));
+    spawn_background(&gateway, &tasks, &shutdown);
     gateway.warn_if_open();
     let workers = listen::Workers::start(
         &gateway.fixed_config().server,
@@ -69,6 +35,65 @@ pub async fn serve(
     tasks.close();
 
     shutdown.cancelled().await;
+    drain(&gateway, workers).await;
+    tasks.wait().await;
+    let _ = tokio::task::spawn_blocking(trace::flush).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The health checks of every backend, with what placement learns from each.
+fn health_checks(
+    gateway: &Gateway,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> upstream::HealthChecks {
+    let config = gateway.fixed_config();
+    let placement = gateway.placement().clone();
+    let books = gateway.placement().clone();
+    upstream::HealthChecks {
+        interval: config.upstream.health_interval.0,
+        timeout: config.upstream.health_timeout.0,
+        tasks: tasks.clone(),
+        shutdown: shutdown.clone(),
+        after_check: Arc::new(move |backend| placement.reconcile(backend)),
+        read_queues: !config.placement.queue_max_age.0.is_zero(),
+        loading: Arc::new(move |backend| books.loading_on(backend)),
+        load_timeout: config.placement.load_timeout.0,
+    }
+}
+
+/// The loops that run beside the listeners until shutdown: discovery, warm-up, placement's
+/// rebalancing and reconciling, metric upkeep, reload triggers, the signature cache's
+/// follower, certificate and JWKS refreshes, and the registry session.
+fn spawn_background(gateway: &Gateway, tasks: &TaskTracker, shutdown: &CancellationToken) {
+    tasks.spawn(reload::follow_dns(gateway.clone(), shutdown.clone()));
+    spawn_warm_up(gateway, tasks, shutdown);
+    tasks.spawn(gateway.placement().clone().rebalance_loop(shutdown.clone()));
+    tasks.spawn(gateway.placement().clone().reconcile_loop(shutdown.clone()));
+    tasks.spawn(telemetry::upkeep(
+        gateway.metrics().clone(),
+        shutdown.clone(),
+    ));
+    if let Some(path) = gateway.config_path() {
+        reload::spawn_triggers(gateway, path, Duration::from_secs(1), tasks, shutdown);
+    }
+    tasks.spawn(forget_signatures_on_change(
+        gateway.clone(),
+        shutdown.clone(),
+    ));
+    if let Some(tls) = gateway.tls() {
+        tls.spawn_watch(Duration::from_secs(1), tasks, shutdown);
+    }
+    tasks.spawn(refresh_jwks(gateway.clone(), shutdown.clone()));
+    if let Some(cluster) = gateway.cluster() {
+        tasks.spawn(cluster.clone().run(gateway.clone(), shutdown.clone()));
+    }
+}
+
+/// Shutdown, once asked for: not ready at once, still serving for `server.shutdown_delay`,
+/// then no new connections, and in-flight requests given up to `server.drain_timeout`.
+async fn drain(gateway: &Gateway, workers: listen::Workers) {
     gateway.begin_draining();
     workers.begin_drain();
     let server = &gateway.fixed_config().server;
@@ -90,10 +115,6 @@ pub async fn serve(
         tracing::warn!("drain timeout reached with requests still in flight; exiting anyway");
     }
     workers.abort().await;
-    tasks.wait().await;
-    let _ = tokio::task::spawn_blocking(trace::flush).await;
-    tracing::info!("stopped");
-    Ok(())
 }
 
 /// What each listener serves. HTTP, gRPC and admin speak TLS when `[listen.tls]` is set;

@@ -344,7 +344,17 @@ fn mean_ms(waits: &[u32]) -> f64 {
     }
 }
 
+/// The simulation's report: the setup, one table row per policy, then how each real policy
+/// compares with the references.
 fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration) -> String {
+    let mut out = setup_report(trace, setup, trace_wall);
+    out.push_str(&policy_table(rows));
+    out.push_str(&comparisons(rows));
+    out
+}
+
+/// What was simulated: the trace, the pool and the knobs that differ from the defaults.
+fn setup_report(trace: &Trace, setup: &Setup, trace_wall: Duration) -> String {
     use std::fmt::Write as _;
     let span = trace.requests.last().map_or(0, |r| r.at_ms) as f64 / 3_600_000.0;
     let total: u64 = trace.sizes.iter().sum();
@@ -391,6 +401,13 @@ fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration)
             scaling.up_rps, scaling.max_copies, scaling.down_idle
         );
     }
+    out
+}
+
+/// One row per policy: hits, loads, evictions, refusals, cold waits and peaks.
+fn policy_table(rows: &[Row]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
     let _ = writeln!(
         out,
         "| policy | hit ratio | large models | cold misses | loads | loaded | evictions | mean evicted idle | refused (churn / no room / load failed) | cold wait mean / p99 | peak committed max / sum | wall |"
@@ -424,8 +441,15 @@ fn text_report(trace: &Trace, setup: &Setup, rows: &[Row], trace_wall: Duration)
             row.wall.as_secs_f64(),
         );
     }
-    let find = |name: &str| rows.iter().find(|r| r.policy == name).map(|r| &r.outcome);
     let _ = writeln!(out);
+    out
+}
+
+/// Each real policy against ModelMesh-like and Belady, with its failed loads and extra copies.
+fn comparisons(rows: &[Row]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let find = |name: &str| rows.iter().find(|r| r.policy == name).map(|r| &r.outcome);
     for (name, _) in REAL_ROWS {
         let Some(real) = find(name) else { continue };
         let mut parts = Vec::new();

@@ -144,24 +144,45 @@ pub fn generate(w: &Workload) -> Trace {
     let n = w.models;
     let width = (n - 1).max(1).to_string().len();
     let mut names: Vec<String> = (0..n).map(|i| format!("m{i:0width$}")).collect();
-
-    // Sizes: log-normal around the median, clamped, rounded to whole MiB.
-    let mut rng = Rng::new(w.seed ^ 0x5153_4553);
-    let mut sizes: Vec<u64> = (0..n)
-        .map(|_| {
-            let bytes = w.size_median as f64 * (w.size_sigma * rng.normal()).exp();
-            let bytes = bytes.clamp(w.size_min as f64, w.size_max as f64) as u64;
-            (bytes >> 20).max(1) << 20
-        })
-        .collect();
+    let mut sizes = model_sizes(w);
     let hot = (w.hot_share > 0.0).then(|| {
         names.push("hot".into());
         sizes.push(w.hot_size);
         n as u32
     });
+    let (mut requests, end) = steady_stream(w, hot);
+    // Bursts and scans on top, over the same span; the merged stream is cut back to
+    // `requests`.
+    let scanned = add_scans(w, end, &mut requests);
+    let burst = add_bursts(w, end, &mut requests);
+    if scanned || burst {
+        requests.sort_by_key(|r| r.at_ms);
+        requests.truncate(w.requests);
+    }
+    Trace {
+        names,
+        sizes,
+        requests,
+    }
+}
 
-    // Popularity: rank r has weight 1/(r+1)^s; which model holds a rank is a random
-    // permutation, so popularity is independent of size and of the model's name.
+/// Sizes: log-normal around the median, clamped, rounded to whole MiB.
+fn model_sizes(w: &Workload) -> Vec<u64> {
+    let mut rng = Rng::new(w.seed ^ 0x5153_4553);
+    (0..w.models)
+        .map(|_| {
+            let bytes = w.size_median as f64 * (w.size_sigma * rng.normal()).exp();
+            let bytes = bytes.clamp(w.size_min as f64, w.size_max as f64) as u64;
+            (bytes >> 20).max(1) << 20
+        })
+        .collect()
+}
+
+/// Popularity: rank r has weight 1/(r+1)^s; which model holds a rank is a random
+/// permutation, so popularity is independent of size and of the model's name. Returns the
+/// permutation and the cumulative weights.
+fn popularity(w: &Workload) -> (Vec<u32>, Vec<f64>) {
+    let n = w.models;
     let mut rng = Rng::new(w.seed ^ 0x504F_5055);
     let mut order: Vec<u32> = (0..n as u32).collect();
     for i in (1..n).rev() {
@@ -173,9 +194,15 @@ pub fn generate(w: &Workload) -> Trace {
         total += 1.0 / ((r + 1) as f64).powf(w.zipf);
         cdf.push(total);
     }
+    (order, cdf)
+}
 
-    // The steady stream: Poisson arrivals, each for a Zipf-drawn rank mapped through the
-    // drifting permutation.
+/// The steady stream: Poisson arrivals, each for a Zipf-drawn rank mapped through the
+/// drifting permutation (or the hot model, for its share). Returns it and its last second.
+fn steady_stream(w: &Workload, hot: Option<u32>) -> (Vec<Request>, f64) {
+    let n = w.models;
+    let (order, cdf) = popularity(w);
+    let total = cdf.last().copied().unwrap_or(0.0);
     let mut rng = Rng::new(w.seed ^ 0x5354_4541);
     let mut hot_rng = Rng::new(w.seed ^ 0x484F_5421);
     let mut requests = Vec::with_capacity(w.requests + w.burst_size);
@@ -196,54 +223,54 @@ pub fn generate(w: &Workload) -> Trace {
             model,
         });
     }
+    (requests, t)
+}
 
-    // Bursts and scans on top, over the same span; the merged stream is cut back to
-    // `requests`.
-    let end = t;
-    let mut extra = false;
-    if !w.scan_every.is_zero() && w.scan_rate > 0.0 {
-        let mut rng = Rng::new(w.seed ^ 0x5343_414E);
-        let mut at = w.scan_every.as_secs_f64();
-        while at < end {
-            let mut models: Vec<u32> = (0..n as u32).collect();
-            for i in (1..n).rev() {
-                models.swap(i, rng.below(i as u64 + 1) as usize);
-            }
-            for (i, model) in models.into_iter().enumerate() {
-                requests.push(Request {
-                    at_ms: ((at + i as f64 / w.scan_rate) * 1000.0) as u64,
-                    model,
-                });
-            }
-            at += w.scan_every.as_secs_f64();
+/// Scans: every `scan_every`, each model once in a random order at `scan_rate`. Returns
+/// whether any were asked for.
+fn add_scans(w: &Workload, end: f64, requests: &mut Vec<Request>) -> bool {
+    if w.scan_every.is_zero() || w.scan_rate <= 0.0 {
+        return false;
+    }
+    let n = w.models;
+    let mut rng = Rng::new(w.seed ^ 0x5343_414E);
+    let mut at = w.scan_every.as_secs_f64();
+    while at < end {
+        let mut models: Vec<u32> = (0..n as u32).collect();
+        for i in (1..n).rev() {
+            models.swap(i, rng.below(i as u64 + 1) as usize);
         }
-        extra = true;
-    }
-    if !w.burst_every.is_zero() && w.burst_size > 0 {
-        let mut rng = Rng::new(w.seed ^ 0x4255_5253);
-        let mut at = rng.exponential(w.burst_every.as_secs_f64());
-        while at < end {
-            let model = rng.below(n as u64) as u32;
-            for _ in 0..w.burst_size {
-                let offset = rng.unit() * w.burst_length.as_secs_f64();
-                requests.push(Request {
-                    at_ms: ((at + offset) * 1000.0) as u64,
-                    model,
-                });
-            }
-            at += rng.exponential(w.burst_every.as_secs_f64());
+        for (i, model) in models.into_iter().enumerate() {
+            requests.push(Request {
+                at_ms: ((at + i as f64 / w.scan_rate) * 1000.0) as u64,
+                model,
+            });
         }
-        extra = true;
+        at += w.scan_every.as_secs_f64();
     }
-    if extra {
-        requests.sort_by_key(|r| r.at_ms);
-        requests.truncate(w.requests);
+    true
+}
+
+/// Bursts: `burst_size` requests for one random model within `burst_length`, arriving every
+/// `burst_every` on average. Returns whether any were asked for.
+fn add_bursts(w: &Workload, end: f64, requests: &mut Vec<Request>) -> bool {
+    if w.burst_every.is_zero() || w.burst_size == 0 {
+        return false;
     }
-    Trace {
-        names,
-        sizes,
-        requests,
+    let mut rng = Rng::new(w.seed ^ 0x4255_5253);
+    let mut at = rng.exponential(w.burst_every.as_secs_f64());
+    while at < end {
+        let model = rng.below(w.models as u64) as u32;
+        for _ in 0..w.burst_size {
+            let offset = rng.unit() * w.burst_length.as_secs_f64();
+            requests.push(Request {
+                at_ms: ((at + offset) * 1000.0) as u64,
+                model,
+            });
+        }
+        at += rng.exponential(w.burst_every.as_secs_f64());
     }
+    true
 }
 
 /// Reads a trace (`time_ms,model`) and optionally a sizes file (`model,bytes`); models
