@@ -18,22 +18,9 @@ use crate::upstream::Backend;
 use crate::validate::{Signature, Verdict};
 use std::sync::Arc;
 
-/// What a front-end does for the phases that touch its wire format. Everything else (the
-/// order of the phases, the guard, the replay rule) is the pipeline's.
-pub(crate) trait Wire {
-    /// The backend's answer, in the front-end's form.
-    type Answer;
-
-    /// A request header (HTTP) or metadata entry (gRPC): sticky keys and the pin.
-    fn header(&self, name: &str) -> Option<&[u8]>;
-
-    /// Names the route's target instead of the route (the URL path, or the message).
-    fn retarget(&mut self, routed: &Routed);
-
-    /// The sequence the request belongs to, which placement needs (HTTP reads it from the
-    /// body, within the body limit; gRPC from the message's parameters).
-    async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError>;
-
+/// What the phases after placement read of an inference in its wire format: a call's
+/// `Wire`, or one message of a stream (`inspect` runs them for both).
+pub(crate) trait Inspect {
     /// The validate phase's reader: reads the request in this wire's format and checks it
     /// against `signature`, the signature of `model` on the copy it was placed on. The
     /// phase (`validate`) decides whether to ask, and refuses and counts what this refuses.
@@ -46,6 +33,23 @@ pub(crate) trait Wire {
 
     /// Sends copies of the request to the route's mirrors (shadow traffic).
     async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError>;
+}
+
+/// What a front-end does for the phases that touch its wire format. Everything else (the
+/// order of the phases, the guard, the replay rule) is the pipeline's.
+pub(crate) trait Wire: Inspect {
+    /// The backend's answer, in the front-end's form.
+    type Answer;
+
+    /// A request header (HTTP) or metadata entry (gRPC): sticky keys and the pin.
+    fn header(&self, name: &str) -> Option<&[u8]>;
+
+    /// Names the route's target instead of the route (the URL path, or the message).
+    fn retarget(&mut self, routed: &Routed);
+
+    /// The sequence the request belongs to, which placement needs (HTTP reads it from the
+    /// body, within the body limit; gRPC from the message's parameters).
+    async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError>;
 
     /// Sends the request to `backend`, keeping what a second send needs.
     async fn send(

@@ -26,13 +26,15 @@ pub mod sequence;
 mod validate;
 
 pub use ctx::{RequestCtx, request_id};
-pub(crate) use forward::{Sent, Wire};
+pub(crate) use forward::{Inspect, Sent, Wire};
 pub use place::{Local, Placing, place};
 pub use route::route;
-pub(crate) use validate::validate;
+use validate::validate;
 
 use crate::model::Ask;
 use crate::routing::Routed;
+use crate::upstream::Backend;
+use std::sync::Arc;
 
 use crate::error::GatewayError;
 
@@ -66,18 +68,30 @@ async fn placed<W: Wire>(ctx: &mut RequestCtx, wire: &mut W) -> Result<W::Answer
     }
     if ctx.ask == Ask::Inference {
         let backend = ctx.lease()?.backend().clone();
-        let model = &ctx.routed.as_ref().expect("routed").target;
-        let on = forward::Placed {
-            backend: &backend,
-            model,
-        };
-        validate(ctx, on, async |signature| {
-            wire.read(ctx, model, signature).await
-        })
-        .await?;
-        if let Some(shadow) = ctx.routed.as_mut().and_then(Routed::shadow) {
-            wire.mirror(ctx, shadow).await?;
-        }
+        inspect(ctx, wire, &backend).await?;
     }
     forward::forward(ctx, wire).await
+}
+
+/// An inference on the copy it was placed on (on `backend`), for a call and for each message
+/// of a stream alike: validated against the copy's signature, then copied to its route's
+/// mirrors.
+pub(crate) async fn inspect<I: Inspect>(
+    ctx: &mut RequestCtx,
+    request: &mut I,
+    backend: &Arc<Backend>,
+) -> Result<(), GatewayError> {
+    {
+        let ctx: &RequestCtx = ctx;
+        let model = &ctx.routed.as_ref().expect("routed").target;
+        let on = forward::Placed { backend, model };
+        validate(ctx, on, async |signature| {
+            request.read(ctx, model, signature).await
+        })
+        .await?;
+    }
+    if let Some(shadow) = ctx.routed.as_mut().and_then(Routed::shadow) {
+        request.mirror(ctx, shadow).await?;
+    }
+    Ok(())
 }

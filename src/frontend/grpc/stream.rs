@@ -34,14 +34,12 @@ use crate::auth::Admission;
 use crate::auth::Caller;
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
-use crate::pipeline::forward::Placed;
 use crate::pipeline::{self, RequestCtx, admit, finish};
 use crate::placement::Lease;
 use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
-use crate::routing::{Routed, Tally};
+use crate::routing::Tally;
 use crate::upstream::Backend;
 use crate::upstream::grpc as upstream_grpc;
-use crate::validate::Signature;
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -284,7 +282,7 @@ impl Relay<'_> {
             Some(index) => list.iter().find(|r| r.index == index),
             None => list.first(),
         });
-        let message = match open {
+        let mut message = match open {
             Some(open) => {
                 let (backend, index, requests, waiting) = (
                     open.backend.clone(),
@@ -292,7 +290,7 @@ impl Relay<'_> {
                     open.requests.clone(),
                     open.waiting.clone(),
                 );
-                if let Err(error) = inspect(&mut ctx, &message, &backend, &model).await {
+                if let Err(error) = pipeline::inspect(&mut ctx, &mut message, &backend).await {
                     return self.refuse(&mut ctx, message, error).await;
                 }
                 if let Some(sequence) = &sequence {
@@ -324,7 +322,7 @@ impl Relay<'_> {
             self.call.served(ctx.served());
         }
         let lease = ctx.lease.take().expect("placed");
-        if let Err(error) = inspect(&mut ctx, &message, lease.backend(), &model).await {
+        if let Err(error) = pipeline::inspect(&mut ctx, &mut message, lease.backend()).await {
             return self.refuse(&mut ctx, message, error).await;
         }
         self.open(ctx, model, lease, message).await;
@@ -419,26 +417,6 @@ impl Relay<'_> {
         let _ = self.out.send(Ok(answer)).await;
         true
     }
-}
-
-/// The phases a message takes on the copy it goes to, as a call takes them in
-/// `pipeline::serve`: checked against the copy's signature, then copied to its route's
-/// mirrors (shadow traffic sees a stream's requests as it sees calls).
-async fn inspect(
-    ctx: &mut RequestCtx,
-    message: &ModelInferRequest,
-    backend: &Arc<Backend>,
-    model: &ModelRef,
-) -> Result<(), GatewayError> {
-    let on = Placed { backend, model };
-    pipeline::validate(ctx, on, async |signature: &Signature| {
-        Ok(message.read(signature))
-    })
-    .await?;
-    if let Some(shadow) = ctx.routed.as_mut().and_then(Routed::shadow) {
-        message.mirror(ctx, shadow);
-    }
-    Ok(())
 }
 
 /// What a request's context hands to the backend stream it goes down.

@@ -7,7 +7,7 @@ use super::{upstream_request, version};
 use crate::error::GatewayError;
 use crate::model::ModelRef;
 use crate::pipeline::mirror;
-use crate::pipeline::{Local, RequestCtx, Sent, Wire, forward, sequence};
+use crate::pipeline::{Inspect, Local, RequestCtx, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
 use crate::protocol::inference::*;
 use crate::routing::{Routed, Shadow};
@@ -193,6 +193,38 @@ where
     }
 }
 
+/// A call's message (and each message of a stream) as the pipeline's `inspect` reads it.
+impl<M: ModelMessage> Inspect for M {
+    async fn read(
+        &mut self,
+        _ctx: &RequestCtx,
+        _model: &ModelRef,
+        signature: &Signature,
+    ) -> Result<Verdict, GatewayError> {
+        Ok(ModelMessage::read(self, signature))
+    }
+
+    async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
+        ModelMessage::mirror(self, ctx, shadow);
+        Ok(())
+    }
+}
+
+impl<M: ModelMessage, Res, F> Inspect for Unary<'_, M, Res, F> {
+    async fn read(
+        &mut self,
+        ctx: &RequestCtx,
+        model: &ModelRef,
+        signature: &Signature,
+    ) -> Result<Verdict, GatewayError> {
+        Inspect::read(&mut self.message, ctx, model, signature).await
+    }
+
+    async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
+        Inspect::mirror(&mut self.message, ctx, shadow).await
+    }
+}
+
 impl<M, Res, F, Fut> Wire for Unary<'_, M, Res, F>
 where
     M: ModelMessage,
@@ -212,20 +244,6 @@ where
 
     async fn sequence(&mut self, _ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
         Ok(self.message.sequence())
-    }
-
-    async fn read(
-        &mut self,
-        _ctx: &RequestCtx,
-        _model: &ModelRef,
-        signature: &Signature,
-    ) -> Result<Verdict, GatewayError> {
-        Ok(self.message.read(signature))
-    }
-
-    async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
-        self.message.mirror(ctx, shadow);
-        Ok(())
     }
 
     /// Sends the client's metadata (less what belongs to one hop), the request id, and the

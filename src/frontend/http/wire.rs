@@ -7,7 +7,7 @@ use super::validate::{self, HEADER_LENGTH};
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
 use crate::pipeline::mirror;
-use crate::pipeline::{Local, RequestCtx, Sent, Wire, forward, sequence};
+use crate::pipeline::{Inspect, Local, RequestCtx, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
 use crate::routing::{Routed, Shadow};
 use crate::upstream::{self, Backend};
@@ -46,6 +46,56 @@ impl HttpWire {
         self.request
             .take()
             .ok_or_else(|| GatewayError::BadRequest("request already sent".into()))
+    }
+}
+
+impl Inspect for HttpWire {
+    /// Reads the body (`validate::read`) and keeps the request to forward; a refused
+    /// request is dropped here, its body unread, as nothing will send it.
+    async fn read(
+        &mut self,
+        ctx: &RequestCtx,
+        model: &ModelRef,
+        signature: &Signature,
+    ) -> Result<Verdict, GatewayError> {
+        let (request, verdict) = validate::read(ctx, model, signature, self.request()?).await?;
+        if !matches!(verdict, Verdict::Refused(_)) {
+            self.request = Some(request);
+        }
+        Ok(verdict)
+    }
+
+    /// The body is read whole (it usually already is, after validation: then this costs no
+    /// copy) and handed back for the client's own request.
+    async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
+        let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
+        let (parts, whole) = self.request()?.into_parts();
+        let bytes = body::collect(whole, limit, None).await?;
+        let (method, headers, uri) = (
+            parts.method.clone(),
+            parts.headers.clone(),
+            self.client_uri.clone(),
+        );
+        let copy = bytes.clone();
+        mirror::spawn(&ctx.gateway, shadow, move |backend, target| {
+            let mut request = Request::new(Body::from(copy.clone()));
+            *request.method_mut() = method.clone();
+            *request.uri_mut() = target_uri(&uri, &target);
+            *request.headers_mut() = headers.clone();
+            async move {
+                let response = upstream::forward(&backend, request)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = response.status();
+                let _ = response.into_body().collect().await;
+                if status.is_server_error() {
+                    return Err(format!("answered {status}"));
+                }
+                Ok(())
+            }
+        });
+        self.request = Some(Request::from_parts(parts, Body::from(bytes)));
+        Ok(())
     }
 }
 
@@ -107,54 +157,6 @@ impl Wire for HttpWire {
         };
         self.request = Some(Request::from_parts(parts, whole));
         Ok(sequence)
-    }
-
-    /// Reads the body (`validate::read`) and keeps the request to forward; a refused
-    /// request is dropped here, its body unread, as nothing will send it.
-    async fn read(
-        &mut self,
-        ctx: &RequestCtx,
-        model: &ModelRef,
-        signature: &Signature,
-    ) -> Result<Verdict, GatewayError> {
-        let (request, verdict) = validate::read(ctx, model, signature, self.request()?).await?;
-        if !matches!(verdict, Verdict::Refused(_)) {
-            self.request = Some(request);
-        }
-        Ok(verdict)
-    }
-
-    /// The body is read whole (it usually already is, after validation: then this costs no
-    /// copy) and handed back for the client's own request.
-    async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
-        let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
-        let (parts, whole) = self.request()?.into_parts();
-        let bytes = body::collect(whole, limit, None).await?;
-        let (method, headers, uri) = (
-            parts.method.clone(),
-            parts.headers.clone(),
-            self.client_uri.clone(),
-        );
-        let copy = bytes.clone();
-        mirror::spawn(&ctx.gateway, shadow, move |backend, target| {
-            let mut request = Request::new(Body::from(copy.clone()));
-            *request.method_mut() = method.clone();
-            *request.uri_mut() = target_uri(&uri, &target);
-            *request.headers_mut() = headers.clone();
-            async move {
-                let response = upstream::forward(&backend, request)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let status = response.status();
-                let _ = response.into_body().collect().await;
-                if status.is_server_error() {
-                    return Err(format!("answered {status}"));
-                }
-                Ok(())
-            }
-        });
-        self.request = Some(Request::from_parts(parts, Body::from(bytes)));
-        Ok(())
     }
 
     async fn send(
