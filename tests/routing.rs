@@ -300,7 +300,7 @@ async fn stats_count(triton: &Triton, model: &str, outcomes: &[&str]) -> f64 {
 }
 
 /// Mirrors get copies of a route's requests, a failing mirror included, and the client only
-/// ever sees the primary's answer: the same rule over HTTP and gRPC.
+/// ever sees the primary's answer: the same rule over HTTP, gRPC calls and gRPC streams.
 #[tokio::test]
 async fn a_mirror_gets_copies_and_the_client_only_sees_the_primary() {
     let cases = [
@@ -312,6 +312,13 @@ async fn a_mirror_gets_copies_and_the_client_only_sees_the_primary() {
         },
         MirrorCase {
             wire: Wire::Grpc,
+            percent: 100,
+            calls: 40,
+            copies: 40.0..=40.0,
+        },
+        // Each message of a stream is copied as one `ModelInfer`.
+        MirrorCase {
+            wire: Wire::GrpcStream,
             percent: 100,
             calls: 40,
             copies: 40.0..=40.0,

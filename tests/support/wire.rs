@@ -1,8 +1,13 @@
 //! One client for either wire the gateway speaks, for tests of a rule that must hold the same
-//! over HTTP and gRPC: the test is written once and run over both, so the two cannot drift.
+//! over HTTP and gRPC (calls and streams): the test is written once and run over each, so
+//! they cannot drift.
 
 use super::gateway::TestGateway;
 use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use infergate::protocol::inference::{
+    ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
+};
+use std::time::Duration;
 use tonic::transport::Channel;
 
 /// The wire a client speaks to the gateway.
@@ -10,6 +15,8 @@ use tonic::transport::Channel;
 pub enum Wire {
     Http,
     Grpc,
+    /// gRPC's `ModelStreamInfer`: every request a message on one stream.
+    GrpcStream,
 }
 
 impl Wire {
@@ -18,6 +25,7 @@ impl Wire {
         match self {
             Wire::Http => "http",
             Wire::Grpc => "grpc",
+            Wire::GrpcStream => "grpc_stream",
         }
     }
 }
@@ -26,18 +34,34 @@ impl Wire {
 pub enum WireClient {
     Http(reqwest::Client, String),
     Grpc(GrpcInferenceServiceClient<Channel>),
+    /// An open stream: where its requests go, and its answers.
+    GrpcStream(
+        tokio::sync::mpsc::Sender<ModelInferRequest>,
+        tonic::Streaming<ModelStreamInferResponse>,
+    ),
 }
 
 impl WireClient {
     /// A client of `wire` for `gateway`.
     pub async fn connect(wire: Wire, gateway: &TestGateway) -> WireClient {
+        let grpc = || async {
+            GrpcInferenceServiceClient::connect(gateway.grpc_url())
+                .await
+                .expect("gateway gRPC listener")
+        };
         match wire {
             Wire::Http => WireClient::Http(reqwest::Client::new(), gateway.url()),
-            Wire::Grpc => WireClient::Grpc(
-                GrpcInferenceServiceClient::connect(gateway.grpc_url())
+            Wire::Grpc => WireClient::Grpc(grpc().await),
+            Wire::GrpcStream => {
+                let (requests, queue) = tokio::sync::mpsc::channel(8);
+                let answers = grpc()
                     .await
-                    .expect("gateway gRPC listener"),
-            ),
+                    .model_stream_infer(tokio_stream::wrappers::ReceiverStream::new(queue))
+                    .await
+                    .expect("the stream opens")
+                    .into_inner();
+                WireClient::GrpcStream(requests, answers)
+            }
         }
     }
 
@@ -69,12 +93,30 @@ impl WireClient {
                     .await
                     .map_err(|status| format!("{:?}: {}", status.code(), status.message()))?
                     .into_inner();
-                let output = answer.raw_output_contents[0]
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                    .collect();
-                Ok((answer.model_name, output))
+                Ok(first_output(answer))
+            }
+            WireClient::GrpcStream(requests, answers) => {
+                let request = super::grpc::fp32_infer(model, &[("INPUT0", [x; 4])]);
+                requests.send(request).await.expect("the stream is open");
+                let answer = tokio::time::timeout(Duration::from_secs(30), answers.message())
+                    .await
+                    .expect("an answer within 30 s")
+                    .map_err(|status| format!("{:?}: {}", status.code(), status.message()))?
+                    .expect("the stream goes on");
+                if !answer.error_message.is_empty() {
+                    return Err(answer.error_message);
+                }
+                Ok(first_output(answer.infer_response.expect("a response")))
             }
         }
     }
+}
+
+/// The model that answered and its first output, read as FP32.
+fn first_output(answer: ModelInferResponse) -> (String, Vec<f32>) {
+    let output = answer.raw_output_contents[0]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (answer.model_name, output)
 }
