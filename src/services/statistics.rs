@@ -21,6 +21,7 @@ use crate::services::repository::{ask_all, ready_backends};
 use crate::upstream::{Backend, TritonError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::Arc;
 
 /// Triton's `{"model_stats": [...]}`: one row per model and version. The answer of every
@@ -217,10 +218,10 @@ async fn gather(
 pub fn merge(answers: Vec<Statistics>) -> Statistics {
     let mut rows: BTreeMap<(String, String), ModelStatistics> = BTreeMap::new();
     for row in answers.into_iter().flat_map(|answer| answer.model_stats) {
-        match rows.get_mut(&(row.name.clone(), row.version.clone())) {
-            Some(existing) => existing.add(row),
-            None => {
-                rows.insert((row.name.clone(), row.version.clone()), row);
+        match rows.entry((row.name.clone(), row.version.clone())) {
+            Entry::Occupied(mut existing) => existing.get_mut().add(row),
+            Entry::Vacant(place) => {
+                place.insert(row);
             }
         }
     }
