@@ -5,6 +5,7 @@
 use super::http::{Gate, allow, around, decoded, segments};
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
+use crate::pipeline::RequestCtx;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::Method;
@@ -24,14 +25,15 @@ pub(crate) fn serve(
         around(&gateway, request, Gate::Admins, async |ctx, request| {
             // The admin API reads no body.
             let (parts, _) = request.into_parts();
-            answer(&ctx.gateway, &parts).await
+            answer(ctx, &parts).await
         })
         .await
     })
 }
 
 /// The admin endpoint of the request, and its answer.
-async fn answer(gateway: &Gateway, request: &Parts) -> Result<Response, GatewayError> {
+async fn answer(ctx: &RequestCtx, request: &Parts) -> Result<Response, GatewayError> {
+    let gateway = &ctx.gateway;
     let path = request.uri.path();
     let endpoint = endpoint(path)?.ok_or_else(|| GatewayError::NotFound {
         path: path.to_owned(),
@@ -44,7 +46,7 @@ async fn answer(gateway: &Gateway, request: &Parts) -> Result<Response, GatewayE
         Endpoint::Reload => axum::Json(reload(gateway).await?).into_response(),
         Endpoint::Config => json(running_config(gateway)),
         Endpoint::Routes => axum::Json(routes(gateway)).into_response(),
-        Endpoint::Whoami => json(whoami(request)),
+        Endpoint::Whoami => json(whoami(ctx.peer.as_deref())),
         Endpoint::Server => json(server(gateway).await),
         Endpoint::Cluster => json(cluster(gateway)?),
         Endpoint::Load(model) => json(load(gateway, model).await?),
@@ -110,9 +112,8 @@ fn endpoint(path: &str) -> Result<Option<Endpoint>, GatewayError> {
 
 /// What the gateway knows about the caller's connection: the subject of its verified client
 /// certificate (mTLS), `null` without one. For checking an mTLS setup from the client side.
-fn whoami(request: &Parts) -> serde_json::Value {
-    let peer = request.extensions.get::<crate::tls::PeerIdentity>();
-    serde_json::json!({ "peer": peer.map(|peer| &peer.subject) })
+fn whoami(peer: Option<&str>) -> serde_json::Value {
+    serde_json::json!({ "peer": peer })
 }
 
 /// The gateway's own name and version, and what server metadata reports for the pool (the

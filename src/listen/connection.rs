@@ -285,7 +285,8 @@ mod tests {
         let router = axum::Router::new().route(
             "/",
             axum::routing::get(|peer: Option<axum::Extension<PeerIdentity>>| async move {
-                peer.map(|axum::Extension(p)| p.subject).unwrap_or_default()
+                peer.map(|axum::Extension(p)| p.subject.to_string())
+                    .unwrap_or_default()
             }),
         );
         let body = |identity| {

@@ -38,20 +38,20 @@ impl CredentialHeaders for http::HeaderMap {
 }
 
 /// The admit phase's first half, on every listener and wire: verifies the request's
-/// credential (its headers, and `peer`, the subject of the client's verified certificate)
-/// with its own snapshot's `[auth]`, and keeps the caller on the context. With auth on, the
-/// credential headers are then taken off, so they never reach a backend.
+/// credential (its headers, and the subject of the client's verified certificate the edge
+/// put on the context) with its own snapshot's `[auth]`, and keeps the caller on the
+/// context. With auth on, the credential headers are then taken off, so they never reach a
+/// backend.
 pub async fn authenticate(
     ctx: &mut RequestCtx,
     headers: &mut impl CredentialHeaders,
-    peer: Option<&str>,
 ) -> Result<(), GatewayError> {
     let auth = ctx.live.auth.clone();
     let [authorization, api_key] = &CREDENTIAL_HEADERS;
     let credentials = Credentials {
         authorization: headers.credential(authorization),
         api_key: headers.credential(api_key),
-        peer,
+        peer: ctx.peer.as_deref(),
     };
     ctx.caller = verify(&auth, credentials).await?;
     if auth.is_on() {

@@ -29,6 +29,9 @@ pub struct RequestCtx {
     pub deadline: Option<Instant>,
     /// When the edge saw the request.
     pub started: Instant,
+    /// The subject of the client's verified certificate (mTLS): a credential, read by
+    /// `admit::authenticate`.
+    pub peer: Option<Arc<str>>,
     /// Who is calling (`admit::authenticate`).
     pub caller: Caller,
     /// The tenant's concurrency slot, held until the answer has gone (`admit::model`).
@@ -50,12 +53,12 @@ pub struct RequestCtx {
 
 impl RequestCtx {
     /// A request seen at the edge (`edge::Edge::begin`): the snapshot it will use
-    /// throughout, its id and deadline.
+    /// throughout, its id, deadline and peer.
     pub(super) fn new(
         gateway: &Gateway,
         live: Arc<Live>,
-        id: HeaderValue,
-        deadline: Option<Instant>,
+        (id, deadline): (HeaderValue, Option<Instant>),
+        peer: Option<Arc<str>>,
     ) -> Self {
         Self {
             gateway: gateway.clone(),
@@ -63,6 +66,7 @@ impl RequestCtx {
             id,
             deadline,
             started: Instant::now(),
+            peer,
             caller: Caller::Open,
             admission: Admission::default(),
             ask: Ask::Inference,
@@ -74,13 +78,20 @@ impl RequestCtx {
         }
     }
 
-    /// A context for one more request under the same edge (each message of a gRPC
-    /// stream, each unary call's work): the edge's gateway, id, deadline and start, the
-    /// snapshot `live`, and nothing learned yet.
+    /// The context of one message of a gRPC stream, a request of its own under the stream's
+    /// edge: the stream's id, deadline, start and caller (authenticated once, when the
+    /// stream opened), the snapshot `live` (a long stream follows reloads), and nothing else
+    /// learned yet.
     pub fn next(&self, live: Arc<Live>) -> Self {
         Self {
             started: self.started,
-            ..Self::new(&self.gateway, live, self.id.clone(), self.deadline)
+            caller: self.caller.clone(),
+            ..Self::new(
+                &self.gateway,
+                live,
+                (self.id.clone(), self.deadline),
+                self.peer.clone(),
+            )
         }
     }
 

@@ -13,6 +13,7 @@ use crate::model::Served;
 use crate::telemetry::series::{InFlightGauge, Protocol};
 use crate::trace::RequestTrace;
 use http::HeaderValue;
+use std::sync::Arc;
 use tracing::Span;
 
 /// What a front-end read off a request as it arrived.
@@ -24,7 +25,7 @@ pub struct Arrival<'a> {
     /// The client's W3C `traceparent`.
     pub traceparent: Option<&'a [u8]>,
     /// The subject of the client's verified certificate (mTLS).
-    pub peer: Option<&'a str>,
+    pub peer: Option<&'a Arc<str>>,
     /// When the client stops waiting, when it said (gRPC's `grpc-timeout`).
     pub deadline: Option<tokio::time::Instant>,
     /// A health probe: not traced, logged at debug level.
@@ -46,10 +47,11 @@ impl Edge {
     pub fn begin(gateway: &Gateway, arrival: Arrival<'_>) -> Self {
         let id = request_id(arrival.id);
         let trace = RequestTrace::start(arrival.traceparent, !arrival.probe);
-        let span = request_span(&id, &trace, arrival.peer);
+        let span = request_span(&id, &trace, arrival.peer.map(|p| &**p));
+        let peer = arrival.peer.cloned();
         Self {
             _in_flight: InFlightGauge::start(arrival.protocol),
-            ctx: RequestCtx::new(gateway, gateway.live(), id, arrival.deadline),
+            ctx: RequestCtx::new(gateway, gateway.live(), (id, arrival.deadline), peer),
             trace: Some(trace),
             span,
             probe: arrival.probe,

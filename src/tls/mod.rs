@@ -47,7 +47,8 @@ use tokio_util::task::TaskTracker;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerIdentity {
     /// The field chosen by `listen.tls.client_identity` (the common name by default).
-    pub subject: String,
+    /// Shared, so each request of the connection holds it without a copy.
+    pub subject: Arc<str>,
 }
 
 /// The one crypto provider used everywhere, so no process-wide default has to be installed.
@@ -127,7 +128,9 @@ impl ServerTls {
     pub fn peer_identity(&self, connection: &rustls::ServerConnection) -> Option<PeerIdentity> {
         let leaf = connection.peer_certificates()?.first()?;
         let subject = certificate_identity(leaf, **self.identity.load())?;
-        Some(PeerIdentity { subject })
+        Some(PeerIdentity {
+            subject: subject.into(),
+        })
     }
 
     /// Re-reads the files of `settings` (the running ones, or a reloaded config's). On any

@@ -3,16 +3,17 @@
 //! in-flight gauge, the client's deadline, and at the end the finish phase
 //! (`pipeline::finish::record`) with `protocol="grpc"`.
 //!
-//! `grpc_layer` runs before tonic sees a request: it takes `grpc-timeout` off the headers into
-//! a `Deadline` (so the gateway answers DEADLINE_EXCEEDED itself, where tonic's server would
-//! answer CANCELLED), and turns tonic's OUT_OF_RANGE for an oversized request message into
-//! RESOURCE_EXHAUSTED with a message naming the setting.
+//! The client's `grpc-timeout` is read here, at the call's edge, and the gateway answers
+//! DEADLINE_EXCEEDED itself: the service is served by axum, without the timeout layer of
+//! tonic's own server (which would answer CANCELLED).
+//!
+//! `grpc_layer` runs before tonic sees a request: it decides when an answer is compressed,
+//! and turns tonic's OUT_OF_RANGE for an oversized request message into RESOURCE_EXHAUSTED
+//! with a message naming the setting.
 
-use crate::auth::Caller;
 use crate::error::{ErrorKind, GatewayError, grpc_status_class};
 use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
 use crate::gateway::Gateway;
-use crate::live::Live;
 use crate::model::Served;
 use crate::pipeline::edge::{Arrival, Edge};
 use crate::pipeline::finish::{self, Answered, Ending};
@@ -23,16 +24,11 @@ use axum::middleware::Next;
 use axum::response::Response;
 use http::HeaderValue;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::{Code, Status};
 use tracing::{Instrument, Span};
-
-/// When the client stops waiting (from its `grpc-timeout`).
-#[derive(Clone, Copy, Debug)]
-pub struct Deadline(pub Instant);
 
 /// The gRPC status of a failure: the backend's own status as it came, or the gateway's
 /// (`GatewayError::classify`) with the same message as on HTTP, and `retry-after` metadata
@@ -88,30 +84,17 @@ fn is_too_large_header(value: &[u8]) -> bool {
 }
 
 /// One gRPC call from start to its one log line: the pipeline's `Edge` read from the
-/// call's metadata, and what the call's requests learned for its end.
+/// call's metadata, whose context the call's work runs on.
 pub struct Call {
     rpc: &'static str,
     edge: Edge,
-    /// What the call's request contexts learned (a stream has one per message).
-    learned: Mutex<Learned>,
-    /// The subject of the client's verified certificate (mTLS), a credential for auth.
-    peer: Option<String>,
-}
-
-/// What a call's request contexts learned, for its end: what served it, the caller (whose
-/// tenant the log line names) and the route target (returned in `infergate-target`).
-#[derive(Default)]
-struct Learned {
-    serving: Option<Served>,
-    caller: Option<Caller>,
-    target: Option<String>,
 }
 
 impl Call {
     /// Starts the edge of a call: the request id from the client's `x-request-id` metadata
-    /// (kept when short printable ASCII) or a new one, the deadline from `grpc_layer`, and
-    /// the config snapshot.
-    pub fn start<T>(gateway: &Gateway, rpc: &'static str, request: &tonic::Request<T>) -> Self {
+    /// (kept when short printable ASCII) or a new one, the client's deadline, and the config
+    /// snapshot. The call's trace goes on its metadata, which is what a backend is sent.
+    pub fn start<T>(gateway: &Gateway, rpc: &'static str, request: &mut tonic::Request<T>) -> Self {
         Self::begin(gateway, rpc, request, false)
     }
 
@@ -120,7 +103,7 @@ impl Call {
     pub fn start_probe<T>(
         gateway: &Gateway,
         rpc: &'static str,
-        request: &tonic::Request<T>,
+        request: &mut tonic::Request<T>,
     ) -> Self {
         Self::begin(gateway, rpc, request, true)
     }
@@ -128,56 +111,45 @@ impl Call {
     fn begin<T>(
         gateway: &Gateway,
         rpc: &'static str,
-        request: &tonic::Request<T>,
+        request: &mut tonic::Request<T>,
         probe: bool,
     ) -> Self {
         let metadata = request.metadata();
         let client = metadata
             .get("x-request-id")
             .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
-        let peer = request
-            .extensions()
-            .get::<crate::tls::PeerIdentity>()
-            .map(|p| p.subject.clone());
+        let deadline = metadata
+            .get("grpc-timeout")
+            .and_then(|v| parse_timeout(v.as_bytes()))
+            .map(|timeout| Instant::now() + timeout);
         let edge = Edge::begin(
             gateway,
             Arrival {
                 protocol: Protocol::Grpc,
                 id: client.as_ref(),
                 traceparent: metadata.get("traceparent").map(|v| v.as_bytes()),
-                peer: peer.as_deref(),
-                deadline: request.extensions().get::<Deadline>().map(|d| d.0),
+                peer: request
+                    .extensions()
+                    .get::<crate::tls::PeerIdentity>()
+                    .map(|p| &p.subject),
+                deadline,
                 probe,
             },
         );
-        Self {
-            rpc,
-            edge,
-            learned: Mutex::default(),
-            peer,
+        if let Some(trace) = edge.trace() {
+            trace.stamp_metadata(request.metadata_mut());
         }
+        Self { rpc, edge }
     }
 
-    /// The call's request context: its snapshot, id and deadline.
-    pub fn ctx(&self) -> RequestCtx {
-        self.ctx_with(self.edge.ctx.live.clone())
+    /// The call's request context.
+    pub fn ctx(&self) -> &RequestCtx {
+        &self.edge.ctx
     }
 
-    /// A context for one request of a stream: the stream's id and deadline, and `live`.
-    pub fn ctx_with(&self, live: Arc<Live>) -> RequestCtx {
-        self.edge.ctx.next(live)
-    }
-
-    /// The request id, as metadata for the backend and the answer.
+    /// The request id, as metadata for the answer.
     pub fn id(&self) -> AsciiMetadataValue {
         AsciiMetadataValue::try_from(self.edge.ctx.id.as_bytes()).expect("request ids are ASCII")
-    }
-
-    /// Puts the call's trace on the metadata a backend will receive.
-    pub fn stamp_trace(&self, metadata: &mut MetadataMap) {
-        if let Some(trace) = self.edge.trace() {
-            trace.stamp_metadata(metadata);
-        }
     }
 
     /// The span every log line of the call carries.
@@ -185,58 +157,38 @@ impl Call {
         self.edge.span()
     }
 
-    /// Records what served the call (only once a backend has the model, so unknown names
-    /// never become metric labels).
-    pub fn served(&self, served: Served) {
-        self.learned.lock().expect("learned lock").serving = Some(served);
+    /// Records what served a stream (its first model): a stream's messages each have a
+    /// context of their own.
+    pub fn served(&mut self, served: Option<Served>) {
+        self.edge.ctx.serving = served;
     }
 
-    /// Takes over what a request's context learned: what served it, the caller and the
-    /// route target (returned in `infergate-target` metadata, as HTTP returns it in a
-    /// header).
-    pub fn learn(&self, ctx: &RequestCtx) {
-        let mut learned = self.learned.lock().expect("learned lock");
-        if ctx.serving.is_some() {
-            learned.serving = ctx.serving.clone();
-        }
-        if ctx.tenant().is_some() {
-            learned.caller = Some(ctx.caller.clone());
-        }
-        if let Some(label) = ctx.target_label() {
-            learned.target = Some(label.to_owned());
-        }
-    }
-
-    /// Adds the call's own metadata to an answer: the request id, the route target.
+    /// Adds the call's own metadata to an answer: the request id, and the route target (as
+    /// HTTP returns it in a header).
     fn stamp(&self, metadata: &mut MetadataMap) {
         metadata.insert("x-request-id", self.id());
-        if let Some(label) = self.learned.lock().expect("learned lock").target.as_deref()
+        if let Some(label) = self.edge.ctx.target_label()
             && let Ok(value) = AsciiMetadataValue::try_from(label)
         {
             metadata.insert(crate::protocol::TARGET_HEADER, value);
         }
     }
 
-    /// The subject of the client's verified certificate, if any.
-    pub fn peer(&self) -> Option<&str> {
-        self.peer.as_deref()
-    }
-
-    /// Runs the call's work in its span, within the client's deadline.
+    /// Runs the call's work on its context, in its span, within the client's deadline.
     pub async fn run<T>(
-        &self,
-        ctx: &mut RequestCtx,
+        &mut self,
         work: impl AsyncFnOnce(&mut RequestCtx) -> Result<T, GatewayError>,
     ) -> Result<T, GatewayError> {
-        let deadline = self.edge.ctx.deadline;
+        let span = self.edge.span().clone();
+        let ctx = &mut self.edge.ctx;
+        let deadline = ctx.deadline;
         let outcome = {
-            let work = work(ctx).instrument(self.span().clone());
+            let work = work(ctx).instrument(span);
             match deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, work).await.ok(),
                 None => Some(work.await),
             }
         };
-        self.learn(ctx);
         match (outcome, deadline) {
             (Some(outcome), _) => outcome.map_err(|error| ctx.deadline_passed(error)),
             (None, Some(deadline)) => Err(ctx.deadline_exceeded(deadline)),
@@ -302,12 +254,6 @@ impl Call {
         message: Option<&str>,
         extra: &[(&str, u64)],
     ) {
-        let learned = std::mem::take(&mut *self.learned.lock().expect("learned lock"));
-        let ctx = &mut self.edge.ctx;
-        ctx.serving = learned.serving;
-        if let Some(caller) = learned.caller {
-            ctx.caller = caller;
-        }
         // A string, so the text log quotes it (`code="Ok"`).
         let code_name = format!("{code:?}");
         // Stream counters (messages, responses) as one field, so each line has one shape.
@@ -382,8 +328,8 @@ fn compress_answers_only_when_asked(headers: &mut http::HeaderMap) {
     }
 }
 
-/// Tower middleware in front of tonic: the deadline, when answers are compressed, and the
-/// size-limit answer (see the module doc). A request refused by tonic before any handler
+/// Tower middleware in front of tonic: when answers are compressed, and the size-limit
+/// answer (see the module doc). A request refused by tonic before any handler
 /// ran is logged and counted here.
 pub async fn grpc_layer(
     State(gateway): State<Gateway>,
@@ -391,13 +337,6 @@ pub async fn grpc_layer(
     next: Next,
 ) -> Response {
     compress_answers_only_when_asked(request.headers_mut());
-    if let Some(value) = request.headers_mut().remove("grpc-timeout")
-        && let Some(timeout) = parse_timeout(value.as_bytes())
-    {
-        request
-            .extensions_mut()
-            .insert(Deadline(Instant::now() + timeout));
-    }
     let uri = request.uri().clone(); // shares the bytes: a copy only if it is logged
 
     let client_id = request.headers().get(&X_REQUEST_ID).cloned();
@@ -505,25 +444,26 @@ mod tests {
         Gateway::new(config).unwrap()
     }
 
-    fn with_deadline(after: Duration) -> (tonic::Request<()>, Instant) {
+    /// A call whose client gave it `after` (`grpc-timeout`), started now.
+    fn with_deadline(after: Duration) -> (Call, Instant) {
         let mut request = tonic::Request::new(());
-        let deadline = Instant::now() + after;
-        request.extensions_mut().insert(Deadline(deadline));
-        (request, deadline)
+        let timeout = format!("{}m", after.as_millis());
+        request
+            .metadata_mut()
+            .insert("grpc-timeout", timeout.parse().unwrap());
+        let call = Call::start(&gateway(), "ModelInfer", &mut request);
+        (call, Instant::now() + after)
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_clients_deadline_ends_the_work_with_deadline_exceeded() {
-        let (request, deadline) = with_deadline(Duration::from_millis(300));
-        let call = Call::start(&gateway(), "ModelInfer", &request);
-        let mut ctx = call.ctx();
+        let (mut call, deadline) = with_deadline(Duration::from_millis(300));
         assert_eq!(
-            ctx.budget(Duration::from_secs(60)),
+            call.ctx().budget(Duration::from_secs(60)),
             Duration::from_millis(300)
         );
-        let outcome: Result<(), GatewayError> = call
-            .run(&mut ctx, async |_| std::future::pending().await)
-            .await;
+        let outcome: Result<(), GatewayError> =
+            call.run(async |_| std::future::pending().await).await;
         assert_eq!(Instant::now(), deadline);
         let error = outcome.unwrap_err();
         assert!(
@@ -537,20 +477,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_backend_out_of_the_clients_time_is_the_clients_deadline() {
-        let (request, _) = with_deadline(Duration::from_millis(300));
-        let call = Call::start(&gateway(), "ModelInfer", &request);
-        let mut ctx = call.ctx();
+        let (mut call, _) = with_deadline(Duration::from_millis(300));
         let timeout = || GatewayError::UpstreamTimeout {
             backend: "b".into(),
             after: Duration::from_millis(300),
         };
         // Before the deadline, the backend's own timeout (upstream.request_timeout) is its.
         assert!(matches!(
-            ctx.deadline_passed(timeout()),
+            call.ctx().deadline_passed(timeout()),
             GatewayError::UpstreamTimeout { .. }
         ));
         tokio::time::advance(Duration::from_millis(300)).await;
-        let outcome: Result<(), GatewayError> = call.run(&mut ctx, async |_| Err(timeout())).await;
+        let outcome: Result<(), GatewayError> = call.run(async |_| Err(timeout())).await;
         let status = call.fail(outcome.unwrap_err(), &[]);
         assert_eq!(status.code(), Code::DeadlineExceeded);
         assert!(

@@ -147,7 +147,7 @@ impl InferenceService {
     async fn model_call<M, Res, F, Fut>(
         &self,
         (rpc, ask): (&'static str, Ask),
-        request: Request<M>,
+        mut request: Request<M>,
         send: F,
     ) -> Result<Response<Res>, Status>
     where
@@ -156,19 +156,24 @@ impl InferenceService {
         F: Fn(InferenceClient, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
-        let call = Call::start(&self.gateway, rpc, &request);
+        let mut call = Call::start(&self.gateway, rpc, &mut request);
         let (mut metadata, _, message) = request.into_parts();
-        let mut ctx = call.ctx();
         let outcome = call
-            .run(&mut ctx, async |ctx| {
+            .run(async |ctx| {
                 let requested = message.model()?;
-                admit::authenticate(ctx, &mut metadata, call.peer()).await?;
+                admit::authenticate(ctx, &mut metadata).await?;
                 ctx.about(requested, ask);
-                let mut wire = Unary::new(&call, metadata, message, send);
+                let mut wire = Unary::new(metadata, message, send);
                 pipeline::serve(ctx, &mut wire).await
             })
             .await;
         call.finish(outcome)
+    }
+
+    /// An RPC the gateway does not serve, answered with `error` (shared memory names regions
+    /// on one host, and the gateway and its backends are not one host).
+    fn refuse<T>(&self, mut request: Request<T>, rpc: &'static str, error: GatewayError) -> Status {
+        Call::start(&self.gateway, rpc, &mut request).fail(error, &[])
     }
 
     /// Every admin RPC (the repository, every model's statistics): authenticated and
@@ -176,15 +181,14 @@ impl InferenceService {
     async fn admin_call<M, Res>(
         &self,
         (rpc, what): (&'static str, &'static str),
-        request: Request<M>,
+        mut request: Request<M>,
         work: impl AsyncFnOnce(M) -> Result<Res, GatewayError>,
     ) -> Result<Response<Res>, Status> {
-        let call = Call::start(&self.gateway, rpc, &request);
+        let mut call = Call::start(&self.gateway, rpc, &mut request);
         let (mut metadata, _, message) = request.into_parts();
-        let mut ctx = call.ctx();
         let outcome = call
-            .run(&mut ctx, async |ctx| {
-                admit::authenticate(ctx, &mut metadata, call.peer()).await?;
+            .run(async |ctx| {
+                admit::authenticate(ctx, &mut metadata).await?;
                 admit::admin(ctx, what)?;
                 work(message).await.map(Response::new)
             })
@@ -201,10 +205,11 @@ impl InferenceService {
 /// call on this worker's connection to that backend would fail with it.
 const BACKEND_DEADLINE_GRACE: Duration = Duration::from_millis(500);
 
-/// A request to a backend: the client's metadata without hop headers, the request's id, the
-/// call's trace, and a `grpc-timeout` when there is a time budget (with the grace above).
+/// A request to a backend: the client's metadata without hop headers (the call's trace is
+/// on it since its edge), the request's id, and a `grpc-timeout` when there is a time budget
+/// (with the grace above).
 fn upstream_request<T>(
-    (call, ctx): (&Call, &RequestCtx),
+    ctx: &RequestCtx,
     mut metadata: MetadataMap,
     message: T,
     timeout: Option<Duration>,
@@ -214,44 +219,35 @@ fn upstream_request<T>(
     if let Ok(id) = tonic::metadata::AsciiMetadataValue::try_from(ctx.id.as_bytes()) {
         request.metadata_mut().insert("x-request-id", id);
     }
-    call.stamp_trace(request.metadata_mut());
     if let Some(timeout) = timeout {
         request.set_timeout(timeout + BACKEND_DEADLINE_GRACE);
     }
     request
 }
 
-/// Shared memory names regions on one host; the gateway and its backends are not one host.
-fn no_shared_memory(call: Call) -> Status {
-    call.fail(GatewayError::SharedMemoryUnsupported, &[])
-}
-
 /// Trace and log settings belong to each Triton server.
-fn per_backend_setting(call: Call, what: &str) -> Status {
-    call.fail(
-        GatewayError::Backend(Status::unimplemented(format!(
-            "{what} settings are per Triton server and are not served through infergate; \
-             set them on each backend"
-        ))),
-        &[],
-    )
+fn per_backend_setting(what: &str) -> GatewayError {
+    GatewayError::Backend(Status::unimplemented(format!(
+        "{what} settings are per Triton server and are not served through infergate; \
+         set them on each backend"
+    )))
 }
 
 #[tonic::async_trait]
 impl GrpcInferenceService for InferenceService {
     async fn server_live(
         &self,
-        request: Request<ServerLiveRequest>,
+        mut request: Request<ServerLiveRequest>,
     ) -> Result<Response<ServerLiveResponse>, Status> {
-        let call = Call::start_probe(&self.gateway, "ServerLive", &request);
+        let call = Call::start_probe(&self.gateway, "ServerLive", &mut request);
         call.finish(Ok(Response::new(ServerLiveResponse { live: true })))
     }
 
     async fn server_ready(
         &self,
-        request: Request<ServerReadyRequest>,
+        mut request: Request<ServerReadyRequest>,
     ) -> Result<Response<ServerReadyResponse>, Status> {
-        let call = Call::start_probe(&self.gateway, "ServerReady", &request);
+        let call = Call::start_probe(&self.gateway, "ServerReady", &mut request);
         // Triton answers "not ready" as `ready: false`, not as an error status.
         let ready = self.gateway.readiness().is_ok();
         call.finish(Ok(Response::new(ServerReadyResponse { ready })))
@@ -259,15 +255,14 @@ impl GrpcInferenceService for InferenceService {
 
     async fn server_metadata(
         &self,
-        request: Request<ServerMetadataRequest>,
+        mut request: Request<ServerMetadataRequest>,
     ) -> Result<Response<ServerMetadataResponse>, Status> {
-        let call = Call::start(&self.gateway, "ServerMetadata", &request);
+        let mut call = Call::start(&self.gateway, "ServerMetadata", &mut request);
         let mut metadata = request.into_parts().0;
-        let mut ctx = call.ctx();
         // As HTTP's `GET /v2`: any verified caller, no admission (no model, no limit).
         let outcome = call
-            .run(&mut ctx, async |ctx| {
-                admit::authenticate(ctx, &mut metadata, call.peer()).await?;
+            .run(async |ctx| {
+                admit::authenticate(ctx, &mut metadata).await?;
                 let ours = server_metadata::server_metadata(&ctx.gateway).await;
                 Ok(Response::new(ServerMetadataResponse::from(ours)))
             })
@@ -315,22 +310,17 @@ impl GrpcInferenceService for InferenceService {
 
     async fn model_stream_infer(
         &self,
-        request: Request<Streaming<ModelInferRequest>>,
+        mut request: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        let call = Call::start(&self.gateway, "ModelStreamInfer", &request);
-        let (mut metadata, extensions, inbound) = request.into_parts();
+        let mut call = Call::start(&self.gateway, "ModelStreamInfer", &mut request);
+        let (mut metadata, _, inbound) = request.into_parts();
         // The stream's credential is checked once, when it opens; each request on it is
         // then admitted for its model and counted against the tenant's rate.
-        let mut ctx = call.ctx();
-        match admit::authenticate(&mut ctx, &mut metadata, call.peer()).await {
-            Ok(()) => {
-                call.learn(&ctx);
-                Ok(stream::start(
-                    call,
-                    ctx.caller,
-                    Request::from_parts(metadata, extensions, inbound),
-                ))
-            }
+        match call
+            .run(async |ctx| admit::authenticate(ctx, &mut metadata).await)
+            .await
+        {
+            Ok(()) => Ok(stream::start(call, metadata, inbound)),
             Err(error) => Err(call.fail(error, &[])),
         }
     }
@@ -349,25 +339,24 @@ impl GrpcInferenceService for InferenceService {
 
     async fn model_statistics(
         &self,
-        request: Request<ModelStatisticsRequest>,
+        mut request: Request<ModelStatisticsRequest>,
     ) -> Result<Response<ModelStatisticsResponse>, Status> {
-        let call = Call::start(&self.gateway, "ModelStatistics", &request);
+        let mut call = Call::start(&self.gateway, "ModelStatistics", &mut request);
         let (mut metadata, _, message) = request.into_parts();
-        let mut ctx = call.ctx();
         let outcome = call
-            .run(&mut ctx, async |ctx| {
+            .run(async |ctx| {
                 let answer = if message.name.is_empty() {
-                    admit::authenticate(ctx, &mut metadata, call.peer()).await?;
+                    admit::authenticate(ctx, &mut metadata).await?;
                     admit::admin(ctx, "the statistics of all models")?;
                     statistics::of_all(&ctx.gateway).await?
                 } else {
                     let requested = message.model()?;
-                    admit::authenticate(ctx, &mut metadata, call.peer()).await?;
+                    admit::authenticate(ctx, &mut metadata).await?;
                     ctx.about(requested, Ask::Statistics);
                     let header = |name: &str| metadata.get(name).map(|v| v.as_bytes());
                     let answer = statistics::of_routed(ctx, header).await;
                     if let Some(routed) = &ctx.routed {
-                        call.served(routed.served());
+                        ctx.serving = Some(routed.served());
                     }
                     answer?
                 };
@@ -446,85 +435,79 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
-        Err(no_shared_memory(Call::start(
-            &self.gateway,
+        Err(self.refuse(
+            request,
             "SystemSharedMemoryStatus",
-            &request,
-        )))
+            GatewayError::SharedMemoryUnsupported,
+        ))
     }
 
     async fn system_shared_memory_register(
         &self,
         request: Request<SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
-        Err(no_shared_memory(Call::start(
-            &self.gateway,
+        Err(self.refuse(
+            request,
             "SystemSharedMemoryRegister",
-            &request,
-        )))
+            GatewayError::SharedMemoryUnsupported,
+        ))
     }
 
     async fn system_shared_memory_unregister(
         &self,
         request: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
-        Err(no_shared_memory(Call::start(
-            &self.gateway,
+        Err(self.refuse(
+            request,
             "SystemSharedMemoryUnregister",
-            &request,
-        )))
+            GatewayError::SharedMemoryUnsupported,
+        ))
     }
 
     async fn cuda_shared_memory_status(
         &self,
         request: Request<CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<CudaSharedMemoryStatusResponse>, Status> {
-        Err(no_shared_memory(Call::start(
-            &self.gateway,
+        Err(self.refuse(
+            request,
             "CudaSharedMemoryStatus",
-            &request,
-        )))
+            GatewayError::SharedMemoryUnsupported,
+        ))
     }
 
     async fn cuda_shared_memory_register(
         &self,
         request: Request<CudaSharedMemoryRegisterRequest>,
     ) -> Result<Response<CudaSharedMemoryRegisterResponse>, Status> {
-        Err(no_shared_memory(Call::start(
-            &self.gateway,
+        Err(self.refuse(
+            request,
             "CudaSharedMemoryRegister",
-            &request,
-        )))
+            GatewayError::SharedMemoryUnsupported,
+        ))
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
         request: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<CudaSharedMemoryUnregisterResponse>, Status> {
-        Err(no_shared_memory(Call::start(
-            &self.gateway,
+        Err(self.refuse(
+            request,
             "CudaSharedMemoryUnregister",
-            &request,
-        )))
+            GatewayError::SharedMemoryUnsupported,
+        ))
     }
 
     async fn trace_setting(
         &self,
         request: Request<TraceSettingRequest>,
     ) -> Result<Response<TraceSettingResponse>, Status> {
-        Err(per_backend_setting(
-            Call::start(&self.gateway, "TraceSetting", &request),
-            "trace",
-        ))
+        Err(self.refuse(request, "TraceSetting", per_backend_setting("trace")))
     }
 
     async fn log_settings(
         &self,
         request: Request<LogSettingsRequest>,
     ) -> Result<Response<LogSettingsResponse>, Status> {
-        Err(per_backend_setting(
-            Call::start(&self.gateway, "LogSettings", &request),
-            "log",
-        ))
+        Err(self.refuse(request, "LogSettings", per_backend_setting("log")))
     }
 }

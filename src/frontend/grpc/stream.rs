@@ -31,9 +31,8 @@ use super::call::{Call, is_too_large};
 use super::upstream_request;
 use super::wire::ModelMessage;
 use crate::auth::Admission;
-use crate::auth::Caller;
 use crate::error::GatewayError;
-use crate::model::{Ask, ModelRef};
+use crate::model::{Ask, ModelRef, Served};
 use crate::pipeline::{self, RequestCtx, admit, finish};
 use crate::placement::Lease;
 use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
@@ -147,14 +146,13 @@ struct Counts {
 /// writes the call's log line when the stream ends.
 pub fn start(
     call: Call,
-    caller: Caller,
-    request: Request<Streaming<ModelInferRequest>>,
+    metadata: MetadataMap,
+    inbound: Streaming<ModelInferRequest>,
 ) -> Response<ResponseStream> {
     let (out, answers) = mpsc::channel(OUT_QUEUE);
     let id = call.id();
     let span = call.span().clone();
-    let (metadata, _, inbound) = request.into_parts();
-    tokio::spawn(relay(call, caller, metadata, inbound, out).instrument(span));
+    tokio::spawn(relay(call, metadata, inbound, out).instrument(span));
     let mut response: Response<ResponseStream> =
         Response::new(Box::pin(ReceiverStream::new(answers)));
     response.metadata_mut().insert("x-request-id", id);
@@ -163,8 +161,11 @@ pub fn start(
 
 /// The stream's state that every request on it shares.
 struct Relay<'a> {
-    call: &'a Call,
-    caller: &'a Caller,
+    /// The stream's own context (its edge and caller), which each request's starts from.
+    stream: &'a RequestCtx,
+    span: &'a tracing::Span,
+    /// What served the stream, for its log line: its first model.
+    served: Option<Served>,
     metadata: &'a MetadataMap,
     streams: Streams,
     pumps: Pumps,
@@ -172,8 +173,7 @@ struct Relay<'a> {
 }
 
 async fn relay(
-    call: Call,
-    caller: Caller,
+    mut call: Call,
     metadata: MetadataMap,
     mut inbound: Streaming<ModelInferRequest>,
     out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
@@ -186,8 +186,9 @@ async fn relay(
         .max_grpc_message_size
         .bytes();
     let mut relay = Relay {
-        call: &call,
-        caller: &caller,
+        stream: call.ctx(),
+        span: call.span(),
+        served: None,
         metadata: &metadata,
         streams: HashMap::new(),
         pumps: JoinSet::new(),
@@ -225,6 +226,8 @@ async fn relay(
     };
     let outcome = call.run_stream(work).await;
     relay.pumps.abort_all();
+    let served = relay.served.take();
+    call.served(served);
     let extra = [
         ("requests", counts.requests),
         ("responses", counts.responses),
@@ -260,8 +263,7 @@ impl Relay<'_> {
     /// binds the sequence there; a request of a sequence whose copy has gone is refused
     /// (`SequenceLost`).
     async fn request(&mut self, mut message: ModelInferRequest) -> bool {
-        let mut ctx = self.call.ctx_with(self.call.gateway().live());
-        ctx.caller = self.caller.clone();
+        let mut ctx = self.stream.next(self.stream.gateway.live());
         match self.admitted(&mut ctx, &mut message) {
             Ok(()) => {}
             Err(error) => return self.refuse(&mut ctx, message, error).await,
@@ -319,7 +321,7 @@ impl Relay<'_> {
         }
         if self.streams.is_empty() && self.pumps.is_empty() {
             // The first model of the stream names it in the metrics and the log line.
-            self.call.served(ctx.served());
+            self.served = Some(ctx.served());
         }
         let lease = ctx.lease.take().expect("placed");
         if let Err(error) = pipeline::inspect(&mut ctx, &mut message, lease.backend()).await {
@@ -368,7 +370,7 @@ impl Relay<'_> {
             .deadline
             .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now()));
         let request = upstream_request(
-            (self.call, &ctx),
+            &ctx,
             self.metadata.clone(),
             ReceiverStream::new(queue),
             timeout,
@@ -389,7 +391,7 @@ impl Relay<'_> {
                 let answered = pump(lease, request, waiting, out).await;
                 ((model, index), answered)
             }
-            .instrument(self.call.span().clone()),
+            .instrument(self.span.clone()),
         );
     }
 

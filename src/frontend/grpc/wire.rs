@@ -2,7 +2,6 @@
 //! its message and metadata as the phases need them. Every per-model RPC is a `Unary` over
 //! its message type (`ModelMessage`) and the backend method that answers it.
 
-use super::call::Call;
 use super::{upstream_request, version};
 use crate::error::GatewayError;
 use crate::model::ModelRef;
@@ -168,23 +167,21 @@ fn described<T: prost::Message + Default>(
 }
 
 /// One unary call about a model: its metadata and message, and `send`, the backend method.
-pub(super) struct Unary<'c, M, Res, F> {
-    call: &'c Call,
+pub(super) struct Unary<M, Res, F> {
     metadata: MetadataMap,
     message: M,
     send: F,
     answer: std::marker::PhantomData<fn() -> Res>,
 }
 
-impl<'c, M, Res, F, Fut> Unary<'c, M, Res, F>
+impl<M, Res, F, Fut> Unary<M, Res, F>
 where
     M: ModelMessage,
     F: Fn(InferenceClient, Request<M>) -> Fut,
     Fut: Future<Output = Result<Response<Res>, Status>>,
 {
-    pub(super) fn new(call: &'c Call, metadata: MetadataMap, message: M, send: F) -> Self {
+    pub(super) fn new(metadata: MetadataMap, message: M, send: F) -> Self {
         Self {
-            call,
             metadata,
             message,
             send,
@@ -210,7 +207,7 @@ impl<M: ModelMessage> Inspect for M {
     }
 }
 
-impl<M: ModelMessage, Res, F> Inspect for Unary<'_, M, Res, F> {
+impl<M: ModelMessage, Res, F> Inspect for Unary<M, Res, F> {
     async fn read(
         &mut self,
         ctx: &RequestCtx,
@@ -225,7 +222,7 @@ impl<M: ModelMessage, Res, F> Inspect for Unary<'_, M, Res, F> {
     }
 }
 
-impl<M, Res, F, Fut> Wire for Unary<'_, M, Res, F>
+impl<M, Res, F, Fut> Wire for Unary<M, Res, F>
 where
     M: ModelMessage,
     Res: ModelAnswer,
@@ -258,7 +255,7 @@ where
     ) -> Result<Response<Res>, GatewayError> {
         let timeout = ctx.budget(ctx.gateway.fixed_config().upstream.request_timeout.0);
         let request = upstream_request(
-            (self.call, ctx),
+            ctx,
             self.metadata.clone(),
             self.message.clone(),
             Some(timeout),

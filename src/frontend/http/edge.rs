@@ -49,7 +49,7 @@ pub(crate) async fn around(
             protocol: Protocol::Http,
             id: headers.get(&X_REQUEST_ID),
             traceparent: headers.get(&TRACEPARENT).map(HeaderValue::as_bytes),
-            peer: peer.map(|p| p.subject.as_str()),
+            peer: peer.map(|p| &p.subject),
             deadline: None,
             probe,
         },
@@ -103,9 +103,7 @@ async fn admit(
     request: &mut Request,
     gate: Gate,
 ) -> Result<(), GatewayError> {
-    // A copy only with mTLS: the headers are borrowed mutably beside it.
-    let peer = (request.extensions().get::<PeerIdentity>()).map(|p| p.subject.clone());
-    admit::authenticate(ctx, request.headers_mut(), peer.as_deref()).await?;
+    admit::authenticate(ctx, request.headers_mut()).await?;
     if gate == Gate::Admins {
         admit::admin(ctx, "the admin API")?;
     }
