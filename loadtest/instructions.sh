@@ -7,9 +7,14 @@
 # figures (5–10% apart from run to run on a shared 2-core machine without perf counters)
 # cannot confirm: the user-space instructions (callgrind's Ir) the gateway executes per
 # inference request, with a profile of where they go. Each binary runs in turn, alone, under
-# `valgrind --tool=callgrind`, in front of one native fake-triton (1 thread) shared by all,
-# validation off and everything on (as ab.sh: lib.sh's everything_on_tables, an RS256 JWT as
-# bearer, route "bench"), default server.workers, RUST_LOG=info (access log on). For each:
+# `valgrind --tool=callgrind`, in front of one native backend shared by all, validation off
+# and everything on (as ab.sh: lib.sh's everything_on_tables, an RS256 JWT as bearer, route
+# "bench"), default server.workers, RUST_LOG=info (access log on). The backend and the
+# load's protocol follow IC_PROTOCOL: `http`, KServe v2 REST (JSON tensors) in front
+# of fake-triton (1 thread); `grpc`, ModelInfer (raw tensor contents) on the gateway's
+# listen.grpc, forwarded to a real Triton's gRPC port (lib.sh's start_tritons: CPU, python
+# add_sub from tests/models, the venv of scripts/setup.sh; fake-triton has no gRPC). Triton
+# is slower than fake-triton, but it runs natively, outside the count. For each:
 # wait until it serves, a warm-up load, read its infergate_requests_total (a metrics
 # listener), `callgrind_control --zero`, the measured load, read the counter again,
 # `callgrind_control --dump`: Ir per request = the dump's Ir / the requests it served in
@@ -37,10 +42,13 @@
 # of ready sockets hardly changes the user-space work), but the pairs were 1.1% and 0.7%
 # apart, where c=16 pairs with 5 s windows were 0.1–0.2% apart (why, not found);
 # c=16 with 20 s windows is the stable setting. One round per side tells 1% apart; for less,
-# IC_ROUNDS=3 (medians, and the spread). A run of the default knobs takes about 3 minutes
-# (each of the four runs ~41 s: valgrind start-up, warm-up, window, scrape and idle dumps).
+# IC_ROUNDS=3 (medians, and the spread). Over gRPC (IC_PROTOCOL=grpc, c=16, 20 s windows,
+# ~7 000–9 000 requests each, 3 rounds) the runs per side and stage were within 0.08–0.22%.
+# A run of the default knobs takes about 3 minutes (each of the four runs ~41 s: valgrind
+# start-up, warm-up, window, scrape and idle dumps).
 #
 # Knobs (environment):
+#   IC_PROTOCOL=http                                http or grpc (above)
 #   IC_CONCURRENCY=16  IC_ROUNDS=1                  load concurrency; runs of each stage × side
 #                                                   (figures: median, with the spread)
 #   IC_WARMUP=5s  IC_DURATION=20s                   warm-up and measured load per run
@@ -53,6 +61,9 @@
 #   IC_LABELS="before after"                        how the report names the two sides
 #   IC_BIN=target/release                           infergate-load and fake-triton
 #   IC_BASE_PORT=29800  IC_OUT=path.md (default: stdout only)
+#                                                   ports: base (backend; Triton's grpc and
+#                                                   metrics base+1, base+2), base+10..12
+#                                                   (gateway http, metrics, grpc)
 #   IC_KEEP=dir                                     keep the callgrind dumps and logs there
 set -euo pipefail
 
@@ -69,24 +80,40 @@ TOP="${IC_TOP:-15}"
 INCL_MAX="${IC_INCL_MAX:-90}"
 BASE="${IC_BASE_PORT:-29800}"
 read -r -a LABELS <<<"${IC_LABELS:-before after}"
+PROTOCOL="${IC_PROTOCOL:-http}"
 BIN="$(realpath "${IC_BIN:-$ROOT/target/release}")"
 BUILD=0 WORKERS=auto ACCESS_LOG=on STARTED=$SECONDS
 # shellcheck source=loadtest/lib.sh
 source loadtest/lib.sh
 TUNABLES="${IC_TUNABLES-$CALLGRIND_TUNABLES}"
+on_exit() { stop_tritons; }
 
 require curl jq openssl awk
 ensure_valgrind
 for b in "${GATEWAY_BIN[@]}"; do [[ -x "$b" ]] || die "not an executable: $b"; done
-[[ -x "$BIN/infergate-load" && -x "$BIN/fake-triton" ]] || die "build the load tool first: cargo build --release -p infergate-load (or set IC_BIN)"
-check_ports "$BASE" $((BASE + 10)) $((BASE + 11))
+[[ -x "$BIN/infergate-load" && ($PROTOCOL == grpc || -x "$BIN/fake-triton") ]] || die "build the load tool first: cargo build --release -p infergate-load (or set IC_BIN)"
+LOAD_ARGS=(-i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --windows 1 --json -q)
+case "$PROTOCOL" in
+    http) check_ports "$BASE" $((BASE + 10)) $((BASE + 11)) ;;
+    grpc)
+        require_triton
+        check_ports "$BASE" $((BASE + 1)) $((BASE + 2)) $((BASE + 10)) $((BASE + 11)) $((BASE + 12))
+        LOAD_ARGS+=(--protocol grpc) ;;
+    *) die "IC_PROTOCOL is http or grpc, not $PROTOCOL" ;;
+esac
 describe_machine src
 
 everything_on_key
 
-"$BIN/fake-triton" --listen "127.0.0.1:$BASE" --threads 1 >"$TMP/fake.log" 2>&1 &
-PIDS+=("$!")
-wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start"
+if [[ "$PROTOCOL" == grpc ]]; then
+    start_tritons "$ROOT/tests/models" "$BASE"
+    BACKEND="Triton $TRITON_VERSION (CPU, python add_sub from tests/models, explicit model control, native)"
+else
+    "$BIN/fake-triton" --listen "127.0.0.1:$BASE" --threads 1 >"$TMP/fake.log" 2>&1 &
+    PIDS+=("$!")
+    wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start"
+    BACKEND="fake-triton (1 thread, native)"
+fi
 
 # served METRICS_PORT — inference requests the gateway has answered: infergate_requests_total
 # summed over its series (protocol, model, version, backend, route, status).
@@ -120,14 +147,16 @@ top() {
     rm -f "$1.fixed"
 }
 
-LOAD_ARGS=(-i INPUT0:FP32:4 -i INPUT1:FP32:4 --check --windows 1 --json -q)
-# measure NAME SIDE ON PORT — one run: the gateway under callgrind, alone; writes
+# measure NAME SIDE ON PORT — one run: the gateway under callgrind, alone (http on PORT,
+# metrics PORT+1, with IC_PROTOCOL=grpc grpc on PORT+2, where the load goes); writes
 # $TMP/NAME.{ir,req,scrape,idle,self,incl,load.json}.
 measure() {
     local name="$1" side="$2" on="$3" port="$4" workers_var="IC_${2^^}_WORKERS"
-    local url="http://127.0.0.1:$port" route=add_sub step=() pid t0=$SECONDS
+    local url="http://127.0.0.1:$port" route=add_sub step=() pid t0=$SECONDS grpc=()
+    [[ "$PROTOCOL" == grpc ]] && grpc=($((port + 2)))
+    local load_url="http://127.0.0.1:${grpc[0]:-$port}"
     ((on)) && { route=bench; step=(--bearer "$TOKEN" --route bench); }
-    fake_gateway_config "$port" "$on" "${!workers_var:-}" "$BASE" $((port + 1)) >"$TMP/$name.toml"
+    fake_gateway_config "$port" "$on" "${!workers_var:-}" "$BASE" $((port + 1)) "${grpc[@]}" >"$TMP/$name.toml"
     "${GATEWAY_BIN[$side]}" check --config "$TMP/$name.toml" >"$TMP/$name.check" 2>&1 ||
         { cat "$TMP/$name.check" >&2; die "infergate check refused the $name config"; }
     RUST_LOG=info GLIBC_TUNABLES="$TUNABLES" valgrind --tool=callgrind --vgdb-prefix="$VG" --callgrind-out-file="$TMP/$name.cg" \
@@ -137,13 +166,13 @@ measure() {
     PIDS+=("$pid")
     wait_http "$url/v2/health/ready" 180 || die "$name did not start: $(tail -5 "$TMP/$name.log")"
     wait_infer "$url" "$route" 120 "${step[1]:-}" || die "$name never answered an inference: $(tail -5 "$TMP/$name.log")"
-    "$BIN/infergate-load" --url "$url" "${LOAD_ARGS[@]}" "${step[@]}" -c "$CONCURRENCY" --warmup 0s \
+    "$BIN/infergate-load" --url "$load_url" "${LOAD_ARGS[@]}" "${step[@]}" -c "$CONCURRENCY" --warmup 0s \
         --duration "$WARMUP" >"$TMP/$name.warm.json" 2>"$TMP/$name.warm.err" ||
         { cat "$TMP/$name.warm.err" >&2; die "warm-up load failed for $name"; }
     local before after f scrape_f idle_f
     before="$(served $((port + 1)))" || exit 1
     cg --zero "$pid" || die "callgrind_control --zero failed: $(tail -3 "$TMP/cgctl.log")"
-    "$BIN/infergate-load" --url "$url" "${LOAD_ARGS[@]}" "${step[@]}" -c "$CONCURRENCY" --warmup 0s \
+    "$BIN/infergate-load" --url "$load_url" "${LOAD_ARGS[@]}" "${step[@]}" -c "$CONCURRENCY" --warmup 0s \
         --duration "$DURATION" >"$TMP/$name.load.json" 2>"$TMP/$name.load.err" ||
         { cat "$TMP/$name.load.err" >&2; die "measured load failed for $name"; }
     sleep 1 # the load tool's connections closed and dropped before the count is read
@@ -212,9 +241,9 @@ frames() { # file requests
 }
 
 report() {
-    echo "# infergate instructions per request: ${LABELS[0]} / ${LABELS[1]}, $(date +%F)"
+    echo "# infergate instructions per request, $PROTOCOL: ${LABELS[0]} / ${LABELS[1]}, $(date +%F)"
     echo
-    echo "\`loadtest/instructions.sh\` in $((SECONDS - STARTED)) s: ${LABELS[0]} = \`${GATEWAY_BIN[before]}\`, ${LABELS[1]} = \`${GATEWAY_BIN[after]}\`; each alone under \`valgrind --tool=callgrind\` ($(valgrind --version)), fake-triton (1 thread, native), infergate-load c=$CONCURRENCY, warm-up $WARMUP, then $DURATION counted (callgrind zeroed before, dumped after); access log on; GLIBC_TUNABLES=\`${TUNABLES:-(unset)}\`; $ROUNDS round(s)$( ((ROUNDS > 1)) && echo ", figures the median of the rounds, sides alternating which goes first"). Ir: user-space instructions of the whole gateway process (every thread), kernel work not counted. Machine: $NPROC × $CPU_MODEL, load average $LOAD_BEFORE before, $(loadavg) after."
+    echo "\`loadtest/instructions.sh\` in $((SECONDS - STARTED)) s: ${LABELS[0]} = \`${GATEWAY_BIN[before]}\`, ${LABELS[1]} = \`${GATEWAY_BIN[after]}\`; each alone under \`valgrind --tool=callgrind\` ($(valgrind --version)), protocol $PROTOCOL (IC_PROTOCOL), backend $BACKEND, infergate-load c=$CONCURRENCY, warm-up $WARMUP, then $DURATION counted (callgrind zeroed before, dumped after); access log on; GLIBC_TUNABLES=\`${TUNABLES:-(unset)}\`; $ROUNDS round(s)$( ((ROUNDS > 1)) && echo ", figures the median of the rounds, sides alternating which goes first"). Ir: user-space instructions of the whole gateway process (every thread), kernel work not counted. Machine: $NPROC × $CPU_MODEL, load average $LOAD_BEFORE before, $(loadavg) after."
     echo
     echo "| stage | requests counted | infer/s under valgrind | Ir per request | × ${LABELS[0]} |$( ((ROUNDS > 1)) && echo " spread over rounds |") scrape / idle share of the count |"
     echo "|---|---:|---:|---:|---:|$( ((ROUNDS > 1)) && echo "---:|")---:|"

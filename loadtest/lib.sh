@@ -252,16 +252,21 @@ everything_on_key() {
     TOKEN="$(mint_jwt RS256 bench "$TMP/jwt.pem")"
 }
 
-# fake_gateway_config PORT ON WORKERS BACKEND_PORT [METRICS_PORT] — a gateway on PORT in front
-# of one fake-triton: validation off (ON=0), everything on (ON=1), or validation on and
-# nothing else (ON=2); server.workers when WORKERS is set; a metrics listener when asked.
-# ab.sh's, instructions.sh's and compare.sh's gateways.
+# fake_gateway_config PORT ON WORKERS BACKEND_PORT [METRICS_PORT] [GRPC_PORT] — a gateway on
+# PORT in front of one fake-triton: validation off (ON=0), everything on (ON=1), or
+# validation on and nothing else (ON=2); server.workers when WORKERS is set; a metrics
+# listener when asked. With GRPC_PORT, a gRPC listener there too, forwarding to the
+# backend's gRPC port BACKEND_PORT+1: a real Triton's, as start_tritons places it
+# (fake-triton has no gRPC). ab.sh's, instructions.sh's and compare.sh's gateways.
 fake_gateway_config() {
     printf '[listen]\nhttp = "127.0.0.1:%s"\n' "$1"
     [[ -n "${5:-}" ]] && printf 'metrics = "127.0.0.1:%s"\n' "$5"
+    [[ -n "${6:-}" ]] && printf 'grpc = "127.0.0.1:%s"\n' "$6"
     printf '\n'
     [[ -n "$3" ]] && printf '[server]\nworkers = %s\n\n' "$3"
-    printf '[[backends]]\nname = "backend"\nhttp = "http://127.0.0.1:%s"\ncapacity = "16GiB"\n\n' "$4"
+    printf '[[backends]]\nname = "backend"\nhttp = "http://127.0.0.1:%s"\n' "$4"
+    [[ -n "${6:-}" ]] && printf 'grpc = "http://127.0.0.1:%s"\n' $(($4 + 1))
+    printf 'capacity = "16GiB"\n\n'
     if (($2 == 1)); then
         everything_on_tables
     elif (($2 == 2)); then
