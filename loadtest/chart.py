@@ -12,9 +12,9 @@ import sys
 from collections import defaultdict
 from xml.sax.saxutils import escape
 
-COLOURS = {"direct": "#7f7f7f", "nginx": "#2ca02c", "ig-off": "#1f77b4", "ig-val": "#ff7f0e",
+COLOURS = {"direct": "#7f7f7f", "nginx": "#2ca02c", "floor": "#9467bd", "ig-off": "#1f77b4", "ig-val": "#ff7f0e",
            "ig-on": "#d62728"}
-LABELS = {"direct": "direct", "nginx": "nginx", "ig-off": "infergate, validation off",
+LABELS = {"direct": "direct", "nginx": "nginx", "floor": "floor (bare hyper proxy)", "ig-off": "infergate, validation off",
           "ig-val": "infergate, validation on", "ig-on": "infergate, everything on"}
 PASSES = {"fake": "pass 1: fake-triton backend", "real": "pass 2: real Triton",
           "wrk": "wrk, proxy pinned"}

@@ -9,7 +9,10 @@
 # off (ig-off, "everything off"), validation on and nothing else (ig-val, the default
 # configuration), and everything on (ig-on: lib.sh's everything_on_tables, an RS256 JWT with
 # the verified-token cache, validation, a 90/10 route with a guard; the load calls route
-# "bench" with the bearer). Two workers each (nginx worker_processes, infergate
+# "bench" with the bearer). Beside them, the floor: `hyper-floor` (loadtest/src/bin), a bare
+# reverse proxy of infergate's shape (shared-nothing tokio workers, hyper's server and pooled
+# client) that does nothing else: what hyper and tokio cost, which infergate keeps, and so
+# the least infergate could spend. Two workers each (nginx worker_processes, infergate
 # server.workers), access logs on for all. Every request is the same KServe v2 infer: HTTP/1.1
 # keep-alive POST /v2/models/<m>/infer, lib.sh's INFER_BODY (add_sub, JSON). The proxies take
 # turns in rotated order (step k starts with the k-th), so drifting machine load hits each alike.
@@ -43,7 +46,8 @@
 #   CMP_RATES="5000 10000 20000"  CMP_OPEN_CLIENTS=40  CMP_OPEN_WINDOW=4     family 1 (seconds)
 #   CMP_CONCURRENCY="16 64"  CMP_WRK_WINDOW=4  CMP_WARMUP=1                  family 2 (seconds)
 #   CMP_STRACE_REQUESTS=10000  CMP_CG_REQUESTS=3000  CMP_CG_WARMUP=500  CMP_COUNT_CLIENTS=16
-#   CMP_STAGES="nginx ig-off ig-val ig-on"  the proxies (nginx and any of the three gateways)
+#   CMP_STAGES="nginx floor ig-off ig-val ig-on"  the proxies (nginx, and any of the floor and
+#                                          the three gateways)
 #   CMP_PROXY_CPU=1  CMP_CLIENT_CPU=0      cores of family 2 (the backend always on the client's)
 #   CMP_WORKERS=2                          nginx worker_processes and infergate server.workers
 #   CMP_BASE_PORT=29900  CMP_REV=<rev>  CMP_OUT=path.md
@@ -65,7 +69,7 @@ STRACE_N="${CMP_STRACE_REQUESTS:-10000}"
 CG_N="${CMP_CG_REQUESTS:-3000}"
 CG_WARM="${CMP_CG_WARMUP:-500}"
 COUNT_CLIENTS="${CMP_COUNT_CLIENTS:-16}"
-read -r -a PROXIES <<<"${CMP_STAGES:-nginx ig-off ig-val ig-on}"
+read -r -a PROXIES <<<"${CMP_STAGES:-nginx floor ig-off ig-val ig-on}"
 PROXY_CPU="${CMP_PROXY_CPU:-1}"
 CLIENT_CPU="${CMP_CLIENT_CPU:-0}"
 BASE="${CMP_BASE_PORT:-29900}"
@@ -82,14 +86,17 @@ require curl jq openssl awk taskset python3
 ensure_nginx
 ensure_debian wrk:wrk h2load:nghttp2-client strace:strace
 ensure_valgrind
-[[ -x "$BIN/fake-triton" ]] || die "no $BIN/fake-triton: cargo build --release -p infergate-load (or set CMP_BIN)"
+for b in fake-triton hyper-floor; do
+    [[ -x "$BIN/$b" ]] || die "no $BIN/$b: cargo build --release -p infergate-load (or set CMP_BIN)"
+done
 NPROC_ALL="0-$(($(nproc) - 1))"
 describe_machine src
 
 # ---------------------------------------------------------------- the stages
-declare -A PORT=([direct]="$BASE" [nginx]=$((BASE + 10)) [ig-off]=$((BASE + 20)) [ig-val]=$((BASE + 30)) [ig-on]=$((BASE + 40)))
+declare -A PORT=([direct]="$BASE" [nginx]=$((BASE + 10)) [ig-off]=$((BASE + 20)) [ig-val]=$((BASE + 30)) [ig-on]=$((BASE + 40))
+    [floor]=$((BASE + 50)))
 declare -A IG_ON=([ig-off]=0 [ig-val]=2 [ig-on]=1) # fake_gateway_config's ON
-declare -A LABEL=([direct]="direct" [nginx]="nginx" [ig-off]="infergate, validation off"
+declare -A LABEL=([direct]="direct" [nginx]="nginx" [floor]="floor (bare hyper proxy)" [ig-off]="infergate, validation off"
     [ig-val]="infergate, validation on" [ig-on]="infergate, everything on")
 ports=("$BASE")
 for s in "${PROXIES[@]}"; do ports+=("${PORT[$s]}" $((PORT[$s] + 1))); done
@@ -122,6 +129,11 @@ start_proxy() {
     local s="$1" port="$2" name="$1-$2"
     if [[ "$s" == nginx ]]; then
         start_nginx "$name" "$port" "$BASE" proxy.conf.template "${3:-}"
+    elif [[ "$s" == floor ]]; then
+        "${PROXY_WRAP[@]}" "$BIN/hyper-floor" --listen "127.0.0.1:$port" --backend "127.0.0.1:$BASE" \
+            --workers "$WORKERS" >"$TMP/$name.log" 2>&1 &
+        PIDS+=("$!")
+        PID[$name]=$!
     else
         fake_gateway_config "$port" "${IG_ON[$s]}" "" "$BASE" >"$TMP/$name.toml"
         start_infergate "$name" "$TMP/$name.toml" "$GATEWAY"
@@ -293,7 +305,7 @@ ELAPSED=$((SECONDS - STARTED))
 # ---------------------------------------------------------------- report
 field() { cut -d' ' -f"$2" <<<"$1"; }
 igs=()
-for s in "${PROXIES[@]}"; do [[ "$s" == nginx ]] || igs+=("$s"); done
+for s in "${PROXIES[@]}"; do [[ "$s" == nginx || "$s" == floor ]] || igs+=("$s"); done
 has() { [[ " ${PROXIES[*]} " == *" $1 "* ]]; }
 
 report() {
@@ -386,6 +398,20 @@ report() {
         r="$(ratio "${IR[ig-off]}" "${IR[nginx]}")"
         echo "- Instructions per request, validation off, ≤ 3 × nginx's: $r — $(met "$r" 3.0001 "<")."
     fi
+    has floor && floor_line
+}
+
+# What the floor (hyper-floor) reaches on the same measures: the least a proxy on hyper and
+# tokio spends, so how much of each target a gateway that keeps them can meet.
+floor_line() {
+    local parts=()
+    [[ -n "${OPEN[floor-10000]:-}" ]] &&
+        parts+=("CPU per request at 10k req/s $(ratio "$(field "${OPEN[floor-10000]}" 4)" "$(field "${OPEN[nginx-10000]}" 4)") × nginx")
+    [[ -n "${CLOSED[floor-16]:-}" ]] &&
+        parts+=("wrk c=16 throughput $(ratio "$(field "${CLOSED[floor-16]}" 1)" "$(field "${CLOSED[nginx-16]}" 1)") × nginx"
+            "p99 added at c=16 $(($(field "${CLOSED[floor-16]}" 3) - $(field "${CLOSED[direct-16]}" 3))) µs")
+    parts+=("syscalls ${SYSCALLS[floor]}/request" "instructions $(ratio "${IR[floor]}" "${IR[nginx]}") × nginx")
+    echo "- The floor, a bare hyper proxy doing none of the gateway's work: $(join_list "${parts[@]}")."
 }
 
 mkdir -p "$(dirname "$OUT")"

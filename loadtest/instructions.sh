@@ -65,6 +65,7 @@
 #                                                   metrics base+1, base+2), base+10..12
 #                                                   (gateway http, metrics, grpc)
 #   IC_KEEP=dir                                     keep the callgrind dumps and logs there
+#   IC_LOG=info                                     the gateways' RUST_LOG (warn: no access log)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -159,7 +160,7 @@ measure() {
     fake_gateway_config "$port" "$on" "${!workers_var:-}" "$BASE" $((port + 1)) "${grpc[@]}" >"$TMP/$name.toml"
     "${GATEWAY_BIN[$side]}" check --config "$TMP/$name.toml" >"$TMP/$name.check" 2>&1 ||
         { cat "$TMP/$name.check" >&2; die "infergate check refused the $name config"; }
-    RUST_LOG=info GLIBC_TUNABLES="$TUNABLES" valgrind --tool=callgrind --vgdb-prefix="$VG" --callgrind-out-file="$TMP/$name.cg" \
+    RUST_LOG="${IC_LOG:-info}" GLIBC_TUNABLES="$TUNABLES" valgrind --tool=callgrind --vgdb-prefix="$VG" --callgrind-out-file="$TMP/$name.cg" \
         --dump-instr=no --collect-jumps=no --dump-line=no \
         "${GATEWAY_BIN[$side]}" --config "$TMP/$name.toml" >"$TMP/$name.log" 2>&1 &
     pid=$!

@@ -307,3 +307,42 @@ async fn auth_and_custom_headers_reach_the_server() {
     assert_eq!(s.ok, 0);
     assert!(s.errors_by_kind["http_401"] > 10);
 }
+
+/// The floor proxy (`hyper-floor`, compare.sh's stage `floor`) relays every request to its
+/// backend and every answer back: the load tool's check passes through it, and the backend
+/// counts each request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_proxy_relays_requests_and_answers() {
+    let (backend, fake) = start_fake(FakeConfig::default()).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut floor = std::process::Command::new(env!("CARGO_BIN_EXE_hyper-floor"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--workers", "2"])
+        .args(["--backend", backend.trim_start_matches("http://")])
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hyper-floor did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut a = ADD_SUB.to_vec();
+    a.extend(["--check", "-c", "4"]);
+    let steps = run(&plan(&url, &a)).await;
+    floor.kill().unwrap();
+    floor.wait().unwrap();
+    let step = &steps[0];
+    assert!(step.ok > 20, "ok {}", step.ok);
+    assert_eq!(step.errors, 0, "{:?}", step.errors_by_kind);
+    assert!(fake.infer_count() >= step.ok);
+}
