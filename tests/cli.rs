@@ -135,6 +135,82 @@ async fn runs_logs_json_with_request_ids_and_exits_cleanly_on_sigterm() {
     for workers in [None, Some("1")] {
         serve_one_request_and_stop(&triton, workers).await;
     }
+    access_lines_in_the_text_format(&triton).await;
+}
+
+/// The default text log: an HTTP and a gRPC inference each get one access-log line, inside
+/// their request's span, with the fields docs/observability.md lists (the line is written
+/// without `tracing`'s event machinery, so here is where its form is checked end to end).
+async fn access_lines_in_the_text_format(triton: &Triton) {
+    let (http, grpc) = (free_port(), free_port());
+    let config = write_config(&format!(
+        "[listen]\nhttp = \"127.0.0.1:{http}\"\ngrpc = \"127.0.0.1:{grpc}\"\n\
+         [[backends]]\nname = \"t0\"\nhttp = \"{}\"\ngrpc = \"{}\"\n",
+        triton.http_url(),
+        triton.grpc_url()
+    ));
+    let child = infergate()
+        .arg("--config")
+        .arg(config.path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{http}");
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &base).await;
+    let answer = support::infer_post(&client, &base, "add_sub", &support::add_sub_request())
+        .header("x-request-id", "text-http-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let mut grpc_client = infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient::connect(format!("http://127.0.0.1:{grpc}")).await.unwrap();
+    let mut request = tonic::Request::new(support::grpc::fp32_infer(
+        "add_sub",
+        &[("INPUT0", [1.0; 4]), ("INPUT1", [2.0; 4])],
+    ));
+    request
+        .metadata_mut()
+        .insert("x-request-id", "text-grpc-1".parse().unwrap());
+    grpc_client.model_infer(request).await.unwrap();
+
+    signal(&child, "TERM");
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let logs = String::from_utf8_lossy(&output.stdout).to_string();
+    let line = |id: &str| {
+        logs.lines()
+            .find(|l| l.contains(&format!("request_id={id} ")) && l.contains("latency_ms="))
+            .unwrap_or_else(|| panic!("no access-log line for {id} in:\n{logs}"))
+            .to_owned()
+    };
+    for (id, fields) in [
+        (
+            "text-http-1",
+            "request method=POST path=\"/v2/models/add_sub/infer\" model=\"add_sub\" \
+             version=\"\" backend=\"t0\" route=\"\" tenant=\"\" status=200 latency_ms=",
+        ),
+        (
+            "text-grpc-1",
+            "request rpc=\"ModelInfer\" model=\"add_sub\" version=\"\" tenant=\"\" \
+             backend=\"t0\" code=\"Ok\" latency_ms=",
+        ),
+    ] {
+        let line = line(id);
+        // 2026-12-05T21:40:00.123456Z  INFO request{request_id=ID trace_id=<32 hex>}: request ...
+        let (time, rest) = line.split_once(' ').unwrap();
+        assert!(time.len() == 27 && time.ends_with('Z'), "{line}");
+        let rest = rest.strip_prefix(" INFO request{request_id=").expect(&line);
+        let rest = rest.strip_prefix(id).expect(&line);
+        let (trace, rest) = rest.strip_prefix(" trace_id=").expect(&line).split_at(32);
+        assert!(trace.bytes().all(|b| b.is_ascii_hexdigit()), "{line}");
+        assert!(rest.starts_with(&format!("}}: {fields}")), "{line}");
+    }
+    assert!(line("text-grpc-1").ends_with(" counts=\"\" reason=\"\""));
 }
 
 async fn serve_one_request_and_stop(triton: &Triton, workers: Option<&str>) {

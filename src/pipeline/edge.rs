@@ -9,9 +9,10 @@ use super::finish::{self, Answered, Ending};
 use super::{RequestCtx, request_id};
 use crate::error::ErrorKind;
 use crate::gateway::Gateway;
+use crate::log_text::Scope;
 use crate::model::Served;
 use crate::telemetry::series::{InFlightGauge, Protocol};
-use crate::trace::RequestTrace;
+use crate::trace::{RequestTrace, TraceHex};
 use http::HeaderValue;
 use std::sync::Arc;
 use tracing::Span;
@@ -37,6 +38,8 @@ pub struct Edge {
     /// The request's context, for every phase.
     pub ctx: RequestCtx,
     trace: Option<RequestTrace>,
+    /// The trace id as the span carries it, for the access-log line written without it.
+    trace_id: TraceHex,
     span: Span,
     probe: bool,
     _in_flight: InFlightGauge,
@@ -47,12 +50,14 @@ impl Edge {
     pub fn begin(gateway: &Gateway, arrival: Arrival<'_>) -> Self {
         let id = request_id(arrival.id);
         let trace = RequestTrace::start(arrival.traceparent, !arrival.probe);
-        let span = request_span(&id, &trace, arrival.peer.map(|p| &**p));
+        let trace_id = trace.trace_id_hex();
+        let span = request_span(&id, &trace_id, arrival.peer.map(|p| &**p));
         let peer = arrival.peer.cloned();
         Self {
             _in_flight: InFlightGauge::start(arrival.protocol),
             ctx: RequestCtx::new(gateway, gateway.live(), (id, arrival.deadline), peer),
             trace: Some(trace),
+            trace_id,
             span,
             probe: arrival.probe,
         }
@@ -72,6 +77,11 @@ impl Edge {
     /// served it and the tenant as its context has them. `error` is a failure the gateway
     /// answered itself.
     pub fn end(&mut self, answered: Answered<'_>, error: Option<&ErrorKind>) {
+        let scope = (!self.span.is_disabled()).then(|| Scope {
+            request_id: self.ctx.id.to_str().unwrap_or_default(),
+            trace_id: self.trace_id.as_str(),
+            peer: self.ctx.peer.as_deref(),
+        });
         let ending = Ending {
             answered,
             served: self.ctx.serving.as_ref().unwrap_or(Served::NONE),
@@ -79,6 +89,7 @@ impl Edge {
             elapsed: self.ctx.started.elapsed(),
             error,
             probe: self.probe,
+            scope,
         };
         let _entered = self.span.enter();
         finish::record(&ending, self.trace.take());
@@ -88,8 +99,7 @@ impl Edge {
 /// The span every log line of a request carries: its id, its trace id, and the verified
 /// client certificate's subject (mTLS), so every line, the access-log line included, names
 /// the peer.
-fn request_span(id: &HeaderValue, trace: &RequestTrace, peer: Option<&str>) -> Span {
-    let trace_id = trace.trace_id_hex();
+fn request_span(id: &HeaderValue, trace_id: &TraceHex, peer: Option<&str>) -> Span {
     let span = tracing::info_span!(
         "request",
         request_id = %id.to_str().unwrap_or_default(),

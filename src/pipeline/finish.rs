@@ -7,6 +7,7 @@
 
 use super::RequestCtx;
 use crate::error::{ErrorKind, ErrorSource};
+use crate::log_text::{Scope, Value, write_line};
 use crate::telemetry;
 use crate::telemetry::series::{Protocol, RequestSeries};
 use crate::trace::RequestTrace;
@@ -77,6 +78,9 @@ pub struct Ending<'a> {
     pub error: Option<&'a ErrorKind>,
     /// A health probe: logged at debug level, as the kubelet probes every few seconds.
     pub probe: bool,
+    /// The request span's fields, when the span is on: the text log writes them before the
+    /// access-log line.
+    pub scope: Option<Scope<'a>>,
 }
 
 /// Records a finished request: the series, the span (when traced), the access-log line.
@@ -139,11 +143,42 @@ fn log_http(ending: &Ending<'_>, method: &http::Method, path: &str, status: u16)
             status, latency_ms, error = e.kind, reason = e.message, "request refused"
         ),
         None if ending.probe => tracing::debug!(%method, path, status, latency_ms, "probe"),
-        None => tracing::info!(
-            %method, path, model = served.model, version, backend = served.backend, route, tenant,
-            status, latency_ms, "request"
-        ),
+        None if !tracing::enabled!(tracing::Level::INFO) => {}
+        None => {
+            let fields = [
+                ("method", Value::Shown(method.as_str())),
+                ("path", Value::Text(path)),
+                ("model", Value::Text(&served.model)),
+                ("version", Value::Text(version)),
+                ("backend", Value::Text(&served.backend)),
+                ("route", Value::Text(route)),
+                ("tenant", Value::Text(tenant)),
+                ("status", Value::Number(status.into())),
+                ("latency_ms", Value::Float(latency_ms)),
+            ];
+            if !written(ending, &fields) {
+                tracing::info!(
+                    %method, path, model = served.model, version, backend = served.backend,
+                    route, tenant, status, latency_ms, "request"
+                );
+            }
+        }
     }
+}
+
+/// Writes a request's access-log line (at info, its message `request`) straight into the
+/// text log (`log_text::write_line`): the same bytes as through `tracing`, at a fraction of
+/// the cost. False when it could not (another format, or a value that needs escaping).
+fn written(ending: &Ending<'_>, fields: &[(&str, Value<'_>)]) -> bool {
+    telemetry::write_plain(false, |line| {
+        write_line(
+            line,
+            &tracing::Level::INFO,
+            ending.scope.as_ref(),
+            "request",
+            fields,
+        )
+    })
 }
 
 fn log_grpc(ending: &Ending<'_>, rpc: &str, code: &str, message: Option<&str>, counts: &str) {
@@ -179,17 +214,34 @@ fn log_grpc(ending: &Ending<'_>, rpc: &str, code: &str, message: Option<&str>, c
             "request refused"
         ),
         None if ending.probe => tracing::debug!(rpc, code, latency_ms, "probe"),
-        None => tracing::info!(
-            rpc,
-            model = served.model,
-            version,
-            tenant,
-            backend = served.backend,
-            code,
-            latency_ms,
-            counts,
-            reason = message.unwrap_or(""),
-            "request"
-        ),
+        None if !tracing::enabled!(tracing::Level::INFO) => {}
+        None => {
+            let reason = message.unwrap_or("");
+            let fields = [
+                ("rpc", Value::Text(rpc)),
+                ("model", Value::Text(&served.model)),
+                ("version", Value::Text(version)),
+                ("tenant", Value::Text(tenant)),
+                ("backend", Value::Text(&served.backend)),
+                ("code", Value::Text(code)),
+                ("latency_ms", Value::Float(latency_ms)),
+                ("counts", Value::Text(counts)),
+                ("reason", Value::Text(reason)),
+            ];
+            if !written(ending, &fields) {
+                tracing::info!(
+                    rpc,
+                    model = served.model,
+                    version,
+                    tenant,
+                    backend = served.backend,
+                    code,
+                    latency_ms,
+                    counts,
+                    reason,
+                    "request"
+                );
+            }
+        }
     }
 }

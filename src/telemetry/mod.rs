@@ -386,7 +386,7 @@ pub fn init_logging(format: LogFormat) {
         .with_target(false)
         .with_ansi(ansi)
         .with_writer(LogSink::global().clone());
-    let _ = match format {
+    let installed = match format {
         LogFormat::Text => builder
             .fmt_fields(crate::log_text::PlainFields)
             .event_format(crate::log_text::PlainLine)
@@ -397,6 +397,38 @@ pub fn init_logging(format: LogFormat) {
             .with_current_span(true)
             .try_init(),
     };
+    let plain = installed.is_ok() && format == LogFormat::Text && !ansi;
+    PLAIN_TEXT.store(plain, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the process logs in the plain text format (`init_logging`: text, no colours), the
+/// format `log_text::write_line` writes.
+static PLAIN_TEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes a line of the plain text format straight into the log's buffer: `write` formats it
+/// (`log_text::write_line`) into a buffer of this thread's, which is then copied in under the
+/// sink's lock in one piece; `urgent` writes it out at once, as warnings are. False when the
+/// process does not log in that format, or `write` declined the line: the caller then logs it
+/// through `tracing`.
+pub fn write_plain(urgent: bool, write: impl FnOnce(&mut String) -> Option<()>) -> bool {
+    thread_local! {
+        static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    if !PLAIN_TEXT.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    LINE.with_borrow_mut(|line| {
+        line.clear();
+        if write(line).is_none() {
+            return false;
+        }
+        let mut out = LogSink::global().lock();
+        let _ = out.write_all(line.as_bytes());
+        if urgent {
+            let _ = out.flush();
+        }
+        true
+    })
 }
 
 /// Writes out every buffered log line; call before the process exits.

@@ -374,6 +374,7 @@ pub async fn grpc_layer(
             elapsed: started.elapsed(),
             error: report.as_ref(),
             probe: false,
+            scope: None,
         };
         let span = tracing::info_span!("request", request_id = %id.to_str().unwrap_or_default(), rpc = uri.path());
         let _entered = span.enter();
