@@ -10,6 +10,7 @@
 
 use super::Endpoint;
 use super::read_timeout::{BodyPace, ConnectionState, MinRate, ReadTimeout};
+use super::woken::{self, First};
 use crate::config;
 use crate::telemetry;
 use crate::tls::PeerIdentity;
@@ -112,8 +113,20 @@ impl Connection {
         let mut first_head = pin!(first_head);
         let (mut first_head_armed, mut closing, mut drained) = (true, false, false);
         loop {
-            tokio::select! {
-                result = connection.as_mut() => {
+            // What else may end or close the connection: rare, so polled only when woken.
+            let (armed, head) = (first_head_armed, first_head.as_mut());
+            let (abort, stop, state) = (&self.abort, &self.stop, &state);
+            let signal = pin!(async move {
+                tokio::select! {
+                    _ = abort.cancelled() => Signal::Abort,
+                    _ = state.drain_begun(), if !closing && !drained => Signal::Drain,
+                    _ = stop.cancelled(), if !closing => Signal::Stop,
+                    _ = state.notified(), if !closing => Signal::Stalled,
+                    _ = head, if armed => Signal::FirstHead,
+                }
+            });
+            let signal = match woken::first(connection.as_mut(), signal).await {
+                First::Busy(result) => {
                     if let Err(error) = result {
                         if is_header_timeout(&*error) {
                             count_timeout(name, "header");
@@ -122,37 +135,53 @@ impl Connection {
                     }
                     return;
                 }
-                _ = self.abort.cancelled() => return,
+                First::Rare(signal) => signal,
+            };
+            match signal {
+                Signal::Abort => return,
                 // An HTTP/2 client is told at once (GOAWAY; its streams in flight finish), an
                 // HTTP/1 one by its next answer (`connection: close`): an idle HTTP/1
                 // connection closed now could cross a request already on its way. What is
                 // still idle when the listener stops is closed then.
-                _ = state.drain_begun(), if !closing && !drained => {
+                Signal::Drain => {
                     drained = true;
                     if state.is_http2() {
                         closing = true;
                         connection.as_mut().graceful_shutdown();
                     }
                 }
-                _ = self.stop.cancelled(), if !closing => {
+                Signal::Stop | Signal::Stalled => {
                     closing = true;
                     connection.as_mut().graceful_shutdown();
                 }
-                _ = state.notified(), if !closing => {
-                    closing = true;
-                    connection.as_mut().graceful_shutdown();
-                }
-                _ = &mut first_head, if first_head_armed => {
+                Signal::FirstHead => {
                     first_head_armed = false;
                     if !state.saw_request() {
                         count_timeout(name, "header");
-                        tracing::debug!(listener = name, "no request head within server.header_read_timeout");
+                        tracing::debug!(
+                            listener = name,
+                            "no request head within server.header_read_timeout"
+                        );
                         return;
                     }
                 }
             }
         }
     }
+}
+
+/// What besides hyper may end or close a connection.
+enum Signal {
+    /// The listener is aborted: close now.
+    Abort,
+    /// Shutdown has begun (drain).
+    Drain,
+    /// The listener stops: close gracefully.
+    Stop,
+    /// A request body stalled.
+    Stalled,
+    /// `server.header_read_timeout` after the accept.
+    FirstHead,
 }
 
 /// Counts a connection closed for a slow client.

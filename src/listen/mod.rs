@@ -15,6 +15,7 @@
 
 mod connection;
 mod read_timeout;
+mod woken;
 
 use crate::config::{self, Config};
 use crate::telemetry;
