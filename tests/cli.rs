@@ -166,6 +166,12 @@ async fn access_lines_in_the_text_format(triton: &Triton) {
         .await
         .unwrap();
     assert_eq!(answer.status(), 200);
+    let refused = support::infer_post(&client, &base, "add_sub", &serde_json::json!({"inputs": 1}))
+        .header("x-request-id", "text-http-2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
     let mut grpc_client = infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient::connect(format!("http://127.0.0.1:{grpc}")).await.unwrap();
     let mut request = tonic::Request::new(support::grpc::fp32_infer(
         "add_sub",
@@ -211,6 +217,18 @@ async fn access_lines_in_the_text_format(triton: &Triton) {
         assert!(rest.starts_with(&format!("}}: {fields}")), "{line}");
     }
     assert!(line("text-grpc-1").ends_with(" counts=\"\" reason=\"\""));
+    // A refusal: the same line, with what went wrong.
+    let refused = line("text-http-2");
+    assert!(
+        refused.contains(" INFO request{request_id=text-http-2 trace_id=")
+            && refused.contains(
+                "}: request refused method=POST path=\"/v2/models/add_sub/infer\" model=\"add_sub\""
+            )
+            && refused.contains(" status=400 latency_ms=")
+            && refused.contains(" error=\"")
+            && refused.contains(" reason=\""),
+        "{refused}"
+    );
 }
 
 async fn serve_one_request_and_stop(triton: &Triton, workers: Option<&str>) {

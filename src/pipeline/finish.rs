@@ -128,120 +128,99 @@ pub fn record(ending: &Ending<'_>, trace: Option<RequestTrace>) {
     }
 }
 
+/// One request's log line, its fields listed once: written straight into the text log
+/// (`log_text::write_line`) when it can be, else through `tracing` with the same fields in the
+/// same order (JSON, colours, a value that needs escaping). Each field is
+/// `name: Kind [= value]` (the value defaults to the variable `name`), `Kind` one of
+/// `log_text::Value`'s.
+macro_rules! request_line {
+    ($ending:expr, $level:ident, $message:literal,
+     { $($name:ident : $kind:ident $(= $value:expr)?),* $(,)? }) => {{
+        if tracing::enabled!(tracing::Level::$level) {
+            $( let $name = request_line!(@typed $kind, request_line!(@value $name $(, $value)?)); )*
+            let fields = [$((stringify!($name), Value::$kind($name))),*];
+            if !written($ending, &tracing::Level::$level, $message, &fields) {
+                tracing::event!(tracing::Level::$level,
+                    $($name = request_line!(@traced $kind, $name)),*, $message);
+            }
+        }
+    }};
+    (@value $name:ident) => { $name };
+    (@value $name:ident, $value:expr) => { $value };
+    (@typed Number, $value:expr) => { u64::from($value) };
+    (@typed Float, $value:expr) => { { let value: f64 = $value; value } };
+    (@typed $text:ident, $value:expr) => { { let value: &str = $value; value } };
+    (@traced Shown, $value:expr) => { tracing::field::display($value) };
+    (@traced $kind:ident, $value:expr) => { $value };
+}
+
+/// Writes a request's log line straight into the text log (`log_text::write_line`), in the
+/// request's span as the text format shows it; a warning or an error is written out at once.
+/// False when it could not (another format, or a value that needs escaping).
+fn written(
+    ending: &Ending<'_>,
+    level: &tracing::Level,
+    message: &str,
+    fields: &[(&str, Value<'_>)],
+) -> bool {
+    let urgent = *level <= tracing::Level::WARN;
+    telemetry::write_plain(urgent, |line| {
+        write_line(line, level, ending.scope.as_ref(), message, fields)
+    })
+}
+
 fn log_http(ending: &Ending<'_>, method: &http::Method, path: &str, status: u16) {
     let Ending { served, tenant, .. } = ending;
     let latency_ms = ending.elapsed.as_secs_f64() * 1e3;
     let route = served.route.as_deref().unwrap_or("");
     let version = served.version.as_deref().unwrap_or("");
+    let (method, model, backend) = (method.as_str(), &served.model, &served.backend);
     match ending.error {
-        Some(e) if e.source != ErrorSource::Client => tracing::warn!(
-            %method, path, model = served.model, version, backend = served.backend, route, tenant,
-            status, latency_ms, error = e.kind, source = e.source.as_str(), reason = e.message, "request failed"
-        ),
-        Some(e) => tracing::info!(
-            %method, path, model = served.model, version, backend = served.backend, route, tenant,
-            status, latency_ms, error = e.kind, reason = e.message, "request refused"
-        ),
-        None if ending.probe => tracing::debug!(%method, path, status, latency_ms, "probe"),
-        None if !tracing::enabled!(tracing::Level::INFO) => {}
-        None => {
-            let fields = [
-                ("method", Value::Shown(method.as_str())),
-                ("path", Value::Text(path)),
-                ("model", Value::Text(&served.model)),
-                ("version", Value::Text(version)),
-                ("backend", Value::Text(&served.backend)),
-                ("route", Value::Text(route)),
-                ("tenant", Value::Text(tenant)),
-                ("status", Value::Number(status.into())),
-                ("latency_ms", Value::Float(latency_ms)),
-            ];
-            if !written(ending, &fields) {
-                tracing::info!(
-                    %method, path, model = served.model, version, backend = served.backend,
-                    route, tenant, status, latency_ms, "request"
-                );
-            }
+        Some(e) if e.source != ErrorSource::Client => {
+            request_line!(ending, WARN, "request failed", {
+                method: Shown, path: Text, model: Text, version: Text, backend: Text, route: Text,
+                tenant: Text, status: Number, latency_ms: Float, error: Text = e.kind,
+                source: Text = e.source.as_str(), reason: Text = &e.message,
+            })
         }
+        Some(e) => request_line!(ending, INFO, "request refused", {
+            method: Shown, path: Text, model: Text, version: Text, backend: Text, route: Text,
+            tenant: Text, status: Number, latency_ms: Float, error: Text = e.kind,
+            reason: Text = &e.message,
+        }),
+        None if ending.probe => request_line!(ending, DEBUG, "probe", {
+            method: Shown, path: Text, status: Number, latency_ms: Float,
+        }),
+        None => request_line!(ending, INFO, "request", {
+            method: Shown, path: Text, model: Text, version: Text, backend: Text, route: Text,
+            tenant: Text, status: Number, latency_ms: Float,
+        }),
     }
-}
-
-/// Writes a request's access-log line (at info, its message `request`) straight into the
-/// text log (`log_text::write_line`): the same bytes as through `tracing`, at a fraction of
-/// the cost. False when it could not (another format, or a value that needs escaping).
-fn written(ending: &Ending<'_>, fields: &[(&str, Value<'_>)]) -> bool {
-    telemetry::write_plain(false, |line| {
-        write_line(
-            line,
-            &tracing::Level::INFO,
-            ending.scope.as_ref(),
-            "request",
-            fields,
-        )
-    })
 }
 
 fn log_grpc(ending: &Ending<'_>, rpc: &str, code: &str, message: Option<&str>, counts: &str) {
     let Ending { served, tenant, .. } = ending;
     let latency_ms = ending.elapsed.as_secs_f64() * 1e3;
     let version = served.version.as_deref().unwrap_or("");
+    let (model, backend) = (&served.model, &served.backend);
     match ending.error {
-        Some(e) if e.source != ErrorSource::Client => tracing::warn!(
-            rpc,
-            model = served.model,
-            version,
-            tenant,
-            backend = served.backend,
-            code,
-            latency_ms,
-            counts,
-            error = e.kind,
-            source = e.source.as_str(),
-            reason = e.message,
-            "request failed"
-        ),
-        Some(e) => tracing::info!(
-            rpc,
-            model = served.model,
-            version,
-            tenant,
-            backend = served.backend,
-            code,
-            latency_ms,
-            counts,
-            error = e.kind,
-            reason = e.message,
-            "request refused"
-        ),
-        None if ending.probe => tracing::debug!(rpc, code, latency_ms, "probe"),
-        None if !tracing::enabled!(tracing::Level::INFO) => {}
-        None => {
-            let reason = message.unwrap_or("");
-            let fields = [
-                ("rpc", Value::Text(rpc)),
-                ("model", Value::Text(&served.model)),
-                ("version", Value::Text(version)),
-                ("tenant", Value::Text(tenant)),
-                ("backend", Value::Text(&served.backend)),
-                ("code", Value::Text(code)),
-                ("latency_ms", Value::Float(latency_ms)),
-                ("counts", Value::Text(counts)),
-                ("reason", Value::Text(reason)),
-            ];
-            if !written(ending, &fields) {
-                tracing::info!(
-                    rpc,
-                    model = served.model,
-                    version,
-                    tenant,
-                    backend = served.backend,
-                    code,
-                    latency_ms,
-                    counts,
-                    reason,
-                    "request"
-                );
-            }
+        Some(e) if e.source != ErrorSource::Client => {
+            request_line!(ending, WARN, "request failed", {
+                rpc: Text, model: Text, version: Text, tenant: Text, backend: Text, code: Text,
+                latency_ms: Float, counts: Text, error: Text = e.kind,
+                source: Text = e.source.as_str(), reason: Text = &e.message,
+            })
         }
+        Some(e) => request_line!(ending, INFO, "request refused", {
+            rpc: Text, model: Text, version: Text, tenant: Text, backend: Text, code: Text,
+            latency_ms: Float, counts: Text, error: Text = e.kind, reason: Text = &e.message,
+        }),
+        None if ending.probe => request_line!(ending, DEBUG, "probe", {
+            rpc: Text, code: Text, latency_ms: Float,
+        }),
+        None => request_line!(ending, INFO, "request", {
+            rpc: Text, model: Text, version: Text, tenant: Text, backend: Text, code: Text,
+            latency_ms: Float, counts: Text, reason: Text = message.unwrap_or(""),
+        }),
     }
 }

@@ -397,12 +397,15 @@ pub fn init_logging(format: LogFormat) {
             .with_current_span(true)
             .try_init(),
     };
-    let plain = installed.is_ok() && format == LogFormat::Text && !ansi;
+    // A directive on span or field values (`[{model=x}]`) is decided per event, by its
+    // values, which a line written straight does not go through.
+    let by_values = std::env::var("RUST_LOG").is_ok_and(|directives| directives.contains('['));
+    let plain = installed.is_ok() && format == LogFormat::Text && !ansi && !by_values;
     PLAIN_TEXT.store(plain, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether the process logs in the plain text format (`init_logging`: text, no colours), the
-/// format `log_text::write_line` writes.
+/// Whether the process logs in the plain text format (`init_logging`: text, no colours, no
+/// `RUST_LOG` directive on values), the format `log_text::write_line` writes.
 static PLAIN_TEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Writes a line of the plain text format straight into the log's buffer: `write` formats it
