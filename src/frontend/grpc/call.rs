@@ -15,9 +15,9 @@ use crate::error::{ErrorKind, GatewayError, grpc_status_class};
 use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
 use crate::gateway::Gateway;
 use crate::model::Served;
+use crate::pipeline::RequestCtx;
 use crate::pipeline::edge::{Arrival, Edge};
-use crate::pipeline::finish::{self, Answered, Ending};
-use crate::pipeline::{RequestCtx, request_id};
+use crate::pipeline::finish::Answered;
 use crate::telemetry::series::Protocol;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -337,8 +337,8 @@ pub async fn grpc_layer(
     next: Next,
 ) -> Response {
     compress_answers_only_when_asked(request.headers_mut());
-    let uri = request.uri().clone(); // shares the bytes: a copy only if it is logged
-
+    // Kept for the rare refusal below: shared bytes, no copy.
+    let rpc = request.uri().path_and_query().cloned();
     let client_id = request.headers().get(&X_REQUEST_ID).cloned();
     let started = Instant::now();
     let mut response = next.run(request).await;
@@ -349,36 +349,37 @@ pub async fn grpc_layer(
             .get("grpc-message")
             .is_some_and(|m| is_too_large_header(m.as_bytes()));
     if too_large {
+        // No handler ran: the call's edge is made here, for its answer and its log line.
+        let mut edge = Edge::begin(
+            &gateway,
+            Arrival {
+                protocol: Protocol::Grpc,
+                id: client_id.as_ref(),
+                traceparent: None,
+                peer: None,
+                deadline: None,
+                probe: false,
+            },
+        );
+        edge.ctx.started = started;
         let error = GatewayError::MessageTooLarge {
             limit: gateway.fixed_config().server.max_grpc_message_size.bytes(),
         };
-        let id = request_id(client_id.as_ref());
         headers.insert("grpc-status", HeaderValue::from(error.grpc_code() as i32));
         headers.insert(
             "grpc-message",
             HeaderValue::from_str(&error.to_string()).expect("ASCII message"),
         );
-        headers.insert(X_REQUEST_ID.clone(), id.clone());
-        let report = error.report();
+        headers.insert(X_REQUEST_ID.clone(), edge.ctx.id.clone());
         let code_name = format!("{:?}", error.grpc_code());
-        let ending = Ending {
-            answered: Answered::Grpc {
-                rpc: "",
-                code: (error.grpc_code() as i32, &code_name),
-                class: grpc_status_class(error.grpc_code()),
-                message: None,
-                counts: "",
-            },
-            served: Served::NONE,
-            tenant: "",
-            elapsed: started.elapsed(),
-            error: report.as_ref(),
-            probe: false,
-            scope: None,
+        let answered = Answered::Grpc {
+            rpc: rpc.as_ref().map_or("", |p| p.path()),
+            code: (error.grpc_code() as i32, &code_name),
+            class: grpc_status_class(error.grpc_code()),
+            message: None,
+            counts: "",
         };
-        let span = tracing::info_span!("request", request_id = %id.to_str().unwrap_or_default(), rpc = uri.path());
-        let _entered = span.enter();
-        finish::record(&ending, None);
+        edge.end(answered, error.report().as_ref());
     }
     response
 }
