@@ -115,9 +115,7 @@ impl Call {
         probe: bool,
     ) -> Self {
         let metadata = request.metadata();
-        let client = metadata
-            .get("x-request-id")
-            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+        let client = metadata.as_ref().get(&X_REQUEST_ID);
         let deadline = metadata
             .get("grpc-timeout")
             .and_then(|v| parse_timeout(v.as_bytes()))
@@ -126,7 +124,7 @@ impl Call {
             gateway,
             Arrival {
                 protocol: Protocol::Grpc,
-                id: client.as_ref(),
+                id: client,
                 traceparent: metadata.get("traceparent").map(|v| v.as_bytes()),
                 peer: request
                     .extensions()
@@ -147,11 +145,6 @@ impl Call {
         &self.edge.ctx
     }
 
-    /// The request id, as metadata for the answer.
-    pub fn id(&self) -> AsciiMetadataValue {
-        AsciiMetadataValue::try_from(self.edge.ctx.id.as_bytes()).expect("request ids are ASCII")
-    }
-
     /// The span every log line of the call carries.
     pub fn span(&self) -> &Span {
         self.edge.span()
@@ -166,7 +159,7 @@ impl Call {
     /// Adds the call's own metadata to an answer: the request id, and the route target (as
     /// HTTP returns it in a header).
     fn stamp(&self, metadata: &mut MetadataMap) {
-        metadata.insert("x-request-id", self.id());
+        stamp_id(metadata, &self.edge.ctx.id);
         if let Some(label) = self.edge.ctx.target_label()
             && let Ok(value) = AsciiMetadataValue::try_from(label)
         {
@@ -271,6 +264,12 @@ impl Call {
         };
         self.edge.end(answered, error);
     }
+}
+
+/// Puts the request id on metadata going out (to a backend, or back to the client): the
+/// id's own shared bytes, not a copy.
+pub fn stamp_id(metadata: &mut MetadataMap, id: &HeaderValue) {
+    metadata.as_mut().insert(X_REQUEST_ID.clone(), id.clone());
 }
 
 /// Metadata that belongs to one hop (content type, encodings, timeouts, status) and is

@@ -216,9 +216,7 @@ fn upstream_request<T>(
 ) -> Request<T> {
     call::strip_reserved(&mut metadata);
     let mut request = Request::from_parts(metadata, Default::default(), message);
-    if let Ok(id) = tonic::metadata::AsciiMetadataValue::try_from(ctx.id.as_bytes()) {
-        request.metadata_mut().insert("x-request-id", id);
-    }
+    call::stamp_id(request.metadata_mut(), &ctx.id);
     if let Some(timeout) = timeout {
         request.set_timeout(timeout + BACKEND_DEADLINE_GRACE);
     }

@@ -27,7 +27,7 @@
 //! breaks (the backend went away) ends the client's stream with that status (UNAVAILABLE),
 //! since requests in flight on it are lost and the client must know.
 
-use super::call::{Call, is_too_large};
+use super::call::{Call, is_too_large, stamp_id};
 use super::upstream_request;
 use super::wire::ModelMessage;
 use crate::auth::Admission;
@@ -150,12 +150,12 @@ pub fn start(
     inbound: Streaming<ModelInferRequest>,
 ) -> Response<ResponseStream> {
     let (out, answers) = mpsc::channel(OUT_QUEUE);
-    let id = call.id();
+    let id = call.ctx().id.clone();
     let span = call.span().clone();
     tokio::spawn(relay(call, metadata, inbound, out).instrument(span));
     let mut response: Response<ResponseStream> =
         Response::new(Box::pin(ReceiverStream::new(answers)));
-    response.metadata_mut().insert("x-request-id", id);
+    stamp_id(response.metadata_mut(), &id);
     response
 }
 
