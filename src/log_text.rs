@@ -41,8 +41,14 @@ where
         write_now(&mut writer)?;
         writer.write_str(level(event.metadata().level()))?;
         writer.write_char(' ')?;
+        let mut seen = false;
+        if let Some(written) =
+            crate::telemetry::scope::with_current(|fields| write_scope(&mut writer, &fields.view()))
+        {
+            written?;
+            seen = true;
+        }
         if let Some(scope) = ctx.event_scope() {
-            let mut seen = false;
             for span in scope.from_root() {
                 seen = true;
                 writer.write_str(span.metadata().name())?;
@@ -55,9 +61,9 @@ where
                 }
                 writer.write_char(':')?;
             }
-            if seen {
-                writer.write_char(' ')?;
-            }
+        }
+        if seen {
+            writer.write_char(' ')?;
         }
         ctx.format_fields(writer.by_ref(), event)?;
         writer.write_char('\n')
@@ -240,25 +246,15 @@ pub fn write_line(
         Value::Float(value) => plain_float(*value),
         Value::Shown(_) | Value::Number(_) => true,
     };
-    if !fields.iter().all(|(_, value)| plain(value))
-        || scope.is_some_and(|s| s.peer.is_some_and(|p| !needs_no_escape(p)))
-    {
+    if !fields.iter().all(|(_, value)| plain(value)) {
         return None;
     }
     write_now(&mut Writer::new(out)).ok()?;
     out.push_str(self::level(level));
     out.push(' ');
     if let Some(scope) = scope {
-        out.push_str("request{request_id=");
-        out.push_str(scope.request_id);
-        out.push_str(" trace_id=");
-        out.push_str(scope.trace_id);
-        if let Some(peer) = scope.peer {
-            out.push_str(" peer=\"");
-            out.push_str(peer);
-            out.push('"');
-        }
-        out.push_str("}: ");
+        write_scope(out, scope).ok()?;
+        out.push(' ');
     }
     out.push_str(message);
     for (name, value) in fields {
@@ -278,6 +274,25 @@ pub fn write_line(
     }
     out.push('\n');
     Some(())
+}
+
+/// Writes a request's scope as its span shows in the text format: `request{request_id=..
+/// trace_id=.. peer=".."}:`, the peer as `Debug` quotes it.
+fn write_scope(out: &mut impl fmt::Write, scope: &Scope<'_>) -> fmt::Result {
+    out.write_str("request{request_id=")?;
+    out.write_str(scope.request_id)?;
+    out.write_str(" trace_id=")?;
+    out.write_str(scope.trace_id)?;
+    match scope.peer {
+        Some(peer) if needs_no_escape(peer) => {
+            out.write_str(" peer=\"")?;
+            out.write_str(peer)?;
+            out.write_char('"')?;
+        }
+        Some(peer) => write!(out, " peer={peer:?}")?,
+        None => {}
+    }
+    out.write_str("}:")
 }
 
 /// Whether `Debug` writes `value` as ryu does: between these, it writes the shortest decimal
@@ -347,7 +362,7 @@ impl Visit for Visitor<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::fmt::MakeWriter;
@@ -425,6 +440,21 @@ mod tests {
             tracing::subscriber::with_default(builder.finish(), log_everything);
         }
         String::from_utf8(out.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// The lines `work` logs through the text format's `tracing` writers, without their
+    /// timestamps.
+    pub(crate) fn plain_lines(work: impl FnOnce()) -> Vec<String> {
+        let out = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_target(false)
+            .with_ansi(false)
+            .with_writer(out.clone())
+            .fmt_fields(PlainFields)
+            .event_format(PlainLine)
+            .finish();
+        tracing::subscriber::with_default(subscriber, work);
+        split_owned(String::from_utf8(out.0.lock().unwrap().clone()).unwrap()).0
     }
 
     /// Each line without its timestamp (the two ran at different times), and the timestamps.
@@ -592,7 +622,7 @@ mod tests {
             .is_none()
         };
         assert!(declined(&fields("/v2/\"quoted\""), None));
-        assert!(declined(&fields("/v2/x"), Some("CN=\\")));
+        assert!(!declined(&fields("/v2/x"), Some("CN=\\")));
         assert!(declined(&[("latency_ms", Value::Float(1e-9))], None));
         assert!(!declined(&fields("/v2/x"), None));
     }

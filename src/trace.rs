@@ -246,6 +246,7 @@ fn hex_value(digits: &[u8]) -> Option<u128> {
 }
 
 /// A trace id in hex (`RequestTrace::trace_id_hex`).
+#[derive(Clone, Copy)]
 pub struct TraceHex([u8; 32]);
 
 impl TraceHex {

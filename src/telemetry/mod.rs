@@ -1,6 +1,7 @@
 //! Metric names and logging setup, in one place: names are user interface (dashboards and
 //! alerts are built on them), so every one is declared and described here and nowhere else.
 
+pub mod scope;
 pub mod series;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -408,6 +409,11 @@ pub fn init_logging(format: LogFormat) {
 /// `RUST_LOG` directive on values), the format `log_text::write_line` writes.
 static PLAIN_TEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Whether the process logs in the plain text format, which `log_text` writes itself.
+pub fn plain_text() -> bool {
+    PLAIN_TEXT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Writes a line of the plain text format straight into the log's buffer: `write` formats it
 /// (`log_text::write_line`) into a buffer of this thread's, which is then copied in under the
 /// sink's lock in one piece; `urgent` writes it out at once, as warnings are. False when the
@@ -417,7 +423,7 @@ pub fn write_plain(urgent: bool, write: impl FnOnce(&mut String) -> Option<()>) 
     thread_local! {
         static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
     }
-    if !PLAIN_TEXT.load(std::sync::atomic::Ordering::Relaxed) {
+    if !plain_text() {
         return false;
     }
     LINE.with_borrow_mut(|line| {

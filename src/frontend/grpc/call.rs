@@ -18,6 +18,7 @@ use crate::model::Served;
 use crate::pipeline::RequestCtx;
 use crate::pipeline::edge::{Arrival, Edge};
 use crate::pipeline::finish::Answered;
+use crate::telemetry::scope::LogScope;
 use crate::telemetry::series::Protocol;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -28,7 +29,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::{Code, Status};
-use tracing::{Instrument, Span};
 
 /// The gRPC status of a failure: the backend's own status as it came, or the gateway's
 /// (`GatewayError::classify`) with the same message as on HTTP, and `retry-after` metadata
@@ -145,9 +145,9 @@ impl Call {
         &self.edge.ctx
     }
 
-    /// The span every log line of the call carries.
-    pub fn span(&self) -> &Span {
-        self.edge.span()
+    /// The scope every log line of the call carries.
+    pub fn scope(&self) -> &LogScope {
+        self.edge.scope()
     }
 
     /// Records what served a stream (its first model): a stream's messages each have a
@@ -172,11 +172,11 @@ impl Call {
         &mut self,
         work: impl AsyncFnOnce(&mut RequestCtx) -> Result<T, GatewayError>,
     ) -> Result<T, GatewayError> {
-        let span = self.edge.span().clone();
+        let scope = self.edge.scope().clone();
         let ctx = &mut self.edge.ctx;
         let deadline = ctx.deadline;
         let outcome = {
-            let work = work(ctx).instrument(span);
+            let work = scope.wrap(work(ctx));
             match deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, work).await.ok(),
                 None => Some(work.await),
@@ -194,7 +194,7 @@ impl Call {
         &self,
         work: impl Future<Output = Result<(), GatewayError>>,
     ) -> Result<(), GatewayError> {
-        let work = work.instrument(self.span().clone());
+        let work = self.scope().wrap(work);
         match self.edge.ctx.deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline, work).await {
                 Ok(outcome) => outcome,

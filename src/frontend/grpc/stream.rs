@@ -37,6 +37,7 @@ use crate::pipeline::{self, RequestCtx, admit, finish};
 use crate::placement::Lease;
 use crate::protocol::inference::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
 use crate::routing::Tally;
+use crate::telemetry::scope::LogScope;
 use crate::upstream::Backend;
 use crate::upstream::grpc as upstream_grpc;
 use std::collections::{HashMap, VecDeque};
@@ -48,7 +49,6 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::Instrument;
 
 /// The client's response stream.
 pub type ResponseStream =
@@ -151,8 +151,8 @@ pub fn start(
 ) -> Response<ResponseStream> {
     let (out, answers) = mpsc::channel(OUT_QUEUE);
     let id = call.ctx().id.clone();
-    let span = call.span().clone();
-    tokio::spawn(relay(call, metadata, inbound, out).instrument(span));
+    let scope = call.scope().clone();
+    tokio::spawn(scope.wrap(relay(call, metadata, inbound, out)));
     let mut response: Response<ResponseStream> =
         Response::new(Box::pin(ReceiverStream::new(answers)));
     stamp_id(response.metadata_mut(), &id);
@@ -163,7 +163,7 @@ pub fn start(
 struct Relay<'a> {
     /// The stream's own context (its edge and caller), which each request's starts from.
     stream: &'a RequestCtx,
-    span: &'a tracing::Span,
+    scope: &'a LogScope,
     /// What served the stream, for its log line: its first model.
     served: Option<Served>,
     metadata: &'a MetadataMap,
@@ -187,7 +187,7 @@ async fn relay(
         .bytes();
     let mut relay = Relay {
         stream: call.ctx(),
-        span: call.span(),
+        scope: call.scope(),
         served: None,
         metadata: &metadata,
         streams: HashMap::new(),
@@ -386,13 +386,10 @@ impl Relay<'_> {
                 waiting: waiting.clone(),
             });
         let out = self.out.clone();
-        self.pumps.spawn(
-            async move {
-                let answered = pump(lease, request, waiting, out).await;
-                ((model, index), answered)
-            }
-            .instrument(self.span.clone()),
-        );
+        self.pumps.spawn(self.scope.wrap(async move {
+            let answered = pump(lease, request, waiting, out).await;
+            ((model, index), answered)
+        }));
     }
 
     /// Answers a request the gateway refuses on the stream, as Triton answers a failed

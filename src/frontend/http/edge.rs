@@ -15,7 +15,6 @@ use crate::trace::TRACEPARENT;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::HeaderValue;
-use tracing::Instrument;
 
 /// Who may pass a listener's edge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,16 +62,16 @@ pub(crate) async fn around(
     let method = request.method().clone();
     let uri = request.uri().clone(); // shares the bytes, unlike copying the path
 
-    let span = edge.span().clone();
+    let scope = edge.scope().clone();
     let ctx = &mut edge.ctx;
-    let outcome = async {
-        if !probe {
-            admit(ctx, &mut request, gate).await?;
-        }
-        inner(ctx, request).await
-    }
-    .instrument(span)
-    .await;
+    let outcome = scope
+        .wrap(async {
+            if !probe {
+                admit(ctx, &mut request, gate).await?;
+            }
+            inner(ctx, request).await
+        })
+        .await;
 
     let error = outcome.as_ref().err().and_then(GatewayError::report);
     let mut response = outcome.unwrap_or_else(IntoResponse::into_response);
