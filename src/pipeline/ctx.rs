@@ -161,15 +161,19 @@ impl RequestCtx {
 
     /// The copy the request was placed on.
     pub fn lease(&self) -> Result<&Lease, GatewayError> {
-        self.lease.as_ref().ok_or(GatewayError::ModelNotReady {
-            model: self.model().map(|m| m.name.clone()).unwrap_or_default(),
-            version: None,
-        })
+        self.lease
+            .as_ref()
+            .ok_or_else(|| GatewayError::ModelNotReady {
+                model: self.model().map(|m| m.name.clone()).unwrap_or_default(),
+                version: None,
+            })
     }
 }
 
 /// A request's id: the client's `x-request-id` when it is short printable ASCII, else a new
-/// one, so a hostile id cannot break log lines.
+/// one, so a hostile id cannot break log lines. A new id is made shared from the start: it
+/// is cloned into the backend's request, the answer and the log scope, and bytes copied from
+/// a slice would be copied again at the first clone.
 pub fn request_id(client: Option<&HeaderValue>) -> HeaderValue {
     client
         .filter(|v| {
@@ -178,11 +182,33 @@ pub fn request_id(client: Option<&HeaderValue>) -> HeaderValue {
         })
         .cloned()
         .unwrap_or_else(|| {
-            let id = uuid::Uuid::new_v4();
-            HeaderValue::from_str(
-                id.as_hyphenated()
-                    .encode_lower(&mut uuid::Uuid::encode_buffer()),
-            )
-            .expect("uuid is a valid header value")
+            let mut id = [0; uuid::fmt::Hyphenated::LENGTH];
+            uuid::Uuid::new_v4().as_hyphenated().encode_lower(&mut id);
+            HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(id))
+                .expect("uuid is a valid header value")
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client's printable id is kept; a missing, empty, over-long or unprintable one is
+    /// replaced by a new UUID (v4, hyphenated, lower case), a different one each time.
+    #[test]
+    fn a_request_keeps_a_printable_id_or_gets_a_new_uuid() {
+        let kept = HeaderValue::from_static("client-id.42");
+        assert_eq!(request_id(Some(&kept)), kept);
+        let long = HeaderValue::from_str(&"x".repeat(129)).unwrap();
+        let spaced = HeaderValue::from_static("has space");
+        let empty = HeaderValue::from_static("");
+        for client in [None, Some(&long), Some(&spaced), Some(&empty)] {
+            let id = request_id(client);
+            let parsed = uuid::Uuid::parse_str(id.to_str().unwrap()).unwrap();
+            assert_eq!(parsed.get_version_num(), 4);
+            assert_eq!(id.to_str().unwrap(), parsed.hyphenated().to_string());
+            assert_eq!(id.clone(), id);
+            assert_ne!(request_id(client), id);
+        }
+    }
 }
