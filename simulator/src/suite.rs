@@ -65,10 +65,11 @@ pub struct SuiteRow {
 }
 
 /// The policy names `--policies` takes, with their rows.
-const POLICIES: [(&str, &str); 5] = [
+const POLICIES: [(&str, &str); 6] = [
     ("lru", "infergate, lru"),
     ("lfu", "infergate, lfu"),
     ("gdsf", "infergate, gdsf"),
+    ("tinylfu", "infergate, tinylfu"),
     ("belady-guarded", "Belady, churn guard"),
     ("belady", "Belady"),
 ];

@@ -84,6 +84,13 @@ pub enum EvictionPolicy {
     /// `cost_weight`) / size, with the same ageing clock: small, often used, slow to load
     /// models stay; big, rarely used ones go first.
     Gdsf,
+    /// GDSF whose frequency is a TinyLFU sketch's (a count-min sketch of 8-bit counters,
+    /// halved every "window" requests): how often the model was asked for lately,
+    /// remembered across evictions, instead of the uses of the copy now loaded. Worth is
+    /// frequency × reload cost / GiB^1.15, aged by the halvings; the window tunes itself by
+    /// hill climbing on the hit ratio (short when popularity drifts fast). A model asked
+    /// for once goes first, whatever it displaced to be loaded.
+    Tinylfu,
 }
 
 impl Default for Placement {
