@@ -11,6 +11,10 @@
 //!   by worth instead of age (a hit costs the same under every policy: ranking happens on
 //!   misses).
 //!
+//! - `hit_tinylfu`: `hit` under `placement.policy = "tinylfu"`, whose warm hits also count
+//!   the request in its frequency sketch (one hash of the name, four counters, and now and
+//!   then a halving of all of them).
+//!
 //! Each runs with 100 backends and 1,000, 10,000 and 100,000 models, to show how the cost
 //! scales in the number of models. Run: `cargo bench --bench placement`.
 //! Later per-request hot paths (routing, JWT, validation) get a file of their own beside this.
@@ -75,11 +79,16 @@ fn full_pool(models: usize, start: Instant, order: EvictionPolicy) -> (Table, Ve
 }
 
 fn hit(c: &mut Criterion) {
-    let mut group = c.benchmark_group("placement/hit");
+    hit_under(c, "placement/hit", EvictionPolicy::Lru);
+    hit_under(c, "placement/hit_tinylfu", EvictionPolicy::Tinylfu);
+}
+
+fn hit_under(c: &mut Criterion, name: &str, order: EvictionPolicy) {
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(1));
     for models in POOL_SIZES {
         let start = Instant::now();
-        let (mut table, names) = full_pool(models, start, EvictionPolicy::Lru);
+        let (mut table, names) = full_pool(models, start, order);
         let view = view();
         let mut now = start + Duration::from_secs(1);
         // Requests spread over the whole pool (a stride co-prime with the pool size), so

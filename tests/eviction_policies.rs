@@ -1,5 +1,5 @@
-//! `placement.policy` against real Triton: the same skewed workload under `lru`, `lfu` and
-//! `gdsf` evicts the model each policy should, the one `infergate-simulate`'s replay of the
+//! `placement.policy` against real Triton: the same skewed workload under `lru`, `lfu`,
+//! `gdsf` and `tinylfu` evicts the model each policy should, the one `infergate-simulate`'s replay of the
 //! same trace predicts, and Triton's index always matches the gateway's books within
 //! capacity.
 //!
@@ -7,7 +7,8 @@
 //! with room for 1000 MiB: `p_a` (200 MiB) is used five times first, `p_b` (100 MiB) once,
 //! `p_c` (500 MiB) twice, then `p_d` (300 MiB) needs one of them to go. LRU takes `p_a` (used
 //! longest ago), LFU `p_b` (used least), GDSF `p_c` (its two uses are worth least per byte of
-//! reload).
+//! reload), and TinyLFU `p_c` too (two requests in its sketch, per GiB^1.15 of reload: about
+//! a third of `p_b`'s worth).
 
 mod support;
 
@@ -116,6 +117,7 @@ async fn each_policy_evicts_the_model_the_simulator_predicts() {
         (EvictionPolicy::Lru, "p_a"),
         (EvictionPolicy::Lfu, "p_b"),
         (EvictionPolicy::Gdsf, "p_c"),
+        (EvictionPolicy::Tinylfu, "p_c"),
     ] {
         let name = format!("{policy:?}").to_lowercase();
         let placement = format!(

@@ -136,6 +136,10 @@ pub struct Outcome {
     pub loads: u64,
     /// Bytes of those loads.
     pub bytes_loaded: u64,
+    /// Time those loads took (each by `Setup::load_time`, slot waits not counted), in
+    /// microseconds: what the misses cost the GPUs, which a policy cannot hide by reloading
+    /// only small models.
+    pub load_micros: u64,
     /// Copies evicted.
     pub evictions: u64,
     /// Idle time of evicted copies, summed (for the mean).
@@ -193,6 +197,11 @@ impl Outcome {
         } else {
             self.large_hits as f64 / self.large_requests as f64
         }
+    }
+
+    /// Seconds the loads took, summed.
+    pub fn load_seconds(&self) -> f64 {
+        self.load_micros as f64 / 1e6
     }
 
     /// All refusals.
@@ -381,6 +390,7 @@ impl Sim<'_> {
         self.out.loads += 1;
         self.out.loads_per_backend[backend] += 1;
         self.out.bytes_loaded += self.sizes[model as usize];
+        self.out.load_micros += self.setup.load_time(self.sizes[model as usize]);
         let committed = placer.committed(backend);
         let peak = &mut self.out.peak_committed[backend];
         *peak = (*peak).max(committed);

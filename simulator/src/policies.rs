@@ -270,6 +270,9 @@ pub enum Rule {
     /// equal-sized items; with sizes and several backends it is the classic oracle bound,
     /// not a proven optimum.
     Belady,
+    /// Belady held to the real table's churn guard: a copy used within `min_churn_age` is
+    /// never a victim. The bound a policy that keeps the guard can be measured against.
+    BeladyGuarded,
 }
 
 const NOT_PLACED: u32 = u32::MAX;
@@ -306,6 +309,10 @@ pub struct Baseline {
     next_use: Vec<u64>,
     /// Never filed as evictable.
     pinned: Vec<bool>,
+    /// Copies used within this long are not victims (`Rule::BeladyGuarded`; 0 otherwise).
+    guard: Micros,
+    /// The time of the decision under way (for `guard`).
+    now: Micros,
 }
 
 impl Baseline {
@@ -313,7 +320,8 @@ impl Baseline {
     pub fn new(rule: Rule, trace: &Trace, setup: &Setup) -> Self {
         let n = trace.names.len();
         let backends = setup.usable.len();
-        let next = if rule == Rule::Belady {
+        let oracle = matches!(rule, Rule::Belady | Rule::BeladyGuarded);
+        let next = if oracle {
             let mut seen = vec![NEVER; n];
             let mut next = vec![NEVER; trace.requests.len()];
             for (i, r) in trace.requests.iter().enumerate().rev() {
@@ -343,6 +351,12 @@ impl Baseline {
             next,
             next_use: vec![NEVER; n],
             pinned: vec![false; n],
+            guard: if rule == Rule::BeladyGuarded {
+                setup.min_churn_age.as_micros() as Micros
+            } else {
+                0
+            },
+            now: 0,
         }
     }
 
@@ -350,7 +364,7 @@ impl Baseline {
         match self.rule {
             Rule::Lru | Rule::LruOldestInstance => self.last_used[model as usize],
             // Furthest next use first; never-again (NEVER) sorts first of all.
-            Rule::Belady => NEVER - self.next_use[model as usize],
+            Rule::Belady | Rule::BeladyGuarded => NEVER - self.next_use[model as usize],
         }
     }
 
@@ -405,8 +419,13 @@ impl Baseline {
         if let Some(b) = roomy {
             return Some((b, Vec::new()));
         }
-        let feasible =
-            (0..self.usable.len()).filter(|&b| self.free(b) + self.evictable_bytes[b] >= size);
+        let feasible = (0..self.usable.len()).filter(|&b| {
+            if self.guard == 0 {
+                self.free(b) + self.evictable_bytes[b] >= size
+            } else {
+                self.victims(b, size).1 >= size
+            }
+        });
         let backend = match self.rule {
             Rule::Lru => {
                 feasible.max_by_key(|&b| (self.free(b), std::cmp::Reverse(self.in_flight[b])))?
@@ -416,7 +435,7 @@ impl Baseline {
                 let youngest = victims.last().map_or(0, |&m| self.last_used[m as usize]);
                 (youngest, std::cmp::Reverse(self.free(b)), self.in_flight[b])
             })?,
-            Rule::Belady => feasible.max_by_key(|&b| {
+            Rule::Belady | Rule::BeladyGuarded => feasible.max_by_key(|&b| {
                 // The soonest next use among the victims this backend would give up.
                 let (victims, _) = self.victims(b, size);
                 let soonest = victims
@@ -438,6 +457,9 @@ impl Baseline {
             if free >= size {
                 break;
             }
+            if self.guard > 0 && self.last_used[model as usize] + self.guard > self.now {
+                continue;
+            }
             free += self.copy_size[model as usize];
             chosen.push(model);
         }
@@ -447,7 +469,7 @@ impl Baseline {
 
 impl Placer for Baseline {
     fn observe(&mut self, index: usize, model: u32) {
-        if self.rule == Rule::Belady {
+        if matches!(self.rule, Rule::Belady | Rule::BeladyGuarded) {
             self.next_use[model as usize] = self.next[index];
             let backend = self.placed[model as usize];
             if backend != NOT_PLACED && self.filed[model as usize].is_some() {
@@ -471,6 +493,7 @@ impl Placer for Baseline {
             return Step::Serve(backend);
         }
         let size = self.estimate(model);
+        self.now = now;
         let Some((backend, victims)) = self.choose(size) else {
             return Step::Refuse(Refusal::NoRoom);
         };

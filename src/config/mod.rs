@@ -602,8 +602,10 @@ mod tests {
         assert_eq!(config.models[0].cost_weight, Some(2.5));
         assert_eq!(
             Config::parse(MINIMAL).unwrap().placement.policy,
-            EvictionPolicy::Lru
+            EvictionPolicy::Tinylfu
         );
+        let tinylfu = Config::parse(&format!("{MINIMAL}[placement]\npolicy = \"tinylfu\"\n"));
+        assert_eq!(tinylfu.unwrap().placement.policy, EvictionPolicy::Tinylfu);
         let found = errors(&format!("{MINIMAL}[placement]\npolicy = \"fifo\"\n"));
         assert!(
             found[0].starts_with("placement.policy") && found[0].contains("`lru`, `lfu`, `gdsf`"),

@@ -17,6 +17,7 @@ mod pool;
 pub mod registry;
 mod room;
 pub mod sequences;
+mod sketch;
 mod spec;
 pub(crate) mod table;
 mod unloading;

@@ -9,12 +9,19 @@
 //! - `gdsf`: GreedyDual-Size-Frequency: the clock plus uses × reload cost / size, where the
 //!   reload cost is the model's learned load time (until one is timed, assumed from its size).
 //!
+//! - `tinylfu`: GDSF's worth with the frequency of a TinyLFU sketch (`sketch`): how often the
+//!   model was asked for lately, remembered across evictions, × reload cost / GiB^1.15,
+//!   aged by the sketch's halvings, whose window tunes itself by hill climbing on the hit
+//!   ratio. The sketch is this table's, so in a pool of replicas each counts the requests
+//!   it serves itself (see `sketch`).
+//!
 //! The clock of `lfu` and `gdsf` rises to the worth of each copy evicted, and a copy takes
 //! the clock's value when it is ranked: a model that was hot an hour ago and is idle now
 //! keeps the worth it had then, which newly ranked copies overtake as the clock rises. That
 //! is the ageing that stops yesterday's hot model from staying forever. Under every policy a
 //! model marked `keep` comes after every copy that is not.
 
+use super::sketch::TinyLfu;
 use crate::config::EvictionPolicy;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -80,6 +87,9 @@ pub struct EvictionOrder {
     clock: f64,
     weights: HashMap<String, ModelWeight>,
     load_seconds: HashMap<String, f64>,
+    /// `tinylfu`: how often each model was asked for lately, and the window that tunes it
+    /// (`None` under other policies, whose warm hits then pay nothing for it).
+    tinylfu: Option<TinyLfu>,
 }
 
 impl EvictionOrder {
@@ -91,6 +101,23 @@ impl EvictionOrder {
             clock: 0.0,
             weights: HashMap::new(),
             load_seconds: HashMap::new(),
+            tinylfu: (policy == EvictionPolicy::Tinylfu).then(TinyLfu::new),
+        }
+    }
+
+    /// Counts a request for `model` (`tinylfu`'s sketch; nothing under other policies).
+    /// A warm hit pays for this: one hash of the name and four counters.
+    pub fn record(&mut self, model: &str) {
+        if let Some(tinylfu) = &mut self.tinylfu {
+            tinylfu.record(model);
+        }
+    }
+
+    /// Counts a cold miss: a new copy placed for a request (what `tinylfu`'s window is
+    /// tuned to make rarer).
+    pub fn missed(&mut self) {
+        if let Some(tinylfu) = &mut self.tinylfu {
+            tinylfu.missed();
         }
     }
 
@@ -146,6 +173,11 @@ impl EvictionOrder {
                 let cost = self.reload_seconds(usage.model, usage.bytes) * weight.cost_weight;
                 self.clock + uses * cost / gib
             }
+            EvictionPolicy::Tinylfu => {
+                let tinylfu = self.tinylfu.as_ref().expect("tinylfu keeps a sketch");
+                let cost = self.reload_seconds(usage.model, usage.bytes) * weight.cost_weight;
+                tinylfu.worth(usage.model, usage.bytes, cost)
+            }
         };
         Rank {
             keep: weight.keep,
@@ -158,7 +190,7 @@ impl EvictionOrder {
     /// its worth.
     pub fn evicted(&mut self, top: Option<Rank>) {
         if let Some(top) = top
-            && self.policy != EvictionPolicy::Lru
+            && matches!(self.policy, EvictionPolicy::Lfu | EvictionPolicy::Gdsf)
         {
             self.clock = self.clock.max(f64::from_bits(top.worth));
         }

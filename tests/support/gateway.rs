@@ -89,10 +89,17 @@ pub fn pool_config_in(
     placement: &str,
     tables: &str,
 ) -> String {
+    // The placement tests were written for LRU's victims, the default until `tinylfu`;
+    // they keep it unless they choose a policy themselves.
+    let lru = if placement.contains("policy") {
+        ""
+    } else {
+        "policy = \"lru\"\n"
+    };
     let mut text = format!(
         "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
          [upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"3s\"\n\
-         [placement]\nmodel_repository = \"{}\"\n{placement}\n",
+         [placement]\nmodel_repository = \"{}\"\n{lru}{placement}\n",
         repository.display()
     );
     text.push_str(&backends(name, tritons, capacity));

@@ -8,10 +8,11 @@ use super::tests::{
 use super::*;
 use crate::placement::ModelWeight;
 
-const POLICIES: [EvictionPolicy; 3] = [
+const POLICIES: [EvictionPolicy; 4] = [
     EvictionPolicy::Lru,
     EvictionPolicy::Lfu,
     EvictionPolicy::Gdsf,
+    EvictionPolicy::Tinylfu,
 ];
 
 fn table(eviction: EvictionPolicy, usable_mib: &[u64], now: Instant) -> Table {
@@ -45,10 +46,11 @@ fn victims_of(plan: &LoadPlan) -> Vec<&str> {
 /// use), `c` (50 MiB, two uses, used last); a 20 MiB model needs one of them to go.
 /// LRU takes the one used longest ago (a), LFU the one used least (b), GDSF the one whose
 /// uses are worth least per byte of reload (c: 2 × 0.55 s / 50 MiB against b's
-/// 1 × 0.52 s / 20 MiB).
+/// 1 × 0.52 s / 20 MiB). TinyLFU weighs the same way, by its sketch's count (here the
+/// same as the uses) and size to the power 1.15: c too.
 #[tokio::test(start_paused = true)]
 async fn each_policy_takes_its_own_victim() {
-    for (eviction, victim) in POLICIES.into_iter().zip(["a", "b", "c"]) {
+    for (eviction, victim) in POLICIES.into_iter().zip(["a", "b", "c", "c"]) {
         let start = Instant::now();
         let mut table = table(eviction, &[100], start);
         load(&mut table, "a", 20, start);
@@ -62,6 +64,40 @@ async fn each_policy_takes_its_own_victim() {
         assert_eq!(victims_of(&plan), [victim], "{eviction:?}");
         assert_within_capacity(&table);
     }
+}
+
+/// One load: the plan's victims go, the copy is ready, and it serves `uses` requests.
+fn place(table: &mut Table, name: &str, mib: u64, uses: usize, at: Instant) -> Vec<String> {
+    let plan = plan_of(table.decide(&model(name), &est(mib), &view(1), false, true, at));
+    let victims = victims_of(&plan).iter().map(|v| v.to_string()).collect();
+    depart_victims(table, &plan, at);
+    table.finish_load(plan.backend, name, &Ok(()), at);
+    serve(table, name, uses, at);
+    victims
+}
+
+/// What TinyLFU's sketch adds: a model's requests are remembered after its copy is
+/// evicted, and a model asked for once does not push out one asked for often. One backend
+/// holds two 40 MiB models. `hot` is asked for 20 times, then pushed out by `a` (the only
+/// copy idle past `min_churn_age`), then asked for again: its new copy has served one
+/// request, fewer than `x`'s two, but the sketch counts 21. So `b` takes `x`'s place, and
+/// `c` then takes the one-hit `b`'s, not `hot`'s.
+#[tokio::test(start_paused = true)]
+async fn tinylfu_remembers_a_model_across_its_eviction() {
+    let start = Instant::now();
+    let t = |s: u64| start + Duration::from_secs(s);
+    let mut table = table(EvictionPolicy::Tinylfu, &[80], start);
+    place(&mut table, "hot", 40, 20, start);
+    place(&mut table, "x", 40, 1, t(1));
+    serve(&mut table, "x", 1, t(70));
+    assert_eq!(place(&mut table, "a", 40, 1, t(100)), ["hot"]);
+    // hot comes back: of x (2 requests) and a (1), a goes.
+    assert_eq!(place(&mut table, "hot", 40, 1, t(200)), ["a"]);
+    // hot's copy has served 1 request, x's 2: the sketch remembers hot's 21.
+    assert_eq!(place(&mut table, "b", 40, 1, t(400)), ["x"]);
+    // b was asked for once: it goes, hot stays.
+    assert_eq!(place(&mut table, "c", 40, 1, t(500)), ["b"]);
+    assert_within_capacity(&table);
 }
 
 /// GDSF's reload cost is the load time it learned: of two models alike in size and use, the

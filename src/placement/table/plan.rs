@@ -105,14 +105,17 @@ impl Table {
             allow_evict,
             now,
         ) {
-            Ok((backend, evict, top)) => Decision::Load(self.commit(
-                backend,
-                &model.name,
-                (wanted, sizing),
-                (evict, top),
-                pinned,
-                now,
-            )),
+            Ok((backend, evict, top)) => Decision::Load({
+                self.order.missed();
+                self.commit(
+                    backend,
+                    &model.name,
+                    (wanted, sizing),
+                    (evict, top),
+                    pinned,
+                    now,
+                )
+            }),
             Err(error) => Decision::Refuse(error),
         }
     }

@@ -75,6 +75,7 @@ impl Table {
         sequence: Option<&SequenceRef>,
         now: Instant,
     ) -> Decision {
+        self.order.record(&model.name);
         self.backends[b].modify(&model.name, |copy| {
             copy.in_flight += 1;
             copy.served += 1;
