@@ -9,7 +9,10 @@
 //! on, the `message`, raw identifiers, errors, strings that need escaping, floats far from 1)
 //! is left to the stock writers, so the output stays the same.
 
+use crate::trace::TraceHex;
+use http::HeaderValue;
 use std::fmt;
+use std::sync::Arc;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::field::RecordFields;
@@ -42,9 +45,7 @@ where
         writer.write_str(level(event.metadata().level()))?;
         writer.write_char(' ')?;
         let mut seen = false;
-        if let Some(written) =
-            crate::telemetry::scope::with_current(|fields| write_scope(&mut writer, &fields.view()))
-        {
+        if let Some(written) = with_current(|fields| write_scope(&mut writer, &fields.view())) {
             written?;
             seen = true;
         }
@@ -274,6 +275,55 @@ pub fn write_line(
     }
     out.push('\n');
     Some(())
+}
+
+tokio::task_local! {
+    /// The scope's fields of the request being polled, when its scope is no span
+    /// (`telemetry::scope`).
+    static CURRENT: Option<Arc<ScopeFields>>;
+}
+
+/// What a request's scope shows, owned: held in a task-local while the request's futures are
+/// polled, where `PlainLine` finds it.
+pub struct ScopeFields {
+    /// The request id (printable ASCII).
+    pub request_id: HeaderValue,
+    /// The trace id.
+    pub trace_id: TraceHex,
+    /// The verified client certificate's subject (mTLS).
+    pub peer: Option<Arc<str>>,
+}
+
+impl ScopeFields {
+    /// The fields as the text format writes them.
+    pub fn view(&self) -> Scope<'_> {
+        Scope {
+            request_id: self.request_id.to_str().unwrap_or_default(),
+            trace_id: self.trace_id.as_str(),
+            peer: self.peer.as_deref(),
+        }
+    }
+}
+
+/// `work`, with every line it logs while polled inside the scope `fields`.
+pub fn in_scope<F: Future>(
+    fields: Option<Arc<ScopeFields>>,
+    work: F,
+) -> impl Future<Output = F::Output> + use<F> {
+    CURRENT.scope(fields, work)
+}
+
+/// Runs `work` with every line it logs inside the scope `fields`.
+pub fn sync_in_scope<T>(fields: Option<Arc<ScopeFields>>, work: impl FnOnce() -> T) -> T {
+    CURRENT.sync_scope(fields, work)
+}
+
+/// Calls `write` with the scope's fields of the request being polled, when there is one.
+fn with_current<T>(write: impl FnOnce(&ScopeFields) -> T) -> Option<T> {
+    CURRENT
+        .try_with(|fields| fields.as_deref().map(write))
+        .ok()
+        .flatten()
 }
 
 /// Writes a request's scope as its span shows in the text format: `request{request_id=..

@@ -5,20 +5,15 @@
 //! into a string, and a registry update each time a task enters and leaves it: about a twelfth
 //! of the gateway's instructions per request (`loadtest/instructions.sh`). The plain text log
 //! (`telemetry::init_logging`), the default, needs none of that: the scope's fields ride in a
-//! task-local while the request's futures are polled, and `log_text` writes them, byte for
-//! byte what the span wrote. Every other format (JSON, colours, a `RUST_LOG` directive on
-//! span values) keeps the real span, which it reads.
+//! task-local while the request's futures are polled (`log_text::in_scope`), and `log_text`
+//! writes them, byte for byte what the span wrote. Every other format (JSON, colours, a
+//! `RUST_LOG` directive on span values) keeps the real span, which it reads.
 
-use crate::log_text::Scope;
+use crate::log_text::{self, ScopeFields};
 use crate::trace::TraceHex;
 use http::HeaderValue;
 use std::sync::Arc;
 use tracing::{Instrument, Span};
-
-tokio::task_local! {
-    /// The fields of the request being polled, when its scope is not a span.
-    static CURRENT: Option<Arc<ScopeFields>>;
-}
 
 /// A request's log scope: a span, or its fields alone (see the module's doc). Cheap to clone,
 /// for the tasks the request spawns.
@@ -26,24 +21,6 @@ tokio::task_local! {
 pub struct LogScope {
     span: Span,
     fields: Option<Arc<ScopeFields>>,
-}
-
-/// What a request's log scope shows.
-pub struct ScopeFields {
-    id: HeaderValue,
-    trace_id: TraceHex,
-    peer: Option<Arc<str>>,
-}
-
-impl ScopeFields {
-    /// The fields as the text log writes them.
-    pub fn view(&self) -> Scope<'_> {
-        Scope {
-            request_id: self.id.to_str().unwrap_or_default(),
-            trace_id: self.trace_id.as_str(),
-            peer: self.peer.as_deref(),
-        }
-    }
 }
 
 impl LogScope {
@@ -59,7 +36,7 @@ impl LogScope {
         }
         let fields = tracing::span_enabled!(tracing::Level::INFO).then(|| {
             Arc::new(ScopeFields {
-                id: id.clone(),
+                request_id: id.clone(),
                 trace_id,
                 peer: peer.cloned(),
             })
@@ -77,23 +54,14 @@ impl LogScope {
 
     /// `work`, polled inside this scope.
     pub fn wrap<F: Future>(&self, work: F) -> impl Future<Output = F::Output> + use<F> {
-        CURRENT.scope(self.fields.clone(), work.instrument(self.span.clone()))
+        log_text::in_scope(self.fields.clone(), work.instrument(self.span.clone()))
     }
 
     /// Runs `work` inside this scope, for what is logged outside the request's futures.
     pub fn run<T>(&self, work: impl FnOnce() -> T) -> T {
         let _entered = self.span.enter();
-        CURRENT.sync_scope(self.fields.clone(), work)
+        log_text::sync_in_scope(self.fields.clone(), work)
     }
-}
-
-/// Calls `write` with the fields of the request whose futures are being polled, when its scope
-/// is not a span.
-pub fn with_current<T>(write: impl FnOnce(&ScopeFields) -> T) -> Option<T> {
-    CURRENT
-        .try_with(|fields| fields.as_deref().map(write))
-        .ok()
-        .flatten()
 }
 
 /// The span every log line of a request carries: its id, its trace id, and the verified
@@ -149,7 +117,7 @@ mod tests {
             });
             let plain = plain_lines(|| {
                 let fields = ScopeFields {
-                    id: id.clone(),
+                    request_id: id.clone(),
                     trace_id: hex,
                     peer: peer.clone(),
                 };
