@@ -6,6 +6,7 @@
 
 mod auth;
 mod backends;
+mod band;
 mod cluster;
 mod parse;
 mod placement;
@@ -15,6 +16,7 @@ mod url;
 
 pub use auth::{ApiKey, Auth, AuthMode, JwtKey, Tenant, algorithm_family};
 pub use backends::{Backend, Discovered};
+pub use band::Band;
 pub use cluster::{Cluster, ClusterTls};
 pub use placement::{EvictionPolicy, Model, Placement};
 pub use routes::{Guard, RouteConfig, RouteTarget, StickyKey};
@@ -245,6 +247,13 @@ pub struct Server {
     pub ready_wait: HumanDuration,
     /// Requests that may wait so at once; past it a request is refused at once.
     pub max_waiting: usize,
+    /// How long a request waits for a slot on a saturated model (`[[models]].max_in_flight`)
+    /// before it is refused with 503 and `Retry-After`, when its client set no sooner
+    /// deadline; a request the queue cannot serve in time is refused at once.
+    pub queue_timeout: HumanDuration,
+    /// Requests waiting at once for one saturated model, all tenants and bands: past it a
+    /// newcomer pushes out the newest request of a lower band, or is refused.
+    pub max_queued: usize,
 }
 
 impl Server {
@@ -322,6 +331,8 @@ impl Default for Server {
             shutdown_delay: HumanDuration(Duration::from_secs(5)),
             ready_wait: HumanDuration(Duration::from_secs(10)),
             max_waiting: 1024,
+            queue_timeout: HumanDuration(Duration::from_secs(10)),
+            max_queued: 1024,
         }
     }
 }
