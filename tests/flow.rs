@@ -20,7 +20,7 @@ const LIGHT_KEY: &str = "light-key-0123456789";
 const OPS_KEY: &str = "ops-key-0123456789";
 
 /// A gateway over `triton` with two tenants, `flood` and `light`: weight 1 and `standard`
-/// both (the defaults), neither allowed to ask for more.
+/// both (the defaults); `light` may ask for `critical`, `flood` may not.
 fn config(triton: &Triton) -> String {
     let tables = format!(
         r#"
@@ -49,6 +49,7 @@ name = "flood"
 
 [[auth.tenants]]
 name = "light"
+max_priority = "critical"
 "#,
         flood = infergate::hash_key(FLOOD_KEY),
         light = infergate::hash_key(LIGHT_KEY),
@@ -267,4 +268,58 @@ async fn bad_priority(client: &reqwest::Client, url: &str) -> (u16, String) {
         .await
         .unwrap();
     (answer.status().as_u16(), answer.text().await.unwrap())
+}
+
+/// Bands are strict: tenant `light` floods its own `standard` lane at c=32 (some 32 requests
+/// of 5 ms queued, ~150 ms of work), then sends `critical` requests one at a time: each goes
+/// before the whole standard queue, so its latency is a request or two of service, not the
+/// queue's length; its own standard requests meanwhile wait the queue out.
+#[tokio::test]
+async fn critical_requests_go_before_a_full_standard_queue() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start_with_admin_key(&config(&triton), OPS_KEY).await;
+    let url = format!("{}/v2/models/slow_model/infer", gateway.url());
+    let client = reqwest::Client::new();
+    assert_eq!(infer(&client, &url, LIGHT_KEY, 5).await.0, 200);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = flood(&url, LIGHT_KEY, 32, stop.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut critical = Vec::new();
+    for _ in 0..50 {
+        let started = Instant::now();
+        let answer = client
+            .post(&url)
+            .header("x-api-key", LIGHT_KEY)
+            .header("x-infergate-priority", "critical")
+            .json(&slow_body(5))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        critical.push((200, started.elapsed()));
+    }
+    // The standard queue's wait, seen now: one standard request behind the flood.
+    let (status, standard) = infer(&client, &url, LIGHT_KEY, 5).await;
+    stop.store(true, Ordering::Relaxed);
+    for f in flooding {
+        assert!(f.await.unwrap().iter().all(|s| *s == 200));
+    }
+    let critical_p99 = p99(&critical);
+    println!("critical p99 {critical_p99:?} beside a standard request's {standard:?}");
+    assert_eq!(status, 200);
+    assert!(
+        critical_p99 * 3 < standard,
+        "critical p99 {critical_p99:?}, a standard request behind the flood {standard:?}"
+    );
+    let admitted = gateway
+        .metric_sum(
+            "infergate_flow_admitted_total",
+            &["tenant=\"light\"", "band=\"critical\""],
+        )
+        .await;
+    assert!(
+        admitted >= 40.0,
+        "{admitted} critical requests let in after waiting"
+    );
 }
