@@ -62,16 +62,27 @@ pub struct Flow {
 }
 
 impl Flow {
-    /// The gate of `model`, made with `max_in_flight` per copy if it has none yet.
-    pub fn gate(&self, model: &str, max_in_flight: impl FnOnce() -> usize) -> Arc<Gate> {
+    /// The gate of `model`, made with `max_in_flight` per copy if it has none yet and the
+    /// model is `known` (asked only then): a gate is never made for a name no backend has,
+    /// so clients naming models at random cannot grow the map; such a request goes on
+    /// ungated to placement, which refuses it.
+    pub fn gate(
+        &self,
+        model: &str,
+        max_in_flight: impl FnOnce() -> usize,
+        known: impl FnOnce() -> bool,
+    ) -> Option<Arc<Gate>> {
         if let Some(gate) = self.gates.read().expect("flow gates").get(model) {
-            return gate.clone();
+            return Some(gate.clone());
+        }
+        if !known() {
+            return None;
         }
         let mut gates = self.gates.write().expect("flow gates");
         let gate = gates
             .entry(Arc::from(model))
             .or_insert_with(|| Arc::new(Gate::new(model, max_in_flight())));
-        gate.clone()
+        Some(gate.clone())
     }
 }
 

@@ -50,7 +50,13 @@ pub async fn enter(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
             .and_then(|m| m.max_in_flight)
             .unwrap_or(DEFAULT_MAX_IN_FLIGHT)
     };
-    let gate = ctx.gateway.flow().gate(model, per_copy);
+    let known = || {
+        let backends = ctx.gateway.pool().backends();
+        backends.iter().any(|b| b.index().knows(model))
+    };
+    let Some(gate) = ctx.gateway.flow().gate(model, per_copy, known) else {
+        return Ok(());
+    };
     let entered = gate.enter(|| {
         let copies = ctx.gateway.placement().copies(model).max(1);
         let server = &config.server;
