@@ -18,9 +18,14 @@ use support::{Triton, TritonOptions};
 const FLOOD_KEY: &str = "flood-key-0123456789";
 const LIGHT_KEY: &str = "light-key-0123456789";
 const OPS_KEY: &str = "ops-key-0123456789";
+const HEAVY_KEY: &str = "heavy-key-0123456789";
 
-/// A gateway over `triton` with two tenants, `flood` and `light`: weight 1 and `standard`
-/// both (the defaults); `light` may ask for `critical`, `flood` may not.
+/// The tests of this binary measure latency and shares on a 2-core machine: one at a time, so
+/// that none measures another's load.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A gateway over `triton` with tenants `flood` and `light`, weight 1 and `standard` both
+/// (the defaults; `light` may ask for `critical`, `flood` may not), and `heavy`, weight 3.
 fn config(triton: &Triton) -> String {
     let tables = format!(
         r#"
@@ -44,6 +49,14 @@ sha256 = "{flood}"
 name = "light"
 sha256 = "{light}"
 
+[[auth.api_keys]]
+name = "heavy"
+sha256 = "{heavy}"
+
+[[auth.tenants]]
+name = "heavy"
+weight = 3
+
 [[auth.tenants]]
 name = "flood"
 
@@ -53,6 +66,7 @@ max_priority = "critical"
 "#,
         flood = infergate::hash_key(FLOOD_KEY),
         light = infergate::hash_key(LIGHT_KEY),
+        heavy = infergate::hash_key(HEAVY_KEY),
         ops = infergate::hash_key(OPS_KEY),
     );
     pool_config("flow", &[triton], "1GiB", "scale_up_rps = 0.0", &tables)
@@ -142,6 +156,7 @@ fn p99(seen: &[(u16, Duration)]) -> Duration {
 /// counted).
 #[tokio::test]
 async fn a_flooding_tenant_does_not_starve_a_light_one() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let triton = Triton::start(TritonOptions::default()).await.unwrap();
     let gateway = TestGateway::start_with_admin_key(&config(&triton), OPS_KEY).await;
     let url = format!("{}/v2/models/slow_model/infer", gateway.url());
@@ -276,6 +291,7 @@ async fn bad_priority(client: &reqwest::Client, url: &str) -> (u16, String) {
 /// queue's length; its own standard requests meanwhile wait the queue out.
 #[tokio::test]
 async fn critical_requests_go_before_a_full_standard_queue() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let triton = Triton::start(TritonOptions::default()).await.unwrap();
     let gateway = TestGateway::start_with_admin_key(&config(&triton), OPS_KEY).await;
     let url = format!("{}/v2/models/slow_model/infer", gateway.url());
@@ -321,5 +337,57 @@ async fn critical_requests_go_before_a_full_standard_queue() {
     assert!(
         admitted >= 40.0,
         "{admitted} critical requests let in after waiting"
+    );
+}
+
+/// Weights: tenants `heavy` (weight 3) and `flood` (weight 1) both flood at c=16; over a
+/// window in which both always have requests waiting, the copy serves them within 10% of 3:1.
+#[tokio::test]
+async fn flooding_tenants_share_by_weight() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start_with_admin_key(&config(&triton), OPS_KEY).await;
+    let url = format!("{}/v2/models/slow_model/infer", gateway.url());
+    let client = reqwest::Client::new();
+    assert_eq!(infer(&client, &url, HEAVY_KEY, 5).await.0, 200);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let counting = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for (i, key) in [HEAVY_KEY, FLOOD_KEY].into_iter().enumerate() {
+        for _ in 0..16 {
+            let (client, url) = (client.clone(), url.clone());
+            let (stop, served, counting) = (stop.clone(), served.clone(), counting.clone());
+            workers.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let (status, _) = infer(&client, &url, key, 5).await;
+                    assert_eq!(status, 200);
+                    if counting.load(Ordering::Relaxed) {
+                        served[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    // Counted only while both have requests waiting: after the queues fill, before the stop.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    counting.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    counting.store(false, Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    let (heavy, flood) = (
+        served[0].load(Ordering::Relaxed),
+        served[1].load(Ordering::Relaxed),
+    );
+    let ratio = heavy as f64 / flood.max(1) as f64;
+    println!("weights 3:1 served {heavy}:{flood} = {ratio:.2}:1 in 4 s");
+    assert!(heavy + flood > 200, "{heavy} + {flood} served in 4 s");
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "3:1 weights served {ratio:.2}:1"
     );
 }
