@@ -169,6 +169,18 @@ pub enum GatewayError {
     /// endpoint that needs the admin role).
     #[error("{message}")]
     Forbidden { message: String },
+    /// Flow control refused the request: its model's copies are saturated and its queue
+    /// could not serve it in time, or was full (`reason`). Not the route target's failure.
+    #[error(
+        "model '{model}' is saturated: this {band} request was shed ({reason}); retry in {}s",
+        retry_secs(*.retry_after)
+    )]
+    Shed {
+        model: String,
+        band: &'static str,
+        reason: &'static str,
+        retry_after: Duration,
+    },
     /// The caller's tenant is over one of its limits.
     #[error("{message}; retry in {}s", retry_secs(*.retry_after))]
     RateLimited {
@@ -241,9 +253,10 @@ impl GatewayError {
             | Self::SequenceLost { .. }
             | Self::Backend(_)
             | Self::BackendRefused { .. } => ErrorSource::Upstream,
-            Self::ShuttingDown | Self::NotJoined | Self::RegistryUnreachable { .. } => {
-                ErrorSource::Gateway
-            }
+            Self::ShuttingDown
+            | Self::NotJoined
+            | Self::RegistryUnreachable { .. }
+            | Self::Shed { .. } => ErrorSource::Gateway,
         }
     }
 
@@ -279,6 +292,7 @@ impl GatewayError {
             Self::Unauthenticated { .. } => "unauthenticated",
             Self::Forbidden { .. } => "forbidden",
             Self::RateLimited { .. } => "rate_limited",
+            Self::Shed { .. } => "shed",
             Self::Backend(_) | Self::BackendRefused { .. } => "backend",
         }
     }
@@ -323,6 +337,7 @@ impl GatewayError {
             | Self::LoadFailed { .. }
             | Self::RegistryUnreachable { .. }
             | Self::NotJoined
+            | Self::Shed { .. }
             | Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
             Self::UpstreamUnreachable { .. } | Self::UpstreamFailed { .. } => {
                 (StatusCode::BAD_GATEWAY, Code::Unavailable)
@@ -354,8 +369,12 @@ impl GatewayError {
 
     /// Whether a route's guard counts this against the target that was chosen: a failure on
     /// the server's side (5xx). The client's own deadline is not the target's failure.
+    /// A request shed under overload is no more the target's failure: a guard that counted
+    /// it would roll a canary back for the pool's load.
     pub fn fails_target(&self) -> bool {
-        self.origin() != ErrorSource::Client && self.http_status().is_server_error()
+        !matches!(self, Self::Shed { .. })
+            && self.origin() != ErrorSource::Client
+            && self.http_status().is_server_error()
     }
 
     /// Whether the answer tells the client when to retry (`Retry-After` on HTTP,
@@ -376,7 +395,8 @@ impl GatewayError {
         match self {
             Self::Churn { retry_after }
             | Self::LoadFailed { retry_after, .. }
-            | Self::RateLimited { retry_after, .. } => retry_secs(*retry_after),
+            | Self::RateLimited { retry_after, .. }
+            | Self::Shed { retry_after, .. } => retry_secs(*retry_after),
             _ => 1,
         }
     }
@@ -625,6 +645,17 @@ mod tests {
                 Upstream,
             ),
             (
+                GatewayError::Shed {
+                    model: "m".into(),
+                    band: "standard",
+                    reason: "deadline",
+                    retry_after: Duration::from_millis(2500),
+                },
+                503,
+                Unavailable,
+                Gateway,
+            ),
+            (
                 GatewayError::Churn {
                     retry_after: Duration::from_secs(3),
                 },
@@ -746,11 +777,20 @@ mod tests {
                 "{error:?}"
             );
             assert_eq!(error.report().is_none(), passed_through, "{error:?}");
+            // A shed is the pool's load, not the target's failure.
+            let shed = matches!(error, GatewayError::Shed { .. });
             assert_eq!(
                 error.fails_target(),
-                status >= 500 && source != Client,
+                status >= 500 && source != Client && !shed,
                 "{error:?}"
             );
+            if shed {
+                assert_eq!(
+                    error.retry_after_secs(),
+                    3,
+                    "rounded up from the drain time"
+                );
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 
 use crate::config::{self, Config};
 use crate::live::Live;
-use crate::{cluster, discovery, error, hold, placement, telemetry, tls, upstream, validate};
+use crate::{cluster, discovery, error, flow, hold, placement, telemetry, tls, upstream, validate};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +30,8 @@ struct Inner {
     signatures: Arc<validate::SignatureCache>,
     /// Requests waiting for a pool that cannot take them right now.
     holding: hold::Holding,
+    /// Each model's slots and waiting room (`[[models]].max_in_flight`).
+    flow: flow::Flow,
     metrics: PrometheusHandle,
     draining: AtomicBool,
     /// The listeners' certificates (and client CAs), when `[listen.tls]` is set.
@@ -82,6 +84,7 @@ impl Gateway {
                 health: std::sync::OnceLock::new(),
                 signatures,
                 holding: Default::default(),
+                flow: Default::default(),
                 metrics,
                 draining: AtomicBool::new(false),
                 tls,
@@ -191,6 +194,11 @@ impl Gateway {
     /// The requests held for the pool (`hold`).
     pub fn holding(&self) -> &hold::Holding {
         &self.inner.holding
+    }
+
+    /// Each model's slots and waiting room: the flow phase's state.
+    pub fn flow(&self) -> &flow::Flow {
+        &self.inner.flow
     }
 
     /// The Prometheus renderer.

@@ -13,6 +13,7 @@ mod cluster;
 pub mod config;
 mod discovery;
 mod error;
+mod flow;
 mod fnv;
 mod frontend;
 mod gateway;

@@ -13,6 +13,7 @@ pub mod tenants;
 
 use crate::config::{self, AuthMode};
 use crate::error::GatewayError;
+use crate::flow::TenantFlow;
 use api_keys::ApiKeys;
 use foldhash::HashMap;
 use jwt::{Claims, JwtKeys};
@@ -93,18 +94,34 @@ pub enum Access<'a> {
     Admin(&'static str),
 }
 
+/// A tenant's flow settings, defaults filled in.
+fn tenant_flow(tenant: &crate::config::Tenant) -> TenantFlow {
+    let priority = tenant.priority.unwrap_or_default();
+    TenantFlow {
+        priority,
+        max_priority: tenant.max_priority.unwrap_or(priority),
+        weight: tenant.weight.unwrap_or(1),
+        max_queued: tenant.max_queued,
+    }
+}
+
 /// One tenant's configured policy.
 #[derive(Debug, Default)]
 struct TenantPolicy {
     models: Option<ModelAccess>,
     rate: Option<TokenBucket>,
     concurrency: Option<Concurrency>,
+    flow: TenantFlow,
 }
 
 /// A request let through; holds its tenant's concurrency slot until dropped.
 #[derive(Debug, Default)]
 pub struct Admission {
     _slot: Option<Slot>,
+    /// Its tenant's flow policy (band, highest band, weight), for the flow phase; the
+    /// default (`standard`, no asking higher) for anonymous traffic and tenants not
+    /// configured.
+    pub flow: TenantFlow,
 }
 
 /// How a refused admission is counted.
@@ -226,6 +243,7 @@ impl Auth {
                         TokenBucket::new(rate, t.burst.unwrap_or(rate.ceil().max(1.0) as u32))
                     }),
                     concurrency: t.max_concurrent.map(Concurrency::new),
+                    flow: tenant_flow(t),
                 };
                 (Arc::from(t.name.as_str()), policy)
             })
@@ -405,7 +423,10 @@ impl Auth {
         if let Some(bucket) = &policy.rate {
             take_rate_token(bucket, identity, replicas)?;
         }
-        Ok(Admission { _slot: slot })
+        Ok(Admission {
+            _slot: slot,
+            flow: policy.flow,
+        })
     }
 
     /// Whether the identity may do this at all, before any limit is spent on it: admin

@@ -141,6 +141,17 @@ pub struct Tenant {
     pub burst: Option<u32>,
     /// Requests in progress at once; absent: no limit.
     pub max_concurrent: Option<u32>,
+    /// The band of a request that asks for none (`x-infergate-priority`); absent:
+    /// `standard`.
+    pub priority: Option<super::Band>,
+    /// The highest band a request may ask for; one asking higher is served at this band
+    /// (and counted). Absent: `priority`, so a tenant asks for more only when allowed.
+    pub max_priority: Option<super::Band>,
+    /// Its share of a band's turns at a saturated model against other tenants; absent: 1.
+    pub weight: Option<u32>,
+    /// Its requests waiting at once for one saturated model, all bands; absent: only
+    /// `server.max_queued`.
+    pub max_queued: Option<usize>,
 }
 
 /// The algorithm names jsonwebtoken verifies, by family.
@@ -422,6 +433,35 @@ impl Tenant {
             error(
                 format!("auth.tenants[{i}].max_concurrent"),
                 "must be at least 1".into(),
+            );
+        }
+        self.check_flow(i, error);
+    }
+
+    /// Flow settings that could never hold: a zero weight or bound, or a highest band below
+    /// the default one.
+    fn check_flow(&self, i: usize, error: &mut impl FnMut(String, String)) {
+        if self.weight == Some(0) {
+            error(
+                format!("auth.tenants[{i}].weight"),
+                "must be at least 1".into(),
+            );
+        }
+        if self.max_queued == Some(0) {
+            error(
+                format!("auth.tenants[{i}].max_queued"),
+                "must be at least 1".into(),
+            );
+        }
+        if let (Some(default), Some(highest)) = (self.priority, self.max_priority)
+            && highest > default
+        {
+            error(
+                format!("auth.tenants[{i}].max_priority"),
+                format!(
+                    "must be at least priority ({}): the band a tenant gets without asking",
+                    default.as_str()
+                ),
             );
         }
     }

@@ -6,6 +6,7 @@
 
 mod auth;
 mod backends;
+mod band;
 mod cluster;
 mod parse;
 mod placement;
@@ -15,6 +16,7 @@ mod url;
 
 pub use auth::{ApiKey, Auth, AuthMode, JwtKey, Tenant, algorithm_family};
 pub use backends::{Backend, Discovered};
+pub use band::Band;
 pub use cluster::{Cluster, ClusterTls};
 pub use placement::{EvictionPolicy, Model, Placement};
 pub use routes::{Guard, RouteConfig, RouteTarget, StickyKey};
@@ -245,6 +247,13 @@ pub struct Server {
     pub ready_wait: HumanDuration,
     /// Requests that may wait so at once; past it a request is refused at once.
     pub max_waiting: usize,
+    /// How long a request waits for a slot on a saturated model (`[[models]].max_in_flight`)
+    /// before it is refused with 503 and `Retry-After`, when its client set no sooner
+    /// deadline; a request the queue cannot serve in time is refused at once.
+    pub queue_timeout: HumanDuration,
+    /// Requests waiting at once for one saturated model, all tenants and bands: past it a
+    /// newcomer pushes out the newest request of a lower band, or is refused.
+    pub max_queued: usize,
 }
 
 impl Server {
@@ -322,6 +331,8 @@ impl Default for Server {
             shutdown_delay: HumanDuration(Duration::from_secs(5)),
             ready_wait: HumanDuration(Duration::from_secs(10)),
             max_waiting: 1024,
+            queue_timeout: HumanDuration(Duration::from_secs(10)),
+            max_queued: 1024,
         }
     }
 }
@@ -615,6 +626,57 @@ mod tests {
             "{MINIMAL}[[models]]\nname = \"m\"\ncost_weight = 0\n"
         ));
         assert_eq!(found, ["models[0].cost_weight: must be a positive number"]);
+    }
+
+    /// Flow control's keys are read, and settings that could never hold are named: a zero
+    /// `max_in_flight`, weight or bound, a highest band below the default one, a band that
+    /// does not exist.
+    #[test]
+    fn flow_keys_are_read_and_checked() {
+        let config = Config::parse(&format!(
+            "{MINIMAL}[server]\nqueue_timeout = \"2s\"\nmax_queued = 64\n\
+             [[models]]\nname = \"m\"\nmax_in_flight = 4\n\
+             [[auth.tenants]]\nname = \"t\"\npriority = \"sheddable\"\nmax_priority = \"critical\"\nweight = 3\nmax_queued = 8\n"
+        ))
+        .unwrap();
+        assert_eq!(config.server.queue_timeout.0, Duration::from_secs(2));
+        assert_eq!(config.server.max_queued, 64);
+        assert_eq!(config.models[0].max_in_flight, Some(4));
+        let tenant = &config.auth.tenants[0];
+        assert_eq!(
+            (
+                tenant.priority,
+                tenant.max_priority,
+                tenant.weight,
+                tenant.max_queued
+            ),
+            (
+                Some(Band::Sheddable),
+                Some(Band::Critical),
+                Some(3),
+                Some(8)
+            )
+        );
+        let found = errors(&format!(
+            "{MINIMAL}[[models]]\nname = \"m\"\nmax_in_flight = 0\n\
+             [[auth.tenants]]\nname = \"t\"\npriority = \"critical\"\nmax_priority = \"standard\"\nweight = 0\nmax_queued = 0\n"
+        ));
+        assert_eq!(found.len(), 4, "{found:?}");
+        for key in [
+            "models[0].max_in_flight: must be at least 1",
+            "auth.tenants[0].weight: must be at least 1",
+            "auth.tenants[0].max_queued: must be at least 1",
+            "auth.tenants[0].max_priority: must be at least priority (critical)",
+        ] {
+            assert!(
+                found.iter().any(|f| f.starts_with(key)),
+                "{key} in {found:?}"
+            );
+        }
+        let found = errors(&format!(
+            "{MINIMAL}[[auth.tenants]]\nname = \"t\"\npriority = \"urgent\"\n"
+        ));
+        assert!(found[0].contains("critical"), "{found:?}");
     }
 
     #[test]

@@ -147,6 +147,9 @@ pub struct Model {
     /// Multiplies what a use of this model is worth under `lfu` and `gdsf` (2: it stays as
     /// if used twice as often); `lru` orders by time alone and ignores it.
     pub cost_weight: Option<f64>,
+    /// Requests one copy takes at once before more wait at the gateway, fairly by tenant
+    /// and band (docs/flow.md); absent: 32 (`flow::DEFAULT_MAX_IN_FLIGHT`).
+    pub max_in_flight: Option<usize>,
 }
 
 impl Model {
@@ -221,6 +224,12 @@ impl Placement {
                 error(
                     format!("models[{i}].cost_weight"),
                     "must be a positive number".into(),
+                );
+            }
+            if model.max_in_flight == Some(0) {
+                error(
+                    format!("models[{i}].max_in_flight"),
+                    "must be at least 1".into(),
                 );
             }
             if model.name.trim().is_empty() {

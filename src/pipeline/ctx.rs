@@ -7,6 +7,7 @@
 use crate::auth::Admission;
 use crate::auth::Caller;
 use crate::error::GatewayError;
+use crate::flow::{Band, Permit};
 use crate::gateway::Gateway;
 use crate::live::Live;
 use crate::model::{Ask, ModelRef, Served};
@@ -44,8 +45,13 @@ pub struct RequestCtx {
     pub routed: Option<Routed>,
     /// The sequence the request belongs to, read before it is placed.
     pub sequence: Option<SequenceRef>,
+    /// Its priority band (`flow::priority`).
+    pub band: Band,
     /// The copy that serves it (`place`).
     pub lease: Option<Lease>,
+    /// Its slot on the model's copies (`flow::enter`), after the lease so that the copy is
+    /// released before the next waiting request is let in.
+    pub permit: Option<Permit>,
     /// What served it, for its metrics and log line (`served`): set with the copy by
     /// `place`, or by an answer no single copy gives (statistics, a repository load).
     pub serving: Option<Served>,
@@ -73,7 +79,9 @@ impl RequestCtx {
             requested: None,
             routed: None,
             sequence: None,
+            band: Band::Standard,
             lease: None,
+            permit: None,
             serving: None,
         }
     }

@@ -2,10 +2,11 @@
 //! named phases over one per-request context (`RequestCtx`):
 //!
 //! ```text
-//! edge ─▶ admit ─▶ route ─▶ place ─▶ validate ─▶ forward ─▶ finish
-//!         (auth,    (route    (a copy,  (the input   (to the    (guard, metrics,
-//!         limits)   → target) loaded    against the  copy, once  span, access log)
-//!                             on demand) signature)  more if gone)
+//! edge ─▶ admit ─▶ route ─▶ flow ─▶ place ─▶ validate ─▶ forward ─▶ finish
+//!         (auth,    (route    (a slot   (a copy,  (the input   (to the    (guard, metrics,
+//!         limits,   → target) on the    loaded    against the  copy, once  span, access log)
+//!         band)               copies,   on demand) signature)  more if gone)
+//!                             in turn)
 //! ```
 //!
 //! Each phase is a plain function over `&mut RequestCtx`; `serve` runs them in order. A
@@ -18,6 +19,7 @@ pub mod admit;
 mod ctx;
 pub mod edge;
 pub mod finish;
+mod flow;
 pub mod forward;
 pub mod mirror;
 mod place;
@@ -47,6 +49,7 @@ pub(crate) async fn serve<W: Wire>(
     wire: &mut W,
 ) -> Result<W::Answer, GatewayError> {
     admit::model(ctx)?;
+    flow::priority(ctx, wire.header(crate::flow::PRIORITY_HEADER))?;
     route(ctx, |name| wire.header(name))?;
     wire.retarget(ctx.routed.as_ref().expect("routed"));
     let answer = placed(ctx, wire).await;
@@ -61,6 +64,11 @@ pub(crate) async fn serve<W: Wire>(
 /// The phases from reading the request to the backend's answer.
 async fn placed<W: Wire>(ctx: &mut RequestCtx, wire: &mut W) -> Result<W::Answer, GatewayError> {
     ctx.sequence = wire.sequence(ctx).await?;
+    if ctx.ask == Ask::Inference
+        && let Err(error) = flow::enter(ctx).await
+    {
+        return wire.unplaced(error);
+    }
     match place(ctx).await {
         Ok(Placing::Leased) => {}
         Ok(Placing::Answered(local)) => return wire.local(local),

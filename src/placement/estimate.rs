@@ -526,6 +526,7 @@ mod tests {
             preload: false,
             keep: false,
             cost_weight: None,
+            max_in_flight: None,
         }
     }
 

@@ -246,6 +246,12 @@ impl Placement {
             .collect()
     }
 
+    /// Copies of `model` on the books (loading ones too): flow control gives a model
+    /// `max_in_flight` slots per copy. Read only when its slots are all taken.
+    pub fn copies(&self, model: &str) -> usize {
+        self.books().copies_of(model)
+    }
+
     /// Finds (or makes) a ready copy of the model and leases it.
     pub async fn acquire(self: &Arc<Self>, model: &ModelRef) -> Result<Lease, GatewayError> {
         self.acquire_with(model, None, true, None).await

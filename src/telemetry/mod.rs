@@ -113,6 +113,22 @@ pub const REQUESTS_WAITING: &str = "infergate_requests_waiting";
 /// Held requests by model and `outcome` (`served`, `timeout`: `server.ready_wait` or the
 /// client's deadline ended the wait, `full`: `server.max_waiting` were waiting already).
 pub const REQUESTS_HELD: &str = "infergate_requests_held_total";
+/// Requests waiting at the gateway for a slot on a saturated model's copies, by model,
+/// tenant and band (`[[models]].max_in_flight`).
+pub const FLOW_QUEUE_DEPTH: &str = "infergate_flow_queue_depth";
+/// How long requests that waited for a slot waited before they got one, by model, tenant
+/// and band.
+pub const FLOW_WAIT: &str = "infergate_flow_wait_seconds";
+/// Requests let through to a saturated model's copies after waiting, by model, tenant and
+/// band (requests that found a slot at once are `infergate_requests_total`).
+pub const FLOW_ADMITTED: &str = "infergate_flow_admitted_total";
+/// Requests refused by flow control, by model, tenant, band and reason (`deadline`: the
+/// queue could not serve it in time, `tenant_full`, `full`, `pressure`: pushed out by a
+/// higher band).
+pub const FLOW_SHED: &str = "infergate_flow_shed_total";
+/// Requests that asked for a band above their tenant's `max_priority` and were served at
+/// that, by tenant.
+pub const FLOW_PRIORITY_CAPPED: &str = "infergate_flow_priority_capped_total";
 /// Instances a DNS group (`backends[].dns`) resolved to at its last answer, by group.
 pub const DISCOVERED_BACKENDS: &str = "infergate_discovered_backends";
 /// DNS rounds that got no answer for a group (it keeps its last instances), by group.
@@ -173,6 +189,32 @@ fn describe() {
     describe_placement();
 }
 
+/// Flow control: requests waiting for a saturated model, let through, and shed.
+fn describe_flow() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        FLOW_QUEUE_DEPTH,
+        "Requests waiting for a slot on a saturated model, by model, tenant and band."
+    );
+    describe_histogram!(
+        FLOW_WAIT,
+        Unit::Seconds,
+        "Time requests waited for a slot on a saturated model, by model, tenant and band."
+    );
+    describe_counter!(
+        FLOW_ADMITTED,
+        "Requests let through to a saturated model after waiting, by model, tenant and band."
+    );
+    describe_counter!(
+        FLOW_SHED,
+        "Requests refused by flow control, by model, tenant, band and reason."
+    );
+    describe_counter!(
+        FLOW_PRIORITY_CAPPED,
+        "Requests that asked for a band above their tenant's max_priority, by tenant."
+    );
+}
+
 /// Requests as clients see them: answered, refused, held, copied, rolled back.
 fn describe_requests() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
@@ -207,6 +249,7 @@ fn describe_requests() {
         REQUESTS_HELD,
         "Requests held for the pool, by model and outcome (served, timeout, full)."
     );
+    describe_flow();
     describe_counter!(
         ROUTE_ROLLBACKS,
         "Canaries switched off by a route guard, by route, target and reason."

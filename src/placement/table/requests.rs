@@ -92,6 +92,11 @@ impl Table {
         Decision::Serve(b)
     }
 
+    /// Copies of `model` on the books, loading ones included.
+    pub fn copies_of(&self, model: &str) -> usize {
+        self.located.of(model).count()
+    }
+
     /// A request is done with its copy.
     pub fn release(&mut self, backend: usize, model: &str, now: Instant) {
         self.release_version(backend, model, None, now);

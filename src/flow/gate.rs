@@ -1,0 +1,467 @@
+//! One model's gate: the slots its copies offer (`max_in_flight` × copies) and the waiting
+//! room behind them (`FairQueue`).
+//!
+//! Below saturation, a request reads one counter (is anyone waiting?) and takes a slot with
+//! one compare-and-swap; giving it back is one subtraction and one read. Only when requests
+//! wait is the room's lock taken: a request joins under it, and whoever frees a slot (a
+//! finished request, a waiter gone) hands it to the next in the queue under it, so a
+//! newcomer never jumps the queue and no slot is lost between the two. Both sides use
+//! sequentially consistent atomics for that: a request joining counts itself before looking
+//! for a slot, a finished request frees its slot before looking for waiters, so at least
+//! one of them sees the other.
+
+use super::queue::{Bounds, FairQueue, Joined, Shed};
+use super::{Band, TenantFlow};
+use crate::telemetry;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// Pops the drain rate needs before it is trusted to refuse a request on arrival.
+const DRAIN_SAMPLES: u32 = 4;
+
+/// A model's slots and waiting room.
+#[derive(Debug)]
+pub struct Gate {
+    model: Arc<str>,
+    in_flight: AtomicUsize,
+    /// `max_in_flight` × copies, as last computed (on the gate's last full moment).
+    limit: AtomicUsize,
+    /// Requests in the room.
+    queued: AtomicUsize,
+    room: Mutex<Room>,
+}
+
+#[derive(Debug)]
+struct Room {
+    queue: FairQueue<Waiter>,
+    drain: Drain,
+    next_id: u64,
+}
+
+/// A request in the room: where its slot (or its refusal) goes.
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    reply: oneshot::Sender<Result<(), Shed>>,
+    band: Band,
+    tenant: Arc<str>,
+}
+
+/// How fast the room empties while it has a backlog: a moving mean of the time between
+/// two requests leaving it.
+#[derive(Debug, Default)]
+struct Drain {
+    last: Option<Instant>,
+    gap: Option<f64>,
+    samples: u32,
+}
+
+impl Drain {
+    fn popped(&mut self, now: Instant, backlog_left: bool) {
+        if let Some(last) = self.last {
+            let gap = (now - last).as_secs_f64();
+            self.gap = Some(self.gap.map_or(gap, |mean| mean * 0.9 + gap * 0.1));
+            self.samples += 1;
+        }
+        // A gap that starts with the room empty would count idle time as work.
+        self.last = backlog_left.then_some(now);
+    }
+
+    /// Requests leaving per second, once measured.
+    fn per_sec(&self) -> Option<f64> {
+        let gap = self.gap.filter(|_| self.samples >= DRAIN_SAMPLES)?;
+        Some(1.0 / gap.max(1e-6))
+    }
+}
+
+/// A request that wants a slot of a model's copies.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// Its band, capped by its tenant's policy.
+    pub band: Band,
+    /// Its tenant ("" for anonymous traffic).
+    pub tenant: Arc<str>,
+    /// Its tenant's policy (weight, bound).
+    pub flow: TenantFlow,
+    /// When it stops waiting: its client's deadline, or `server.queue_timeout` from now.
+    pub until: Instant,
+}
+
+/// A slot on the model's copies, held for the request's length; dropping it gives the slot
+/// to the next waiting request, or back.
+#[derive(Debug)]
+pub struct Permit {
+    gate: Arc<Gate>,
+    /// Whether the request waited for it (and how long), for the admitted count.
+    pub waited: Option<Duration>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.gate.release();
+    }
+}
+
+/// A refused request: why, and when to try again (from the drain rate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why it was shed.
+    pub shed: Shed,
+    /// When a retry could find room: the time the room takes to empty, at its drain rate.
+    pub retry_after: Duration,
+}
+
+impl Gate {
+    /// A gate of `limit` slots (one copy's worth until its first full moment).
+    pub fn new(model: &str, limit: usize) -> Self {
+        Self {
+            model: Arc::from(model),
+            in_flight: AtomicUsize::new(0),
+            limit: AtomicUsize::new(limit.max(1)),
+            queued: AtomicUsize::new(0),
+            room: Mutex::new(Room {
+                queue: FairQueue::new(Bounds {
+                    per_tenant: usize::MAX,
+                    total: usize::MAX,
+                }),
+                drain: Drain::default(),
+                next_id: 0,
+            }),
+        }
+    }
+
+    /// A slot for the request: at once below saturation; else in turn, or refused.
+    /// `full` is called only when the gate is full: the request's entry, and the slots
+    /// (`max_in_flight` × copies) and bounds now.
+    pub async fn enter(
+        self: &Arc<Self>,
+        full: impl FnOnce() -> (Entry, usize, Bounds),
+    ) -> Result<Permit, Refusal> {
+        if self.queued.load(SeqCst) == 0 && self.try_slot() {
+            return Ok(Permit {
+                gate: self.clone(),
+                waited: None,
+            });
+        }
+        let (entry, limit, bounds) = full();
+        self.wait(&entry, (limit, bounds)).await
+    }
+
+    /// Requests waiting now.
+    pub fn queued(&self) -> usize {
+        self.queued.load(SeqCst)
+    }
+
+    fn try_slot(&self) -> bool {
+        let limit = self.limit.load(SeqCst);
+        (self.in_flight)
+            .fetch_update(SeqCst, SeqCst, |n| (n < limit).then_some(n + 1))
+            .is_ok()
+    }
+
+    fn room(&self) -> MutexGuard<'_, Room> {
+        self.room.lock().expect("flow room")
+    }
+
+    /// A slot given back: handed to the next waiter, if any.
+    fn release(&self) {
+        self.in_flight.fetch_sub(1, SeqCst);
+        if self.queued.load(SeqCst) > 0 {
+            self.pump(&mut self.room());
+        }
+    }
+
+    /// Joins the room, unless the request cannot be served before `entry.until` at the
+    /// drain rate, and waits for a slot.
+    async fn wait(
+        self: &Arc<Self>,
+        entry: &Entry,
+        (limit, bounds): (usize, Bounds),
+    ) -> Result<Permit, Refusal> {
+        let joined_at = Instant::now();
+        let (reply, rx) = oneshot::channel();
+        let id = {
+            let mut room = self.room();
+            self.limit.store(limit.max(1), SeqCst);
+            room.queue.set_bounds(bounds);
+            if let Some(wait) = room.expected_wait(entry)
+                && joined_at + wait > entry.until
+            {
+                return Err(room.refusal(Shed::Deadline));
+            }
+            let id = room.next_id;
+            room.next_id += 1;
+            let waiter = Waiter {
+                id,
+                reply,
+                band: entry.band,
+                tenant: entry.tenant.clone(),
+            };
+            self.queued.fetch_add(1, SeqCst);
+            let weight = entry.flow.weight;
+            match room.queue.join(entry.band, &entry.tenant, weight, waiter) {
+                Joined::Refused(shed) => {
+                    self.queued.fetch_sub(1, SeqCst);
+                    return Err(room.refusal(shed));
+                }
+                Joined::QueuedPushing(pushed) => {
+                    self.queued.fetch_sub(1, SeqCst);
+                    self.depth(pushed.band, &pushed.tenant, -1.0);
+                    let _ = pushed.reply.send(Err(Shed::Pressure));
+                }
+                Joined::Queued => {}
+            }
+            self.depth(entry.band, &entry.tenant, 1.0);
+            self.pump(&mut room);
+            id
+        };
+        let mut ticket = Ticket {
+            gate: self,
+            entry,
+            id,
+            rx,
+            granted: false,
+        };
+        let answer = tokio::time::timeout_at(entry.until, &mut ticket.rx).await;
+        let shed = match answer {
+            Ok(Ok(Ok(()))) => {
+                ticket.granted = true;
+                return Ok(Permit {
+                    gate: self.clone(),
+                    waited: Some(joined_at.elapsed()),
+                });
+            }
+            Ok(Ok(Err(shed))) => shed,
+            // The room never drops a waiter unanswered; were it to, that is a full room.
+            Ok(Err(_)) => Shed::Full,
+            Err(_) => Shed::Deadline,
+        };
+        drop(ticket);
+        Err(self.room().refusal(shed))
+    }
+
+    /// Hands free slots to waiters, in the queue's order. A waiter whose request has gone
+    /// gives its slot straight back.
+    fn pump(&self, room: &mut Room) {
+        while !room.queue.is_empty() && self.try_slot() {
+            let (band, tenant, waiter) = room.queue.next().expect("not empty");
+            self.queued.fetch_sub(1, SeqCst);
+            room.drain.popped(Instant::now(), !room.queue.is_empty());
+            self.depth(band, &tenant, -1.0);
+            if waiter.reply.send(Ok(())).is_err() {
+                self.in_flight.fetch_sub(1, SeqCst);
+            }
+        }
+    }
+
+    fn depth(&self, band: Band, tenant: &Arc<str>, by: f64) {
+        metrics::gauge!(telemetry::FLOW_QUEUE_DEPTH,
+            "model" => metrics::SharedString::from(self.model.clone()),
+            "tenant" => metrics::SharedString::from(tenant.clone()),
+            "band" => band.as_str())
+        .increment(by);
+    }
+}
+
+impl Room {
+    /// How long a newcomer would wait, at the drain rate: the higher bands' requests, then
+    /// its turn in its band (its lane's backlog, spread over the band's tenants by
+    /// weight). `None` until the rate is measured.
+    fn expected_wait(&self, entry: &Entry) -> Option<Duration> {
+        let rate = self.drain.per_sec()?;
+        let (band, tenant) = (entry.band, &*entry.tenant);
+        let band_len = self.queue.lane_total(band);
+        let higher = self.queue.ahead_of(band) - band_len;
+        let lane = self.queue.lane_len(band, tenant);
+        let weight = u64::from(entry.flow.weight.max(1));
+        let weights = self.queue.active_weight(band) + if lane == 0 { weight } else { 0 };
+        let turns = (lane + 1) as f64 * weights as f64 / weight as f64;
+        let ahead = higher as f64 + turns.min((band_len + 1) as f64);
+        Some(Duration::from_secs_f64(ahead / rate))
+    }
+
+    /// A refusal, with the time the room takes to empty at its drain rate.
+    fn refusal(&self, shed: Shed) -> Refusal {
+        let retry_after = match self.drain.per_sec() {
+            Some(rate) => Duration::from_secs_f64(self.queue.len() as f64 / rate),
+            None => Duration::from_secs(1),
+        };
+        Refusal { shed, retry_after }
+    }
+}
+
+/// A waiter's place. Left without a slot (its deadline, its client gone), it takes its
+/// entry out of the queue, or gives back a slot handed to it meanwhile.
+struct Ticket<'a> {
+    gate: &'a Arc<Gate>,
+    entry: &'a Entry,
+    id: u64,
+    rx: oneshot::Receiver<Result<(), Shed>>,
+    granted: bool,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if self.granted {
+            return;
+        }
+        let gate = self.gate;
+        let (band, tenant) = (self.entry.band, &self.entry.tenant);
+        let removed = gate.room().queue.remove(band, tenant, |w| w.id == self.id);
+        if removed.is_some() {
+            gate.queued.fetch_sub(1, SeqCst);
+            gate.depth(band, tenant, -1.0);
+            return;
+        }
+        // Its turn came: the slot handed over (if any) goes back.
+        self.rx.close();
+        if let Ok(Ok(())) = self.rx.try_recv() {
+            gate.release();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROOMY: Bounds = Bounds {
+        per_tenant: 1000,
+        total: 1000,
+    };
+
+    fn entry(band: Band, tenant: &str, weight: u32, wait: Duration) -> Entry {
+        Entry {
+            band,
+            tenant: Arc::from(tenant),
+            flow: TenantFlow {
+                weight,
+                ..TenantFlow::default()
+            },
+            until: Instant::now() + wait,
+        }
+    }
+
+    async fn enter(gate: &Arc<Gate>, entry: &Entry) -> Result<Permit, Refusal> {
+        gate.enter(|| (entry.clone(), 1, ROOMY)).await
+    }
+
+    /// Below its limit a gate admits at once; past it requests wait, and each slot given
+    /// back goes to the next in the queue's order (here the critical request first).
+    #[tokio::test(start_paused = true)]
+    async fn below_the_limit_nothing_waits_and_freed_slots_go_in_order() {
+        let gate = Arc::new(Gate::new("m", 1));
+        let long = Duration::from_secs(60);
+        let first = enter(&gate, &entry(Band::Standard, "a", 1, long))
+            .await
+            .unwrap();
+        assert!(first.waited.is_none());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiting = Vec::new();
+        for (i, band) in [Band::Standard, Band::Sheddable, Band::Critical]
+            .into_iter()
+            .enumerate()
+        {
+            let (gate, order) = (gate.clone(), order.clone());
+            waiting.push(tokio::spawn(async move {
+                let permit = enter(&gate, &entry(band, "b", 1, long)).await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(permit);
+            }));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(gate.queued(), 3);
+        drop(first);
+        for w in waiting {
+            w.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [2, 0, 1]);
+        assert_eq!((gate.queued(), gate.in_flight.load(SeqCst)), (0, 0));
+    }
+
+    /// Once the drain rate is known, a request whose deadline the queue cannot meet is
+    /// refused at once (no time passes), with `Retry-After` the time the queue takes to
+    /// empty; one that can wait is served.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_the_queue_cannot_meet_is_refused_at_once() {
+        let gate = Arc::new(Gate::new("m", 1));
+        let long = Duration::from_secs(60);
+        // One slot, each request holding it 100 ms: 10 per second.
+        let mut clients = Vec::new();
+        for _ in 0..12 {
+            let gate = gate.clone();
+            clients.push(tokio::spawn(async move {
+                let permit = enter(&gate, &entry(Band::Standard, "a", 1, long)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                permit.is_ok()
+            }));
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(650)).await;
+        let queued = gate.queued();
+        assert_eq!(queued, 5);
+        let started = Instant::now();
+        let hurried = entry(Band::Standard, "a", 1, Duration::from_millis(50));
+        let refused = enter(&gate, &hurried).await.unwrap_err();
+        assert_eq!(refused.shed, Shed::Deadline);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        let secs = refused.retry_after.as_secs_f64();
+        assert!((0.45..=0.55).contains(&secs), "retry after {secs}s");
+        // Another tenant, alone in its lane, is next in line by turns: 200 ms.
+        let patient = entry(Band::Standard, "b", 1, Duration::from_millis(300));
+        assert!(enter(&gate, &patient).await.is_ok());
+        assert!(started.elapsed() <= Duration::from_millis(300));
+        for c in clients {
+            assert!(c.await.unwrap());
+        }
+    }
+
+    /// A request that waits past its deadline leaves with `Deadline`, and the slot it would
+    /// have had goes to the next; one pushed out of a full room by a higher band is told so
+    /// at once.
+    #[tokio::test(start_paused = true)]
+    async fn timeouts_and_pushes_leave_no_slot_behind() {
+        let gate = Arc::new(Gate::new("m", 1));
+        let bounds = Bounds {
+            per_tenant: 10,
+            total: 1,
+        };
+        let bounded = move |entry: Entry| move || (entry, 1, bounds);
+        let held = gate
+            .enter(bounded(entry(
+                Band::Standard,
+                "a",
+                1,
+                Duration::from_secs(1),
+            )))
+            .await
+            .unwrap();
+        let short = entry(Band::Sheddable, "a", 1, Duration::from_millis(20));
+        let started = Instant::now();
+        let timed_out = gate.enter(bounded(short)).await.unwrap_err();
+        assert_eq!(timed_out.shed, Shed::Deadline);
+        assert_eq!(started.elapsed(), Duration::from_millis(20));
+        // It left the room: a sheddable one takes its place, and a critical one pushes that
+        // out.
+        let pushed = {
+            let gate = gate.clone();
+            let low = entry(Band::Sheddable, "b", 1, Duration::from_secs(5));
+            tokio::spawn(async move { gate.enter(bounded(low)).await })
+        };
+        tokio::task::yield_now().await;
+        let critical = entry(Band::Critical, "c", 1, Duration::from_secs(5));
+        let served = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.enter(bounded(critical)).await.is_ok() })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(pushed.await.unwrap().unwrap_err().shed, Shed::Pressure);
+        drop(held);
+        assert!(served.await.unwrap());
+        assert_eq!((gate.queued(), gate.in_flight.load(SeqCst)), (0, 0));
+    }
+}

@@ -1,0 +1,135 @@
+//! `flow`: fair under overload. `priority` gives a model request its band: its tenant's
+//! default, or what it asks for with `x-infergate-priority`, capped at its tenant's highest
+//! (counted, not refused); a value that is no band is refused (400 / INVALID_ARGUMENT).
+//! `enter` then takes a slot on the model's copies before an inference is placed: at once
+//! below saturation, else in turn from the model's waiting room, or refused with 503 /
+//! UNAVAILABLE and `Retry-After` (`crate::flow`). The slot stays on the context until the
+//! answer has gone, and its drop lets the next waiting request in.
+
+use super::RequestCtx;
+use crate::error::GatewayError;
+use crate::flow::queue::Bounds;
+use crate::flow::{Band, DEFAULT_MAX_IN_FLIGHT, Entry, Permit, Shed};
+use crate::telemetry;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// The priority phase, after admission: the request's band from its tenant's policy and
+/// what it asked (`asked`: the header's or metadata's value, if any).
+pub fn priority(ctx: &mut RequestCtx, asked: Option<&[u8]>) -> Result<(), GatewayError> {
+    let policy = ctx.admission.flow;
+    let Some(value) = asked else {
+        ctx.band = policy.priority;
+        return Ok(());
+    };
+    let band = Band::parse(value).ok_or_else(|| unknown_band(value))?;
+    ctx.band = band.capped(policy.max_priority);
+    if ctx.band != band {
+        let tenant = metrics::SharedString::from(tenant_of(ctx));
+        metrics::counter!(telemetry::FLOW_PRIORITY_CAPPED, "tenant" => tenant).increment(1);
+    }
+    Ok(())
+}
+
+/// A priority that names no band: the answer names the ones there are.
+fn unknown_band(value: &[u8]) -> GatewayError {
+    let shown: String = String::from_utf8_lossy(value).chars().take(32).collect();
+    GatewayError::BadRequest(format!(
+        "{} must be one of critical, standard, sheddable; got {shown:?}",
+        crate::flow::PRIORITY_HEADER
+    ))
+}
+
+/// The flow phase, for an inference: a slot on the routed model's copies, kept on the
+/// context; or the refusal, counted and logged.
+pub async fn enter(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
+    let model = &ctx.routed.as_ref().expect("flow after route").target.name;
+    let config = &ctx.live.config;
+    let per_copy = || {
+        (config.models.iter().find(|m| &m.name == model))
+            .and_then(|m| m.max_in_flight)
+            .unwrap_or(DEFAULT_MAX_IN_FLIGHT)
+    };
+    let known = || {
+        let backends = ctx.gateway.pool().backends();
+        backends.iter().any(|b| b.index().knows(model))
+    };
+    let Some(gate) = ctx.gateway.flow().gate(model, per_copy, known) else {
+        return Ok(());
+    };
+    let entered = gate.enter(|| {
+        let copies = ctx.gateway.placement().copies(model).max(1);
+        let server = &config.server;
+        let flow = ctx.admission.flow;
+        let bounds = Bounds {
+            per_tenant: flow.max_queued.unwrap_or(server.max_queued),
+            total: server.max_queued,
+        };
+        let until = Instant::now() + server.queue_timeout.0;
+        let entry = Entry {
+            band: ctx.band,
+            tenant: tenant_of(ctx),
+            flow,
+            until: ctx.deadline.map_or(until, |d| d.min(until)),
+        };
+        (entry, per_copy() * copies, bounds)
+    });
+    match entered.await {
+        Ok(permit) => {
+            admitted(ctx, &permit);
+            ctx.permit = Some(permit);
+            Ok(())
+        }
+        Err(refusal) => Err(shed(ctx, refusal)),
+    }
+}
+
+/// A request let in after waiting: counted, and its wait recorded.
+fn admitted(ctx: &RequestCtx, permit: &Permit) {
+    let Some(waited) = permit.waited else {
+        return;
+    };
+    let (model, tenant, band) = labels(ctx);
+    metrics::histogram!(telemetry::FLOW_WAIT, "model" => model.clone(),
+        "tenant" => tenant.clone(), "band" => band)
+    .record(waited.as_secs_f64());
+    metrics::counter!(telemetry::FLOW_ADMITTED, "model" => model, "tenant" => tenant,
+        "band" => band)
+    .increment(1);
+}
+
+/// A refused request's error, counted and logged (the log line carries the request id);
+/// one whose client's own deadline passed while it waited is that deadline's error.
+fn shed(ctx: &RequestCtx, refusal: crate::flow::gate::Refusal) -> GatewayError {
+    if refusal.shed == Shed::Deadline
+        && let Some(deadline) = ctx.deadline
+        && Instant::now() >= deadline
+    {
+        return ctx.deadline_exceeded(deadline);
+    }
+    let (model, tenant, band) = labels(ctx);
+    let reason = refusal.shed.as_str();
+    tracing::info!(%model, %tenant, band, reason, "request shed by flow control");
+    metrics::counter!(telemetry::FLOW_SHED, "model" => model.clone(), "tenant" => tenant,
+        "band" => band, "reason" => reason)
+    .increment(1);
+    GatewayError::Shed {
+        model: model.to_string(),
+        band,
+        reason,
+        retry_after: refusal.retry_after,
+    }
+}
+
+/// The model, tenant and band labels of the request's flow metrics.
+fn labels(ctx: &RequestCtx) -> (metrics::SharedString, metrics::SharedString, &'static str) {
+    let model = ctx.model().map_or("", |m| m.name.as_str()).to_owned();
+    let tenant = metrics::SharedString::from(tenant_of(ctx));
+    (model.into(), tenant, ctx.band.as_str())
+}
+
+/// The request's tenant, "" for anonymous traffic (one queue for all of it).
+fn tenant_of(ctx: &RequestCtx) -> Arc<str> {
+    static ANONYMOUS: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+    ctx.tenant().unwrap_or(&ANONYMOUS).clone()
+}
