@@ -614,26 +614,15 @@ pub(crate) mod tests {
     #[test]
     fn lines_written_straight_are_those_written_through_tracing() {
         let peer = "CN=client one";
-        let through_tracing = {
-            let out = Captured::default();
-            let subscriber = tracing_subscriber::fmt()
-                .with_target(false)
-                .with_ansi(false)
-                .with_writer(out.clone())
-                .fmt_fields(PlainFields)
-                .event_format(PlainLine)
-                .finish();
-            tracing::subscriber::with_default(subscriber, || {
-                let span = tracing::info_span!("request", request_id = %"abc-1",
+        let through_tracing = plain_lines(|| {
+            let span = tracing::info_span!("request", request_id = %"abc-1",
                     trace_id = %"0af7651916cd43dd8448eb211c80319c", peer = tracing::field::Empty);
-                span.record("peer", peer);
-                let _entered = span.enter();
-                let method = http::Method::POST;
-                tracing::info!(%method, path = "/v2/models/add_sub/infer", model = "add_sub",
+            span.record("peer", peer);
+            let _entered = span.enter();
+            let method = http::Method::POST;
+            tracing::info!(%method, path = "/v2/models/add_sub/infer", model = "add_sub",
                     version = "", status = 200u16, latency_ms = 1.234_5_f64, "request");
-            });
-            String::from_utf8(out.0.lock().unwrap().clone()).unwrap()
-        };
+        });
         let scope = Scope {
             request_id: "abc-1",
             trace_id: "0af7651916cd43dd8448eb211c80319c",
@@ -658,7 +647,7 @@ pub(crate) mod tests {
             &fields("/v2/models/add_sub/infer"),
         )
         .unwrap();
-        assert_eq!(split(&straight).0, split(&through_tracing).0);
+        assert_eq!(split(&straight).0, through_tracing);
         assert!(straight.ends_with('\n') && straight.lines().count() == 1);
         let declined = |fields: &[(&str, Value<'_>)], peer| {
             let scope = Scope { peer, ..scope };
