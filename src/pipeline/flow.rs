@@ -98,8 +98,8 @@ fn admitted(ctx: &RequestCtx, permit: &Permit) {
     .increment(1);
 }
 
-/// A refused request's error, counted and logged (the log line carries the request id);
-/// one whose client's own deadline passed while it waited is that deadline's error.
+/// A refused request's error, counted (its access-log line at the edge logs it, with the
+/// request id); one whose client's own deadline passed while it waited is that deadline's error.
 fn shed(ctx: &RequestCtx, refusal: crate::flow::gate::Refusal) -> GatewayError {
     if refusal.shed == Shed::Deadline
         && let Some(deadline) = ctx.deadline
@@ -109,7 +109,6 @@ fn shed(ctx: &RequestCtx, refusal: crate::flow::gate::Refusal) -> GatewayError {
     }
     let (model, tenant, band) = labels(ctx);
     let reason = refusal.shed.as_str();
-    tracing::info!(%model, %tenant, band, reason, "request shed by flow control");
     metrics::counter!(telemetry::FLOW_SHED, "model" => model.clone(), "tenant" => tenant,
         "band" => band, "reason" => reason)
     .increment(1);
