@@ -77,6 +77,17 @@ fn slow_body(delay_ms: u64) -> Value {
         {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
 }
 
+/// An empty Triton and a gateway over it (`config`); `key`'s first request loads the model.
+/// Returns them with the infer URL and a client.
+async fn started(key: &str) -> (Triton, TestGateway, String, reqwest::Client) {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start_with_admin_key(&config(&triton), OPS_KEY).await;
+    let url = format!("{}/v2/models/slow_model/infer", gateway.url());
+    let client = reqwest::Client::new();
+    assert_eq!(infer(&client, &url, key, 5).await.0, 200);
+    (triton, gateway, url, client)
+}
+
 /// One request as `key`; its status and latency.
 async fn infer(client: &reqwest::Client, url: &str, key: &str, delay_ms: u64) -> (u16, Duration) {
     let started = Instant::now();
@@ -157,12 +168,7 @@ fn p99(seen: &[(u16, Duration)]) -> Duration {
 #[tokio::test]
 async fn a_flooding_tenant_does_not_starve_a_light_one() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let triton = Triton::start(TritonOptions::default()).await.unwrap();
-    let gateway = TestGateway::start_with_admin_key(&config(&triton), OPS_KEY).await;
-    let url = format!("{}/v2/models/slow_model/infer", gateway.url());
-    // The first request loads the model.
-    let client = reqwest::Client::new();
-    assert_eq!(infer(&client, &url, LIGHT_KEY, 5).await.0, 200);
+    let (_triton, gateway, url, client) = started(LIGHT_KEY).await;
 
     let alone = run(&url, LIGHT_KEY, 2, 400).await;
     assert!(alone.iter().all(|(s, _)| *s == 200));
@@ -292,11 +298,7 @@ async fn bad_priority(client: &reqwest::Client, url: &str) -> (u16, String) {
 #[tokio::test]
 async fn critical_requests_go_before_a_full_standard_queue() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let triton = Triton::start(TritonOptions::default()).await.unwrap();
-    let gateway = TestGateway::start_with_admin_key(&config(&triton), OPS_KEY).await;
-    let url = format!("{}/v2/models/slow_model/infer", gateway.url());
-    let client = reqwest::Client::new();
-    assert_eq!(infer(&client, &url, LIGHT_KEY, 5).await.0, 200);
+    let (_triton, gateway, url, client) = started(LIGHT_KEY).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let flooding = flood(&url, LIGHT_KEY, 32, stop.clone());
@@ -345,11 +347,7 @@ async fn critical_requests_go_before_a_full_standard_queue() {
 #[tokio::test]
 async fn flooding_tenants_share_by_weight() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let triton = Triton::start(TritonOptions::default()).await.unwrap();
-    let gateway = TestGateway::start_with_admin_key(&config(&triton), OPS_KEY).await;
-    let url = format!("{}/v2/models/slow_model/infer", gateway.url());
-    let client = reqwest::Client::new();
-    assert_eq!(infer(&client, &url, HEAVY_KEY, 5).await.0, 200);
+    let (_triton, _gateway, url, client) = started(HEAVY_KEY).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
