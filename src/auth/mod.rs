@@ -163,7 +163,7 @@ pub struct Auth {
     jwt: JwtKeys,
     api_keys: ApiKeys,
     tenants: HashMap<Arc<str>, TenantPolicy>,
-    cache: Option<moka::sync::Cache<String, Arc<Identity>, foldhash::fast::RandomState>>,
+    cache: Option<moka::sync::Cache<Box<[u8]>, Arc<Identity>, foldhash::fast::RandomState>>,
     refresh_interval: Duration,
     client_certificates: bool,
     /// How many replicas share the tenants' limits; one per gateway, kept across reloads.
@@ -181,10 +181,10 @@ impl std::fmt::Debug for Auth {
 /// Verified tokens stay in the cache until their `exp`.
 struct UntilExpiry;
 
-impl moka::Expiry<String, Arc<Identity>> for UntilExpiry {
+impl moka::Expiry<Box<[u8]>, Arc<Identity>> for UntilExpiry {
     fn expire_after_create(
         &self,
-        _key: &String,
+        _key: &Box<[u8]>,
         identity: &Arc<Identity>,
         _now: Instant,
     ) -> Option<Duration> {
@@ -334,15 +334,20 @@ impl Auth {
             .strip_prefix(b"Bearer ")
             .or_else(|| header.strip_prefix(b"bearer "))
             .ok_or_else(|| unauthenticated("the Authorization header is not 'Bearer <token>'"))?;
+        // A token verified before is a JWT: answered from the cache by its bytes, before
+        // they are checked as UTF-8 (a cached token is) or hashed as an API key (the
+        // digest cost as much as the rest of a warm check).
+        let jwt_shaped = |token: &[u8]| memchr::memchr_iter(b'.', token).take(3).count() == 2;
+        let cached = token.trim_ascii();
+        if jwt_shaped(cached)
+            && let Some(identity) = self.cached_jwt(cached)
+        {
+            return Ok(identity);
+        }
         let token = std::str::from_utf8(token)
             .map_err(|_| unauthenticated("malformed token"))?
             .trim();
-        let jwt_shaped = memchr::memchr_iter(b'.', token.as_bytes()).take(3).count() == 2;
-        // A token verified before is a JWT: answered from the cache without hashing it as
-        // an API key first (the digest cost as much as the rest of a warm check).
-        if jwt_shaped && let Some(identity) = self.cached_jwt(token) {
-            return Ok(identity);
-        }
+        let jwt_shaped = jwt_shaped(token.as_bytes());
         if let Some(identity) = self.api_keys.find(token.as_bytes()) {
             return Ok(identity.clone());
         }
@@ -362,14 +367,14 @@ impl Auth {
         let claims = self.jwt.verify(token).await.map_err(unauthenticated)?;
         let identity = Arc::new(self.identity(claims, generation)?);
         if let Some(cache) = &self.cache {
-            cache.insert(token.to_owned(), identity.clone());
+            cache.insert(token.as_bytes().into(), identity.clone());
         }
         Ok(identity)
     }
 
     /// The identity of a JWT verified before, while it and the keys that verified it are
     /// still valid.
-    fn cached_jwt(&self, token: &str) -> Option<Arc<Identity>> {
+    fn cached_jwt(&self, token: &[u8]) -> Option<Arc<Identity>> {
         let identity = self.cache.as_ref()?.get(token)?;
         (identity.expires.is_some_and(|exp| exp > unix_now())
             && identity.key_generation == self.jwt.generation())
