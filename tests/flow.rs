@@ -640,3 +640,71 @@ async fn stream_requests_take_flow_slots_and_a_shed_one_leaves_the_stream_open()
     );
     assert_eq!(shed, 3.0);
 }
+
+/// The median of `samples` readings of the requests waiting at the gateway for `slow_model`,
+/// 100 ms apart.
+async fn median_depth(gateway: &TestGateway, samples: usize) -> f64 {
+    let mut depths = Vec::new();
+    for _ in 0..samples {
+        let depth = gateway
+            .metric_sum("infergate_flow_queue_depth", &["model=\"slow_model\""])
+            .await;
+        depths.push(depth);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    depths.sort_by(f64::total_cmp);
+    depths[depths.len() / 2]
+}
+
+/// Triton's own queue counts against the gateway's slots: `slow_model` (capacity 1) with
+/// `max_in_flight = 4` and 8 gateway clients keeps 4 requests in Triton and 4 waiting at the
+/// gateway; once 4 clients calling Triton directly keep its queue full, the gateway sends
+/// it 1 at a time and the other 7 wait at the gateway, in their order, instead of behind
+/// the others' in Triton's queue. Its own 3 waiting in Triton before are not mistaken for
+/// others'.
+#[tokio::test]
+async fn requests_others_queue_in_triton_shrink_the_gateways_slots() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let four = "[[models]]\nname = \"slow_model\"\nmax_in_flight = 4\n";
+    let (triton, gateway, url, _client) = started_with(LIGHT_KEY, four).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = flood(&url, LIGHT_KEY, 8, stop.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let alone = median_depth(&gateway, 10).await;
+
+    let direct = format!("{}/v2/models/slow_model/infer", triton.http_url());
+    let others: Vec<_> = (0..4)
+        .map(|_| {
+            let (direct, stop) = (direct.clone(), stop.clone());
+            tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let sent = client.post(&direct).json(&slow_body(50)).send().await;
+                    assert_eq!(sent.unwrap().status(), 200);
+                }
+            })
+        })
+        .collect();
+    // Triton updates its gauge every 2 s; the gateway reads it with each health check.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let beside_others = median_depth(&gateway, 10).await;
+    stop.store(true, Ordering::Relaxed);
+    for other in others {
+        other.await.unwrap();
+    }
+    let mut statuses = Vec::new();
+    for f in flooding {
+        statuses.extend(f.await.unwrap());
+    }
+    println!(
+        "waiting at the gateway (median): {alone} alone, {beside_others} beside 4 direct \
+         clients; {} gateway requests",
+        statuses.len()
+    );
+    assert!(statuses.iter().all(|s| *s == 200));
+    assert!(alone <= 5.0, "{alone} waiting at the gateway alone");
+    assert!(
+        beside_others >= 6.0,
+        "{beside_others} waiting at the gateway beside others' queue in Triton"
+    );
+}
