@@ -490,6 +490,7 @@ mod tests {
         assert!(served.await.unwrap());
         assert_eq!((gate.queued(), gate.in_flight.load(SeqCst)), (0, 0));
     }
+
     /// A limit learned outside a full moment (the model's config fetched) applies at once:
     /// lowered, the next request waits though the gate was made roomier; raised, it lets
     /// waiters in without another request arriving.
