@@ -24,6 +24,7 @@ fn signature(datatype: DataType) -> Signature {
         name: "bench".into(),
         platform: "python".into(),
         max_batch_size: 8,
+        instances: 1,
         inputs: vec![InputSpec {
             name: "INPUT0".into(),
             datatype,

@@ -8,6 +8,7 @@
 mod support;
 
 use infergate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use infergate::protocol::inference::{ModelInferRequest, ModelStreamInferResponse};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,14 +25,17 @@ const HEAVY_KEY: &str = "heavy-key-0123456789";
 /// that none measures another's load.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// `slow_model` takes one request at a time through the gateway (as its config would say by
+/// itself; set here so that the tests do not depend on the default).
+const ONE_AT_A_TIME_MODEL: &str = "[[models]]\nname = \"slow_model\"\nmax_in_flight = 1\n";
+
 /// A gateway over `triton` with tenants `flood` and `light`, weight 1 and `standard` both
-/// (the defaults; `light` may ask for `critical`, `flood` may not), and `heavy`, weight 3.
-fn config(triton: &Triton) -> String {
+/// (the defaults; `light` may ask for `critical`, `flood` may not), and `heavy`, weight 3;
+/// `extra`: more tables (`[server]`, `[[models]]`).
+fn config(triton: &Triton, extra: &str) -> String {
     let tables = format!(
         r#"
-[[models]]
-name = "slow_model"
-max_in_flight = 1
+{extra}
 
 [auth]
 mode = "required"
@@ -77,11 +81,16 @@ fn slow_body(delay_ms: u64) -> Value {
         {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
 }
 
-/// An empty Triton and a gateway over it (`config`); `key`'s first request loads the model.
-/// Returns them with the infer URL and a client.
+/// An empty Triton and a gateway over it (`config`, `slow_model` one request at a time);
+/// `key`'s first request loads the model. Returns them with the infer URL and a client.
 async fn started(key: &str) -> (Triton, TestGateway, String, reqwest::Client) {
+    started_with(key, ONE_AT_A_TIME_MODEL).await
+}
+
+/// `started` with `extra` tables instead of the model's.
+async fn started_with(key: &str, extra: &str) -> (Triton, TestGateway, String, reqwest::Client) {
     let triton = Triton::start(TritonOptions::default()).await.unwrap();
-    let gateway = TestGateway::start_with_admin_key(&config(&triton), OPS_KEY).await;
+    let gateway = TestGateway::start_with_admin_key(&config(&triton, extra), OPS_KEY).await;
     let url = format!("{}/v2/models/slow_model/infer", gateway.url());
     let client = reqwest::Client::new();
     assert_eq!(infer(&client, &url, key, 5).await.0, 200);
@@ -387,5 +396,315 @@ async fn flooding_tenants_share_by_weight() {
     assert!(
         (2.7..=3.3).contains(&ratio),
         "3:1 weights served {ratio:.2}:1"
+    );
+}
+
+/// One request as `key` asking for `priority` (if any), taking `delay_ms` on the copy: its
+/// status, body and when its answer came.
+async fn ask(
+    client: reqwest::Client,
+    url: String,
+    key: &'static str,
+    priority: Option<&'static str>,
+    delay_ms: u64,
+) -> (u16, String, Instant) {
+    let mut request = client.post(&url).header("x-api-key", key);
+    if let Some(priority) = priority {
+        request = request.header("x-infergate-priority", priority);
+    }
+    let answer = request.json(&slow_body(delay_ms)).send().await.unwrap();
+    let status = answer.status().as_u16();
+    (status, answer.text().await.unwrap(), Instant::now())
+}
+
+/// Waits until `want` requests wait at the gateway for `slow_model`.
+async fn until_queued(gateway: &TestGateway, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let depth = gateway
+            .metric_sum("infergate_flow_queue_depth", &["model=\"slow_model\""])
+            .await;
+        if depth == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{depth} waiting, not {want}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `sheddable` goes first: with `server.max_queued = 8`, one long request holding the copy
+/// and its waiting room full of 4 `standard` requests (tenant `flood`) and 4 `sheddable`
+/// ones (tenant `light`), 4 more `standard` requests (tenant `heavy`) push out the 4
+/// sheddable ones (503 `pressure`, with `Retry-After`) and no standard one; 2 `critical`
+/// requests arriving after them push out 2 standard ones. Every other request is served.
+#[tokio::test]
+async fn sheddable_requests_are_shed_before_standard_ones() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let extra = format!("[server]\nmax_queued = 8\n{ONE_AT_A_TIME_MODEL}");
+    let (_triton, gateway, url, client) = started_with(LIGHT_KEY, &extra).await;
+    // The metrics are the test process's: each test reads what changed while it ran.
+    let before = [
+        pressure(&gateway, "sheddable").await,
+        pressure(&gateway, "standard").await,
+    ];
+    let send = |key, priority, delay_ms| {
+        tokio::spawn(ask(client.clone(), url.clone(), key, priority, delay_ms))
+    };
+
+    let held = send(LIGHT_KEY, None, 2000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (mut standard, mut sheddable) = (Vec::new(), Vec::new());
+    for i in 0..4 {
+        standard.push(send(FLOOD_KEY, None, 5));
+        until_queued(&gateway, f64::from(2 * i + 1)).await;
+        sheddable.push(send(LIGHT_KEY, Some("sheddable"), 5));
+        until_queued(&gateway, f64::from(2 * i + 2)).await;
+    }
+    let mut shed_standard_at = Vec::new();
+    for _ in 0..4 {
+        standard.push(send(HEAVY_KEY, None, 5));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let critical: Vec<_> = (0..2)
+        .map(|_| send(LIGHT_KEY, Some("critical"), 5))
+        .collect();
+
+    let mut sheddable_shed_at = Vec::new();
+    for answer in sheddable {
+        let (status, body, at) = answer.await.unwrap();
+        assert_eq!(status, 503, "{body}");
+        assert!(
+            body.contains("sheddable request was shed (pressure)"),
+            "{body}"
+        );
+        sheddable_shed_at.push(at);
+    }
+    let mut served = 0;
+    for answer in standard {
+        let (status, body, at) = answer.await.unwrap();
+        match status {
+            200 => served += 1,
+            503 => {
+                assert!(
+                    body.contains("standard request was shed (pressure)"),
+                    "{body}"
+                );
+                shed_standard_at.push(at);
+            }
+            _ => panic!("{status} {body}"),
+        }
+    }
+    for answer in critical {
+        assert_eq!(answer.await.unwrap().0, 200);
+    }
+    assert_eq!(held.await.unwrap().0, 200);
+    println!(
+        "of 8 standard requests {served} served, {} shed; all 4 sheddable shed",
+        shed_standard_at.len()
+    );
+    assert_eq!((served, shed_standard_at.len()), (6, 2));
+    let last_sheddable = sheddable_shed_at.iter().max().unwrap();
+    assert!(shed_standard_at.iter().all(|at| at > last_sheddable));
+    assert_eq!(pressure(&gateway, "sheddable").await - before[0], 4.0);
+    assert_eq!(pressure(&gateway, "standard").await - before[1], 2.0);
+}
+
+/// Requests of `band` pushed out of a full room so far (in this test process).
+async fn pressure(gateway: &TestGateway, band: &str) -> f64 {
+    let band = format!("band=\"{band}\"");
+    let filters = [band.as_str(), "reason=\"pressure\""];
+    gateway
+        .metric_sum("infergate_flow_shed_total", &filters)
+        .await
+}
+
+/// `tenant`'s requests of `band` counted in `metric` so far (in this test process).
+async fn counted(gateway: &TestGateway, metric: &str, tenant: &str, band: &str) -> f64 {
+    let (tenant, band) = (format!("tenant=\"{tenant}\""), format!("band=\"{band}\""));
+    gateway
+        .metric_sum(metric, &[tenant.as_str(), band.as_str()])
+        .await
+}
+
+/// Without `[[models]] max_in_flight`, the limit comes from the config Triton serves for
+/// the model: `slow_model` has one instance and does not batch, so once its first request
+/// has taught the gateway that, 8 clients at once find one slot and the rest wait at the
+/// gateway (counted as let in after waiting), where the constant default (32) would have
+/// sent all 8 on to Triton's queue.
+#[tokio::test]
+async fn the_default_limit_comes_from_the_models_config() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (_triton, gateway, url, _client) = started_with(LIGHT_KEY, "").await;
+    let admitted = "infergate_flow_admitted_total";
+    let before = counted(&gateway, admitted, "light", "standard").await;
+    let seen = run(&url, LIGHT_KEY, 8, 160).await;
+    assert!(seen.iter().all(|(status, _)| *status == 200));
+    let waited = counted(&gateway, admitted, "light", "standard").await - before;
+    println!("of 160 requests at c=8, {waited} waited at the gateway");
+    assert!(waited >= 100.0, "{waited} of 160 waited at the gateway");
+}
+
+/// A `ModelStreamInfer` stream as `key`, asking for `priority`: where to send its requests,
+/// and its answers.
+async fn open_stream(
+    gateway: &TestGateway,
+    key: &str,
+    priority: &str,
+) -> (
+    tokio::sync::mpsc::Sender<ModelInferRequest>,
+    tonic::Streaming<ModelStreamInferResponse>,
+) {
+    let mut grpc = GrpcInferenceServiceClient::connect(gateway.grpc_url())
+        .await
+        .unwrap();
+    let (requests, queue) = tokio::sync::mpsc::channel(8);
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(queue));
+    let metadata = request.metadata_mut();
+    metadata.insert("x-api-key", key.parse().unwrap());
+    metadata.insert("x-infergate-priority", priority.parse().unwrap());
+    let answers = grpc.model_stream_infer(request).await.unwrap().into_inner();
+    (requests, answers)
+}
+
+/// Sends one `slow_model` request of 5 ms with `id` down a stream and reads the next answer:
+/// its `error_message` ("" when served) and the id it answers.
+async fn stream_once(
+    requests: &tokio::sync::mpsc::Sender<ModelInferRequest>,
+    answers: &mut tonic::Streaming<ModelStreamInferResponse>,
+    id: &str,
+) -> (String, String) {
+    let mut request = support::grpc::slow(5);
+    request.id = id.into();
+    requests.send(request).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), answers.message())
+        .await
+        .expect("an answer within 5 s")
+        .unwrap()
+        .expect("the stream goes on");
+    let id = answer.infer_response.map(|r| r.id).unwrap_or_default();
+    (answer.error_message, id)
+}
+
+/// Each request of a gRPC stream takes a flow slot like a unary call, its band from the
+/// stream's metadata and its tenant from the stream's key: with the model's waiting room
+/// (`server.max_queued = 4`) kept full by tenant `flood` at c=8, a `critical` stream of
+/// tenant `light` is served, counted as `light`'s critical requests let in after waiting; a
+/// `sheddable` stream's requests are shed, each answered on the stream with its error, and
+/// the stream goes on: once the flood stops, its next request is served.
+#[tokio::test]
+async fn stream_requests_take_flow_slots_and_a_shed_one_leaves_the_stream_open() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let extra = format!("[server]\nmax_queued = 4\n{ONE_AT_A_TIME_MODEL}");
+    let (_triton, gateway, url, _client) = started_with(LIGHT_KEY, &extra).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = flood(&url, FLOOD_KEY, 8, stop.clone());
+    until_queued(&gateway, 4.0).await;
+    let (admitted, shed) = ("infergate_flow_admitted_total", "infergate_flow_shed_total");
+    let before = (
+        counted(&gateway, admitted, "light", "critical").await,
+        counted(&gateway, shed, "light", "sheddable").await,
+    );
+
+    let (critical, mut critical_answers) = open_stream(&gateway, LIGHT_KEY, "critical").await;
+    for i in 0..5 {
+        let id = format!("critical-{i}");
+        let (error, answered) = stream_once(&critical, &mut critical_answers, &id).await;
+        assert_eq!((error.as_str(), answered.as_str()), ("", id.as_str()));
+    }
+    let (sheddable, mut answers) = open_stream(&gateway, LIGHT_KEY, "sheddable").await;
+    for i in 0..3 {
+        let id = format!("sheddable-{i}");
+        let (error, answered) = stream_once(&sheddable, &mut answers, &id).await;
+        assert_eq!(answered, id);
+        assert!(
+            error.contains("sheddable request was shed (full)")
+                || error.contains("sheddable request was shed (pressure)"),
+            "{error}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for f in flooding {
+        f.await.unwrap();
+    }
+    let (error, answered) = stream_once(&sheddable, &mut answers, "after").await;
+    assert_eq!((error.as_str(), answered.as_str()), ("", "after"));
+
+    let waited = counted(&gateway, admitted, "light", "critical").await - before.0;
+    let shed = counted(&gateway, shed, "light", "sheddable").await - before.1;
+    println!(
+        "critical stream requests let in after waiting: {waited} of 5; sheddable shed: {shed}"
+    );
+    assert!(
+        waited >= 3.0,
+        "{waited} of 5 critical stream requests waited"
+    );
+    assert_eq!(shed, 3.0);
+}
+
+/// The median of `samples` readings of the requests waiting at the gateway for `slow_model`,
+/// 100 ms apart.
+async fn median_depth(gateway: &TestGateway, samples: usize) -> f64 {
+    let mut depths = Vec::new();
+    for _ in 0..samples {
+        let depth = gateway
+            .metric_sum("infergate_flow_queue_depth", &["model=\"slow_model\""])
+            .await;
+        depths.push(depth);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    depths.sort_by(f64::total_cmp);
+    depths[depths.len() / 2]
+}
+
+/// Triton's own queue counts against the gateway's slots: `slow_model` (capacity 1) with
+/// `max_in_flight = 4` and 8 gateway clients keeps 4 requests in Triton and 4 waiting at the
+/// gateway; once 4 clients calling Triton directly keep its queue full, the gateway sends
+/// it 1 at a time and the other 7 wait at the gateway, in their order, instead of behind
+/// the others' in Triton's queue. Its own 3 waiting in Triton before are not mistaken for
+/// others'.
+#[tokio::test]
+async fn requests_others_queue_in_triton_shrink_the_gateways_slots() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let four = "[[models]]\nname = \"slow_model\"\nmax_in_flight = 4\n";
+    let (triton, gateway, url, _client) = started_with(LIGHT_KEY, four).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = flood(&url, LIGHT_KEY, 8, stop.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let alone = median_depth(&gateway, 10).await;
+
+    let direct = format!("{}/v2/models/slow_model/infer", triton.http_url());
+    let others: Vec<_> = (0..4)
+        .map(|_| {
+            let (direct, stop) = (direct.clone(), stop.clone());
+            tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let sent = client.post(&direct).json(&slow_body(50)).send().await;
+                    assert_eq!(sent.unwrap().status(), 200);
+                }
+            })
+        })
+        .collect();
+    // Triton updates its gauge every 2 s; the gateway reads it with each health check.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let beside_others = median_depth(&gateway, 10).await;
+    stop.store(true, Ordering::Relaxed);
+    for other in others {
+        other.await.unwrap();
+    }
+    let mut statuses = Vec::new();
+    for f in flooding {
+        statuses.extend(f.await.unwrap());
+    }
+    println!(
+        "waiting at the gateway (median): {alone} alone, {beside_others} beside 4 direct \
+         clients; {} gateway requests",
+        statuses.len()
+    );
+    assert!(statuses.iter().all(|s| *s == 200));
+    assert!(alone <= 5.0, "{alone} waiting at the gateway alone");
+    assert!(
+        beside_others >= 6.0,
+        "{beside_others} waiting at the gateway beside others' queue in Triton"
     );
 }

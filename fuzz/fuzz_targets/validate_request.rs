@@ -42,6 +42,7 @@ fn signatures() -> &'static [Signature] {
             name: name.into(),
             platform: "python".into(),
             max_batch_size,
+            instances: 1,
             inputs,
             outputs: outputs.iter().map(|o| o.to_string()).collect(),
         };

@@ -254,6 +254,10 @@ pub struct Server {
     /// Requests waiting at once for one saturated model, all tenants and bands: past it a
     /// newcomer pushes out the newest request of a lower band, or is refused.
     pub max_queued: usize,
+    /// Body bytes of the requests waiting at once for one saturated model (gRPC: the
+    /// message's size; HTTP: its `Content-Length`), so a queue of large bodies cannot
+    /// exhaust memory: past it a newcomer is refused.
+    pub max_queued_bytes: ByteSize,
 }
 
 impl Server {
@@ -333,6 +337,7 @@ impl Default for Server {
             max_waiting: 1024,
             queue_timeout: HumanDuration(Duration::from_secs(10)),
             max_queued: 1024,
+            max_queued_bytes: ByteSize(256 << 20),
         }
     }
 }
@@ -634,13 +639,14 @@ mod tests {
     #[test]
     fn flow_keys_are_read_and_checked() {
         let config = Config::parse(&format!(
-            "{MINIMAL}[server]\nqueue_timeout = \"2s\"\nmax_queued = 64\n\
+            "{MINIMAL}[server]\nqueue_timeout = \"2s\"\nmax_queued = 64\nmax_queued_bytes = \"8MiB\"\n\
              [[models]]\nname = \"m\"\nmax_in_flight = 4\n\
              [[auth.tenants]]\nname = \"t\"\npriority = \"sheddable\"\nmax_priority = \"critical\"\nweight = 3\nmax_queued = 8\n"
         ))
         .unwrap();
         assert_eq!(config.server.queue_timeout.0, Duration::from_secs(2));
         assert_eq!(config.server.max_queued, 64);
+        assert_eq!(config.server.max_queued_bytes.bytes(), 8 << 20);
         assert_eq!(config.models[0].max_in_flight, Some(4));
         let tenant = &config.auth.tenants[0];
         assert_eq!(

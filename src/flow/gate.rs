@@ -88,6 +88,8 @@ pub struct Entry {
     pub flow: TenantFlow,
     /// When it stops waiting: its client's deadline, or `server.queue_timeout` from now.
     pub until: Instant,
+    /// Its body's bytes, which count against the room's byte bound while it waits.
+    pub bytes: usize,
 }
 
 /// A slot on the model's copies, held for the request's length; dropping it gives the slot
@@ -126,6 +128,7 @@ impl Gate {
                 queue: FairQueue::new(Bounds {
                     per_tenant: usize::MAX,
                     total: usize::MAX,
+                    bytes: usize::MAX,
                 }),
                 drain: Drain::default(),
                 next_id: 0,
@@ -140,14 +143,31 @@ impl Gate {
         self: &Arc<Self>,
         full: impl FnOnce() -> (Entry, usize, Bounds),
     ) -> Result<Permit, Refusal> {
-        if self.queued.load(SeqCst) == 0 && self.try_slot() {
-            return Ok(Permit {
-                gate: self.clone(),
-                waited: None,
-            });
+        if let Some(permit) = self.try_enter() {
+            return Ok(permit);
         }
         let (entry, limit, bounds) = full();
         self.wait(&entry, (limit, bounds)).await
+    }
+
+    /// `enter`'s first step, for a caller that must read what `full` needs before any
+    /// await: a slot at once when nobody waits and one is free (one counter read and one
+    /// compare-and-swap), else `None`, and the request goes on to `wait`.
+    pub fn try_enter(self: &Arc<Self>) -> Option<Permit> {
+        (self.queued.load(SeqCst) == 0 && self.try_slot()).then(|| Permit {
+            gate: self.clone(),
+            waited: None,
+        })
+    }
+
+    /// A limit learned outside a full moment (the model's config, once fetched): kept, and
+    /// the slots it frees handed to waiters. Without it a gate made with the constant
+    /// default above a copy's capacity might never fill, and so never read its true limit.
+    pub fn relimit(&self, limit: usize) {
+        self.limit.store(limit.max(1), SeqCst);
+        if self.queued.load(SeqCst) > 0 {
+            self.pump(&mut self.room());
+        }
     }
 
     /// Requests waiting now.
@@ -174,9 +194,10 @@ impl Gate {
         }
     }
 
-    /// Joins the room, unless the request cannot be served before `entry.until` at the
-    /// drain rate, and waits for a slot.
-    async fn wait(
+    /// `enter`'s second step: joins the room with the slots (`max_in_flight` × copies) and
+    /// bounds now, unless the request cannot be served before `entry.until` at the drain
+    /// rate, and waits for a slot.
+    pub async fn wait(
         self: &Arc<Self>,
         entry: &Entry,
         (limit, bounds): (usize, Bounds),
@@ -187,6 +208,8 @@ impl Gate {
             let mut room = self.room();
             self.limit.store(limit.max(1), SeqCst);
             room.queue.set_bounds(bounds);
+            // A limit raised since the last full moment may have freed slots.
+            self.pump(&mut room);
             if let Some(wait) = room.expected_wait(entry)
                 && joined_at + wait > entry.until
             {
@@ -201,8 +224,8 @@ impl Gate {
                 tenant: entry.tenant.clone(),
             };
             self.queued.fetch_add(1, SeqCst);
-            let weight = entry.flow.weight;
-            match room.queue.join(entry.band, &entry.tenant, weight, waiter) {
+            let lane = (&entry.tenant, entry.flow.weight);
+            match room.queue.join(entry.band, lane, entry.bytes, waiter) {
                 Joined::Refused(shed) => {
                     self.queued.fetch_sub(1, SeqCst);
                     return Err(room.refusal(shed));
@@ -331,6 +354,7 @@ mod tests {
     const ROOMY: Bounds = Bounds {
         per_tenant: 1000,
         total: 1000,
+        bytes: usize::MAX,
     };
 
     fn entry(band: Band, tenant: &str, weight: u32, wait: Duration) -> Entry {
@@ -342,6 +366,7 @@ mod tests {
                 ..TenantFlow::default()
             },
             until: Instant::now() + wait,
+            bytes: 0,
         }
     }
 
@@ -429,6 +454,7 @@ mod tests {
         let bounds = Bounds {
             per_tenant: 10,
             total: 1,
+            bytes: usize::MAX,
         };
         let bounded = move |entry: Entry| move || (entry, 1, bounds);
         let held = gate
@@ -463,5 +489,33 @@ mod tests {
         drop(held);
         assert!(served.await.unwrap());
         assert_eq!((gate.queued(), gate.in_flight.load(SeqCst)), (0, 0));
+    }
+
+    /// A limit learned outside a full moment (the model's config fetched) applies at once:
+    /// lowered, the next request waits though the gate was made roomier; raised, it lets
+    /// waiters in without another request arriving.
+    #[tokio::test(start_paused = true)]
+    async fn a_learned_limit_applies_at_once() {
+        let gate = Arc::new(Gate::new("m", 32));
+        let long = Duration::from_secs(60);
+        let a = enter(&gate, &entry(Band::Standard, "a", 1, long)).await;
+        let b = enter(&gate, &entry(Band::Standard, "a", 1, long)).await;
+        gate.relimit(1);
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let gate = gate.clone();
+                let entry = entry(Band::Standard, "a", 1, long);
+                tokio::spawn(async move { gate.enter(|| (entry, 1, ROOMY)).await.is_ok() })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert_eq!(gate.queued(), 2);
+        gate.relimit(4);
+        assert_eq!((gate.queued(), gate.in_flight.load(SeqCst)), (0, 4));
+        for w in waiting {
+            assert!(w.await.unwrap());
+        }
+        drop((a, b));
+        assert_eq!(gate.in_flight.load(SeqCst), 0);
     }
 }

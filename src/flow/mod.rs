@@ -16,12 +16,35 @@ pub use crate::config::Band;
 use foldhash::HashMap;
 use std::sync::{Arc, RwLock};
 
-/// `max_in_flight` when `[[models]]` does not set it: the gateway does not read the
-/// model's instance count and batch size yet, so a constant, high enough that a pool that
-/// worked before flow control (clients up to 32 at once per copy) never queues at the
-/// gateway; set it lower (instance count × max batch size, or 1–2 for a model that runs
-/// one request at a time) for isolation between tenants.
+/// `max_in_flight` when `[[models]]` does not set it and the model's config is not known
+/// yet (it is read from the first copy that serves it, with its signature; then the default
+/// is the config's instances × max batch size, `copy_slots`' `capacity`): high enough that
+/// a pool that worked before flow control (clients up to 32 at once per copy) does not
+/// queue at the gateway before then.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
+
+/// One copy's slots: `per_copy`, less the requests its Triton reports waiting (`pending`)
+/// that this gateway did not send (another replica's, clients calling Triton directly),
+/// never below 1: a Triton whose queue others fill gets fewer of this gateway's requests,
+/// which wait at the gateway instead, in their order. `capacity` (requests the copy works
+/// on at once, from its config) tells the gateway's own share of the reading: of its
+/// `in_flight` requests on the copy, those beyond `capacity` are the ones waiting there.
+/// Without a reading, or without the config to split it by, `per_copy` as it is.
+pub fn copy_slots(
+    per_copy: usize,
+    capacity: Option<usize>,
+    in_flight: usize,
+    pending: Option<u64>,
+) -> usize {
+    let (Some(capacity), Some(pending)) = (capacity, pending) else {
+        return per_copy;
+    };
+    let ours_waiting = in_flight.saturating_sub(capacity);
+    let others = usize::try_from(pending)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(ours_waiting);
+    per_copy.saturating_sub(others).max(1)
+}
 
 /// The header (HTTP) and metadata key (gRPC) a request asks for its band with.
 pub const PRIORITY_HEADER: &str = "x-infergate-priority";
@@ -72,8 +95,8 @@ impl Flow {
         max_in_flight: impl FnOnce() -> usize,
         known: impl FnOnce() -> bool,
     ) -> Option<Arc<Gate>> {
-        if let Some(gate) = self.gates.read().expect("flow gates").get(model) {
-            return Some(gate.clone());
+        if let Some(gate) = self.existing(model) {
+            return Some(gate);
         }
         if !known() {
             return None;
@@ -83,6 +106,11 @@ impl Flow {
             .entry(Arc::from(model))
             .or_insert_with(|| Arc::new(Gate::new(model, max_in_flight())));
         Some(gate.clone())
+    }
+
+    /// The gate of `model`, if a request made one.
+    pub fn existing(&self, model: &str) -> Option<Arc<Gate>> {
+        self.gates.read().expect("flow gates").get(model).cloned()
     }
 }
 
@@ -99,5 +127,26 @@ mod tests {
         assert_eq!(Band::Critical.capped(Band::Standard), Band::Standard);
         assert_eq!(Band::Sheddable.capped(Band::Standard), Band::Sheddable);
         assert_eq!(Band::Critical.capped(Band::Critical), Band::Critical);
+    }
+
+    /// A copy's slots shrink by what its Triton has waiting that this gateway did not send,
+    /// never below 1; the gateway's own requests beyond the copy's capacity, which wait
+    /// there too, are not counted against it; without a reading or a config, nothing
+    /// changes.
+    #[test]
+    fn a_copy_loses_the_slots_others_fill_in_its_triton() {
+        // 4 slots, capacity 4, 4 of ours working: all 3 waiting are others'.
+        assert_eq!(copy_slots(4, Some(4), 4, Some(3)), 1);
+        assert_eq!(copy_slots(4, Some(4), 4, Some(2)), 2);
+        assert_eq!(copy_slots(4, Some(4), 4, Some(0)), 4);
+        // Never below one, however long their queue.
+        assert_eq!(copy_slots(4, Some(4), 4, Some(1000)), 1);
+        // 32 slots on a copy that works on 1 at once: 31 of ours wait in its queue, so a
+        // reading of 33 is 2 of others'.
+        assert_eq!(copy_slots(32, Some(1), 32, Some(33)), 30);
+        assert_eq!(copy_slots(32, Some(1), 32, Some(31)), 32);
+        // Nothing to read, or nothing to split the reading by.
+        assert_eq!(copy_slots(4, Some(4), 4, None), 4);
+        assert_eq!(copy_slots(32, None, 32, Some(40)), 32);
     }
 }

@@ -2,8 +2,9 @@
 //! per (band, tenant), bands strictly in order, and deficit round robin between the
 //! tenants of a band by weight (Shreedhar and Varghese's DRR with every request costing
 //! one), so taking the next request is O(1) whatever the number of tenants. Bounds per
-//! tenant and in all; when the room is full a newcomer pushes out the newest request of a
-//! lower band, so `sheddable` goes first and `standard` next. `Gate` adds the clock, the
+//! tenant and in all, in requests and in body bytes; when the room holds as many requests
+//! as it may, a newcomer pushes out the newest request of a lower band, so `sheddable` goes
+//! first and `standard` next. `Gate` adds the clock, the
 //! locks and the slots around it.
 
 use super::Band;
@@ -23,6 +24,9 @@ pub enum Shed {
     Full,
     /// Pushed out of a full room by a request of a higher band.
     Pressure,
+    /// Its body would have taken the bytes of the model's waiting requests past their bound
+    /// (`server.max_queued_bytes`).
+    Bytes,
 }
 
 impl Shed {
@@ -33,14 +37,15 @@ impl Shed {
             Self::TenantFull => "tenant_full",
             Self::Full => "full",
             Self::Pressure => "pressure",
+            Self::Bytes => "bytes",
         }
     }
 }
 
-/// One tenant's queue in one band.
+/// One tenant's queue in one band: each request with its body's bytes.
 #[derive(Debug)]
 struct Lane<T> {
-    items: VecDeque<T>,
+    items: VecDeque<(T, usize)>,
     weight: u32,
     /// DRR's deficit: requests this lane may still take in its current turn.
     deficit: u32,
@@ -72,6 +77,8 @@ pub struct Bounds {
     pub per_tenant: usize,
     /// Requests waiting at once, all tenants and bands together.
     pub total: usize,
+    /// Body bytes of the requests waiting at once, all together.
+    pub bytes: usize,
 }
 
 /// What joining a queue did.
@@ -90,6 +97,8 @@ pub enum Joined<T> {
 pub struct FairQueue<T> {
     bands: [BandQueues<T>; Band::COUNT],
     per_tenant: foldhash::HashMap<Arc<str>, usize>,
+    /// Body bytes waiting, all together.
+    bytes: usize,
     bounds: Bounds,
 }
 
@@ -99,6 +108,7 @@ impl<T> FairQueue<T> {
         Self {
             bands: Default::default(),
             per_tenant: Default::default(),
+            bytes: 0,
             bounds,
         }
     }
@@ -149,11 +159,22 @@ impl<T> FairQueue<T> {
             .sum()
     }
 
-    /// Puts `item` at the back of `tenant`'s lane in `band`, if the bounds let it; a full
-    /// room pushes out the newest request of the lowest band below `band` that has one.
-    pub fn join(&mut self, band: Band, tenant: &Arc<str>, weight: u32, item: T) -> Joined<T> {
+    /// Puts `item` (with a body of `bytes`) at the back of `tenant`'s lane in `band`, if
+    /// the bounds let it; a room holding as many requests as it may pushes out the newest
+    /// request of the lowest band below `band` that has one. Bytes push nothing out: a body
+    /// that does not fit beside those waiting is refused.
+    pub fn join(
+        &mut self,
+        band: Band,
+        (tenant, weight): (&Arc<str>, u32),
+        bytes: usize,
+        item: T,
+    ) -> Joined<T> {
         if self.per_tenant.get(tenant).copied().unwrap_or(0) >= self.bounds.per_tenant {
             return Joined::Refused(Shed::TenantFull);
+        }
+        if self.bytes.saturating_add(bytes) > self.bounds.bytes {
+            return Joined::Refused(Shed::Bytes);
         }
         let pushed = if self.len() >= self.bounds.total {
             match self.push_out_below(band) {
@@ -173,8 +194,9 @@ impl<T> FairQueue<T> {
         if lane.items.is_empty() {
             queues.active.push_back(tenant.clone());
         }
-        lane.items.push_back(item);
+        lane.items.push_back((item, bytes));
         queues.len += 1;
+        self.bytes += bytes;
         *self.per_tenant.entry(tenant.clone()).or_insert(0) += 1;
         match pushed {
             Some(pushed) => Joined::QueuedPushing(pushed),
@@ -192,7 +214,7 @@ impl<T> FairQueue<T> {
         if lane.deficit == 0 {
             lane.deficit = lane.weight;
         }
-        let item = lane.items.pop_front().expect("an active lane has items");
+        let (item, bytes) = lane.items.pop_front().expect("an active lane has items");
         lane.deficit -= 1;
         if lane.items.is_empty() {
             // An emptied lane leaves the ring and forgets its turn (DRR's rule), and its
@@ -203,7 +225,7 @@ impl<T> FairQueue<T> {
             queues.active.rotate_left(1);
         }
         queues.len -= 1;
-        self.left(&tenant);
+        self.left(&tenant, bytes);
         Some((band, tenant, item))
     }
 
@@ -213,14 +235,14 @@ impl<T> FairQueue<T> {
     pub fn remove(&mut self, band: Band, tenant: &str, is: impl Fn(&T) -> bool) -> Option<T> {
         let queues = &mut self.bands[band.index()];
         let lane = queues.lanes.get_mut(tenant)?;
-        let at = lane.items.iter().position(is)?;
-        let item = lane.items.remove(at).expect("found");
+        let at = lane.items.iter().position(|(item, _)| is(item))?;
+        let (item, bytes) = lane.items.remove(at).expect("found");
         if lane.items.is_empty() {
             queues.lanes.remove(tenant);
             queues.active.retain(|t| &**t != tenant);
         }
         queues.len -= 1;
-        self.left(tenant);
+        self.left(tenant, bytes);
         Some(item)
     }
 
@@ -234,17 +256,18 @@ impl<T> FairQueue<T> {
         let queues = &mut self.bands[lowest.index()];
         let tenant = queues.active.back()?.clone();
         let lane = queues.lanes.get_mut(&tenant).expect("an active lane");
-        let item = lane.items.pop_back().expect("an active lane has items");
+        let (item, bytes) = lane.items.pop_back().expect("an active lane has items");
         if lane.items.is_empty() {
             queues.active.pop_back();
             queues.lanes.remove(&tenant);
         }
         queues.len -= 1;
-        self.left(&tenant);
+        self.left(&tenant, bytes);
         Some(item)
     }
 
-    fn left(&mut self, tenant: &str) {
+    fn left(&mut self, tenant: &str, bytes: usize) {
+        self.bytes -= bytes;
         if let Some(n) = self.per_tenant.get_mut(tenant) {
             *n -= 1;
             if *n == 0 {
@@ -259,7 +282,11 @@ mod tests {
     use super::*;
 
     fn room(per_tenant: usize, total: usize) -> FairQueue<u32> {
-        FairQueue::new(Bounds { per_tenant, total })
+        FairQueue::new(Bounds {
+            per_tenant,
+            total,
+            bytes: usize::MAX,
+        })
     }
 
     fn joined<T>(joined: Joined<T>) -> bool {
@@ -273,10 +300,10 @@ mod tests {
         let mut q = room(100, 100);
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
         for i in 0..5 {
-            assert!(joined(q.join(Band::Sheddable, &a, 1, 300 + i)));
-            assert!(joined(q.join(Band::Standard, &b, 1, 200 + i)));
+            assert!(joined(q.join(Band::Sheddable, (&a, 1), 0, 300 + i)));
+            assert!(joined(q.join(Band::Standard, (&b, 1), 0, 200 + i)));
         }
-        assert!(joined(q.join(Band::Critical, &a, 1, 100)));
+        assert!(joined(q.join(Band::Critical, (&a, 1), 0, 100)));
         let order: Vec<u32> = std::iter::from_fn(|| q.next().map(|(_, _, i)| i)).collect();
         assert_eq!(
             order,
@@ -295,8 +322,8 @@ mod tests {
         let (heavy, light, late): (Arc<str>, Arc<str>, Arc<str>) =
             ("heavy".into(), "light".into(), "late".into());
         for i in 0..10_000 {
-            q.join(Band::Standard, &heavy, 3, i);
-            q.join(Band::Standard, &light, 1, i);
+            q.join(Band::Standard, (&heavy, 3), 0, i);
+            q.join(Band::Standard, (&light, 1), 0, i);
         }
         let mut served = foldhash::HashMap::<Arc<str>, u32>::default();
         for _ in 0..8_000 {
@@ -305,7 +332,7 @@ mod tests {
         }
         let ratio = f64::from(served[&heavy]) / f64::from(served[&light]);
         assert!((ratio - 3.0).abs() < 0.3, "3:1 weights served {ratio:.3}:1");
-        q.join(Band::Standard, &late, 1, 0);
+        q.join(Band::Standard, (&late, 1), 0, 0);
         let within: Vec<Arc<str>> = (0..5).map(|_| q.next().unwrap().1).collect();
         assert!(within.contains(&late), "{within:?}");
     }
@@ -317,29 +344,29 @@ mod tests {
     fn bounds_hold_and_a_full_room_sheds_the_lowest_band_first() {
         let mut q = room(2, 4);
         let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("a".into(), "b".into(), "c".into());
-        assert!(joined(q.join(Band::Standard, &a, 1, 1)));
-        assert!(joined(q.join(Band::Standard, &a, 1, 2)));
+        assert!(joined(q.join(Band::Standard, (&a, 1), 0, 1)));
+        assert!(joined(q.join(Band::Standard, (&a, 1), 0, 2)));
         assert!(matches!(
-            q.join(Band::Critical, &a, 1, 3),
+            q.join(Band::Critical, (&a, 1), 0, 3),
             Joined::Refused(Shed::TenantFull)
         ));
-        assert!(joined(q.join(Band::Sheddable, &b, 1, 10)));
-        assert!(joined(q.join(Band::Sheddable, &b, 1, 11)));
+        assert!(joined(q.join(Band::Sheddable, (&b, 1), 0, 10)));
+        assert!(joined(q.join(Band::Sheddable, (&b, 1), 0, 11)));
         assert!(matches!(
-            q.join(Band::Sheddable, &c, 1, 20),
+            q.join(Band::Sheddable, (&c, 1), 0, 20),
             Joined::Refused(Shed::Full)
         ));
         assert!(matches!(
-            q.join(Band::Standard, &c, 1, 21),
+            q.join(Band::Standard, (&c, 1), 0, 21),
             Joined::QueuedPushing(11)
         ));
         assert!(matches!(
-            q.join(Band::Critical, &c, 1, 22),
+            q.join(Band::Critical, (&c, 1), 0, 22),
             Joined::QueuedPushing(10)
         ));
         // Nothing below critical is left but standard: it goes next.
         assert!(matches!(
-            q.join(Band::Critical, &b, 1, 12),
+            q.join(Band::Critical, (&b, 1), 0, 12),
             Joined::QueuedPushing(21)
         ));
         assert_eq!(q.len(), 4);
@@ -349,5 +376,43 @@ mod tests {
         );
         let order: Vec<u32> = std::iter::from_fn(|| q.next().map(|(_, _, i)| i)).collect();
         assert_eq!(order, [22, 12, 1, 2]);
+    }
+    /// Body bytes count against the room's byte bound: a body that does not fit beside
+    /// those waiting is refused with `Bytes` (a small one still fits), and bytes leave the
+    /// count with their request, however it leaves (served, taken out, pushed out).
+    #[test]
+    fn waiting_bodies_count_against_the_byte_bound() {
+        let mut q: FairQueue<u32> = FairQueue::new(Bounds {
+            per_tenant: 10,
+            total: 3,
+            bytes: 1000,
+        });
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        assert!(joined(q.join(Band::Sheddable, (&a, 1), 600, 1)));
+        assert!(matches!(
+            q.join(Band::Critical, (&b, 1), 500, 2),
+            Joined::Refused(Shed::Bytes)
+        ));
+        assert!(joined(q.join(Band::Standard, (&b, 1), 400, 3)));
+        assert_eq!(q.bytes, 1000);
+        assert!(matches!(
+            q.join(Band::Standard, (&b, 1), 1, 4),
+            Joined::Refused(Shed::Bytes)
+        ));
+        // Served: its bytes leave with it.
+        assert_eq!(q.next().map(|(_, _, i)| i), Some(3));
+        assert_eq!(q.bytes, 600);
+        assert!(joined(q.join(Band::Standard, (&b, 1), 300, 5)));
+        assert!(joined(q.join(Band::Standard, (&b, 1), 100, 6)));
+        // A full room: the critical request pushes out the sheddable one, and its bytes.
+        assert!(matches!(
+            q.join(Band::Critical, (&a, 1), 0, 7),
+            Joined::QueuedPushing(1)
+        ));
+        assert_eq!(q.bytes, 400);
+        assert_eq!(q.remove(Band::Standard, "b", |i| *i == 6), Some(6));
+        assert_eq!(q.bytes, 300);
+        while q.next().is_some() {}
+        assert_eq!(q.bytes, 0);
     }
 }

@@ -2,14 +2,16 @@
 //! default, or what it asks for with `x-infergate-priority`, capped at its tenant's highest
 //! (counted, not refused); a value that is no band is refused (400 / INVALID_ARGUMENT).
 //! `enter` then takes a slot on the model's copies before an inference is placed: at once
-//! below saturation, else in turn from the model's waiting room, or refused with 503 /
-//! UNAVAILABLE and `Retry-After` (`crate::flow`). The slot stays on the context until the
-//! answer has gone, and its drop lets the next waiting request in.
+//! below saturation, else (`wait`) in turn from the model's waiting room, or refused with
+//! 503 / UNAVAILABLE and `Retry-After` (`crate::flow`). The slot stays on the context until
+//! the answer has gone, and its drop lets the next waiting request in. A model's slots
+//! follow its config and its Tritons' queues (`slots`), and its config is read again when
+//! it is learned (`learned`).
 
 use super::RequestCtx;
 use crate::error::GatewayError;
 use crate::flow::queue::Bounds;
-use crate::flow::{Band, DEFAULT_MAX_IN_FLIGHT, Entry, Permit, Shed};
+use crate::flow::{Band, DEFAULT_MAX_IN_FLIGHT, Entry, Gate, Permit, Shed, copy_slots};
 use crate::telemetry;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -40,41 +42,68 @@ fn unknown_band(value: &[u8]) -> GatewayError {
     ))
 }
 
-/// The flow phase, for an inference: a slot on the routed model's copies, kept on the
-/// context; or the refusal, counted and logged.
-pub async fn enter(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
+/// Where a request that found its model's slots all taken waits (`wait`): the model's
+/// gate, and the request's entry, the slots and the bounds read at that full moment.
+pub struct Waiting {
+    gate: Arc<Gate>,
+    entry: Entry,
+    slots: usize,
+    bounds: Bounds,
+}
+
+/// The flow phase's first step, for an inference, with no await (so that what `bytes`
+/// borrows need not be shared between threads): a slot on the routed model's copies at
+/// once, kept on the context (`None`: done; also for a model no backend knows, which
+/// placement refuses); or, when they are all taken, where to `wait`. `bytes`, the request
+/// body's size, is read only then.
+pub fn enter(ctx: &mut RequestCtx, bytes: impl FnOnce() -> usize) -> Option<Waiting> {
     let model = &ctx.routed.as_ref().expect("flow after route").target.name;
-    let config = &ctx.live.config;
-    let per_copy = || {
-        (config.models.iter().find(|m| &m.name == model))
-            .and_then(|m| m.max_in_flight)
-            .unwrap_or(DEFAULT_MAX_IN_FLIGHT)
-    };
     let known = || {
         let backends = ctx.gateway.pool().backends();
         backends.iter().any(|b| b.index().knows(model))
     };
-    let Some(gate) = ctx.gateway.flow().gate(model, per_copy, known) else {
-        return Ok(());
+    let gate = ctx
+        .gateway
+        .flow()
+        .gate(model, || slots(ctx, model), known)?;
+    if let Some(permit) = gate.try_enter() {
+        ctx.permit = Some(permit);
+        return None;
+    }
+    let server = &ctx.live.config.server;
+    let flow = ctx.admission.flow;
+    let bounds = Bounds {
+        per_tenant: flow.max_queued.unwrap_or(server.max_queued),
+        total: server.max_queued,
+        bytes: usize::try_from(server.max_queued_bytes.bytes()).unwrap_or(usize::MAX),
     };
-    let entered = gate.enter(|| {
-        let copies = ctx.gateway.placement().copies(model).max(1);
-        let server = &config.server;
-        let flow = ctx.admission.flow;
-        let bounds = Bounds {
-            per_tenant: flow.max_queued.unwrap_or(server.max_queued),
-            total: server.max_queued,
-        };
-        let until = Instant::now() + server.queue_timeout.0;
-        let entry = Entry {
-            band: ctx.band,
-            tenant: tenant_of(ctx),
-            flow,
-            until: ctx.deadline.map_or(until, |d| d.min(until)),
-        };
-        (entry, per_copy() * copies, bounds)
-    });
-    match entered.await {
+    let until = Instant::now() + server.queue_timeout.0;
+    let entry = Entry {
+        band: ctx.band,
+        tenant: tenant_of(ctx),
+        flow,
+        until: ctx.deadline.map_or(until, |d| d.min(until)),
+        bytes: bytes(),
+    };
+    let slots = slots(ctx, model);
+    Some(Waiting {
+        gate,
+        entry,
+        slots,
+        bounds,
+    })
+}
+
+/// The flow phase's second step: a slot in turn from the model's waiting room, kept on the
+/// context; or the refusal, counted.
+pub async fn wait(ctx: &mut RequestCtx, waiting: Waiting) -> Result<(), GatewayError> {
+    let Waiting {
+        gate,
+        entry,
+        slots,
+        bounds,
+    } = waiting;
+    match gate.wait(&entry, (slots, bounds)).await {
         Ok(permit) => {
             admitted(ctx, &permit);
             ctx.permit = Some(permit);
@@ -82,6 +111,29 @@ pub async fn enter(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
         }
         Err(refusal) => Err(shed(ctx, refusal)),
     }
+}
+
+/// The model's config was just learned (its signature fetched for validation): its gate, if
+/// it has one, takes the slots that gives at once, not at its next full moment.
+pub(super) fn learned(ctx: &RequestCtx, model: &str) {
+    if let Some(gate) = ctx.gateway.flow().existing(model) {
+        gate.relimit(slots(ctx, model));
+    }
+}
+
+/// The slots of `model`'s copies now: each copy's `max_in_flight` (`[[models]]`'s, else the
+/// capacity its config gives, else `DEFAULT_MAX_IN_FLIGHT` while that is not known), less
+/// what its Triton has waiting that this gateway did not send (`copy_slots`). Read when the
+/// model's gate is made, at its full moments, and when its config is learned.
+fn slots(ctx: &RequestCtx, model: &str) -> usize {
+    let configured =
+        (ctx.live.config.models.iter().find(|m| m.name == model)).and_then(|m| m.max_in_flight);
+    let capacity = ctx.gateway.signatures().capacity(model);
+    let per_copy = configured.or(capacity).unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+    let placement = ctx.gateway.placement();
+    placement.flow_slots(model, |in_flight, pending| {
+        copy_slots(per_copy, capacity, in_flight, pending)
+    })
 }
 
 /// A request let in after waiting: counted, and its wait recorded.

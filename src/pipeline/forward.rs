@@ -47,6 +47,10 @@ pub(crate) trait Wire: Inspect {
     /// Names the route's target instead of the route (the URL path, or the message).
     fn retarget(&mut self, routed: &Routed);
 
+    /// The request body's size, as far as it is known before it is read (flow control's
+    /// byte bound on waiting requests; asked only of a request that must wait).
+    fn body_len(&self) -> usize;
+
     /// The sequence the request belongs to, which placement needs (HTTP reads it from the
     /// body, within the body limit; gRPC from the message's parameters).
     async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError>;

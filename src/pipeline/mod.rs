@@ -19,7 +19,7 @@ pub mod admit;
 mod ctx;
 pub mod edge;
 pub mod finish;
-mod flow;
+pub mod flow;
 pub mod forward;
 pub mod mirror;
 mod place;
@@ -65,7 +65,8 @@ pub(crate) async fn serve<W: Wire>(
 async fn placed<W: Wire>(ctx: &mut RequestCtx, wire: &mut W) -> Result<W::Answer, GatewayError> {
     ctx.sequence = wire.sequence(ctx).await?;
     if ctx.ask == Ask::Inference
-        && let Err(error) = flow::enter(ctx).await
+        && let Some(waiting) = flow::enter(ctx, || wire.body_len())
+        && let Err(error) = flow::wait(ctx, waiting).await
     {
         return wire.unplaced(error);
     }

@@ -24,8 +24,17 @@ pub(crate) async fn validate(
     if !gateway.fixed_config().validation.enabled {
         return Ok(());
     }
-    let Some(signature) = gateway.signatures().get(on.backend, on.model).await else {
-        return Ok(());
+    let signatures = gateway.signatures();
+    let signature = match signatures.hit(on.model) {
+        Some(signature) => signature,
+        None => {
+            let Some(signature) = signatures.get(on.backend, on.model).await else {
+                return Ok(());
+            };
+            // The model's config is known now: its flow gate's slots follow it.
+            super::flow::learned(ctx, &on.model.name);
+            signature
+        }
     };
     match read(&signature).await? {
         Verdict::Passed => Ok(()),

@@ -246,10 +246,26 @@ impl Placement {
             .collect()
     }
 
-    /// Copies of `model` on the books (loading ones too): flow control gives a model
-    /// `max_in_flight` slots per copy. Read only when its slots are all taken.
-    pub fn copies(&self, model: &str) -> usize {
-        self.books().copies_of(model)
+    /// Flow control's slots for `model`: `slots(in_flight, pending)` for each copy on the
+    /// books (loading ones too), summed; one copy's, with nothing on it, while there is
+    /// none. `in_flight`: this gateway's requests on the copy; `pending`: the requests its
+    /// Triton reports waiting for the model, by a reading younger than
+    /// `placement.queue_max_age` (`None`: no such reading, or readings off). Takes the
+    /// books' lock: read only when the model's slots are all taken.
+    pub fn flow_slots(&self, model: &str, slots: impl Fn(usize, Option<u64>) -> usize) -> usize {
+        let backends = self.pool.backends();
+        let pending = |b: usize| {
+            let backend = backends.get(b).filter(|_| !self.queue_max_age.is_zero())?;
+            backend.pending(model, self.queue_max_age)
+        };
+        let books = self.books();
+        let mut copies = books.in_flight_per_copy(model).peekable();
+        if copies.peek().is_none() {
+            return slots(0, None);
+        }
+        copies
+            .map(|(b, in_flight)| slots(in_flight, pending(b)))
+            .sum()
     }
 
     /// Finds (or makes) a ready copy of the model and leases it.

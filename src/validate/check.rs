@@ -526,6 +526,7 @@ mod tests {
             name: name.into(),
             platform: "python".into(),
             max_batch_size,
+            instances: 1,
             inputs,
             outputs: outputs.iter().map(|o| o.to_string()).collect(),
         }

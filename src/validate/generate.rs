@@ -302,6 +302,7 @@ mod tests {
             name: "m".into(),
             platform: "python".into(),
             max_batch_size: 0,
+            instances: 1,
             inputs: vec![
                 input(&[2]),
                 InputSpec {

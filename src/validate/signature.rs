@@ -21,6 +21,10 @@ pub struct Signature {
     /// 0 when the model does not batch; else the largest batch, and every (non shape-tensor)
     /// input carries a leading batch dimension that `dims` leaves out.
     pub max_batch_size: i32,
+    /// Execution instances the copy runs (the sum of the served config's
+    /// `instance_group[].count`, at least 1): with `max_batch_size`, how many requests one
+    /// copy works on at once (`capacity`).
+    pub instances: u32,
     /// Inputs in config order.
     pub inputs: Vec<InputSpec>,
     /// Output names.
@@ -54,6 +58,14 @@ impl Signature {
     /// Whether the model has an output named `name`.
     pub fn has_output(&self, name: &str) -> bool {
         self.outputs.iter().any(|o| o == name)
+    }
+
+    /// Requests one copy works on at once: its instances × its largest batch (1 for a model
+    /// that does not batch). Flow control's default `max_in_flight` (docs/flow.md): more
+    /// would only wait in Triton's queue, where the gateway cannot order them.
+    pub fn capacity(&self) -> usize {
+        let batch = usize::try_from(self.max_batch_size.max(1)).unwrap_or(1);
+        usize::try_from(self.instances.max(1)).unwrap_or(1) * batch
     }
 
     /// Builds a signature from Triton's model metadata (`GET /v2/models/{m}`) and model
@@ -107,6 +119,12 @@ impl Signature {
             name: metadata.name,
             platform: metadata.platform,
             max_batch_size: config.max_batch_size,
+            instances: config
+                .instance_group
+                .iter()
+                .map(|g| g.count)
+                .sum::<u32>()
+                .max(1),
             inputs,
             outputs,
         })
@@ -139,6 +157,20 @@ struct ModelConfig {
     input: Vec<ConfigInput>,
     #[serde(default)]
     output: Vec<ConfigOutput>,
+    /// Triton fills in `count` for every group of the config it serves (1 where
+    /// config.pbtxt names none).
+    #[serde(default)]
+    instance_group: Vec<InstanceGroup>,
+}
+
+#[derive(Deserialize)]
+struct InstanceGroup {
+    #[serde(default = "one")]
+    count: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[derive(Deserialize)]
@@ -283,8 +315,21 @@ impl SignatureCache {
         known.get(model).map_or(0, |k| k.generation)
     }
 
-    /// The signature of `model` fetched in its current generation, if any.
-    fn hit(&self, model: &ModelRef) -> Option<Arc<Signature>> {
+    /// Requests one copy of `model` works on at once (`Signature::capacity`), by a
+    /// signature of its current generation (the default version's first): flow control's
+    /// default `max_in_flight`. `None` until one is fetched. One read lock, no allocation.
+    pub fn capacity(&self, model: &str) -> Option<usize> {
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        let signatures = &known.get(model)?.signatures;
+        let default = signatures.iter().find(|(version, _)| version.is_none());
+        let (_, signature) = default.or(signatures.first())?;
+        Some(signature.capacity())
+    }
+
+    /// The signature of `model` fetched in its current generation, if any: `get` without a
+    /// fetch. The validate phase asks this first, so that it knows when a fetch taught it
+    /// something new (a model's capacity, for flow control).
+    pub fn hit(&self, model: &ModelRef) -> Option<Arc<Signature>> {
         let known = self.known.read().unwrap_or_else(|e| e.into_inner());
         let (_, signature) = known
             .get(model.name.as_str())?
@@ -422,7 +467,9 @@ mod tests {
         "input":[{"name":"INPUT0","data_type":"TYPE_FP32","format":"FORMAT_NONE","dims":[-1],
                   "is_shape_tensor":false,"allow_ragged_batch":true,"optional":false},
                  {"name":"LENGTHS","data_type":"TYPE_INT32","dims":[1],"optional":true}],
-        "output":[{"name":"OUTPUT0","data_type":"TYPE_FP32","dims":[1]}]}"#;
+        "output":[{"name":"OUTPUT0","data_type":"TYPE_FP32","dims":[1]}],
+        "instance_group":[{"name":"ragged_sum_0","kind":"KIND_CPU","count":2},
+                          {"name":"ragged_sum_1","kind":"KIND_CPU","count":1}]}"#;
 
     #[test]
     fn reads_triton_metadata_and_config() {
@@ -436,6 +483,24 @@ mod tests {
         assert_eq!(signature.inputs[1].datatype, DataType::Int32);
         assert!(signature.has_output("OUTPUT0"));
         assert!(!signature.has_output("OUTPUT1"));
+    }
+
+    /// A copy works on its instances × its largest batch at once: 3 × 8 here; a model that
+    /// does not batch, on one per instance; a config with no instance group (not one Triton
+    /// serves, but possible in a fixture) counts one instance.
+    #[test]
+    fn capacity_is_instances_times_the_largest_batch() {
+        let signature = Signature::from_triton(METADATA.as_bytes(), CONFIG.as_bytes()).unwrap();
+        assert_eq!((signature.instances, signature.capacity()), (3, 24));
+        let unbatched = CONFIG.replace("\"max_batch_size\":8", "\"max_batch_size\":0");
+        let signature = Signature::from_triton(METADATA.as_bytes(), unbatched.as_bytes()).unwrap();
+        assert_eq!(signature.capacity(), 3);
+        let (groups, _) = unbatched
+            .split_once(",\n        \"instance_group\"")
+            .unwrap();
+        let bare = format!("{groups}}}");
+        let signature = Signature::from_triton(METADATA.as_bytes(), bare.as_bytes()).unwrap();
+        assert_eq!(signature.capacity(), 1);
     }
 
     #[test]

@@ -22,6 +22,12 @@
 //! That is the only place to say so: the stream's metadata went out when it opened, before
 //! any request was routed, so it carries no `infergate-target`.
 //!
+//! Each request takes a flow slot on its model's copies as a unary call does (its band from
+//! the stream's `x-infergate-priority` metadata, its tenant from the stream's credential),
+//! held until the backend's first answer to it. A request that must wait holds up the
+//! requests after it on the stream (they stay in order); one that is shed is answered on the
+//! stream with `error_message` (`... was shed (full); retry in 1s`), and the stream goes on.
+//!
 //! A request the gateway cannot place is answered on the stream with `error_message`, as
 //! Triton answers a failed request on a stream, and the stream goes on. A backend stream that
 //! breaks (the backend went away) ends the client's stream with that status (UNAVAILABLE),
@@ -32,6 +38,7 @@ use super::upstream_request;
 use super::wire::ModelMessage;
 use crate::auth::Admission;
 use crate::error::GatewayError;
+use crate::flow::Permit;
 use crate::model::{Ask, ModelRef, Served};
 use crate::pipeline::{self, RequestCtx, admit, finish};
 use crate::placement::Lease;
@@ -77,11 +84,12 @@ type Streams = HashMap<ModelRef, Vec<BackendStream>>;
 type Pumps = JoinSet<((ModelRef, usize), Result<u64, GatewayError>)>;
 
 /// What a request sent down a backend stream holds until its answer: the tenant's
-/// concurrency slot, and the route guard's count of it.
+/// concurrency slot, the route guard's count of it, and its flow slot on the model's copies.
 #[derive(Default)]
 struct Held {
     _admission: Admission,
     tally: Option<Tally>,
+    permit: Option<Permit>,
 }
 
 /// The requests sent down one backend stream and not yet answered, by request id, oldest
@@ -268,6 +276,11 @@ impl Relay<'_> {
             Ok(()) => {}
             Err(error) => return self.refuse(&mut ctx, message, error).await,
         }
+        if let Some(waiting) = pipeline::flow::enter(&mut ctx, || message.size())
+            && let Err(error) = pipeline::flow::wait(&mut ctx, waiting).await
+        {
+            return self.refuse(&mut ctx, message, error).await;
+        }
         let (model, sequence) = (
             ctx.routed.as_ref().expect("routed").target.clone(),
             ctx.sequence.clone(),
@@ -306,6 +319,7 @@ impl Relay<'_> {
                     Err(mpsc::error::SendError(message)) => {
                         let taken = waiting.take_back(&message.id).unwrap_or_default();
                         ctx.admission = taken._admission;
+                        ctx.permit = taken.permit;
                         if let (Some(routed), Some(tally)) = (&mut ctx.routed, taken.tally) {
                             routed.tally = Some(tally);
                         }
@@ -341,9 +355,11 @@ impl Relay<'_> {
         // Each request is admitted for the model it names and counted against the tenant's
         // rate; its concurrency slot is held until the backend answers it.
         admit::model(ctx)?;
+        let metadata = self.metadata;
+        let asked = metadata.get(crate::flow::PRIORITY_HEADER);
+        pipeline::flow::priority(ctx, asked.map(|v| v.as_bytes()))?;
         // Sticky keys from the stream's metadata, so a sticky route keeps one target for
         // the whole stream; the request goes on under the target's name.
-        let metadata = self.metadata;
         pipeline::route(ctx, |name| metadata.get(name).map(|v| v.as_bytes()))?;
         message.retarget(&ctx.routed.as_ref().expect("routed").target);
         ctx.sequence = message.sequence();
@@ -423,6 +439,7 @@ fn held(ctx: &mut RequestCtx) -> Held {
     Held {
         _admission: std::mem::take(&mut ctx.admission),
         tally: ctx.routed.as_mut().and_then(|r| r.tally.take()),
+        permit: ctx.permit.take(),
     }
 }
 

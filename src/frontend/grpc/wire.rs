@@ -34,6 +34,8 @@ pub(crate) trait ModelMessage: Clone + Send + Sync + 'static {
     }
     /// Sends copies to the route's mirrors (only an inference is mirrored).
     fn mirror(&self, _ctx: &RequestCtx, _shadow: Shadow) {}
+    /// Its size on the wire, which it holds in memory while it waits for a slot.
+    fn size(&self) -> usize;
 }
 
 macro_rules! names_model {
@@ -47,6 +49,9 @@ macro_rules! names_model {
         fn retarget(&mut self, target: &ModelRef) {
             self.$name.clone_from(&target.name);
             self.$version = target.version.clone().unwrap_or_default();
+        }
+        fn size(&self) -> usize {
+            prost::Message::encoded_len(self)
         }
     };
 }
@@ -237,6 +242,10 @@ where
 
     fn retarget(&mut self, routed: &Routed) {
         self.message.retarget(&routed.target);
+    }
+
+    fn body_len(&self) -> usize {
+        self.message.size()
     }
 
     async fn sequence(&mut self, _ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {

@@ -107,6 +107,13 @@ impl Wire for HttpWire {
         request.headers().get(name).map(|v| v.as_bytes())
     }
 
+    /// The declared `Content-Length`: a body without one is not read while it waits, and
+    /// counts nothing.
+    fn body_len(&self) -> usize {
+        let declared = (self.request.as_ref()).and_then(|r| body::declared_length(r.headers()));
+        declared.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
     fn retarget(&mut self, routed: &Routed) {
         if let Some(request) = &mut self.request
             && routed.route.is_some()

@@ -92,9 +92,13 @@ impl Table {
         Decision::Serve(b)
     }
 
-    /// Copies of `model` on the books, loading ones included.
-    pub fn copies_of(&self, model: &str) -> usize {
-        self.located.of(model).count()
+    /// Each copy of `model` on the books (loading ones included): its backend, and this
+    /// gateway's requests in flight on it.
+    pub fn in_flight_per_copy<'a>(
+        &'a self,
+        model: &'a str,
+    ) -> impl Iterator<Item = (usize, usize)> + 'a {
+        (self.located.of(model)).map(move |b| (b, self.backends[b].copies[model].in_flight))
     }
 
     /// A request is done with its copy.
