@@ -25,6 +25,7 @@ fn signature(datatype: DataType) -> Signature {
         platform: "python".into(),
         max_batch_size: 8,
         instances: 1,
+        decoupled: false,
         inputs: vec![InputSpec {
             name: "INPUT0".into(),
             datatype,

@@ -528,9 +528,9 @@ async fn counted(gateway: &TestGateway, metric: &str, tenant: &str, band: &str) 
 
 /// Without `[[models]] max_in_flight`, the limit comes from the config Triton serves for
 /// the model: `slow_model` has one instance and does not batch, so once its first request
-/// has taught the gateway that, 8 clients at once find one slot and the rest wait at the
-/// gateway (counted as let in after waiting), where the constant default (32) would have
-/// sent all 8 on to Triton's queue.
+/// has taught the gateway that, 8 clients at once find two slots (one request running, one
+/// ready in Triton's queue) and the rest wait at the gateway (counted as let in after
+/// waiting), where the constant default (32) would have sent all 8 on to Triton's queue.
 #[tokio::test]
 async fn the_default_limit_comes_from_the_models_config() {
     let _alone = ONE_AT_A_TIME.lock().await;

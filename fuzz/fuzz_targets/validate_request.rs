@@ -43,6 +43,7 @@ fn signatures() -> &'static [Signature] {
             platform: "python".into(),
             max_batch_size,
             instances: 1,
+            decoupled: false,
             inputs,
             outputs: outputs.iter().map(|o| o.to_string()).collect(),
         };

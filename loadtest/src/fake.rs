@@ -177,6 +177,18 @@ struct ModelConfig<'a> {
     backend: &'static str,
     input: Vec<TensorConfig<'a>>,
     output: Vec<TensorConfig<'a>>,
+    instance_group: [InstanceGroup; 1],
+}
+
+/// What the stand-in works on at once, as Triton serves a config's instance groups: it
+/// answers every request as it comes (no queue of its own), so it declares many instances,
+/// and the gateway's flow control, which takes its default slots from this, never queues in
+/// front of it below the load tools' concurrency (a benchmark measures the proxy, not a
+/// queue that a real model of one instance would need).
+#[derive(Serialize)]
+struct InstanceGroup {
+    count: u32,
+    kind: &'static str,
 }
 
 #[derive(Serialize)]
@@ -258,6 +270,10 @@ fn model_bodies(name: &str, kind: ModelKind, loaded: bool) -> ModelBodies {
         backend: "python",
         input: config(kind.inputs()),
         output: config(kind.outputs()),
+        instance_group: [InstanceGroup {
+            count: 256,
+            kind: "KIND_CPU",
+        }],
     };
     let elements = kind.answer_elements();
     let infer = |binary: bool| InferResponse {
@@ -860,7 +876,7 @@ mod tests {
         assert_eq!(st, 200);
         assert_eq!(
             std::str::from_utf8(&b).unwrap(),
-            r#"{"name":"dyn","max_batch_size":0,"backend":"python","input":[{"name":"INPUT0","data_type":"TYPE_FP32","dims":[-1]}],"output":[{"name":"OUTPUT0","data_type":"TYPE_FP32","dims":[-1]}]}"#
+            r#"{"name":"dyn","max_batch_size":0,"backend":"python","input":[{"name":"INPUT0","data_type":"TYPE_FP32","dims":[-1]}],"output":[{"name":"OUTPUT0","data_type":"TYPE_FP32","dims":[-1]}],"instance_group":[{"count":256,"kind":"KIND_CPU"}]}"#
         );
         let (st, _, b) = call(&s, Method::GET, "/metrics", false).await;
         assert_eq!(st, 200);

@@ -148,8 +148,9 @@ pub struct Model {
     /// if used twice as often); `lru` orders by time alone and ignores it.
     pub cost_weight: Option<f64>,
     /// Requests one copy takes at once before more wait at the gateway, fairly by tenant
-    /// and band (docs/flow.md); absent: the model's instances × max batch size, from the
-    /// config its copies serve (32, `flow::DEFAULT_MAX_IN_FLIGHT`, until that is known).
+    /// and band (docs/flow.md); absent: twice the model's instances × max batch size, from
+    /// the config its copies serve (32, `flow::DEFAULT_MAX_IN_FLIGHT`, until that is known
+    /// and for a decoupled model).
     pub max_in_flight: Option<usize>,
 }
 

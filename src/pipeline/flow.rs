@@ -11,7 +11,7 @@
 use super::RequestCtx;
 use crate::error::GatewayError;
 use crate::flow::queue::Bounds;
-use crate::flow::{Band, DEFAULT_MAX_IN_FLIGHT, Entry, Gate, Permit, Shed, copy_slots};
+use crate::flow::{Band, Entry, Gate, Permit, Shed, copy_slots, default_per_copy};
 use crate::telemetry;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -121,15 +121,16 @@ pub(super) fn learned(ctx: &RequestCtx, model: &str) {
     }
 }
 
-/// The slots of `model`'s copies now: each copy's `max_in_flight` (`[[models]]`'s, else the
-/// capacity its config gives, else `DEFAULT_MAX_IN_FLIGHT` while that is not known), less
+/// The slots of `model`'s copies now: each copy's `max_in_flight` (`[[models]]`'s, else
+/// twice the capacity its config gives, else `DEFAULT_MAX_IN_FLIGHT` while that is not
+/// known or the model is decoupled: `default_per_copy`), less
 /// what its Triton has waiting that this gateway did not send (`copy_slots`). Read when the
 /// model's gate is made, at its full moments, and when its config is learned.
 fn slots(ctx: &RequestCtx, model: &str) -> usize {
     let configured =
         (ctx.live.config.models.iter().find(|m| m.name == model)).and_then(|m| m.max_in_flight);
     let capacity = ctx.gateway.signatures().capacity(model);
-    let per_copy = configured.or(capacity).unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+    let per_copy = configured.unwrap_or_else(|| default_per_copy(capacity));
     let placement = ctx.gateway.placement();
     placement.flow_slots(model, |in_flight, pending| {
         copy_slots(per_copy, capacity, in_flight, pending)

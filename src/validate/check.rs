@@ -527,6 +527,7 @@ mod tests {
             platform: "python".into(),
             max_batch_size,
             instances: 1,
+            decoupled: false,
             inputs,
             outputs: outputs.iter().map(|o| o.to_string()).collect(),
         }

@@ -303,6 +303,7 @@ mod tests {
             platform: "python".into(),
             max_batch_size: 0,
             instances: 1,
+            decoupled: false,
             inputs: vec![
                 input(&[2]),
                 InputSpec {

@@ -25,6 +25,9 @@ pub struct Signature {
     /// `instance_group[].count`, at least 1): with `max_batch_size`, how many requests one
     /// copy works on at once (`capacity`).
     pub instances: u32,
+    /// Whether the model is decoupled (`model_transaction_policy.decoupled`): it answers a
+    /// request with any number of responses, on its own time (`capacity`).
+    pub decoupled: bool,
     /// Inputs in config order.
     pub inputs: Vec<InputSpec>,
     /// Output names.
@@ -63,9 +66,14 @@ impl Signature {
     /// Requests one copy works on at once: its instances × its largest batch (1 for a model
     /// that does not batch). Flow control's default `max_in_flight` (docs/flow.md): more
     /// would only wait in Triton's queue, where the gateway cannot order them.
-    pub fn capacity(&self) -> usize {
+    /// `None` for a decoupled model: its `execute` may return before its answers, so one
+    /// instance can serve many streams at once, and its instances bound nothing.
+    pub fn capacity(&self) -> Option<usize> {
+        if self.decoupled {
+            return None;
+        }
         let batch = usize::try_from(self.max_batch_size.max(1)).unwrap_or(1);
-        usize::try_from(self.instances.max(1)).unwrap_or(1) * batch
+        Some(usize::try_from(self.instances.max(1)).unwrap_or(1) * batch)
     }
 
     /// Builds a signature from Triton's model metadata (`GET /v2/models/{m}`) and model
@@ -125,6 +133,7 @@ impl Signature {
                 .map(|g| g.count)
                 .sum::<u32>()
                 .max(1),
+            decoupled: config.model_transaction_policy.decoupled,
             inputs,
             outputs,
         })
@@ -161,6 +170,14 @@ struct ModelConfig {
     /// config.pbtxt names none).
     #[serde(default)]
     instance_group: Vec<InstanceGroup>,
+    #[serde(default)]
+    model_transaction_policy: TransactionPolicy,
+}
+
+#[derive(Deserialize, Default)]
+struct TransactionPolicy {
+    #[serde(default)]
+    decoupled: bool,
 }
 
 #[derive(Deserialize)]
@@ -323,7 +340,7 @@ impl SignatureCache {
         let signatures = &known.get(model)?.signatures;
         let default = signatures.iter().find(|(version, _)| version.is_none());
         let (_, signature) = default.or(signatures.first())?;
-        Some(signature.capacity())
+        signature.capacity()
     }
 
     /// The signature of `model` fetched in its current generation, if any: `get` without a
@@ -491,16 +508,30 @@ mod tests {
     #[test]
     fn capacity_is_instances_times_the_largest_batch() {
         let signature = Signature::from_triton(METADATA.as_bytes(), CONFIG.as_bytes()).unwrap();
-        assert_eq!((signature.instances, signature.capacity()), (3, 24));
+        assert_eq!((signature.instances, signature.capacity()), (3, Some(24)));
         let unbatched = CONFIG.replace("\"max_batch_size\":8", "\"max_batch_size\":0");
         let signature = Signature::from_triton(METADATA.as_bytes(), unbatched.as_bytes()).unwrap();
-        assert_eq!(signature.capacity(), 3);
+        assert_eq!(signature.capacity(), Some(3));
         let (groups, _) = unbatched
             .split_once(",\n        \"instance_group\"")
             .unwrap();
         let bare = format!("{groups}}}");
         let signature = Signature::from_triton(METADATA.as_bytes(), bare.as_bytes()).unwrap();
-        assert_eq!(signature.capacity(), 1);
+        assert_eq!(signature.capacity(), Some(1));
+    }
+
+    /// A decoupled model's instances bound nothing (its `execute` may return before its
+    /// answers): no capacity, so flow control keeps its constant default.
+    #[test]
+    fn a_decoupled_model_has_no_capacity() {
+        let decoupled = CONFIG.replacen(
+            "{",
+            "{\"model_transaction_policy\":{\"decoupled\":true},",
+            1,
+        );
+        let signature = Signature::from_triton(METADATA.as_bytes(), decoupled.as_bytes()).unwrap();
+        assert!(signature.decoupled);
+        assert_eq!(signature.capacity(), None);
     }
 
     #[test]
