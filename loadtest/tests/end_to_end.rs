@@ -272,7 +272,8 @@ async fn auth_and_custom_headers_reach_the_server() {
                         && h.get("x-api-key").is_some_and(|v| v == "key")
                         && h.get("x-user-id").is_some_and(|v| v == "alice")
                         && h.get("x-tenant-key").is_some_and(|v| v == "tkey")
-                        && h.get("x-infergate-priority").is_some_and(|v| v == "critical")
+                        && h.get("x-infergate-priority")
+                            .is_some_and(|v| v == "critical")
                         && h.get("content-type")
                             .is_some_and(|v| v == "application/json");
                     let mut resp = hyper::Response::new(Full::new(bytes::Bytes::from_static(
