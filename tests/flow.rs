@@ -171,7 +171,8 @@ fn p99(seen: &[(u16, Duration)]) -> Duration {
 /// requests fail, its p99 stays within 2x of its p99 alone, and `flood` still gets at least
 /// half of what the copy served meanwhile (its fair share, `light` asking for less). Then,
 /// with `flood` still on, a gRPC request with a 50 ms deadline behind `flood`'s own queue
-/// is refused at once (UNAVAILABLE, `retry-after`), an unknown priority gets 400 naming
+/// is refused at once (UNAVAILABLE, `retry-after`), `/admin/flow` shows `flood`'s queue
+/// behind the model's one slot (to the admin only), an unknown priority gets 400 naming
 /// the bands, and a request asking above its tenant's highest band is served (capped and
 /// counted).
 #[tokio::test]
@@ -192,6 +193,7 @@ async fn a_flooding_tenant_does_not_starve_a_light_one() {
     let together_p99 = p99(&together);
 
     let hurried = hurried_grpc(&gateway).await;
+    let (queues, not_admin) = admin_flow(&gateway, &client).await;
     let (bad_status, bad_body) = bad_priority(&client, &url).await;
     let capped = client
         .post(&url)
@@ -243,6 +245,9 @@ async fn a_flooding_tenant_does_not_starve_a_light_one() {
         "retry-after {retry_after:?}"
     );
 
+    assert_flow_view(&queues);
+    assert_eq!(not_admin, 403, "/admin/flow needs the admin role");
+
     assert_eq!(bad_status, 400);
     assert!(
         bad_body.contains("critical, standard, sheddable"),
@@ -285,6 +290,47 @@ async fn hurried_grpc(gateway: &TestGateway) -> (tonic::Status, Duration, Option
         .get("retry-after")
         .and_then(|v| v.to_str().ok()?.parse().ok());
     (status, elapsed, retry_after)
+}
+
+/// `GET /admin/flow` during the flood, as the admin and as tenant `light` (no admin role):
+/// the view and the second call's status.
+async fn admin_flow(gateway: &TestGateway, client: &reqwest::Client) -> (Value, u16) {
+    let (status, view) = gateway
+        .admin_call(reqwest::Method::GET, "/admin/flow")
+        .await;
+    assert_eq!(status, 200, "{view}");
+    let refused = client
+        .get(format!("http://{}/admin/flow", gateway.admin))
+        .header("x-api-key", LIGHT_KEY)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
+    (view, refused)
+}
+
+/// The flood's picture: `slow_model`'s one slot (`max_in_flight = 1`, one copy) taken,
+/// `flood`'s standard queue holding most of its 32 clients, the total the sum of the
+/// lanes, and the drain rate measured.
+fn assert_flow_view(view: &Value) {
+    let models = view.as_array().expect("an array of models");
+    let gate = models
+        .iter()
+        .find(|m| m["model"] == "slow_model")
+        .unwrap_or_else(|| panic!("no slow_model in {view}"));
+    assert_eq!(gate["slots"]["limit"], 1, "{gate}");
+    assert!(gate["slots"]["in_use"].as_u64().unwrap() <= 1, "{gate}");
+    let lanes = gate["queues"].as_array().unwrap();
+    let flood = lanes
+        .iter()
+        .find(|l| l["tenant"] == "flood" && l["band"] == "standard")
+        .unwrap_or_else(|| panic!("no flood lane in {gate}"));
+    assert!(flood["depth"].as_u64().unwrap() >= 16, "{gate}");
+    assert_eq!(flood["weight"], 1);
+    let depths: u64 = lanes.iter().map(|l| l["depth"].as_u64().unwrap()).sum();
+    assert_eq!(gate["queued"].as_u64(), Some(depths), "{gate}");
+    assert!(gate["drain_per_second"].as_f64().unwrap() > 10.0, "{gate}");
 }
 
 /// A request asking for a band that does not exist: its status and body.

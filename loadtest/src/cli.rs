@@ -12,6 +12,7 @@ use clap::Parser;
 
 use crate::body::{EncodedBody, Encoding, build_bodies, spec_for_body_size};
 use crate::data::DataMode;
+use crate::identity::{Identity, Priority};
 use crate::sequence::{SequenceTemplate, Sequences};
 use crate::spec::{DataType, TensorSpec};
 use crate::stats::Load;
@@ -148,6 +149,21 @@ pub struct Args {
     #[arg(short = 'H', long = "header", value_name = "NAME:VALUE")]
     pub headers: Vec<String>,
 
+    /// Send as tenant NAME with its API key KEY (NAME=KEY): the key goes in `x-api-key` (or
+    /// the header --tenant-header names); the name labels the report, so runs of several
+    /// tenants side by side can be told apart.
+    #[arg(long, value_name = "NAME=KEY")]
+    pub tenant: Option<String>,
+
+    /// The header --tenant's key goes in (default x-api-key), e.g. `authorization` with
+    /// KEY `Bearer <token>`.
+    #[arg(long, value_name = "HEADER")]
+    pub tenant_header: Option<String>,
+
+    /// Ask for a priority band: sends `x-infergate-priority: BAND` (gRPC: metadata).
+    #[arg(long, value_enum, value_name = "BAND")]
+    pub priority: Option<Priority>,
+
     /// Print one JSON document on stdout (the table then goes to stderr).
     #[arg(long)]
     pub json: bool,
@@ -205,6 +221,8 @@ pub struct Plan {
     pub http2: bool,
     /// Target URI and per-request headers.
     pub endpoint: HttpEndpoint,
+    /// The tenant and band the requests are sent as (`--tenant`, `--priority`).
+    pub identity: Identity,
     /// Pre-built bodies to rotate through.
     pub bodies: Vec<EncodedBody>,
     /// Where the bodies came from.
@@ -285,10 +303,16 @@ impl Args {
             Protocol::Http => infer_uri(&self.url, &self.model, self.model_version.as_deref())?,
             Protocol::Grpc => crate::transport::grpc::infer_uri(&self.url)?,
         };
-        let headers = build_headers(
+        let mut headers = build_headers(
             self.bearer.as_deref(),
             self.api_key.as_deref(),
             &self.headers,
+        )?;
+        let identity = crate::identity::apply(
+            self.tenant.as_deref(),
+            self.tenant_header.as_deref(),
+            self.priority,
+            &mut headers,
         )?;
 
         let timing = self.timing()?;
@@ -320,6 +344,7 @@ impl Args {
             protocol: self.protocol,
             http2: self.http2,
             endpoint: HttpEndpoint { uri, headers },
+            identity,
             bodies,
             body_source,
             steps,
@@ -607,5 +632,24 @@ mod tests {
         assert_eq!(p.endpoint.headers["authorization"], "Bearer t");
         assert_eq!(p.endpoint.headers["x-api-key"], "k");
         assert_eq!(p.endpoint.headers["x-user-id"], "u1");
+    }
+
+    #[test]
+    fn tenant_and_priority_become_headers_and_label_the_plan() {
+        let p = plan(&[
+            "-i",
+            "X:FP32:1",
+            "--tenant",
+            "flood=key-1",
+            "--priority",
+            "sheddable",
+        ])
+        .unwrap();
+        assert_eq!(p.endpoint.headers["x-api-key"], "key-1");
+        assert_eq!(p.endpoint.headers["x-infergate-priority"], "sheddable");
+        assert_eq!(p.identity.tenant.as_deref(), Some("flood"));
+        assert!(plan(&["-i", "X:FP32:1", "--priority", "urgent"]).is_err());
+        let doubled = ["-i", "X:FP32:1", "--tenant", "a=k", "--api-key", "k"];
+        assert!(plan(&doubled).is_err());
     }
 }

@@ -16,6 +16,7 @@
 //! - [`sequence`]: sequence mode: ids, start/end flags, running sums to check.
 //! - [`stats`]: histograms, percentiles, stability, max RPS at p95 target.
 //! - [`report`]: the terminal table and the `--json` document.
+//! - [`identity`]: `--tenant` and `--priority`, the tenant and band a run is sent as.
 //! - [`cli`]: command-line arguments and their validation.
 //! - [`fake`]: the fake Triton server.
 
@@ -25,6 +26,7 @@ pub mod body;
 pub mod cli;
 pub mod data;
 pub mod fake;
+pub mod identity;
 pub mod outcome;
 pub mod report;
 pub mod runner;

@@ -50,6 +50,10 @@ pub struct ConfigSummary {
     pub timeout_s: f64,
     /// Whether `--check` validated responses.
     pub check: bool,
+    /// The tenant the requests were sent as (`--tenant NAME=...`), or `null`.
+    pub tenant: Option<String>,
+    /// The priority band asked for (`--priority`), or `null`.
+    pub priority: Option<&'static str>,
     /// Sequence mode: requests per sequence, or `null`.
     pub sequence_length: Option<usize>,
     /// Sequence mode: `number` or `string` ids, or `null`.
@@ -131,6 +135,8 @@ impl ConfigSummary {
             stability_pct: plan.stability * 100.0,
             timeout_s: plan.timing.timeout.as_secs_f64(),
             check: plan.check,
+            tenant: plan.identity.tenant.clone(),
+            priority: plan.identity.priority.map(|p| p.as_str()),
             sequence_length: sequences.map(|s| s.length),
             sequence_ids: sequences.map(|s| if s.string_ids { "string" } else { "number" }),
         }
@@ -199,12 +205,13 @@ pub fn header_lines(c: &ConfigSummary) -> Vec<String> {
     };
     vec![
         format!(
-            "infergate-load {} -> {} ({}{}{})",
+            "infergate-load {} -> {} ({}{}{}{})",
             c.mode,
             c.endpoint,
             c.protocol,
             if c.http2 { ", h2c" } else { "" },
-            if c.check { ", --check" } else { "" }
+            if c.check { ", --check" } else { "" },
+            identity_note(c),
         ),
         format!(
             "body: {} {} B{} ({} variant{}){inputs}",
@@ -227,6 +234,13 @@ pub fn header_lines(c: &ConfigSummary) -> Vec<String> {
             fmt_duration(std::time::Duration::from_secs_f64(c.timeout_s)),
         ),
     ]
+}
+
+/// `, tenant flood, critical`: who the requests were sent as, if said.
+fn identity_note(c: &ConfigSummary) -> String {
+    let tenant = c.tenant.as_ref().map(|t| format!(", tenant {t}"));
+    let band = c.priority.map(|p| format!(", {p}"));
+    format!("{}{}", tenant.unwrap_or_default(), band.unwrap_or_default())
 }
 
 /// The lines printed after the table: per-window throughput, errors by

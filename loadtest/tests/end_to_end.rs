@@ -255,7 +255,8 @@ async fn check_flags_responses_without_outputs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_and_custom_headers_reach_the_server() {
-    // A server that answers 200 only when every expected header is present.
+    // A server that answers 200 only when every expected header is present (--tenant's key
+    // in the header --tenant-header names, --priority's band).
     use http_body_util::Full;
     use hyper::service::service_fn;
     use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -270,6 +271,9 @@ async fn auth_and_custom_headers_reach_the_server() {
                     let ok = h.get("authorization").is_some_and(|v| v == "Bearer tok")
                         && h.get("x-api-key").is_some_and(|v| v == "key")
                         && h.get("x-user-id").is_some_and(|v| v == "alice")
+                        && h.get("x-tenant-key").is_some_and(|v| v == "tkey")
+                        && h.get("x-infergate-priority")
+                            .is_some_and(|v| v == "critical")
                         && h.get("content-type")
                             .is_some_and(|v| v == "application/json");
                     let mut resp = hyper::Response::new(Full::new(bytes::Bytes::from_static(
@@ -298,6 +302,12 @@ async fn auth_and_custom_headers_reach_the_server() {
         "key",
         "-H",
         "x-user-id:alice",
+        "--tenant",
+        "alice=tkey",
+        "--tenant-header",
+        "x-tenant-key",
+        "--priority",
+        "critical",
     ]);
     let s = &run(&plan(&url, &a)).await[0];
     assert!(s.ok > 10 && s.errors == 0, "{:?}", s.errors_by_kind);

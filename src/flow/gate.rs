@@ -11,6 +11,7 @@
 //! one of them sees the other.
 
 use super::queue::{Bounds, FairQueue, Joined, Shed};
+use super::snapshot::{GateView, LaneView, Slots};
 use super::{Band, TenantFlow};
 use crate::telemetry;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -173,6 +174,34 @@ impl Gate {
     /// Requests waiting now.
     pub fn queued(&self) -> usize {
         self.queued.load(SeqCst)
+    }
+
+    /// What the gate holds now (`/admin/flow`): the room's lock is held only to copy its
+    /// lanes' lengths and the drain rate.
+    pub fn snapshot(&self) -> GateView {
+        let room = self.room();
+        let mut queues: Vec<LaneView> = (room.queue.lanes())
+            .map(|(band, tenant, depth, weight)| LaneView {
+                tenant: tenant.to_string(),
+                band,
+                depth,
+                weight,
+            })
+            .collect();
+        let drain_per_second = room.drain.per_sec();
+        let slots = Slots {
+            in_use: self.in_flight.load(SeqCst),
+            limit: self.limit.load(SeqCst),
+        };
+        drop(room);
+        queues.sort_by(|a, b| (a.band, &a.tenant).cmp(&(b.band, &b.tenant)));
+        GateView {
+            model: self.model.to_string(),
+            slots,
+            queued: queues.iter().map(|l| l.depth).sum(),
+            drain_per_second,
+            queues,
+        }
     }
 
     fn try_slot(&self) -> bool {

@@ -4,10 +4,12 @@
 //! free: bands strictly in order, tenants within a band by weight (`queue`). A request whose
 //! deadline the queue cannot meet is refused at once, with `Retry-After` from the queue's
 //! drain rate. Below saturation a request costs one map read and one atomic update
-//! (`gate`). The pipeline's `flow` phase drives it; docs/flow.md tells the user.
+//! (`gate`). The pipeline's `flow` phase drives it; `/admin/flow` shows it (`snapshot`);
+//! docs/flow.md tells the user.
 
 pub mod gate;
 pub mod queue;
+pub mod snapshot;
 
 pub use gate::{Entry, Gate, Permit};
 pub use queue::Shed;

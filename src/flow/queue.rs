@@ -159,6 +159,15 @@ impl<T> FairQueue<T> {
             .sum()
     }
 
+    /// Every lane with requests, as (band, tenant, requests waiting, weight): for a
+    /// snapshot (`/admin/flow`), linear in the lanes.
+    pub fn lanes(&self) -> impl Iterator<Item = (Band, &Arc<str>, usize, u32)> {
+        Band::ALL.iter().flat_map(move |&band| {
+            (self.bands[band.index()].lanes.iter())
+                .map(move |(tenant, lane)| (band, tenant, lane.items.len(), lane.weight))
+        })
+    }
+
     /// Puts `item` (with a body of `bytes`) at the back of `tenant`'s lane in `band`, if
     /// the bounds let it; a room holding as many requests as it may pushes out the newest
     /// request of the lowest band below `band` that has one. Bytes push nothing out: a body

@@ -49,6 +49,7 @@ async fn answer(ctx: &RequestCtx, request: &Parts) -> Result<Response, GatewayEr
         Endpoint::Whoami => json(whoami(ctx.peer.as_deref())),
         Endpoint::Server => json(server(gateway).await),
         Endpoint::Cluster => json(cluster(gateway)?),
+        Endpoint::Flow => axum::Json(gateway.flow().snapshot()).into_response(),
         Endpoint::Load(model) => json(load(gateway, model).await?),
         Endpoint::Unload(model) => json(unload(gateway, model).await),
         Endpoint::Drain(backend, draining) => json(set_draining(gateway, backend, draining).await?),
@@ -65,6 +66,8 @@ enum Endpoint {
     Whoami,
     Server,
     Cluster,
+    /// The live queues of flow control: per model, its slots and who waits for them.
+    Flow,
     Load(String),
     Unload(String),
     /// Drain (true) or undrain a backend.
@@ -98,6 +101,7 @@ fn endpoint(path: &str) -> Result<Option<Endpoint>, GatewayError> {
         ["whoami"] => Endpoint::Whoami,
         ["server"] => Endpoint::Server,
         ["cluster"] => Endpoint::Cluster,
+        ["flow"] => Endpoint::Flow,
         ["models", model, "load"] if !model.is_empty() => Endpoint::Load(named(model)?),
         ["models", model, "unload"] if !model.is_empty() => Endpoint::Unload(named(model)?),
         ["backends", backend, "drain"] if !backend.is_empty() => {
