@@ -1,0 +1,87 @@
+//! The OpenAI endpoints through the gateway, with the official `openai` Python package
+//! (tests/python/test_openai.py) over a real Triton started empty with its default flags:
+//! chat and completions, streamed and not, `usage` by the model's tokenizer, chunks as the
+//! model sends them, and OpenAI-shaped refusals. The model (tests/models/echo_words) is a
+//! decoupled python model that echoes its prompt's words; its tokenizer and chat template
+//! are files in its directory of the repository, which the gateway reads from
+//! `placement.model_repository`.
+
+mod support;
+
+use support::gateway::{TestGateway, pool_config};
+use support::{Triton, TritonOptions};
+
+#[tokio::test]
+async fn openai_clients_work_through_the_gateway() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start(&pool_config("openai", &[&triton], "1GiB", "", "")).await;
+    // The same model with a tokenizer but no chat template ([[models]].tokenizer): chat is
+    // refused, completions work.
+    let plain = tempfile::tempdir().unwrap();
+    let model_dir = support::model_repository().join("echo_words");
+    std::fs::copy(
+        model_dir.join("tokenizer.json"),
+        plain.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let tables = format!(
+        "[[models]]\nname = \"echo_words\"\ntokenizer = \"{}\"\n",
+        plain.path().display()
+    );
+    let plain_gateway = TestGateway::start(&pool_config(
+        "openai-plain",
+        &[&triton],
+        "1GiB",
+        "",
+        &tables,
+    ))
+    .await;
+
+    // Placed on its first chat request.
+    assert!(!loaded(&triton).await, "Triton started empty");
+    let chat = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.url()))
+        .json(&serde_json::json!({
+            "model": "echo_words",
+            "messages": [{"role": "user", "content": "hello world"}],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 200);
+    let chat: serde_json::Value = chat.json().await.unwrap();
+    assert_eq!(
+        chat["choices"][0]["message"]["content"],
+        "user: hello world assistant:"
+    );
+    assert!(loaded(&triton).await, "the first chat placed the model");
+
+    let url = format!("{}/v1", gateway.url());
+    let plain_url = format!("{}/v1", plain_gateway.url());
+    let tokenizer = model_dir.join("tokenizer.json");
+    let suite = support::repo_root().join("tests/python/test_openai.py");
+    let stdout = support::run_pytest(
+        &suite,
+        &[],
+        &[
+            ("INFERGATE_OPENAI_URL", url.as_str()),
+            ("INFERGATE_PLAIN_URL", plain_url.as_str()),
+            ("ECHO_TOKENIZER", tokenizer.to_str().unwrap()),
+        ],
+        "the openai package's suite failed through the gateway",
+    )
+    .await;
+    assert!(stdout.contains("12 passed"), "{stdout}");
+    assert!(!stdout.contains("skipped"), "{stdout}");
+
+    // The pipeline's metrics count them as the generate requests they became.
+    let served = gateway
+        .metric_sum("infergate_requests_total", &["model=\"echo_words\""])
+        .await;
+    assert!(served >= 5.0, "{served}");
+}
+
+async fn loaded(triton: &Triton) -> bool {
+    let models = triton.loaded_models().await.unwrap();
+    models.iter().any(|m| m == "echo_words")
+}
