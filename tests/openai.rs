@@ -79,6 +79,41 @@ async fn openai_clients_work_through_the_gateway() {
         .metric_sum("infergate_requests_total", &["model=\"echo_words\""])
         .await;
     assert!(served >= 5.0, "{served}");
+
+    // Tokens are counted per tenant and model as the answers' usage says, streamed or not.
+    let tokens = async |kind: &str| {
+        let kind = format!("kind=\"{kind}\"");
+        gateway
+            .metric_sum("infergate_tokens_total", &["model=\"echo_words\"", &kind])
+            .await
+    };
+    let before = (tokens("prompt").await, tokens("completion").await);
+    let client = reqwest::Client::new();
+    let mut usage = (0.0, 0.0);
+    for stream in [false, true] {
+        let answer = client
+            .post(format!("{}/v1/completions", gateway.url()))
+            .json(&serde_json::json!({
+                "model": "echo_words", "prompt": "one two three", "max_tokens": 2,
+                "stream": stream,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        let text = answer.text().await.unwrap();
+        if stream {
+            assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+            usage.0 += 3.0;
+            usage.1 += 2.0;
+        } else {
+            let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+            usage.0 += answer["usage"]["prompt_tokens"].as_f64().unwrap();
+            usage.1 += answer["usage"]["completion_tokens"].as_f64().unwrap();
+        }
+    }
+    let after = (tokens("prompt").await, tokens("completion").await);
+    assert_eq!((after.0 - before.0, after.1 - before.1), usage);
 }
 
 async fn loaded(triton: &Triton) -> bool {

@@ -100,8 +100,20 @@ impl Usage {
     }
 }
 
-/// One answer being made: what every chunk repeats, and the text so far.
+/// Whose tokens an answer's are, for `infergate_tokens_total`.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    /// The caller's tenant ("" when none).
+    pub tenant: String,
+    /// The model that served it.
+    pub model: String,
+}
+
+/// One answer being made: what every chunk repeats, and the text so far. Its tokens are
+/// counted in `infergate_tokens_total` when it is dropped: at its end, or when the client
+/// left mid-stream (what the model had sent by then).
 pub struct Answering {
+    tally: Tally,
     kind: Kind,
     id: String,
     created: u64,
@@ -116,13 +128,20 @@ pub struct Answering {
 }
 
 impl Answering {
-    /// The answer to `call`, whose prompt had `prompt_tokens` (`None` without a tokenizer).
-    pub fn new(call: &Call, text: Arc<ModelText>, prompt_tokens: Option<u64>) -> Self {
+    /// The answer to `call`, whose prompt had `prompt_tokens` (`None` without a tokenizer),
+    /// counted for `tally`.
+    pub fn new(
+        call: &Call,
+        text: Arc<ModelText>,
+        prompt_tokens: Option<u64>,
+        tally: Tally,
+    ) -> Self {
         let prefix = match call.kind {
             Kind::Chat => "chatcmpl-",
             Kind::Completion => "cmpl-",
         };
         Self {
+            tally,
             kind: call.kind,
             id: format!("{prefix}{}", uuid::Uuid::new_v4().simple()),
             created: std::time::SystemTime::now()
@@ -272,6 +291,21 @@ impl Answering {
     }
 }
 
+impl Drop for Answering {
+    fn drop(&mut self) {
+        let Some(usage) = self.usage() else {
+            return;
+        };
+        for (kind, tokens) in [("prompt", usage.prompt), ("completion", usage.completion)] {
+            metrics::counter!(crate::telemetry::TOKENS,
+                "tenant" => self.tally.tenant.clone(),
+                "model" => self.tally.model.clone(),
+                "kind" => kind)
+            .increment(tokens);
+        }
+    }
+}
+
 /// One server-sent event of `value`.
 fn sse(out: &mut Vec<u8>, value: &Value) {
     out.extend_from_slice(b"data: ");
@@ -306,7 +340,8 @@ mod tests {
                  "stream_options": {"include_usage": true}}"#,
         )
         .unwrap();
-        let mut answering = Answering::new(&call, Arc::new(ModelText::none()), None);
+        let text = Arc::new(ModelText::none());
+        let mut answering = Answering::new(&call, text, None, Tally::default());
         let first = String::from_utf8(answering.feed(vec![Event::Text("a".into())])).unwrap();
         assert!(
             first.starts_with("data: {") && first.ends_with("}\n\n"),

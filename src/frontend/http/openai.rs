@@ -10,7 +10,7 @@ use super::body::{self, LeasedBody};
 use super::wire::HttpWire;
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
-use crate::openai::answer::{Answering, Event, Events};
+use crate::openai::answer::{Answering, Event, Events, Tally};
 use crate::openai::{self, Call, Kind, ModelText};
 use crate::pipeline::{self, Inspect, Local, RequestCtx, Sent, Wire};
 use crate::placement::SequenceRef;
@@ -128,7 +128,11 @@ async fn generate(
         prompt_tokens: None,
     };
     let response = pipeline::serve(ctx, &mut wire).await?;
-    let response = encode(response, wire).await;
+    let tally = Tally {
+        tenant: ctx.tenant().map(|t| t.to_string()).unwrap_or_default(),
+        model: ctx.served().model,
+    };
+    let response = encode(response, wire, tally).await;
     Ok(match ctx.lease.take() {
         Some(lease) => {
             let admission = std::mem::take(&mut ctx.admission);
@@ -141,7 +145,7 @@ async fn generate(
 
 /// The backend's answer in OpenAI's format: its failure as an OpenAI error with the
 /// backend's status, else the completion, or its chunks as the events arrive.
-async fn encode(response: Response, wire: OpenAiWire) -> Response {
+async fn encode(response: Response, wire: OpenAiWire, tally: Tally) -> Response {
     let (parts, backend_body) = response.into_parts();
     if !parts.status.is_success() {
         let bytes = backend_body
@@ -156,7 +160,7 @@ async fn encode(response: Response, wire: OpenAiWire) -> Response {
         );
     }
     let text = wire.text.unwrap_or_else(|| Arc::new(ModelText::none()));
-    let mut answering = Answering::new(&wire.call, text, wire.prompt_tokens);
+    let mut answering = Answering::new(&wire.call, text, wire.prompt_tokens, tally);
     if wire.call.stream {
         let mut response = Response::new(stream(backend_body, answering));
         let headers = response.headers_mut();
