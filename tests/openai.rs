@@ -114,6 +114,64 @@ async fn openai_clients_work_through_the_gateway() {
     }
     let after = (tokens("prompt").await, tokens("completion").await);
     assert_eq!((after.0 - before.0, after.1 - before.1), usage);
+
+    tokens_per_minute_is_a_quota(&triton).await;
+}
+
+/// A tenant with `tokens_per_minute = 20`: four completions of 3 + 2 tokens spend the
+/// minute (each admitted against its prompt plus `max_tokens`), the fifth gets 429 in
+/// OpenAI's shape with `Retry-After`, and the tenant's token counter holds the answers'
+/// usage.
+async fn tokens_per_minute_is_a_quota(triton: &Triton) {
+    const KEY: &str = "metered-key";
+    const ADMIN: &str = "ops-key";
+    let tables = format!(
+        "[auth]\nmode = \"required\"\n\
+         [[auth.api_keys]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"admin\"]\n\
+         [[auth.api_keys]]\nname = \"metered\"\nsha256 = \"{}\"\n\
+         [[auth.tenants]]\nname = \"metered\"\nmodels = [\"*\"]\ntokens_per_minute = 20\n",
+        infergate::hash_key(ADMIN),
+        infergate::hash_key(KEY)
+    );
+    let config = pool_config("openai-quota", &[triton], "1GiB", "", &tables);
+    let gateway = TestGateway::start_with_admin_key(&config, ADMIN).await;
+    let client = reqwest::Client::new();
+    let complete = async || {
+        client
+            .post(format!("{}/v1/completions", gateway.url()))
+            .bearer_auth(KEY)
+            .json(&serde_json::json!({
+                "model": "echo_words", "prompt": "one two three", "max_tokens": 2,
+            }))
+            .send()
+            .await
+            .unwrap()
+    };
+    let mut used = 0;
+    for _ in 0..4 {
+        let answer = complete().await;
+        assert_eq!(answer.status(), 200);
+        let answer: serde_json::Value = answer.json().await.unwrap();
+        used += answer["usage"]["total_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(used, 20);
+    let refused = complete().await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    let refused: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(refused["error"]["type"], "rate_limit_exceeded", "{refused}");
+    assert_eq!(refused["error"]["code"], "rate_limit_exceeded", "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("20 tokens per minute"),
+        "{refused}"
+    );
+    let counted = gateway
+        .metric_sum("infergate_tokens_total", &["tenant=\"metered\""])
+        .await;
+    assert_eq!(counted, 20.0);
 }
 
 async fn loaded(triton: &Triton) -> bool {

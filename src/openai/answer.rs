@@ -100,13 +100,16 @@ impl Usage {
     }
 }
 
-/// Whose tokens an answer's are, for `infergate_tokens_total`.
-#[derive(Clone, Debug, Default)]
+/// Whose tokens an answer's are, for `infergate_tokens_total`, and what it reserved under
+/// its tenant's `tokens_per_minute`, settled with the real count.
+#[derive(Debug, Default)]
 pub struct Tally {
     /// The caller's tenant ("" when none).
     pub tenant: String,
     /// The model that served it.
     pub model: String,
+    /// Tokens reserved before the call (`pipeline::admit::tokens`).
+    pub reservation: Option<crate::auth::limits::Reservation>,
 }
 
 /// One answer being made: what every chunk repeats, and the text so far. Its tokens are
@@ -296,6 +299,9 @@ impl Drop for Answering {
         let Some(usage) = self.usage() else {
             return;
         };
+        if let Some(reservation) = self.tally.reservation.take() {
+            reservation.settle(usage.prompt + usage.completion);
+        }
         for (kind, tokens) in [("prompt", usage.prompt), ("completion", usage.completion)] {
             metrics::counter!(crate::telemetry::TOKENS,
                 "tenant" => self.tally.tenant.clone(),

@@ -8,6 +8,7 @@
 
 use super::body::{self, LeasedBody};
 use super::wire::HttpWire;
+use crate::auth::limits::Reservation;
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
 use crate::openai::answer::{Answering, Event, Events, Tally};
@@ -126,11 +127,13 @@ async fn generate(
         call,
         text: None,
         prompt_tokens: None,
+        reservation: None,
     };
     let response = pipeline::serve(ctx, &mut wire).await?;
     let tally = Tally {
         tenant: ctx.tenant().map(|t| t.to_string()).unwrap_or_default(),
         model: ctx.served().model,
+        reservation: wire.reservation.take(),
     };
     let response = encode(response, wire, tally).await;
     Ok(match ctx.lease.take() {
@@ -237,12 +240,15 @@ struct OpenAiWire {
     call: Call,
     text: Option<Arc<ModelText>>,
     prompt_tokens: Option<u64>,
+    /// Tokens reserved under the tenant's `tokens_per_minute`, settled by the answer.
+    reservation: Option<Reservation>,
 }
 
 impl OpenAiWire {
     /// Writes the generate body for the route's target: the prompt (a chat rendered by the
     /// target's template, refused when it has none) and the parameters by the table; the
-    /// prompt's tokens counted by its tokenizer.
+    /// prompt's tokens counted by its tokenizer and, with `max_tokens`, reserved under the
+    /// tenant's `tokens_per_minute` (the admit phase's token part).
     async fn render(&mut self, ctx: &RequestCtx) -> Result<(), GatewayError> {
         let target = &ctx.routed.as_ref().expect("routed").target.name;
         let dir = openai::text::text_dir(&ctx.live.config, target);
@@ -252,6 +258,10 @@ impl OpenAiWire {
             openai::request::Prompt::Text(prompt) => (prompt.clone(), true),
         };
         self.prompt_tokens = text.count(&prompt, special);
+        if let Some(prompt_tokens) = self.prompt_tokens {
+            let estimate = prompt_tokens + self.call.max_tokens.unwrap_or(0);
+            self.reservation = pipeline::admit::tokens(ctx, estimate)?;
+        }
         self.text = Some(text);
         let body = self.call.generate_body(&prompt);
         self.http.replace_body(Bytes::from(body));
