@@ -4,11 +4,12 @@
 //! model sends them, and OpenAI-shaped refusals. The model (tests/models/echo_words) is a
 //! decoupled python model that echoes its prompt's words; its tokenizer and chat template
 //! are files in its directory of the repository, which the gateway reads from
-//! `placement.model_repository`.
+//! `placement.model_repository`. A canary route splits chat traffic by weight, and a
+//! tenant's `tokens_per_minute` is a quota.
 
 mod support;
 
-use support::gateway::{TestGateway, pool_config};
+use support::gateway::{TestGateway, pool_config, pool_config_in};
 use support::{Triton, TritonOptions};
 
 #[tokio::test]
@@ -177,4 +178,66 @@ async fn tokens_per_minute_is_a_quota(triton: &Triton) {
 async fn loaded(triton: &Triton) -> bool {
     let models = triton.loaded_models().await.unwrap();
     models.iter().any(|m| m == "echo_words")
+}
+
+/// A canary route over two copies of the echo model splits chat traffic by weight: each
+/// target renders with its own template (from its own directory) and both serve, named in
+/// `infergate-target`, while the answer keeps the route's name as its `model`.
+#[tokio::test]
+async fn a_canary_route_splits_chat_traffic_by_weight() {
+    let repository = tempfile::tempdir().unwrap();
+    let echo = support::model_repository().join("echo_words");
+    for name in ["echo_words", "echo_words_b"] {
+        let dir = repository.path().join(name);
+        support::copy_dir(&echo, &dir);
+        let config = std::fs::read_to_string(dir.join("config.pbtxt")).unwrap();
+        let config = config.replace("name: \"echo_words\"", &format!("name: \"{name}\""));
+        // No pause between words: this test counts answers, not their timing.
+        let config = config.replace("string_value: \"150\"", "string_value: \"0\"");
+        std::fs::write(dir.join("config.pbtxt"), config).unwrap();
+    }
+    let triton = Triton::start(TritonOptions {
+        repository: Some(repository.path().to_path_buf()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let routes = "[[routes]]\nmodel = \"chat\"\n\
+        targets = [{ model = \"echo_words\", weight = 50 }, { model = \"echo_words_b\", weight = 50 }]\n";
+    let config = pool_config_in(
+        repository.path(),
+        "openai-canary",
+        &[&triton],
+        "1GiB",
+        "",
+        routes,
+    );
+    let gateway = TestGateway::start(&config).await;
+    let client = reqwest::Client::new();
+    let mut served = std::collections::BTreeMap::<String, u32>::new();
+    for _ in 0..30 {
+        let answer = client
+            .post(format!("{}/v1/chat/completions", gateway.url()))
+            .json(&serde_json::json!({
+                "model": "chat", "messages": [{"role": "user", "content": "a b"}],
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        let target = answer.headers()["infergate-target"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let answer: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(answer["model"], "chat");
+        assert_eq!(
+            answer["choices"][0]["message"]["content"],
+            "user: a b assistant:"
+        );
+        *served.entry(target).or_default() += 1;
+    }
+    let targets: Vec<&String> = served.keys().collect();
+    assert_eq!(targets, ["echo_words", "echo_words_b"], "{served:?}");
+    assert!(served.values().all(|&n| n >= 5), "{served:?}");
 }
