@@ -116,7 +116,65 @@ async fn openai_clients_work_through_the_gateway() {
     let after = (tokens("prompt").await, tokens("completion").await);
     assert_eq!((after.0 - before.0, after.1 - before.1), usage);
 
+    a_client_leaving_mid_stream_frees_the_copy(&gateway).await;
     tokens_per_minute_is_a_quota(&triton).await;
+}
+
+/// A client that leaves a stream after two chunks of twenty (the model would take 3 s
+/// more) lets go of the copy's lease at once, and the tokens sent so far are counted.
+async fn a_client_leaving_mid_stream_frees_the_copy(gateway: &TestGateway) {
+    let in_flight = async || {
+        let placement = gateway.placement().await;
+        placement["backends"][0]["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["name"] == "echo_words")
+            .map(|m| m["in_flight"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    let prompt_tokens = async || {
+        gateway
+            .metric_sum(
+                "infergate_tokens_total",
+                &["model=\"echo_words\"", "kind=\"prompt\""],
+            )
+            .await
+    };
+    let before = prompt_tokens().await;
+    let prompt = "one two three four five six a b c d one two three four five six a b c d";
+    let mut stream = reqwest::Client::new()
+        .post(format!("{}/v1/completions", gateway.url()))
+        .json(&serde_json::json!({"model": "echo_words", "prompt": prompt, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut text = String::new();
+    while text.matches("\n\n").count() < 2 {
+        let chunk = stream.chunk().await.unwrap().expect("the stream goes on");
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert_eq!(in_flight().await, 1, "the stream holds the copy");
+    let left = std::time::Instant::now();
+    drop(stream);
+    support::eventually(
+        std::time::Duration::from_secs(2),
+        "the lease let go",
+        async || in_flight().await == 0,
+    )
+    .await;
+    assert!(left.elapsed() < std::time::Duration::from_secs(2));
+    let counted = support::eventually(
+        std::time::Duration::from_secs(2),
+        "the prompt counted",
+        async || {
+            let now = prompt_tokens().await;
+            (now > before).then_some(now - before)
+        },
+    )
+    .await;
+    assert_eq!(counted, 20.0);
 }
 
 /// A tenant with `tokens_per_minute = 20`: four completions of 3 + 2 tokens spend the
