@@ -175,6 +175,22 @@ async fn a_client_leaving_mid_stream_frees_the_copy(gateway: &TestGateway) {
     )
     .await;
     assert_eq!(counted, 20.0);
+
+    // The backend's stream ended too: the model (one instance) takes the next request at
+    // once, not after the 2.7 s the left stream's words would have taken.
+    let next = std::time::Instant::now();
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/completions", gateway.url()))
+        .json(&serde_json::json!({"model": "echo_words", "prompt": "a"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert!(
+        next.elapsed() < std::time::Duration::from_millis(1500),
+        "the left stream kept the model busy: {:?}",
+        next.elapsed()
+    );
 }
 
 /// A tenant with `tokens_per_minute = 20`: four completions of 3 + 2 tokens spend the

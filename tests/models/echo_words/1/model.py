@@ -28,7 +28,8 @@ class TritonPythonModel:
             stops = optional(request, "stop_words")
             stops = set() if stops is None else {s.decode("utf-8") for s in stops}
             for i, word in enumerate(words):
-                if word in stops:
+                # A request Triton has cancelled (its client gone) is answered no further.
+                if word in stops or sender.is_cancelled():
                     break
                 time.sleep(self.delay)
                 piece = word if i == 0 else " " + word
