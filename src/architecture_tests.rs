@@ -136,6 +136,7 @@ fn protocol_neutral_modules_name_no_wire_crate() {
         "placement",
         "routing",
         "auth",
+        "openai",
     ]
     .iter()
     .flat_map(|dir| sources(&src().join(dir)))

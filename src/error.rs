@@ -101,6 +101,11 @@ pub enum GatewayError {
         reason: &'static str,
         message: String,
     },
+    /// A request parameter the gateway cannot honour or read (the OpenAI endpoints):
+    /// refused rather than dropped, naming the parameter (`param`) so that OpenAI's error
+    /// shape can point at it.
+    #[error("{message}")]
+    InvalidParameter { param: String, message: String },
     /// No such endpoint.
     #[error("not found: {path}")]
     NotFound { path: String },
@@ -234,6 +239,7 @@ impl GatewayError {
             | Self::DeadlineExceeded { .. }
             | Self::BadRequest(_)
             | Self::InvalidInput { .. }
+            | Self::InvalidParameter { .. }
             | Self::NotFound { .. }
             | Self::SharedMemoryUnsupported
             | Self::MethodNotAllowed { .. }
@@ -274,6 +280,7 @@ impl GatewayError {
             Self::DeadlineExceeded { .. } => "deadline_exceeded",
             Self::BadRequest(_) => "bad_request",
             Self::InvalidInput { .. } => "invalid_input",
+            Self::InvalidParameter { .. } => "invalid_parameter",
             Self::NotFound { .. } => "not_found",
             Self::SharedMemoryUnsupported => "shared_memory",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
@@ -303,7 +310,7 @@ impl GatewayError {
     pub fn classify(&self) -> (StatusCode, Code) {
         use crate::model::Ask;
         match self {
-            Self::BadRequest(_) | Self::InvalidInput { .. } => {
+            Self::BadRequest(_) | Self::InvalidInput { .. } | Self::InvalidParameter { .. } => {
                 (StatusCode::BAD_REQUEST, Code::InvalidArgument)
             }
             // Triton answers an unknown model or version with 404 and this very message.
@@ -571,6 +578,15 @@ mod tests {
             ),
             (
                 GatewayError::BadRequest("x".into()),
+                400,
+                InvalidArgument,
+                Client,
+            ),
+            (
+                GatewayError::InvalidParameter {
+                    param: "n".into(),
+                    message: "x".into(),
+                },
                 400,
                 InvalidArgument,
                 Client,

@@ -4,7 +4,9 @@
 
 use crate::config::{self, Config};
 use crate::live::Live;
-use crate::{cluster, discovery, error, flow, hold, placement, telemetry, tls, upstream, validate};
+use crate::{
+    cluster, discovery, error, flow, hold, openai, placement, telemetry, tls, upstream, validate,
+};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +30,8 @@ struct Inner {
     /// Starts health checks for backends a reload adds (set when `serve` starts).
     health: std::sync::OnceLock<upstream::HealthChecks>,
     signatures: Arc<validate::SignatureCache>,
+    /// Each model's tokenizer and chat template, for the OpenAI endpoints.
+    texts: openai::TextCache,
     /// Requests waiting for a pool that cannot take them right now.
     holding: hold::Holding,
     /// Each model's slots and waiting room (`[[models]].max_in_flight`).
@@ -83,6 +87,7 @@ impl Gateway {
                 config_path: None,
                 health: std::sync::OnceLock::new(),
                 signatures,
+                texts: Default::default(),
                 holding: Default::default(),
                 flow: Default::default(),
                 metrics,
@@ -189,6 +194,11 @@ impl Gateway {
     /// `SignatureCache::invalidate` whenever it loads, unloads or reloads a model.
     pub fn signatures(&self) -> &Arc<validate::SignatureCache> {
         &self.inner.signatures
+    }
+
+    /// Each model's tokenizer and chat template (`openai::text`), read once.
+    pub fn texts(&self) -> &openai::TextCache {
+        &self.inner.texts
     }
 
     /// The requests held for the pool (`hold`).

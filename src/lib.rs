@@ -22,6 +22,7 @@ mod listen;
 mod live;
 mod log_text;
 mod model;
+mod openai;
 mod pipeline;
 mod placement;
 pub mod protocol;

@@ -79,6 +79,77 @@ impl TokenBucket {
     }
 }
 
+/// Tokens per minute (the OpenAI endpoints' prompt plus completion): a budget of one
+/// minute's tokens, refilled continuously. A request reserves its estimate (prompt plus
+/// `max_tokens`) before the call and settles with the real count after, so the budget may
+/// run below zero when an answer was longer than reserved; the next requests then wait.
+#[derive(Debug)]
+pub struct TokenQuota {
+    per_minute: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl TokenQuota {
+    /// A full minute's budget of `per_minute` tokens.
+    pub fn new(per_minute: u64) -> Self {
+        let per_minute = per_minute as f64;
+        Self {
+            per_minute,
+            state: Mutex::new((per_minute, Instant::now())),
+        }
+    }
+
+    /// The limit, per minute.
+    pub fn per_minute(&self) -> f64 {
+        self.per_minute
+    }
+
+    /// Reserves `tokens` at `now` (this replica's share of the budget when `replicas`
+    /// share it), or tells how long until they are there. A reservation larger than the
+    /// whole budget passes once the budget is full, or it could never pass.
+    pub fn reserve(&self, tokens: u64, now: Instant, replicas: u32) -> Result<(), Duration> {
+        let budget = self.per_minute / f64::from(replicas.max(1));
+        let rate = budget / 60.0;
+        let mut state = self.state.lock().expect("quota lock");
+        let (left, last) = *state;
+        let left = (left + now.saturating_duration_since(last).as_secs_f64() * rate).min(budget);
+        let wanted = (tokens as f64).min(budget);
+        if left >= wanted {
+            *state = (left - tokens as f64, now);
+            Ok(())
+        } else {
+            *state = (left, now);
+            Err(Duration::from_secs_f64((wanted - left) / rate))
+        }
+    }
+
+    /// Gives back what a request reserved and did not use, or takes what it used beyond.
+    pub fn settle(&self, reserved: u64, used: u64) {
+        let mut state = self.state.lock().expect("quota lock");
+        state.0 = (state.0 + reserved as f64 - used as f64).min(self.per_minute);
+    }
+}
+
+/// Tokens reserved for one request under its tenant's `TokenQuota`, settled with the real
+/// count (`settle`); dropped unsettled, the reservation stands as used.
+#[derive(Debug)]
+pub struct Reservation {
+    quota: Arc<TokenQuota>,
+    reserved: u64,
+}
+
+impl Reservation {
+    /// `reserved` tokens taken from `quota`.
+    pub fn new(quota: Arc<TokenQuota>, reserved: u64) -> Self {
+        Self { quota, reserved }
+    }
+
+    /// Settles with the tokens the request used.
+    pub fn settle(self, used: u64) {
+        self.quota.settle(self.reserved, used);
+    }
+}
+
 /// Requests in progress at once.
 #[derive(Debug)]
 pub struct Concurrency {
@@ -127,6 +198,25 @@ impl Concurrency {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_token_quota_reserves_then_settles_the_real_count() {
+        let quota = Arc::new(TokenQuota::new(60)); // one token a second
+        let start = Instant::now();
+        assert!(quota.reserve(50, start, 1).is_ok());
+        let wait = quota.reserve(20, start, 1).unwrap_err();
+        assert!((wait.as_secs_f64() - 10.0).abs() < 1e-6, "{wait:?}");
+        Reservation::new(quota.clone(), 50).settle(30); // 20 given back
+        assert!(quota.reserve(30, start, 1).is_ok());
+        Reservation::new(quota.clone(), 0).settle(5); // an answer longer than reserved
+        let wait = quota.reserve(1, start, 1).unwrap_err();
+        assert!((wait.as_secs_f64() - 6.0).abs() < 1e-6, "{wait:?}");
+        assert!(
+            quota
+                .reserve(500, start + Duration::from_secs(120), 1)
+                .is_ok()
+        );
+    }
 
     #[test]
     fn the_bucket_allows_the_burst_then_the_rate() {

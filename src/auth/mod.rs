@@ -17,7 +17,7 @@ use crate::flow::TenantFlow;
 use api_keys::ApiKeys;
 use foldhash::HashMap;
 use jwt::{Claims, JwtKeys};
-use limits::{Concurrency, Share, Slot, TokenBucket};
+use limits::{Concurrency, Reservation, Share, Slot, TokenBucket, TokenQuota};
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -111,6 +111,7 @@ struct TenantPolicy {
     models: Option<ModelAccess>,
     rate: Option<TokenBucket>,
     concurrency: Option<Concurrency>,
+    tokens: Option<Arc<TokenQuota>>,
     flow: TenantFlow,
 }
 
@@ -118,6 +119,9 @@ struct TenantPolicy {
 #[derive(Debug, Default)]
 pub struct Admission {
     _slot: Option<Slot>,
+    /// Its tenant's `tokens_per_minute`, which the OpenAI endpoints reserve from once the
+    /// prompt is counted (`Auth::reserve_tokens`).
+    tokens: Option<Arc<TokenQuota>>,
     /// Its tenant's flow policy (band, highest band, weight), for the flow phase; the
     /// default (`standard`, no asking higher) for anonymous traffic and tenants not
     /// configured.
@@ -243,6 +247,7 @@ impl Auth {
                         TokenBucket::new(rate, t.burst.unwrap_or(rate.ceil().max(1.0) as u32))
                     }),
                     concurrency: t.max_concurrent.map(Concurrency::new),
+                    tokens: t.tokens_per_minute.map(|n| Arc::new(TokenQuota::new(n))),
                     flow: tenant_flow(t),
                 };
                 (Arc::from(t.name.as_str()), policy)
@@ -430,8 +435,38 @@ impl Auth {
         }
         Ok(Admission {
             _slot: slot,
+            tokens: policy.tokens.clone(),
             flow: policy.flow,
         })
+    }
+
+    /// Reserves `tokens` (a prompt plus its `max_tokens`) under the admitted request's
+    /// `tokens_per_minute` (this replica's share), or refuses with how long to wait; `None`
+    /// when its tenant has no token limit.
+    pub fn reserve_tokens(
+        &self,
+        admission: &Admission,
+        tenant: &str,
+        tokens: u64,
+    ) -> Result<Option<Reservation>, (Decision, GatewayError)> {
+        let Some(quota) = &admission.tokens else {
+            return Ok(None);
+        };
+        let replicas = self.share.load().replicas();
+        match quota.reserve(tokens, Instant::now(), replicas) {
+            Ok(()) => Ok(Some(Reservation::new(quota.clone(), tokens))),
+            Err(wait) => Err((
+                Decision::RateLimited,
+                GatewayError::RateLimited {
+                    message: format!(
+                        "tenant '{tenant}' is over its limit of {} tokens per minute{}: this request needs {tokens} (prompt plus max_tokens)",
+                        quota.per_minute() / f64::from(replicas),
+                        of_replicas(replicas)
+                    ),
+                    retry_after: wait,
+                },
+            )),
+        }
     }
 
     /// Whether the identity may do this at all, before any limit is spent on it: admin

@@ -141,6 +141,10 @@ pub struct Tenant {
     pub burst: Option<u32>,
     /// Requests in progress at once; absent: no limit.
     pub max_concurrent: Option<u32>,
+    /// Tokens (prompt plus completion) per minute on the OpenAI endpoints: a request is
+    /// admitted against its prompt plus its `max_tokens`, then settled with the real count;
+    /// absent: no token limit.
+    pub tokens_per_minute: Option<u64>,
     /// The band of a request that asks for none (`x-infergate-priority`); absent:
     /// `standard`.
     pub priority: Option<super::Band>,
@@ -432,6 +436,12 @@ impl Tenant {
         if self.max_concurrent == Some(0) {
             error(
                 format!("auth.tenants[{i}].max_concurrent"),
+                "must be at least 1".into(),
+            );
+        }
+        if self.tokens_per_minute == Some(0) {
+            error(
+                format!("auth.tenants[{i}].tokens_per_minute"),
                 "must be at least 1".into(),
             );
         }

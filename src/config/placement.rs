@@ -152,6 +152,11 @@ pub struct Model {
     /// the config its copies serve (32, `flow::DEFAULT_MAX_IN_FLIGHT`, until that is known
     /// and for a decoupled model).
     pub max_in_flight: Option<usize>,
+    /// The directory holding the model's `tokenizer.json` and `tokenizer_config.json`, for
+    /// the OpenAI endpoints (chat template, token counts). Triton's API cannot hand out a
+    /// model's files, so they are read from disk: this directory, else the model's own
+    /// directory under `placement.model_repository`.
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 impl Model {

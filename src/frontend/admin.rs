@@ -22,11 +22,18 @@ pub(crate) fn serve(
     request: Request,
 ) -> Pin<Box<dyn Future<Output = Response> + Send>> {
     Box::pin(async move {
-        around(&gateway, request, Gate::Admins, async |ctx, request| {
-            // The admin API reads no body.
-            let (parts, _) = request.into_parts();
-            answer(ctx, &parts).await
-        })
+        let encode = axum::response::IntoResponse::into_response;
+        around(
+            &gateway,
+            request,
+            Gate::Admins,
+            encode,
+            async |ctx, request| {
+                // The admin API reads no body.
+                let (parts, _) = request.into_parts();
+                answer(ctx, &parts).await
+            },
+        )
         .await
     })
 }

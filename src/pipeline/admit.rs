@@ -4,6 +4,7 @@
 //! tenant and outcome. Both read the request's own config snapshot.
 
 use super::RequestCtx;
+use crate::auth::limits::Reservation;
 use crate::auth::{Access, Admission, Auth, Caller, Credentials, Decision};
 use crate::error::GatewayError;
 use crate::telemetry;
@@ -68,6 +69,23 @@ pub fn model(ctx: &mut RequestCtx) -> Result<(), GatewayError> {
     let name = ctx.requested.as_ref().map_or("", |m| m.name.as_str());
     ctx.admission = admit(&ctx.live.auth, &ctx.caller, Access::Model(name))?;
     Ok(())
+}
+
+/// The admit phase's part for the OpenAI endpoints, once the prompt is counted: reserves
+/// `tokens` (prompt plus `max_tokens`) under the tenant's `tokens_per_minute`, refusing
+/// with 429 and `Retry-After` when they are not there. The reservation is settled with the
+/// real count when the answer is done.
+pub fn tokens(ctx: &RequestCtx, tokens: u64) -> Result<Option<Reservation>, GatewayError> {
+    let Caller::Known(identity) = &ctx.caller else {
+        return Ok(None);
+    };
+    ctx.live
+        .auth
+        .reserve_tokens(&ctx.admission, &identity.tenant, tokens)
+        .map_err(|(outcome, error)| {
+            count(Some(&identity.tenant), outcome);
+            error
+        })
 }
 
 /// Admits an operation that needs the admin role (`what` names it in the refusal).

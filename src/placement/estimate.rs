@@ -527,6 +527,7 @@ mod tests {
             keep: false,
             cost_weight: None,
             max_in_flight: None,
+            tokenizer: None,
         }
     }
 

@@ -22,6 +22,10 @@ pub const IN_FLIGHT: &str = "infergate_requests_in_flight";
 pub const ERRORS: &str = "infergate_errors_total";
 /// 1 while a backend passes health checks, else 0.
 pub const BACKEND_UP: &str = "infergate_backend_up";
+/// Tokens of the OpenAI endpoints' answers, by tenant, model and kind (`prompt`,
+/// `completion`), as the model's tokenizer counts them: what each tenant's use of each
+/// model costs.
+pub const TOKENS: &str = "infergate_tokens_total";
 /// Inference requests refused by validation, by model and reason (`shape`, `datatype`, ...).
 pub const VALIDATION_REJECTIONS: &str = "infergate_validation_rejections_total";
 
@@ -240,6 +244,10 @@ fn describe_requests() {
     describe_counter!(
         VALIDATION_REJECTIONS,
         "Inference requests refused by validation before reaching a backend, by model and reason."
+    );
+    describe_counter!(
+        TOKENS,
+        "Tokens of OpenAI answers as the model's tokenizer counts them, by tenant, model and kind (prompt, completion)."
     );
     describe_gauge!(
         REQUESTS_WAITING,

@@ -13,7 +13,7 @@ use crate::telemetry::series::Protocol;
 use crate::tls::PeerIdentity;
 use crate::trace::TRACEPARENT;
 use axum::extract::Request;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http::HeaderValue;
 
 /// Who may pass a listener's edge.
@@ -32,11 +32,13 @@ pub(crate) fn is_probe(path: &str) -> bool {
 }
 
 /// The edge around `inner`, the rest of the request's walk, which gets the admitted
-/// request's context and answers, or fails with what the client is told.
+/// request's context and answers, or fails with what the client is told, written by
+/// `encode` (Triton's error shape, or OpenAI's on its endpoints).
 pub(crate) async fn around(
     gateway: &Gateway,
     mut request: Request,
     gate: Gate,
+    encode: fn(GatewayError) -> Response,
     inner: impl AsyncFnOnce(&mut RequestCtx, Request) -> Result<Response, GatewayError>,
 ) -> Response {
     let probe = gate == Gate::Clients && is_probe(request.uri().path());
@@ -74,7 +76,7 @@ pub(crate) async fn around(
         .await;
 
     let error = outcome.as_ref().err().and_then(GatewayError::report);
-    let mut response = outcome.unwrap_or_else(IntoResponse::into_response);
+    let mut response = outcome.unwrap_or_else(encode);
     let headers = response.headers_mut();
     headers.insert(X_REQUEST_ID.clone(), id);
     headers.insert(http::header::SERVER, SERVER_HEADER_VALUE);

@@ -6,6 +6,7 @@
 mod body;
 mod edge;
 mod endpoint;
+mod openai;
 mod validate;
 mod wire;
 
@@ -34,13 +35,31 @@ pub(crate) fn serve(
     request: Request,
 ) -> Pin<Box<dyn Future<Output = Response> + Send>> {
     Box::pin(async move {
-        around(&gateway, request, Gate::Clients, async |ctx, request| {
-            let endpoint = endpoint::endpoint(request.method(), request.uri().path())?;
-            // The pipeline's state machine is kilobytes (every phase's locals): boxed once
-            // here, so the edge's future around it moves a pointer, not all of it
-            // (instructions.sh counted such copies per request).
-            Box::pin(answer(ctx, endpoint, request)).await
-        })
+        if let Some(endpoint) = openai::endpoint(request.method(), request.uri().path()) {
+            let encode = openai::error_response;
+            return around(
+                &gateway,
+                request,
+                Gate::Clients,
+                encode,
+                async |ctx, request| Box::pin(openai::answer(ctx, endpoint?, request)).await,
+            )
+            .await;
+        }
+        let encode = IntoResponse::into_response;
+        around(
+            &gateway,
+            request,
+            Gate::Clients,
+            encode,
+            async |ctx, request| {
+                let endpoint = endpoint::endpoint(request.method(), request.uri().path())?;
+                // The pipeline's state machine is kilobytes (every phase's locals): boxed once
+                // here, so the edge's future around it moves a pointer, not all of it
+                // (instructions.sh counted such copies per request).
+                Box::pin(answer(ctx, endpoint, request)).await
+            },
+        )
         .await
     })
 }
@@ -190,24 +209,26 @@ async fn repository_action(
 /// The edge counts and logs it (`GatewayError::report`).
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let status = self.http_status();
-        let mut response = (status, crate::error::error_body(&self.to_string())).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if self.retries_after() {
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(self.retry_after_secs()),
-            );
-        }
-        if let Self::Unauthenticated { reason } = &self {
-            headers.insert(header::WWW_AUTHENTICATE, www_authenticate(reason));
-        }
-        response
+        let body = Bytes::from(crate::error::error_body(&self.to_string()));
+        error_response(&self, body)
     }
+}
+
+/// A failure's answer with `body` (Triton's shape, or OpenAI's on its endpoints): its status,
+/// `Retry-After` where a wait helps and a bearer challenge for a refused credential.
+fn error_response(error: &GatewayError, body: Bytes) -> Response {
+    let mut response = json_response(error.http_status(), body);
+    let headers = response.headers_mut();
+    if error.retries_after() {
+        headers.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(error.retry_after_secs()),
+        );
+    }
+    if let GatewayError::Unauthenticated { reason } = error {
+        headers.insert(header::WWW_AUTHENTICATE, www_authenticate(reason));
+    }
+    response
 }
 
 #[cfg(test)]

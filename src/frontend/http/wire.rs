@@ -42,6 +42,21 @@ impl HttpWire {
         }
     }
 
+    /// Replaces the body to send with `body`, a JSON body written by the gateway (the OpenAI
+    /// wire's generate body), its length declared.
+    pub(super) fn replace_body(&mut self, body: bytes::Bytes) {
+        if let Some(request) = &mut self.request {
+            let headers = request.headers_mut();
+            headers.insert(header::CONTENT_LENGTH, http::HeaderValue::from(body.len()));
+            headers.insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            headers.remove(header::CONTENT_ENCODING);
+            *request.body_mut() = Body::from(body);
+        }
+    }
+
     fn request(&mut self) -> Result<Request, GatewayError> {
         self.request
             .take()
