@@ -572,24 +572,6 @@ async fn counted(gateway: &TestGateway, metric: &str, tenant: &str, band: &str) 
         .await
 }
 
-/// Without `[[models]] max_in_flight`, the limit comes from the config Triton serves for
-/// the model: `slow_model` has one instance and does not batch, so once its first request
-/// has taught the gateway that, 8 clients at once find two slots (one request running, one
-/// ready in Triton's queue) and the rest wait at the gateway (counted as let in after
-/// waiting), where the constant default (32) would have sent all 8 on to Triton's queue.
-#[tokio::test]
-async fn the_default_limit_comes_from_the_models_config() {
-    let _alone = ONE_AT_A_TIME.lock().await;
-    let (_triton, gateway, url, _client) = started_with(LIGHT_KEY, "").await;
-    let admitted = "infergate_flow_admitted_total";
-    let before = counted(&gateway, admitted, "light", "standard").await;
-    let seen = run(&url, LIGHT_KEY, 8, 160).await;
-    assert!(seen.iter().all(|(status, _)| *status == 200));
-    let waited = counted(&gateway, admitted, "light", "standard").await - before;
-    println!("of 160 requests at c=8, {waited} waited at the gateway");
-    assert!(waited >= 100.0, "{waited} of 160 waited at the gateway");
-}
-
 /// A `ModelStreamInfer` stream as `key`, asking for `priority`: where to send its requests,
 /// and its answers.
 async fn open_stream(

@@ -293,6 +293,12 @@ roles = ["admin"]
 model = "canary"
 targets = [{{ model = "sized_a", weight = 50 }}, {{ model = "error_model", weight = 50 }}]
 guard = {{ max_error_rate = 0.2, window = "30s", min_requests = 10 }}
+[[auth.tenants]]
+name = "observer"
+max_queued = 2
+[[models]]
+name = "slow_model"
+max_in_flight = 1
 "#,
         sha256_hex(KEY)
     );
@@ -330,6 +336,8 @@ guard = {{ max_error_rate = 0.2, window = "30s", min_requests = 10 }}
             answered
         }
     });
+
+    saturate_and_count_tokens(&client, &gateway).await;
 
     // Refused: a wrong shape (validation), no credential, an unknown model.
     let bad_shape = json!({"inputs": [
@@ -415,6 +423,49 @@ guard = {{ max_error_rate = 0.2, window = "30s", min_requests = 10 }}
         background.await.unwrap() > 50,
         "the steady traffic was answered"
     );
+}
+
+/// Traffic for the flow control and token panels: `slow_model` takes one request at a time
+/// and tenant `observer` may have 2 waiting, so 8 at once wait (queue depth, wait time,
+/// admitted) or are shed (`tenant_full`), one asking for `critical` above its tenant's
+/// band (capped); twice, 3 s apart, so that the wait histogram grows between scrapes. Then
+/// one OpenAI completion of `echo_words` (tokens).
+async fn saturate_and_count_tokens(client: &reqwest::Client, gateway: &TestGateway) {
+    let slow = json!({"parameters": {"delay_ms": 100}, "inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]});
+    expect(
+        infer_retrying(client, gateway, "slow_model", &slow).await,
+        200,
+    );
+    let url = format!("{}/v2/models/slow_model/infer", gateway.url());
+    for wave in 0..2 {
+        if wave > 0 {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        let sent = (0..8).map(|i| {
+            let request = client.post(&url).header("x-api-key", KEY).json(&slow);
+            let request = match i {
+                0 => request.header("x-infergate-priority", "critical"),
+                _ => request,
+            };
+            async move { request.send().await.unwrap().status().as_u16() }
+        });
+        let statuses = futures_util::future::join_all(sent).await;
+        assert!(statuses.contains(&200), "{statuses:?}");
+        assert!(statuses.contains(&503), "{statuses:?}");
+        assert!(
+            statuses.iter().all(|s| [200, 503].contains(s)),
+            "{statuses:?}"
+        );
+    }
+    let completion = client
+        .post(format!("{}/v1/completions", gateway.url()))
+        .header("x-api-key", KEY)
+        .json(&json!({"model": "echo_words", "prompt": "one two three", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(completion.status(), 200);
 }
 
 /// What has no data yet: the gateway target and Triton's series through it, each dashboard

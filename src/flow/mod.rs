@@ -19,20 +19,25 @@ use foldhash::HashMap;
 use std::sync::{Arc, RwLock};
 
 /// `max_in_flight` when `[[models]]` does not set it and the model's config is not known
-/// yet (it is read from the first copy that serves it, with its signature; then the default
-/// is the config's instances × max batch size, `copy_slots`' `capacity`): high enough that
-/// a pool that worked before flow control (clients up to 32 at once per copy) does not
-/// queue at the gateway before then.
+/// (it is read from the first copy that serves it, with its signature), and the floor of
+/// the default when it is (`default_per_copy`): high enough that a pool that worked before
+/// flow control (clients up to 32 at once per copy) does not queue at the gateway.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 
 /// The default `max_in_flight` of a copy whose config is known: twice what it works on at
-/// once (`capacity`, instances × max batch size). One batch runs while the next waits in
-/// Triton's queue, so the copy never idles for the gateway's round trip between answering
-/// a request and sending the next (at exactly its capacity, a python model of one instance
-/// taking 0.3 ms would idle a third of the time); the gateway still orders all but one
-/// batch's worth of the waiting.
+/// once (`capacity`, instances × max batch size), so one batch runs while the next waits in
+/// Triton's queue and the copy never idles for the gateway's round trip; never below
+/// `DEFAULT_MAX_IN_FLIGHT`. The floor stays until a slot is taken only once a request's
+/// body has arrived: an HTTP request takes its slot before its body is read, so at a
+/// model's own capacity (often 1 or 2) a few clients trickling bodies would hold all its
+/// slots until `server.body_read_timeout`, and requests of sequences waiting in Triton's
+/// sequence backlog could hold them too. The config raises the default for copies that
+/// work on many at once (a TensorRT-LLM model batching 64); `[[models]] max_in_flight`
+/// sets it lower.
 pub fn default_per_copy(capacity: Option<usize>) -> usize {
-    capacity.map_or(DEFAULT_MAX_IN_FLIGHT, |c| c.saturating_mul(2))
+    capacity.map_or(DEFAULT_MAX_IN_FLIGHT, |c| {
+        c.saturating_mul(2).max(DEFAULT_MAX_IN_FLIGHT)
+    })
 }
 
 /// One copy's slots: `per_copy`, less the requests its Triton reports waiting (`pending`)
@@ -147,8 +152,13 @@ mod tests {
     /// changes.
     #[test]
     fn the_default_keeps_one_batch_waiting_in_triton() {
-        assert_eq!(default_per_copy(Some(1)), 2);
-        assert_eq!(default_per_copy(Some(16)), 32);
+        assert_eq!(default_per_copy(Some(64)), 128);
+        assert_eq!(default_per_copy(Some(17)), 34);
+        assert_eq!(
+            default_per_copy(Some(1)),
+            DEFAULT_MAX_IN_FLIGHT,
+            "the floor"
+        );
         assert_eq!(default_per_copy(None), DEFAULT_MAX_IN_FLIGHT);
     }
 

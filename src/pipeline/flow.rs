@@ -56,7 +56,15 @@ pub struct Waiting {
 /// once, kept on the context (`None`: done; also for a model no backend knows, which
 /// placement refuses); or, when they are all taken, where to `wait`. `bytes`, the request
 /// body's size, is read only then.
+///
+/// A request of a sequence takes no slot: Triton's sequence batcher keeps a sequence's
+/// requests in its backlog until the sequence gets a batch slot, so slots held by waiting
+/// sequences would keep the running sequence's next request out, and every sequence would
+/// stand still until its idle timeout. Triton's own sequence slots bound them instead.
 pub fn enter(ctx: &mut RequestCtx, bytes: impl FnOnce() -> usize) -> Option<Waiting> {
+    if ctx.sequence.is_some() {
+        return None;
+    }
     let model = &ctx.routed.as_ref().expect("flow after route").target.name;
     let known = || {
         let backends = ctx.gateway.pool().backends();
