@@ -377,7 +377,7 @@ impl Drop for Ticket<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     const ROOMY: Bounds = Bounds {
@@ -386,7 +386,8 @@ mod tests {
         bytes: usize::MAX,
     };
 
-    fn entry(band: Band, tenant: &str, weight: u32, wait: Duration) -> Entry {
+    /// A request of `tenant` (of `weight`) in `band` that waits at most `wait`.
+    pub(in crate::flow) fn entry(band: Band, tenant: &str, weight: u32, wait: Duration) -> Entry {
         Entry {
             band,
             tenant: Arc::from(tenant),

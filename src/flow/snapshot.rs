@@ -61,23 +61,13 @@ impl Flow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flow::Entry;
     use crate::flow::queue::Bounds;
-    use crate::flow::{Entry, TenantFlow};
-    use std::sync::Arc;
     use std::time::Duration;
-    use tokio::time::Instant;
 
+    /// A request that waits up to a minute.
     fn entry(band: Band, tenant: &str, weight: u32) -> Entry {
-        Entry {
-            band,
-            tenant: Arc::from(tenant),
-            flow: TenantFlow {
-                weight,
-                ..TenantFlow::default()
-            },
-            until: Instant::now() + Duration::from_secs(60),
-            bytes: 0,
-        }
+        crate::flow::gate::tests::entry(band, tenant, weight, Duration::from_secs(60))
     }
 
     /// A saturated gate shows its slot in use, each tenant's depth per band (highest band
