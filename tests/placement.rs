@@ -561,7 +561,8 @@ async fn copies_of(gateway: &TestGateway, model: &str) -> Vec<(usize, String)> {
 /// machines index reads took 1–3.5 s during the churn test's loads). Neither is a backend
 /// that is down: the gateway's own load must not cost the backend its place in the pool,
 /// or the next request for the loading model would load a second copy elsewhere. The
-/// stall is made certain by pausing the loading Triton for three health timeouts.
+/// stall is made certain by pausing the loading Triton for three health timeouts. The model
+/// takes 1.5 s to load, so the load is still under way when the test reads readiness.
 #[tokio::test]
 async fn a_load_in_progress_never_costs_a_backend_its_place() {
     let (t0, t1) = tokio::join!(empty_triton(true), empty_triton(true));
@@ -570,13 +571,13 @@ async fn a_load_in_progress_never_costs_a_backend_its_place() {
     let gateway = std::sync::Arc::new(TestGateway::start(&config).await);
     let first = tokio::spawn({
         let gateway = gateway.clone();
-        async move { infer(&gateway, "sized_b").await }
+        async move { infer(&gateway, "slow_load").await }
     });
     let loading = eventually_every(
         Duration::from_millis(10),
         Duration::from_secs(10),
-        "sized_b loading",
-        async || match &copies_of(&gateway, "sized_b").await[..] {
+        "slow_load loading",
+        async || match &copies_of(&gateway, "slow_load").await[..] {
             [(b, state)] if state == "loading" => Some(*b),
             _ => None,
         },
@@ -603,7 +604,7 @@ async fn a_load_in_progress_never_costs_a_backend_its_place() {
     // A request for the model arrives meanwhile: it waits for the load under way.
     let second = tokio::spawn({
         let gateway = gateway.clone();
-        async move { infer(&gateway, "sized_b").await }
+        async move { infer(&gateway, "slow_load").await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     tritons[loading].resume();
@@ -616,14 +617,14 @@ async fn a_load_in_progress_never_costs_a_backend_its_place() {
         "a backend was taken out while loading: {seen_unready:?}"
     );
     assert_eq!(
-        copies_of(&gateway, "sized_b").await,
+        copies_of(&gateway, "slow_load").await,
         [(loading, "ready".to_string())],
         "one copy, where it was loading"
     );
     assert_books_match(&gateway, &tritons).await;
-    assert_eq!(triton_load_calls(tritons[loading], "sized_b"), 1);
+    assert_eq!(triton_load_calls(tritons[loading], "slow_load"), 1);
     assert_eq!(
-        triton_load_calls(tritons[1 - loading], "sized_b"),
+        triton_load_calls(tritons[1 - loading], "slow_load"),
         0,
         "no second copy was loaded elsewhere"
     );

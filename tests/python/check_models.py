@@ -101,7 +101,8 @@ for name, fn in [("add_sub", add_sub), ("add_sub_int", add_sub_int), ("string_ec
                  ("batched_double", batched_double), ("optional_input", optional_input),
                  ("error_model", error_model), ("slow_model", slow_model),
                  ("sized_a", identity("sized_a")), ("sized_b", identity("sized_b")),
-                 ("sized_c", identity("sized_c"))]:
+                 ("sized_c", identity("sized_c")),
+                 ("slow_load", identity("slow_load"))]:
     check(name, fn)
 
 try:
