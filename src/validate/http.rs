@@ -16,6 +16,8 @@ use super::signature::Signature;
 use bytes::Bytes;
 use foldhash::{HashSet, HashSetExt};
 
+mod plain;
+
 /// The result of reading a request that Triton's reader would not refuse.
 #[derive(Debug, PartialEq)]
 pub enum Parsed {
@@ -61,8 +63,12 @@ pub fn parse(
     content_encoding: Option<&[u8]>,
     model: &str,
 ) -> Result<Parsed, Rejection> {
-    let read = json_header(body, header_length, content_encoding)
-        .and_then(|header_length| read_request(body, header_length, model));
+    let read = json_header(body, header_length, content_encoding).and_then(|header_length| {
+        match plain::read(body, header_length, model) {
+            Some(request) => Ok(request),
+            None => read_request(body, header_length, model),
+        }
+    });
     match read {
         Ok(request) => Ok(Parsed::Request(request)),
         Err(Stop::Early(parsed)) => Ok(parsed),
@@ -209,13 +215,16 @@ fn read_inputs(
         let parameters = input.find("parameters");
         let param = |key: &str| parameters.and_then(|p| p.find(key));
         let data = if let Some(size) = param("binary_data_size") {
-            binary.tensor(size, &name, &datatype)?
+            binary.tensor(binary_data_size(size)?, &name, &datatype)?
         } else if parameters.is_some_and(|p| p.find("shared_memory_region").is_some()) {
             // Where Triton looks the region up (and finds none).
             shared_memory(parameters)?;
             return Err(Stop::Refused(Rejection::shared_memory()));
         } else {
-            json_data(input, &name, &datatype, &shape)?
+            let Some(Value::Data(data)) = input.find("data") else {
+                unreachable!("content_type found 'data' and it is always summarized")
+            };
+            json_data(data, &name, &datatype, &shape)?
         };
         request.inputs.push(InputTensor {
             name,
@@ -227,16 +236,20 @@ fn read_inputs(
     Ok(())
 }
 
+/// An input's `binary_data_size` parameter: an unsigned integer.
+fn binary_data_size(size: &Value<'_>) -> Result<u64, Rejection> {
+    size.as_u64().ok_or_else(|| {
+        Rejection::new(
+            Reason::BinarySize,
+            "Unable to parse 'binary_data_size': attempt to access JSON non-unsigned-integer as unsigned-integer",
+        )
+    })
+}
+
 impl Binary<'_> {
-    /// The next binary tensor, `binary_data_size` bytes: a slice of the body when they have
-    /// arrived, else their size (a BYTES tensor must be walked: read the whole body).
-    fn tensor(&mut self, size: &Value<'_>, name: &str, datatype: &str) -> Result<TensorData, Stop> {
-        let size = size.as_u64().ok_or_else(|| {
-            Rejection::new(
-                Reason::BinarySize,
-                "Unable to parse 'binary_data_size': attempt to access JSON non-unsigned-integer as unsigned-integer",
-            )
-        })?;
+    /// The next binary tensor, `size` bytes: a slice of the body when they have arrived,
+    /// else their size (a BYTES tensor must be walked: read the whole body).
+    fn tensor(&mut self, size: u64, name: &str, datatype: &str) -> Result<TensorData, Stop> {
         let available = (self.body.length - self.next) as u64;
         if size > available {
             return Err(Stop::Refused(Rejection::new(
@@ -544,7 +557,7 @@ fn shape(input: &Value<'_>, name: &str) -> Result<Option<Vec<i64>>, Rejection> {
 /// the request's datatype (Triton reads values as the request says, then compares the
 /// datatype with the model's).
 fn json_data(
-    input: &Value<'_>,
+    data: &DataSummary,
     name: &str,
     datatype: &str,
     shape: &[i64],
@@ -557,9 +570,6 @@ fn json_data(
             byte_size: 0,
         });
     }
-    let Some(Value::Data(data)) = input.find("data") else {
-        unreachable!("content_type found 'data' and it is always summarized")
-    };
     if data.kind != Kind::Array {
         return Err(Rejection::new(
             Reason::DataValue,

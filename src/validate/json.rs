@@ -107,7 +107,7 @@ impl ElementCheck {
 
 /// An element of `data`, as far as the checks tell elements apart.
 #[derive(Clone, Copy)]
-enum Leaf {
+pub(super) enum Leaf {
     Bool,
     String,
     /// A number; `uint`: `IsUint64`, `int`: `IsInt64`.
@@ -163,7 +163,25 @@ impl DataSummary {
         self.first_refused[check.index()]
     }
 
-    fn add(&mut self, leaf: Leaf) {
+    /// A summary of nothing yet, of a value of `kind`.
+    pub(super) fn new(kind: Kind) -> Self {
+        Self {
+            kind,
+            elements: 0,
+            first_refused: [None; CHECKS],
+            unrefused: (1 << CHECKS) - 1,
+            string_bytes: 0,
+        }
+    }
+
+    /// A string element of decoded `length`: BYTES serializes it behind 4 bytes of length.
+    pub(super) fn add_string(&mut self, length: u64) {
+        self.add(Leaf::String);
+        self.string_bytes = self.string_bytes.saturating_add(length + 4);
+    }
+
+    /// One more element.
+    pub(super) fn add(&mut self, leaf: Leaf) {
         // Most arrays are of one kind: after the first element nothing is left to record,
         // and the common case is one mask operation per element. (Testing `unrefused != 0`
         // is not enough: the check that accepts the array's kind, e.g. `Double` for FP32
@@ -525,13 +543,7 @@ impl<'a> Reader<'a> {
         &mut self,
         summarize: bool,
     ) -> Result<(Kind, Option<DataSummary>), SyntaxError> {
-        let mut summary = summarize.then_some(DataSummary {
-            kind: Kind::Null,
-            elements: 0,
-            first_refused: [None; CHECKS],
-            unrefused: (1 << CHECKS) - 1,
-            string_bytes: 0,
-        });
+        let mut summary = summarize.then(|| DataSummary::new(Kind::Null));
         let mut stack: Vec<Frame> = Vec::new();
         let mut root_kind = None;
         loop {
@@ -591,8 +603,7 @@ impl<'a> Reader<'a> {
             b'"' => {
                 let length = self.skip_string()?;
                 if let Some(summary) = summary {
-                    summary.add(Leaf::String);
-                    summary.string_bytes = summary.string_bytes.saturating_add(length + 4);
+                    summary.add_string(length);
                 }
                 Ok(Kind::String)
             }
@@ -812,46 +823,11 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// The common number in tensor data, classified without computing its value: at most
-    /// 18 integer digits (no leading zero), an optional fraction, no exponent. Such a number
-    /// can be neither too big nor anything but what its form says (an integer fits both
-    /// int64 and uint64 unless negative). Anything else (`None`, nothing consumed) goes the
-    /// full `number` way, which has the errors and their offsets.
+    /// The common number in tensor data (`plain_number`), consumed when it is one.
     fn plain_number(&mut self) -> Option<Leaf> {
-        let text = self.text;
-        let negative = text.get(self.pos) == Some(&b'-');
-        let first = self.pos + usize::from(negative);
-        let mut end = digits_end(text, first);
-        let digits = end - first;
-        if digits == 0 || digits > 18 || (digits > 1 && text[first] == b'0') {
-            return None;
-        }
-        let mut fraction = false;
-        if text.get(end) == Some(&b'.') {
-            let decimals_end = digits_end(text, end + 1);
-            if decimals_end == end + 1 {
-                return None;
-            }
-            fraction = true;
-            end = decimals_end;
-        }
-        if matches!(text.get(end), Some(b'e' | b'E')) {
-            return None;
-        }
+        let (end, leaf) = plain_number(self.text, self.pos)?;
         self.pos = end;
-        Some(if fraction {
-            Leaf::Number {
-                uint: false,
-                int: false,
-            }
-        } else {
-            // "-0" is RapidJSON's integer 0, unsigned too.
-            let zero = digits == 1 && text[first] == b'0';
-            Leaf::Number {
-                uint: !negative || zero,
-                int: true,
-            }
-        })
+        Some(leaf)
     }
 
     /// RapidJSON's `ParseNumber` (1.1, `kParseNanAndInfFlag`, normal precision), step by
@@ -1063,6 +1039,47 @@ fn digits_end(text: &[u8], mut from: usize) -> usize {
         from += 1;
     }
     from
+}
+
+/// The common number in tensor data at `pos`, classified without computing its value: at
+/// most 18 integer digits (no leading zero), an optional fraction, no exponent. Such a
+/// number can be neither too big nor anything but what its form says (an integer fits both
+/// int64 and uint64 unless negative). Its end and its leaf; anything else (`None`) goes the
+/// full `number` way, which has the errors and their offsets.
+pub(super) fn plain_number(text: &[u8], pos: usize) -> Option<(usize, Leaf)> {
+    let negative = text.get(pos) == Some(&b'-');
+    let first = pos + usize::from(negative);
+    let mut end = digits_end(text, first);
+    let digits = end - first;
+    if digits == 0 || digits > 18 || (digits > 1 && text[first] == b'0') {
+        return None;
+    }
+    let mut fraction = false;
+    if text.get(end) == Some(&b'.') {
+        let decimals_end = digits_end(text, end + 1);
+        if decimals_end == end + 1 {
+            return None;
+        }
+        fraction = true;
+        end = decimals_end;
+    }
+    if matches!(text.get(end), Some(b'e' | b'E')) {
+        return None;
+    }
+    let leaf = if fraction {
+        Leaf::Number {
+            uint: false,
+            int: false,
+        }
+    } else {
+        // "-0" is RapidJSON's integer 0, unsigned too.
+        let zero = digits == 1 && text[first] == b'0';
+        Leaf::Number {
+            uint: !negative || zero,
+            int: true,
+        }
+    };
+    Some((end, leaf))
 }
 
 /// What is kept of the member `name` of an object at `place` (`None`: skipped).
