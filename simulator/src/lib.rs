@@ -162,7 +162,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', requires = "suite")]
     pub traces: Vec<String>,
     /// With `--suite`: only these policies (comma-separated: lru, lfu, gdsf, tinylfu,
-    /// belady-guarded, belady; Belady is always run, the table's yardstick).
+    /// belady-guarded, belady-size-guarded, belady-refusing, belady; all but
+    /// belady-refusing when none is named; Belady is always run, the table's yardstick).
     #[arg(long, value_delimiter = ',', requires = "suite")]
     pub policies: Vec<String>,
     /// With `--suite`: threads to replay on (0: one per core).
@@ -974,8 +975,34 @@ mod tests {
         assert_eq!((o.refused_no_room, o.loads, o.evictions), (0, 4, 2));
     }
 
-    /// `--suite` on a small base: every named trace is replayed under every policy and both
-    /// Belady rows, in one table; each named trace changes only what it says it changes.
+    /// Size-aware Belady: one backend of 100 MiB holds big (70 MiB), s1 and s2 (15 MiB
+    /// each); n (30 MiB) then needs room, and big, s1 and s2 come back in that order. Belady
+    /// gives up s2 and s1 (next used furthest): only big hits. Weighed by size, big ties up
+    /// the most (2 requests × 70 MiB against 3 × 15 and 4 × 15), goes alone, and is loaded
+    /// again in n's place: s1 and s2 hit. The refusing oracle refuses n (never asked for
+    /// again) and all three hit.
+    #[test]
+    fn size_aware_belady_gives_up_what_ties_up_most() {
+        let trace = parse(
+            "0,big\n5000,s1\n10000,s2\n15000,n\n20000,big\n25000,s1\n30000,s2\n",
+            Some("big,70MiB\ns1,15MiB\ns2,15MiB\nn,30MiB\n"),
+            1,
+        )
+        .unwrap();
+        let setup = setup(&[100], Duration::ZERO);
+        let outcome = |rule| run(&mut Baseline::new(rule, &trace, &setup), &trace, &setup);
+        let scored = |rule| {
+            let o = outcome(rule);
+            (o.hits, o.loads, o.refused_other)
+        };
+        assert_eq!(scored(Rule::BeladyGuarded), (1, 6, 0));
+        assert_eq!(scored(Rule::BeladySizeGuarded), (2, 5, 0));
+        assert_eq!(scored(Rule::BeladyRefusing), (3, 3, 1));
+    }
+
+    /// `--suite` on a small base: every named trace is replayed under every policy and the
+    /// oracles (all but the refusing one, which runs only when named), in one table; each
+    /// named trace changes only what it says it changes.
     #[test]
     fn the_suite_replays_every_named_trace_in_one_table() {
         use clap::Parser;
@@ -1001,7 +1028,7 @@ mod tests {
         );
         assert!(named_args(&base, "no-such-trace").is_none());
         let rows = suite_rows(&base, &[], &[], 2).unwrap();
-        let policies = REAL_ROWS.len() + 2;
+        let policies = REAL_ROWS.len() + 3;
         assert_eq!(rows.len(), NAMED.len() * policies);
         let table = suite_table(&rows);
         for (name, _) in NAMED {

@@ -271,8 +271,20 @@ pub enum Rule {
     /// not a proven optimum.
     Belady,
     /// Belady held to the real table's churn guard: a copy used within `min_churn_age` is
-    /// never a victim. The bound a policy that keeps the guard can be measured against.
+    /// never a victim. A yardstick for policies that keep the guard, not their bound: with
+    /// sizes, `BeladySizeGuarded` does better.
     BeladyGuarded,
+    /// Size-aware Belady held to the churn guard: the copy that ties up the most
+    /// byte-requests until its next use (requests until then × its size) goes first, and the
+    /// new copy goes to the backend whose victims tie up the most. With sizes, Belady's rule
+    /// is not optimal, and under the guard memory is scarcer; this asks whether weighing
+    /// size gets a guarded oracle further.
+    BeladySizeGuarded,
+    /// `BeladySizeGuarded` that may also refuse a request it could serve: when the model is
+    /// never asked for again, or its copy would tie up more than a victim it displaces. No
+    /// real policy may (a request that can be served is); what refusing would buy under the
+    /// guard, a bound beyond the rules.
+    BeladyRefusing,
 }
 
 const NOT_PLACED: u32 = u32::MAX;
@@ -313,6 +325,28 @@ pub struct Baseline {
     guard: Micros,
     /// The time of the decision under way (for `guard`).
     now: Micros,
+    /// Oracles: the index of the request under way.
+    index: u64,
+}
+
+impl Rule {
+    /// Reads the trace ahead.
+    fn oracle(self) -> bool {
+        !matches!(self, Rule::Lru | Rule::LruOldestInstance)
+    }
+
+    /// Keeps the churn guard.
+    fn guarded(self) -> bool {
+        matches!(
+            self,
+            Rule::BeladyGuarded | Rule::BeladySizeGuarded | Rule::BeladyRefusing
+        )
+    }
+
+    /// Weighs next use by size.
+    fn sized(self) -> bool {
+        matches!(self, Rule::BeladySizeGuarded | Rule::BeladyRefusing)
+    }
 }
 
 impl Baseline {
@@ -320,7 +354,7 @@ impl Baseline {
     pub fn new(rule: Rule, trace: &Trace, setup: &Setup) -> Self {
         let n = trace.names.len();
         let backends = setup.usable.len();
-        let oracle = matches!(rule, Rule::Belady | Rule::BeladyGuarded);
+        let oracle = rule.oracle();
         let next = if oracle {
             let mut seen = vec![NEVER; n];
             let mut next = vec![NEVER; trace.requests.len()];
@@ -351,12 +385,13 @@ impl Baseline {
             next,
             next_use: vec![NEVER; n],
             pinned: vec![false; n],
-            guard: if rule == Rule::BeladyGuarded {
+            guard: if rule.guarded() {
                 setup.min_churn_age.as_micros() as Micros
             } else {
                 0
             },
             now: 0,
+            index: 0,
         }
     }
 
@@ -364,7 +399,7 @@ impl Baseline {
         match self.rule {
             Rule::Lru | Rule::LruOldestInstance => self.last_used[model as usize],
             // Furthest next use first; never-again (NEVER) sorts first of all.
-            Rule::Belady | Rule::BeladyGuarded => NEVER - self.next_use[model as usize],
+            _ => NEVER - self.next_use[model as usize],
         }
     }
 
@@ -419,6 +454,9 @@ impl Baseline {
         if let Some(b) = roomy {
             return Some((b, Vec::new()));
         }
+        if self.rule.sized() {
+            return self.choose_sized(size);
+        }
         let feasible = (0..self.usable.len()).filter(|&b| {
             if self.guard == 0 {
                 self.free(b) + self.evictable_bytes[b] >= size
@@ -435,7 +473,7 @@ impl Baseline {
                 let youngest = victims.last().map_or(0, |&m| self.last_used[m as usize]);
                 (youngest, std::cmp::Reverse(self.free(b)), self.in_flight[b])
             })?,
-            Rule::Belady | Rule::BeladyGuarded => feasible.max_by_key(|&b| {
+            _ => feasible.max_by_key(|&b| {
                 // The soonest next use among the victims this backend would give up.
                 let (victims, _) = self.victims(b, size);
                 let soonest = victims
@@ -450,6 +488,71 @@ impl Baseline {
         Some((backend, victims))
     }
 
+    /// Byte-requests the copy of `model` ties up until its next use (infinite if never).
+    fn hold(&self, model: u32) -> f64 {
+        let next = self.next_use[model as usize];
+        if next == NEVER {
+            f64::INFINITY
+        } else {
+            (next.saturating_sub(self.index) + 1) as f64 * self.copy_size[model as usize] as f64
+        }
+    }
+
+    /// `choose` for the size-aware oracles: on each backend the victims are the copies that
+    /// tie up most, and the backend is the one whose least such victim ties up most.
+    fn choose_sized(&self, size: u64) -> Option<(usize, Vec<u32>)> {
+        let (backend, (victims, _, _)) = (0..self.usable.len())
+            .map(|b| (b, self.sized_victims(b, size)))
+            .filter(|(_, (_, free, _))| *free >= size)
+            .max_by(|(a, (_, fa, ha)), (b, (_, fb, hb))| {
+                ha.total_cmp(hb)
+                    .then(fa.cmp(fb))
+                    .then(self.in_flight[*b].cmp(&self.in_flight[*a]))
+            })?;
+        Some((backend, victims))
+    }
+
+    /// The idle copies past the guard on `backend` that tie up most, until `size` is free;
+    /// the free space then, and the least hold among them.
+    fn sized_victims(&self, backend: usize, size: u64) -> (Vec<u32>, u64, f64) {
+        let mut candidates: Vec<(f64, u32)> = self.evictable[backend]
+            .iter()
+            .map(|&(_, m)| m)
+            .filter(|&m| self.past_guard(m))
+            .map(|m| (self.hold(m), m))
+            .collect();
+        let mut free = self.free(backend);
+        let mut chosen = Vec::new();
+        let mut least = f64::INFINITY;
+        // A victim or two is the rule: picking the greatest each time beats sorting them all.
+        while free < size && !candidates.is_empty() {
+            let (at, _) = (candidates.iter().enumerate())
+                .max_by(|(_, a), (_, b)| {
+                    a.0.total_cmp(&b.0)
+                        .then(self.copy_size[a.1 as usize].cmp(&self.copy_size[b.1 as usize]))
+                })
+                .expect("candidates left");
+            let (hold, model) = candidates.swap_remove(at);
+            free += self.copy_size[model as usize];
+            chosen.push(model);
+            least = hold;
+        }
+        (chosen, free, least)
+    }
+
+    /// `Rule::BeladyRefusing`: whether to refuse a request for `model` (asked for again) that
+    /// it could serve by evicting `victims`.
+    fn refuses(&self, model: u32, size: u64, victims: &[u32]) -> bool {
+        let next = self.next_use[model as usize];
+        let hold = (next.saturating_sub(self.index) + 1) as f64 * size as f64;
+        victims.iter().any(|&v| self.hold(v) < hold)
+    }
+
+    /// Whether the churn guard (if kept) lets the copy of `model` go now.
+    fn past_guard(&self, model: u32) -> bool {
+        self.guard == 0 || self.last_used[model as usize] + self.guard <= self.now
+    }
+
     fn victims(&self, backend: usize, size: u64) -> (Vec<u32>, u64) {
         let mut free = self.free(backend);
         let mut chosen = Vec::new();
@@ -457,7 +560,7 @@ impl Baseline {
             if free >= size {
                 break;
             }
-            if self.guard > 0 && self.last_used[model as usize] + self.guard > self.now {
+            if !self.past_guard(model) {
                 continue;
             }
             free += self.copy_size[model as usize];
@@ -469,7 +572,8 @@ impl Baseline {
 
 impl Placer for Baseline {
     fn observe(&mut self, index: usize, model: u32) {
-        if matches!(self.rule, Rule::Belady | Rule::BeladyGuarded) {
+        self.index = index as u64;
+        if self.rule.oracle() {
             self.next_use[model as usize] = self.next[index];
             let backend = self.placed[model as usize];
             if backend != NOT_PLACED && self.filed[model as usize].is_some() {
@@ -494,9 +598,15 @@ impl Placer for Baseline {
         }
         let size = self.estimate(model);
         self.now = now;
+        if self.rule == Rule::BeladyRefusing && self.next_use[m] == NEVER {
+            return Step::Refuse(Refusal::Other);
+        }
         let Some((backend, victims)) = self.choose(size) else {
             return Step::Refuse(Refusal::NoRoom);
         };
+        if self.rule == Rule::BeladyRefusing && self.refuses(model, size, &victims) {
+            return Step::Refuse(Refusal::Other);
+        }
         let mut evicted_idle = Duration::ZERO;
         for &victim in &victims {
             self.evict(backend, victim);
