@@ -742,3 +742,96 @@ async fn requests_others_queue_in_triton_shrink_the_gateways_slots() {
         "{beside_others} waiting at the gateway beside others' queue in Triton"
     );
 }
+
+/// A client that sends the head of a `slow_model` request as `key` and then its JSON body a
+/// byte every 100 ms (10 B/s: under `server.min_body_rate`, so cut with 408 once the 5 s
+/// grace is spent), until `stop` or the gateway closes the connection.
+async fn trickle(gateway: &TestGateway, key: &str, stop: Arc<AtomicBool>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = slow_body(5).to_string();
+    let head = format!(
+        "POST /v2/models/slow_model/infer HTTP/1.1\r\nhost: gateway\r\nx-api-key: {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(gateway.http).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let (mut read, mut write) = stream.split();
+    let send = async {
+        for byte in body.as_bytes().chunks(1) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if stop.load(Ordering::Relaxed) || write.write_all(byte).await.is_err() {
+                return;
+            }
+        }
+    };
+    let mut answer = Vec::new();
+    tokio::select! {
+        _ = read.read_to_end(&mut answer) => {}
+        () = send => {}
+    }
+}
+
+/// Slots go only to requests that have arrived: at the default `max_in_flight`
+/// (`slow_model`, one instance, no batching: 2), three clients of tenant `flood` trickling
+/// their bodies hold none, and tenant `light`'s requests sent meanwhile are served at once,
+/// not after the trickles are cut (5 s, `server.min_body_rate_grace`) as when a request
+/// took its slot before its body was read.
+#[tokio::test]
+async fn clients_trickling_their_bodies_hold_no_slot() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (_triton, gateway, url, client) = started_with(LIGHT_KEY, "").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let gateway = Arc::new(gateway);
+    let trickles: Vec<_> = (0..3)
+        .map(|_| {
+            let (gateway, stop) = (gateway.clone(), stop.clone());
+            tokio::spawn(async move { trickle(&gateway, FLOOD_KEY, stop).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut latencies = Vec::new();
+    for _ in 0..5 {
+        let (status, latency) = infer(&client, &url, LIGHT_KEY, 5).await;
+        assert_eq!(status, 200);
+        latencies.push(latency);
+    }
+    let still_trickling = trickles.iter().all(|t| !t.is_finished());
+    stop.store(true, Ordering::Relaxed);
+    for trickle in trickles {
+        trickle.await.unwrap();
+    }
+    println!("light's requests beside 3 trickled bodies: {latencies:?}");
+    let slowest = latencies.iter().max().unwrap();
+    assert!(
+        *slowest < Duration::from_millis(500),
+        "light waited {slowest:?} beside the trickles"
+    );
+    assert!(still_trickling, "a trickle ended before light was served");
+}
+
+/// The default `max_in_flight` is twice what the model's config says it works on at once,
+/// with no floor: 2 for `slow_model` (one instance, no batching), as `/admin/flow` shows once
+/// its config is learned; with three requests of 1 s at once, two are on the copy and the
+/// third waits at the gateway, not in Triton's queue. All three are served.
+#[tokio::test]
+async fn the_default_limit_is_twice_the_models_capacity() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (_triton, gateway, url, client) = started_with(LIGHT_KEY, "").await;
+    let requests: Vec<_> = (0..3)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move { infer(&client, &url, LIGHT_KEY, 1000).await.0 })
+        })
+        .collect();
+    until_queued(&gateway, 1.0).await;
+    let (view, _) = admin_flow(&gateway, &client).await;
+    let models = view.as_array().expect("an array of models");
+    let gate = models.iter().find(|m| m["model"] == "slow_model").unwrap();
+    assert_eq!(gate["slots"]["limit"], 2, "{gate}");
+    assert_eq!(gate["slots"]["in_use"], 2, "{gate}");
+    assert_eq!(gate["queued"], 1, "{gate}");
+    for request in requests {
+        assert_eq!(request.await.unwrap(), 200);
+    }
+}

@@ -320,9 +320,10 @@ async fn connections_past_max_connections_are_shed_and_counted() {
     assert_quick(client.await.unwrap(), "connection flood");
 }
 
-/// A binary request's tensor bytes are streamed to Triton as they arrive: when the client
-/// stalls mid-body, that is the client's fault, so the backend is not counted as failing
-/// (three failures in a row would eject it).
+/// A binary request stalled mid-body (its JSON header sent, its tensors not): that is the
+/// client's fault, so the backend is not counted as failing (three failures in a row would
+/// eject it). The body is read whole before the request goes on (docs/flow.md), so the
+/// stall is seen at the gateway, before any of it is sent to Triton.
 #[tokio::test]
 async fn a_body_stalled_mid_stream_does_not_count_against_the_backend() {
     let (_triton, gateway) = gateway("midstream", "body_read_timeout = \"300ms\"").await;

@@ -254,8 +254,8 @@ pub struct Server {
     /// Requests waiting at once for one saturated model, all tenants and bands: past it a
     /// newcomer pushes out the newest request of a lower band, or is refused.
     pub max_queued: usize,
-    /// Body bytes of the requests waiting at once for one saturated model (gRPC: the
-    /// message's size; HTTP: its `Content-Length`), so a queue of large bodies cannot
+    /// Body bytes of the requests waiting at once for one saturated model (each body has
+    /// arrived whole and is in memory while it waits), so a queue of large bodies cannot
     /// exhaust memory: past it a newcomer is refused.
     pub max_queued_bytes: ByteSize,
 }

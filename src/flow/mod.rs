@@ -18,26 +18,22 @@ pub use crate::config::Band;
 use foldhash::HashMap;
 use std::sync::{Arc, RwLock};
 
-/// `max_in_flight` when `[[models]]` does not set it and the model's config is not known
-/// (it is read from the first copy that serves it, with its signature), and the floor of
-/// the default when it is (`default_per_copy`): high enough that a pool that worked before
-/// flow control (clients up to 32 at once per copy) does not queue at the gateway.
+/// `max_in_flight` when `[[models]]` does not set it and the model's config gives no
+/// capacity: not known yet (it is read from the first copy that serves a validated request,
+/// with its signature; never with validation off), or a decoupled model, whose instances
+/// bound nothing. High enough that a pool that worked before flow control (clients up to
+/// 32 at once per copy) does not queue at the gateway.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 
-/// The default `max_in_flight` of a copy whose config is known: twice what it works on at
-/// once (`capacity`, instances × max batch size), so one batch runs while the next waits in
-/// Triton's queue and the copy never idles for the gateway's round trip; never below
-/// `DEFAULT_MAX_IN_FLIGHT`. The floor stays until a slot is taken only once a request's
-/// body has arrived: an HTTP request takes its slot before its body is read, so at a
-/// model's own capacity (often 1 or 2) a few clients trickling bodies would hold all its
-/// slots until `server.body_read_timeout`, and requests of sequences waiting in Triton's
-/// sequence backlog could hold them too. The config raises the default for copies that
-/// work on many at once (a TensorRT-LLM model batching 64); `[[models]] max_in_flight`
-/// sets it lower.
+/// The default `max_in_flight` of a copy: twice what its config says it works on at once
+/// (`capacity`, instances × max batch size), so one batch runs while the next waits in
+/// Triton's queue and the copy never idles for the gateway's round trip, and no more, so
+/// the rest waits at the gateway, in order. A slot is taken only once a request has
+/// arrived whole (`pipeline::Wire::arrive`) and a request of a sequence takes none, so a
+/// copy of capacity 1 can run at 2 without clients slow to send their bodies holding them.
+/// `DEFAULT_MAX_IN_FLIGHT` without a capacity.
 pub fn default_per_copy(capacity: Option<usize>) -> usize {
-    capacity.map_or(DEFAULT_MAX_IN_FLIGHT, |c| {
-        c.saturating_mul(2).max(DEFAULT_MAX_IN_FLIGHT)
-    })
+    capacity.map_or(DEFAULT_MAX_IN_FLIGHT, |c| c.saturating_mul(2))
 }
 
 /// One copy's slots: `per_copy`, less the requests its Triton reports waiting (`pending`)
@@ -146,22 +142,19 @@ mod tests {
         assert_eq!(Band::Critical.capped(Band::Critical), Band::Critical);
     }
 
-    /// A copy's slots shrink by what its Triton has waiting that this gateway did not send,
-    /// never below 1; the gateway's own requests beyond the copy's capacity, which wait
-    /// there too, are not counted against it; without a reading or a config, nothing
-    /// changes.
+    /// Twice the capacity, however small; 32 without one.
     #[test]
     fn the_default_keeps_one_batch_waiting_in_triton() {
         assert_eq!(default_per_copy(Some(64)), 128);
         assert_eq!(default_per_copy(Some(17)), 34);
-        assert_eq!(
-            default_per_copy(Some(1)),
-            DEFAULT_MAX_IN_FLIGHT,
-            "the floor"
-        );
+        assert_eq!(default_per_copy(Some(1)), 2, "no floor");
         assert_eq!(default_per_copy(None), DEFAULT_MAX_IN_FLIGHT);
     }
 
+    /// A copy's slots shrink by what its Triton has waiting that this gateway did not send,
+    /// never below 1; the gateway's own requests beyond the copy's capacity, which wait
+    /// there too, are not counted against it; without a reading or a config, nothing
+    /// changes.
     #[test]
     fn a_copy_loses_the_slots_others_fill_in_its_triton() {
         // 4 slots, capacity 4, 4 of ours working: all 3 waiting are others'.

@@ -1,9 +1,10 @@
 //! `flow`: fair under overload. `priority` gives a model request its band: its tenant's
 //! default, or what it asks for with `x-infergate-priority`, capped at its tenant's highest
 //! (counted, not refused); a value that is no band is refused (400 / INVALID_ARGUMENT).
-//! `enter` then takes a slot on the model's copies before an inference is placed: at once
-//! below saturation, else (`wait`) in turn from the model's waiting room, or refused with
-//! 503 / UNAVAILABLE and `Retry-After` (`crate::flow`). The slot stays on the context until
+//! `enter` then takes a slot on the model's copies once an inference has arrived whole
+//! (`Wire::arrive`: a client slow to send its body holds none), before it is placed: at
+//! once below saturation, else (`wait`) in turn from the model's waiting room, or refused
+//! with 503 / UNAVAILABLE and `Retry-After` (`crate::flow`). The slot stays on the context until
 //! the answer has gone, and its drop lets the next waiting request in. A model's slots
 //! follow its config and its Tritons' queues (`slots`), and its config is read again when
 //! it is learned (`learned`).
@@ -131,8 +132,8 @@ pub(super) fn learned(ctx: &RequestCtx, model: &str) {
 
 /// The slots of `model`'s copies now: each copy's `max_in_flight` (`[[models]]`'s, else
 /// twice the capacity its config gives, else `DEFAULT_MAX_IN_FLIGHT` while that is not
-/// known or the model is decoupled: `default_per_copy`), less
-/// what its Triton has waiting that this gateway did not send (`copy_slots`). Read when the
+/// known or the model is decoupled: `default_per_copy`), less what its Triton has waiting
+/// that this gateway did not send (`copy_slots`). Read when the
 /// model's gate is made, at its full moments, and when its config is learned.
 fn slots(ctx: &RequestCtx, model: &str) -> usize {
     let configured =

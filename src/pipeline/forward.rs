@@ -47,13 +47,16 @@ pub(crate) trait Wire: Inspect {
     /// Names the route's target instead of the route (the URL path, or the message).
     fn retarget(&mut self, routed: &Routed);
 
-    /// The request body's size, as far as it is known before it is read (flow control's
-    /// byte bound on waiting requests; asked only of a request that must wait).
+    /// The request body's size, in memory once it has arrived (flow control's byte bound
+    /// on waiting requests; asked only of a request that must wait).
     fn body_len(&self) -> usize;
 
-    /// The sequence the request belongs to, which placement needs (HTTP reads it from the
-    /// body, within the body limit; gRPC from the message's parameters).
-    async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError>;
+    /// Has the request whole before the flow phase gives it a slot, so that a client slow
+    /// to send it holds none (HTTP reads an inference's body within the body limit and the
+    /// connection's read timeouts; a gRPC message arrives whole), and reads the sequence it
+    /// belongs to, which placement needs (HTTP from the body, gRPC from the message's
+    /// parameters).
+    async fn arrive(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError>;
 
     /// Sends the request to `backend`, keeping what a second send needs.
     async fn send(

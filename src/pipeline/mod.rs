@@ -11,7 +11,7 @@
 //!
 //! Each phase is a plain function over `&mut RequestCtx`; `serve` runs them in order. A
 //! front-end decodes its wire format into the context and implements `Wire`, the small
-//! trait for the phases that touch bytes (reading the sequence, the validation reader,
+//! trait for the phases that touch bytes (having the request whole, the validation reader,
 //! mirroring, sending); no rule lives in a front-end that the other would have to repeat.
 //! Streams run the same phases per message.
 
@@ -63,7 +63,7 @@ pub(crate) async fn serve<W: Wire>(
 
 /// The phases from reading the request to the backend's answer.
 async fn placed<W: Wire>(ctx: &mut RequestCtx, wire: &mut W) -> Result<W::Answer, GatewayError> {
-    ctx.sequence = wire.sequence(ctx).await?;
+    ctx.sequence = wire.arrive(ctx).await?;
     if ctx.ask == Ask::Inference
         && let Some(waiting) = flow::enter(ctx, || wire.body_len())
         && let Err(error) = flow::wait(ctx, waiting).await

@@ -248,7 +248,8 @@ where
         self.message.size()
     }
 
-    async fn sequence(&mut self, _ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
+    /// A message arrives whole: only its sequence is read.
+    async fn arrive(&mut self, _ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
         Ok(self.message.sequence())
     }
 

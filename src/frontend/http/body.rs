@@ -1,6 +1,7 @@
 //! Request and response bodies on the HTTP front-end: the body limit as a body streams in
-//! (`limit`), reading a body whole or its first bytes (`collect`, `read_head`, `stream_on`),
-//! each copying at most once, and the lease a response body holds while it streams out
+//! (`limit`), an inference's body had whole before it takes a flow slot (`arrive`, no copy),
+//! reading a body whole or its first bytes (`collect`, `read_head`, `stream_on`), each
+//! copying at most once, and the lease a response body holds while it streams out
 //! (`LeasedBody`).
 
 use crate::auth::Admission;
@@ -37,6 +38,42 @@ pub(super) fn limit(request: Request, limit: u64) -> Result<Request, GatewayErro
     Ok(request.map(|body| crate::body::limited(body, limit)))
 }
 
+/// An inference's body, had whole before the request takes a flow slot, so that a client
+/// trickling its body holds no slot while it does (the connection's read timeouts bound
+/// the wait: `server.body_read_timeout`, `server.min_body_rate`). Kept as the chunks it
+/// arrived in, never copied: one chunk as it is (a small body usually comes with its head),
+/// several as a stream of them, which the later reads (`read_head`, `collect`) take as they
+/// would the client's own. With its size, which the flow phase's byte bound counts.
+pub(super) async fn arrive(mut body: Body, limit: u64) -> Result<(Body, usize), GatewayError> {
+    let Some(first) = next_data(&mut body, limit).await? else {
+        return Ok((Body::empty(), 0));
+    };
+    let Some(second) = next_data(&mut body, limit).await? else {
+        let size = first.len();
+        return Ok((Body::from(first), size));
+    };
+    let mut chunks = vec![first, second];
+    while let Some(data) = next_data(&mut body, limit).await? {
+        chunks.push(data);
+    }
+    let size = chunks.iter().map(Bytes::len).sum();
+    let stream =
+        futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::convert::Infallible>));
+    Ok((Body::from_stream(stream), size))
+}
+
+/// The body's next data chunk (trailers skipped), `None` at its end; a failed read is the
+/// client's error (`read_error`).
+async fn next_data(body: &mut Body, limit: u64) -> Result<Option<Bytes>, GatewayError> {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| read_error(&error, limit))?;
+        if let Ok(data) = frame.into_data() {
+            return Ok(Some(data));
+        }
+    }
+    Ok(None)
+}
+
 /// Reads frames until at least `wanted` bytes have arrived: those bytes (one frame kept as
 /// it is, several joined), and the body with the rest.
 pub(super) async fn read_head(
@@ -47,16 +84,11 @@ pub(super) async fn read_head(
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut arrived = 0;
     while arrived < wanted {
-        let Some(frame) = body.frame().await else {
+        let Some(data) = next_data(&mut body, limit).await? else {
             break;
         };
-        if let Ok(data) = frame
-            .map_err(|error| read_error(&error, limit))?
-            .into_data()
-        {
-            arrived += data.len();
-            chunks.push(data);
-        }
+        arrived += data.len();
+        chunks.push(data);
     }
     let head = match chunks.len() {
         1 => chunks.pop().expect("one chunk"),
@@ -108,11 +140,7 @@ pub(super) async fn collect(
 ) -> Result<Bytes, GatewayError> {
     let mut first: Option<Bytes> = None;
     let mut joined: Option<BytesMut> = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|error| read_error(&error, limit))?;
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers
-        };
+    while let Some(data) = next_data(&mut body, limit).await? {
         match (&mut joined, first.take()) {
             (Some(buffer), _) => buffer.extend_from_slice(&data),
             (None, None) => first = Some(data),
@@ -212,6 +240,26 @@ mod tests {
         assert_eq!(join(head, rest, 100, Some(8)).await.unwrap(), "abcdefgh");
         let (head, _) = read_head(chunked(&["ab"]), 3, 100).await.unwrap();
         assert_eq!(head, "ab", "a body shorter than wanted is all there is");
+    }
+
+    #[tokio::test]
+    async fn a_body_arrives_whole_in_the_chunks_it_came_in() {
+        let one = Bytes::from_static(b"one chunk");
+        let (body, size) = arrive(Body::from(one.clone()), 100).await.unwrap();
+        assert_eq!(size, 9);
+        let kept = collect(body, 100, None).await.unwrap();
+        assert_eq!(kept.as_ptr(), one.as_ptr(), "a single chunk is not copied");
+        let (body, size) = arrive(chunked(&["ab", "cd", "e"]), 100).await.unwrap();
+        assert_eq!(size, 5);
+        let (head, rest) = read_head(body, 2, 100).await.unwrap();
+        assert_eq!(head, "ab", "read again chunk by chunk");
+        assert_eq!(join(head, rest, 100, None).await.unwrap(), "abcde");
+        assert_eq!(arrive(chunked(&[]), 100).await.unwrap().1, 0);
+        let limited = crate::body::limited(chunked(&["abc", "def"]), 4);
+        assert!(matches!(
+            arrive(limited, 4).await,
+            Err(GatewayError::BodyTooLarge { limit: 4 })
+        ));
     }
 
     #[tokio::test]

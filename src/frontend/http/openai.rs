@@ -306,9 +306,9 @@ impl Wire for OpenAiWire {
     /// The body is written here: the first phase that knows the route's target, before a
     /// copy is placed, so a chat to a model without a template is refused without loading
     /// it.
-    async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
+    async fn arrive(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
         self.render(ctx).await?;
-        self.http.sequence(ctx).await
+        self.http.arrive(ctx).await
     }
 
     async fn send(

@@ -3,8 +3,9 @@
 //! extension's JSON header), a generate request's to `validate::generate`; the phase
 //! (`pipeline::validate`) has already decided to read it and refuses what they refuse. A
 //! binary request with a `Content-Length` is checked from its JSON header alone (fixed-size
-//! tensors by their sizes) and forwarded as its bytes arrive; any other body is collected
-//! once and forwarded as those same bytes.
+//! tensors by their sizes) and its tensors forwarded in the chunks they came in, never
+//! joined; any other body is collected once and forwarded as those same bytes. (An
+//! inference's body has arrived whole before this: `wire::HttpWire::arrive`.)
 
 use super::body::{self, collect, join, read_head, stream_on};
 use crate::error::GatewayError;

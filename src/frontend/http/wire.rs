@@ -1,6 +1,7 @@
 //! The HTTP front-end's side of the pipeline (`pipeline::Wire`): a KServe v2 request as the
-//! phases need it. Bodies stream through untouched where nothing must read them, so JSON
-//! and the binary tensor extension work alike.
+//! phases need it. An inference's body arrives whole before it takes a flow slot, kept in
+//! the chunks it came in; they go on untouched where nothing must read them, so JSON and
+//! the binary tensor extension work alike.
 
 use super::body;
 use super::validate::{self, HEADER_LENGTH};
@@ -30,6 +31,8 @@ pub(super) struct HttpWire {
     again: Option<(Parts, crate::body::Replay)>,
     /// The backend of the last send, to name in a failure.
     sent_to: String,
+    /// The body's size once an inference's body has arrived whole (`arrive`).
+    arrived: usize,
 }
 
 impl HttpWire {
@@ -39,6 +42,7 @@ impl HttpWire {
             request: Some(request),
             again: None,
             sent_to: String::new(),
+            arrived: 0,
         }
     }
 
@@ -122,11 +126,10 @@ impl Wire for HttpWire {
         request.headers().get(name).map(|v| v.as_bytes())
     }
 
-    /// The declared `Content-Length`: a body without one is not read while it waits, and
-    /// counts nothing.
+    /// The size of the body, which has arrived whole (`arrive`) and is in memory while the
+    /// request waits.
     fn body_len(&self) -> usize {
-        let declared = (self.request.as_ref()).and_then(|r| body::declared_length(r.headers()));
-        declared.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+        self.arrived
     }
 
     fn retarget(&mut self, routed: &Routed) {
@@ -137,32 +140,36 @@ impl Wire for HttpWire {
         }
     }
 
-    /// Applies the body limit, and for an inference request to a model that may have
-    /// sequence batching (`Placement::may_hold_sequences`) reads the sequence it belongs to:
-    /// from the whole body for JSON, from the JSON header alone for the binary extension
-    /// (its tensors keep streaming). The bytes read are handed on as the body, so validation
-    /// reads them again without another copy. A compressed body is not read (its sequence
-    /// is not followed).
-    async fn sequence(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
+    /// Applies the body limit, and has an inference's body whole (`body::arrive`: read
+    /// within the connection's read timeouts, kept as it came), so that the flow phase next
+    /// gives a slot only to a request that can use it at once. For a model that may have
+    /// sequence batching (`Placement::may_hold_sequences`) it then reads the sequence the
+    /// request belongs to: from the whole body for JSON, from the JSON header alone for the
+    /// binary extension. The bytes read are handed on as the body, so validation reads them
+    /// again without another copy. A compressed body's sequence is not read (not followed).
+    async fn arrive(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
         let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
         let request = body::limit(self.request()?, limit)?;
+        if ctx.ask != Ask::Inference {
+            self.request = Some(request);
+            return Ok(None);
+        }
+        let (parts, whole) = request.into_parts();
+        let (whole, arrived) = body::arrive(whole, limit).await?;
+        self.arrived = arrived;
         let model = &ctx.routed.as_ref().expect("routed").target.name;
-        let headers = request.headers();
+        let headers = &parts.headers;
         let compressed = headers
             .get(header::CONTENT_ENCODING)
             .is_some_and(|e| !e.is_empty() && e != "identity");
-        if ctx.ask != Ask::Inference
-            || compressed
-            || !ctx.gateway.placement().may_hold_sequences(model)
-        {
-            self.request = Some(request);
+        if compressed || !ctx.gateway.placement().may_hold_sequences(model) {
+            self.request = Some(Request::from_parts(parts, whole));
             return Ok(None);
         }
         let header_length: Option<usize> = headers
             .get(&HEADER_LENGTH)
             .and_then(|v| v.to_str().ok()?.trim().parse().ok());
         let declared = body::declared_length(headers);
-        let (parts, whole) = request.into_parts();
         let (whole, sequence) = match header_length {
             // Raw binary: the whole body is one tensor, no JSON.
             Some(0) => (whole, None),
