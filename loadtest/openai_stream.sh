@@ -109,7 +109,7 @@ for clients in 1 8; do
             "$TMP/$path-$clients.json")")
     done
     for path in generate openai; do
-        RATIOS+=("| $path | $clients | $(ratio "$(field "$path" "$clients" ttft_ms.p50)" "$(field direct "$clients" ttft_ms.p50)") | +$(calc '%.2f' "$(field "$path" "$clients" ttft_ms.p50) - $(field direct "$clients" ttft_ms.p50)") | $(ratio "$(field "$path" "$clients" per_token_ms.p50)" "$(field direct "$clients" per_token_ms.p50)") | +$(calc '%.3f' "$(field "$path" "$clients" per_token_ms.p50) - $(field direct "$clients" per_token_ms.p50)") |")
+        RATIOS+=("| $path | $clients | $(ratio "$(field "$path" "$clients" ttft_ms.p50)" "$(field direct "$clients" ttft_ms.p50)") | $(calc '%+.2f' "$(field "$path" "$clients" ttft_ms.p50) - $(field direct "$clients" ttft_ms.p50)") | $(ratio "$(field "$path" "$clients" per_token_ms.p50)" "$(field direct "$clients" per_token_ms.p50)") | $(calc '%+.3f' "$(field "$path" "$clients" per_token_ms.p50) - $(field direct "$clients" per_token_ms.p50)") |")
     done
 done
 MEASURE_S=$((SECONDS - MEASURE_STARTED))
