@@ -106,6 +106,14 @@ pub enum GatewayError {
     /// shape can point at it.
     #[error("{message}")]
     InvalidParameter { param: String, message: String },
+    /// A prompt (with its `max_tokens`) longer than the model's context (the OpenAI
+    /// endpoints): refused before any backend work, as OpenAI refuses it
+    /// (`context_length_exceeded`), naming the parameter that holds the prompt.
+    #[error("{message}")]
+    ContextLengthExceeded {
+        param: &'static str,
+        message: String,
+    },
     /// No such endpoint.
     #[error("not found: {path}")]
     NotFound { path: String },
@@ -240,6 +248,7 @@ impl GatewayError {
             | Self::BadRequest(_)
             | Self::InvalidInput { .. }
             | Self::InvalidParameter { .. }
+            | Self::ContextLengthExceeded { .. }
             | Self::NotFound { .. }
             | Self::SharedMemoryUnsupported
             | Self::MethodNotAllowed { .. }
@@ -281,6 +290,7 @@ impl GatewayError {
             Self::BadRequest(_) => "bad_request",
             Self::InvalidInput { .. } => "invalid_input",
             Self::InvalidParameter { .. } => "invalid_parameter",
+            Self::ContextLengthExceeded { .. } => "context_length_exceeded",
             Self::NotFound { .. } => "not_found",
             Self::SharedMemoryUnsupported => "shared_memory",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
@@ -310,7 +320,10 @@ impl GatewayError {
     pub fn classify(&self) -> (StatusCode, Code) {
         use crate::model::Ask;
         match self {
-            Self::BadRequest(_) | Self::InvalidInput { .. } | Self::InvalidParameter { .. } => {
+            Self::BadRequest(_)
+            | Self::InvalidInput { .. }
+            | Self::InvalidParameter { .. }
+            | Self::ContextLengthExceeded { .. } => {
                 (StatusCode::BAD_REQUEST, Code::InvalidArgument)
             }
             // Triton answers an unknown model or version with 404 and this very message.
@@ -585,6 +598,15 @@ mod tests {
             (
                 GatewayError::InvalidParameter {
                     param: "n".into(),
+                    message: "x".into(),
+                },
+                400,
+                InvalidArgument,
+                Client,
+            ),
+            (
+                GatewayError::ContextLengthExceeded {
+                    param: "prompt",
                     message: "x".into(),
                 },
                 400,

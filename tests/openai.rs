@@ -25,8 +25,14 @@ async fn openai_clients_work_through_the_gateway() {
         plain.path().join("tokenizer.json"),
     )
     .unwrap();
+    // Its context: 24 tokens by its tokenizer's file, 4 by [[models]], which wins.
+    std::fs::write(
+        plain.path().join("tokenizer_config.json"),
+        r#"{"model_max_length": 24}"#,
+    )
+    .unwrap();
     let tables = format!(
-        "[[models]]\nname = \"echo_words\"\ntokenizer = \"{}\"\n",
+        "[[models]]\nname = \"echo_words\"\ntokenizer = \"{}\"\ncontext_length = 4\n",
         plain.path().display()
     );
     let plain_gateway = TestGateway::start(&pool_config(
@@ -72,7 +78,7 @@ async fn openai_clients_work_through_the_gateway() {
         "the openai package's suite failed through the gateway",
     )
     .await;
-    assert!(stdout.contains("12 passed"), "{stdout}");
+    assert!(stdout.contains("13 passed"), "{stdout}");
     assert!(!stdout.contains("skipped"), "{stdout}");
 
     // The pipeline's metrics count them as the generate requests they became.
@@ -196,21 +202,44 @@ async fn a_client_leaving_mid_stream_frees_the_copy(gateway: &TestGateway) {
 /// A tenant with `tokens_per_minute = 20`: four completions of 3 + 2 tokens spend the
 /// minute (each admitted against its prompt plus `max_tokens`), the fifth gets 429 in
 /// OpenAI's shape with `Retry-After`, and the tenant's token counter holds the answers'
-/// usage.
+/// usage. `/v1/models` lists each tenant what its allow list admits.
 async fn tokens_per_minute_is_a_quota(triton: &Triton) {
     const KEY: &str = "metered-key";
+    const NARROW: &str = "narrow-key";
     const ADMIN: &str = "ops-key";
     let tables = format!(
         "[auth]\nmode = \"required\"\n\
          [[auth.api_keys]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"admin\"]\n\
          [[auth.api_keys]]\nname = \"metered\"\nsha256 = \"{}\"\n\
-         [[auth.tenants]]\nname = \"metered\"\nmodels = [\"*\"]\ntokens_per_minute = 20\n",
+         [[auth.api_keys]]\nname = \"narrow\"\nsha256 = \"{}\"\n\
+         [[auth.tenants]]\nname = \"metered\"\nmodels = [\"*\"]\ntokens_per_minute = 20\n\
+         [[auth.tenants]]\nname = \"narrow\"\nmodels = [\"echo_*\"]\n",
         infergate::hash_key(ADMIN),
-        infergate::hash_key(KEY)
+        infergate::hash_key(KEY),
+        infergate::hash_key(NARROW)
     );
     let config = pool_config("openai-quota", &[triton], "1GiB", "", &tables);
     let gateway = TestGateway::start_with_admin_key(&config, ADMIN).await;
     let client = reqwest::Client::new();
+    let listed = async |key: &str| -> Vec<String> {
+        let models: serde_json::Value = client
+            .get(format!("{}/v1/models", gateway.url()))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let data = models["data"].as_array().unwrap().iter();
+        data.map(|m| m["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let everything = listed(KEY).await;
+    assert!(
+        everything.contains(&"add_sub".to_owned()) && everything.contains(&"echo_words".to_owned()),
+        "{everything:?}"
+    );
+    assert_eq!(listed(NARROW).await, ["echo_words"]);
     let complete = async || {
         client
             .post(format!("{}/v1/completions", gateway.url()))
@@ -254,20 +283,23 @@ async fn loaded(triton: &Triton) -> bool {
     models.iter().any(|m| m == "echo_words")
 }
 
-/// A canary route over two copies of the echo model splits chat traffic by weight: each
-/// target renders with its own template (from its own directory) and both serve, named in
-/// `infergate-target`, while the answer keeps the route's name as its `model`.
-#[tokio::test]
-async fn a_canary_route_splits_chat_traffic_by_weight() {
+/// A repository of copies of the echo model, each `(name, first_delay_ms)`, with no pause
+/// between words (these tests count answers and first tokens, not the words' pace), and a
+/// Triton serving it.
+async fn echo_copies(models: &[(&str, u32)]) -> (tempfile::TempDir, Triton) {
     let repository = tempfile::tempdir().unwrap();
     let echo = support::model_repository().join("echo_words");
-    for name in ["echo_words", "echo_words_b"] {
+    for (name, first_delay_ms) in models {
         let dir = repository.path().join(name);
         support::copy_dir(&echo, &dir);
         let config = std::fs::read_to_string(dir.join("config.pbtxt")).unwrap();
-        let config = config.replace("name: \"echo_words\"", &format!("name: \"{name}\""));
-        // No pause between words: this test counts answers, not their timing.
-        let config = config.replace("string_value: \"150\"", "string_value: \"0\"");
+        let config = config
+            .replace("name: \"echo_words\"", &format!("name: \"{name}\""))
+            .replace("string_value: \"150\"", "string_value: \"0\"")
+            .replace(
+                "key: \"first_delay_ms\" value { string_value: \"0\" }",
+                &format!("key: \"first_delay_ms\" value {{ string_value: \"{first_delay_ms}\" }}"),
+            );
         std::fs::write(dir.join("config.pbtxt"), config).unwrap();
     }
     let triton = Triton::start(TritonOptions {
@@ -276,6 +308,15 @@ async fn a_canary_route_splits_chat_traffic_by_weight() {
     })
     .await
     .unwrap();
+    (repository, triton)
+}
+
+/// A canary route over two copies of the echo model splits chat traffic by weight: each
+/// target renders with its own template (from its own directory) and both serve, named in
+/// `infergate-target`, while the answer keeps the route's name as its `model`.
+#[tokio::test]
+async fn a_canary_route_splits_chat_traffic_by_weight() {
+    let (repository, triton) = echo_copies(&[("echo_words", 0), ("echo_words_b", 0)]).await;
     let routes = "[[routes]]\nmodel = \"chat\"\n\
         targets = [{ model = \"echo_words\", weight = 50 }, { model = \"echo_words_b\", weight = 50 }]\n";
     let config = pool_config_in(
@@ -314,4 +355,99 @@ async fn a_canary_route_splits_chat_traffic_by_weight() {
     let targets: Vec<&String> = served.keys().collect();
     assert_eq!(targets, ["echo_words", "echo_words_b"], "{served:?}");
     assert!(served.values().all(|&n| n >= 5), "{served:?}");
+}
+
+/// A guarded canary whose model takes 250 ms to its first token (its words then come at
+/// once, as the stable model's do) is rolled back on time to first token
+/// (`guard.latency = "first_token"`), and both targets' first tokens and time per token are
+/// recorded per target.
+#[tokio::test]
+async fn a_canary_slow_to_its_first_token_is_rolled_back() {
+    let (repository, triton) = echo_copies(&[("echo_words", 0), ("echo_slow", 250)]).await;
+    let routes = "[[routes]]\nmodel = \"ttft\"\n\
+        targets = [{ model = \"echo_words\", weight = 50 }, { model = \"echo_slow\", weight = 50 }]\n\
+        guard = { max_p95_ratio = 3.0, latency = \"first_token\", window = \"60s\", min_requests = 4 }\n";
+    let config = pool_config_in(
+        repository.path(),
+        "openai-ttft",
+        &[&triton],
+        "1GiB",
+        "",
+        routes,
+    );
+    let gateway = TestGateway::start(&config).await;
+    let client = reqwest::Client::new();
+    let complete = async || {
+        let answer = client
+            .post(format!("{}/v1/completions", gateway.url()))
+            .json(&serde_json::json!({"model": "ttft", "prompt": "a b c", "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        let target = answer.headers()["infergate-target"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let text = answer.text().await.unwrap();
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        target
+    };
+    let mut slow = 0;
+    for _ in 0..60 {
+        if complete().await == "echo_slow" {
+            slow += 1;
+        }
+        if !gateway.routes().await[0]["trips"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+        {
+            break;
+        }
+    }
+    let routes = gateway.routes().await;
+    let trip = &routes[0]["trips"][0];
+    assert_eq!(trip["target"], "echo_slow", "{routes}");
+    assert_eq!(trip["reason"], "p95_ratio", "{routes}");
+    assert!(
+        trip["message"]
+            .as_str()
+            .unwrap()
+            .contains("time to first token"),
+        "{trip}"
+    );
+    assert!(slow >= 4, "{slow}");
+    for _ in 0..10 {
+        assert_eq!(complete().await, "echo_words", "rolled back");
+    }
+
+    // Per target: the slow model's first tokens took 250 ms and more, the stable one's far
+    // less; each answer of three words gave one time per token.
+    let ttft = |model: &'static str| {
+        let gateway = &gateway;
+        async move {
+            let labels = [format!("model=\"{model}\""), "route=\"ttft\"".to_owned()];
+            let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+            let sum = gateway
+                .metric_sum("infergate_time_to_first_token_seconds_sum", &labels)
+                .await;
+            let count = gateway
+                .metric_sum("infergate_time_to_first_token_seconds_count", &labels)
+                .await;
+            let per_token = gateway
+                .metric_sum("infergate_time_per_output_token_seconds_count", &labels)
+                .await;
+            (sum / count, count, per_token)
+        }
+    };
+    let (slow_mean, slow_count, slow_per_token) = ttft("echo_slow").await;
+    let (stable_mean, stable_count, stable_per_token) = ttft("echo_words").await;
+    assert_eq!(slow_count, f64::from(slow));
+    assert!(slow_mean >= 0.25, "{slow_mean}");
+    assert!(stable_mean < 0.1, "{stable_mean}");
+    assert_eq!(
+        (slow_per_token, stable_per_token),
+        (slow_count, stable_count)
+    );
 }

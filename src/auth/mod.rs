@@ -469,6 +469,29 @@ impl Auth {
         }
     }
 
+    /// Whether `caller` may use `model` by its allow list (no limit spent): what
+    /// `/v1/models` lists a caller, by the rule `admit` refuses with.
+    pub fn may_use(&self, caller: &Caller, model: &str) -> bool {
+        let Caller::Known(identity) = caller else {
+            return true;
+        };
+        let policy = self.tenants.get(&identity.tenant);
+        self.allow_list(identity, policy).allows(model)
+    }
+
+    /// The identity's model allow list: the tenant's from config, else its token's, else
+    /// `auth.default_models`.
+    fn allow_list<'a>(
+        &'a self,
+        identity: &'a Identity,
+        policy: Option<&'a TenantPolicy>,
+    ) -> &'a ModelAccess {
+        policy
+            .and_then(|p| p.models.as_ref())
+            .or(identity.models.as_ref())
+            .unwrap_or(&self.default_models)
+    }
+
     /// Whether the identity may do this at all, before any limit is spent on it: admin
     /// endpoints need the admin role, a model must be on the tenant's list (from config,
     /// else the token, else `auth.default_models`).
@@ -490,11 +513,7 @@ impl Auth {
             )),
             Access::Admin(_) => Ok(()),
             Access::Model(model) => {
-                let allowed = policy
-                    .and_then(|p| p.models.as_ref())
-                    .or(identity.models.as_ref())
-                    .unwrap_or(&self.default_models);
-                if allowed.allows(model) {
+                if self.allow_list(identity, policy).allows(model) {
                     return Ok(());
                 }
                 Err((

@@ -19,7 +19,7 @@ pub use backends::{Backend, Discovered};
 pub use band::Band;
 pub use cluster::{Cluster, ClusterTls};
 pub use placement::{EvictionPolicy, Model, Placement};
-pub use routes::{Guard, RouteConfig, RouteTarget, StickyKey};
+pub use routes::{Guard, GuardLatency, RouteConfig, RouteTarget, StickyKey};
 pub use units::{ByteSize, HumanDuration};
 pub use url::{BackendUrl, grpc_endpoint};
 

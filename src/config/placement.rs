@@ -157,6 +157,11 @@ pub struct Model {
     /// model's files, so they are read from disk: this directory, else the model's own
     /// directory under `placement.model_repository`.
     pub tokenizer: Option<std::path::PathBuf>,
+    /// The model's context, in tokens, for the OpenAI endpoints: a prompt whose tokens
+    /// plus its `max_tokens` pass it is refused before any backend work. Wins over
+    /// `tokenizer_config.json`'s `model_max_length` (a model served with a shorter context
+    /// than its tokenizer was made for).
+    pub context_length: Option<u64>,
 }
 
 impl Model {
@@ -236,6 +241,12 @@ impl Placement {
             if model.max_in_flight == Some(0) {
                 error(
                     format!("models[{i}].max_in_flight"),
+                    "must be at least 1".into(),
+                );
+            }
+            if model.context_length == Some(0) {
+                error(
+                    format!("models[{i}].context_length"),
                     "must be at least 1".into(),
                 );
             }

@@ -55,6 +55,9 @@ pub struct Guard {
     pub max_error_rate: Option<f64>,
     /// Highest ratio of a canary's p95 latency to the stable target's.
     pub max_p95_ratio: Option<f64>,
+    /// Which latency `max_p95_ratio` compares.
+    #[serde(default)]
+    pub latency: GuardLatency,
     /// How far back the limits look.
     #[serde(default = "Guard::default_window")]
     pub window: HumanDuration,
@@ -71,6 +74,20 @@ impl Guard {
     fn default_min_requests() -> u64 {
         100
     }
+}
+
+/// The latency a guard's `max_p95_ratio` compares between a canary and the stable target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardLatency {
+    /// From the copy being placed to the answer's headers: a whole answer for a call, the
+    /// start of a stream for a streamed one.
+    #[default]
+    Response,
+    /// From the copy being placed to a streamed answer's first event (time to first token:
+    /// a language model's streams, whose headers come at once whatever the model's speed).
+    /// An answer that is not a token stream counts its response latency.
+    FirstToken,
 }
 
 /// Where a sticky key is read from.

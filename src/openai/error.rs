@@ -36,6 +36,7 @@ pub fn of(error: &GatewayError) -> Value {
     let status = error.http_status();
     let param = match error {
         GatewayError::InvalidParameter { param, .. } if !param.is_empty() => Some(param.as_str()),
+        GatewayError::ContextLengthExceeded { param, .. } => Some(*param),
         _ => None,
     };
     let code = match error {

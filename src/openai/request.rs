@@ -208,6 +208,26 @@ impl Call {
         }
     }
 
+    /// Refuses a prompt of `prompt_tokens` that, with the tokens `max_tokens` asks for,
+    /// does not fit in the model's `context`, in OpenAI's words and with its code.
+    pub fn fits(&self, prompt_tokens: u64, context: u64) -> Result<(), GatewayError> {
+        let completion = self.max_tokens.unwrap_or(0);
+        let asked = prompt_tokens + completion;
+        if asked <= context {
+            return Ok(());
+        }
+        let param = match self.kind {
+            Kind::Chat => "messages",
+            Kind::Completion => "prompt",
+        };
+        Err(GatewayError::ContextLengthExceeded {
+            param,
+            message: format!(
+                "This model's maximum context length is {context} tokens. However, you requested {asked} tokens ({prompt_tokens} in the {param}, {completion} in the completion). Please reduce the length of the {param} or completion."
+            ),
+        })
+    }
+
     /// The generate body for the backend: the prompt as rendered, then the members.
     pub fn generate_body(&self, prompt: &str) -> Vec<u8> {
         let mut body = Map::new();
@@ -454,6 +474,21 @@ mod tests {
             let refused = decode(kind, body.as_bytes()).unwrap_err();
             assert_eq!(param_of(refused), param, "{body}");
         }
+    }
+
+    #[test]
+    fn a_prompt_past_the_context_is_refused_with_its_max_tokens() {
+        let call = decode(
+            Kind::Completion,
+            br#"{"model": "m", "prompt": "p", "max_tokens": 3}"#,
+        )
+        .unwrap();
+        assert!(call.fits(5, 8).is_ok());
+        let Err(GatewayError::ContextLengthExceeded { param, message }) = call.fits(6, 8) else {
+            panic!("refused")
+        };
+        assert_eq!(param, "prompt");
+        assert!(message.contains("requested 9 tokens (6 in the prompt, 3 in the completion)"));
     }
 
     #[test]

@@ -24,9 +24,22 @@ pub fn text_dir(config: &Config, model: &str) -> Option<PathBuf> {
     Some(repository.join(model))
 }
 
+/// The model's context in tokens, for refusing a prompt too long for it: the
+/// `[[models]].context_length` the operator set, else the tokenizer's own
+/// `model_max_length` (`ModelText::context_length`). The one place that says which wins.
+pub fn context_length(config: &Config, model: &str, text: &ModelText) -> Option<u64> {
+    let configured = config.models.iter().find(|m| m.name == model);
+    configured
+        .and_then(|m| m.context_length)
+        .or(text.context_length)
+}
+
 /// One model's tokenizer and chat template, either of which may be missing.
 pub struct ModelText {
     tokenizer: Option<tokenizers::Tokenizer>,
+    /// `tokenizer_config.json`'s `model_max_length`, when it is a count (Hugging Face
+    /// writes 1e30 for "no limit", which is none here).
+    context_length: Option<u64>,
     template: Option<minijinja::Environment<'static>>,
     bos_token: String,
     eos_token: String,
@@ -40,6 +53,7 @@ impl ModelText {
     pub fn none() -> Self {
         Self {
             tokenizer: None,
+            context_length: None,
             template: None,
             bos_token: String::new(),
             eos_token: String::new(),
@@ -74,6 +88,10 @@ impl ModelText {
             serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
         self.bos_token = special_token(config.get("bos_token"));
         self.eos_token = special_token(config.get("eos_token"));
+        self.context_length = config
+            .get("model_max_length")
+            .and_then(serde_json::Value::as_u64)
+            .filter(|&n| n > 0);
         let Some(source) = config.get("chat_template").and_then(template_source) else {
             return Ok(());
         };
@@ -205,7 +223,8 @@ mod tests {
                       "unk_token": "[UNK]"}
         });
         std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-        let config = serde_json::json!({"chat_template": template, "bos_token": "<s>"});
+        let config = serde_json::json!({"chat_template": template, "bos_token": "<s>",
+            "model_max_length": 1e30});
         std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
     }
 
@@ -216,6 +235,9 @@ mod tests {
         write_files(dir.path(), Some(template));
         let text = ModelText::load(dir.path());
         assert_eq!(text.count("a b zz a", false), Some(4));
+        let config = serde_json::json!({"chat_template": template, "model_max_length": 16});
+        std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+        assert_eq!(ModelText::load(dir.path()).context_length, Some(16));
         let messages = [Message {
             role: "user".into(),
             content: " a b ".into(),
@@ -233,6 +255,10 @@ mod tests {
         write_files(dir.path(), None);
         let text = ModelText::load(dir.path());
         assert!(!text.has_template());
+        assert_eq!(
+            text.context_length, None,
+            "1e30 is Hugging Face's 'no limit'"
+        );
         assert!(matches!(
             text.render("m", &[]),
             Err(GatewayError::InvalidParameter { .. })

@@ -49,6 +49,9 @@ pub struct RequestCtx {
     pub band: Band,
     /// The copy that serves it (`place`).
     pub lease: Option<Lease>,
+    /// When the copy was placed: a streamed answer's time to first token counts from here
+    /// (`tokens::clock`), so a cold model's load is not its answer's.
+    pub placed: Option<Instant>,
     /// Its slot on the model's copies (`flow::enter`), after the lease so that the copy is
     /// released before the next waiting request is let in.
     pub permit: Option<Permit>,
@@ -81,6 +84,7 @@ impl RequestCtx {
             sequence: None,
             band: Band::Standard,
             lease: None,
+            placed: None,
             permit: None,
             serving: None,
         }

@@ -15,6 +15,17 @@ use std::time::Duration;
 
 pub use crate::model::Served;
 
+/// Counts the backend's answer for a guarded route, once, as `settle` does; but a token
+/// stream (`streams`) on a route whose guard times first tokens is left to its clock
+/// (`tokens::clock`), which counts it when its first event comes.
+pub fn settle_answer(ctx: &mut RequestCtx, failed: bool, streams: bool) {
+    let tally = ctx.routed.as_ref().and_then(|r| r.tally.as_ref());
+    if streams && !failed && tally.is_some_and(crate::routing::Tally::times_first_token) {
+        return;
+    }
+    settle(ctx, failed);
+}
+
 /// Counts the answer for a guarded route, once: `failed` for a failure of the target.
 pub fn settle(ctx: &mut RequestCtx, failed: bool) {
     if let Some(tally) = ctx.routed.as_mut().and_then(|r| r.tally.take()) {

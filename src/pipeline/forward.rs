@@ -72,6 +72,12 @@ pub(crate) trait Wire: Inspect {
     /// Whether an answer counts as a failure of the target for the route's guard (a 5xx).
     fn failed(answer: &Self::Answer) -> bool;
 
+    /// Whether this answer is a stream of tokens (a successful `generate_stream`), which
+    /// the front-end times with a `tokens::TokenClock` as it passes.
+    fn streams(&self, _answer: &Self::Answer) -> bool {
+        false
+    }
+
     /// The gateway's own answer about a servable model loaded nowhere (`place::Local`), in
     /// this wire's encoding.
     fn local(&mut self, answer: place::Local) -> Result<Self::Answer, GatewayError>;

@@ -25,6 +25,7 @@ pub mod mirror;
 mod place;
 mod route;
 pub mod sequence;
+pub mod tokens;
 mod validate;
 
 pub use ctx::{RequestCtx, request_id};
@@ -42,7 +43,8 @@ use crate::error::GatewayError;
 
 /// Every request about one model, in order: admit it for the model it names, route it,
 /// read what placement needs, place it, validate an inference and copy it to the route's
-/// mirrors, forward it; then the guard counts the answer. Statistics are read from every
+/// mirrors, forward it; then the guard counts the answer (a token stream's at its first
+/// token, when the guard times those: `tokens::clock`). Statistics are read from every
 /// copy instead (`services::statistics`).
 pub(crate) async fn serve<W: Wire>(
     ctx: &mut RequestCtx,
@@ -53,11 +55,11 @@ pub(crate) async fn serve<W: Wire>(
     route(ctx, |name| wire.header(name))?;
     wire.retarget(ctx.routed.as_ref().expect("routed"));
     let answer = placed(ctx, wire).await;
-    let failed = match &answer {
-        Ok(answer) => W::failed(answer),
-        Err(error) => error.fails_target(),
+    let (failed, streams) = match &answer {
+        Ok(answer) => (W::failed(answer), wire.streams(answer)),
+        Err(error) => (error.fails_target(), false),
     };
-    finish::settle(ctx, failed);
+    finish::settle_answer(ctx, failed, streams);
     answer
 }
 

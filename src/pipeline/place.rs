@@ -67,6 +67,7 @@ pub async fn place(ctx: &mut RequestCtx) -> Result<Placing, GatewayError> {
         ..routed.served()
     });
     ctx.lease = Some(placed);
+    ctx.placed = Some(tokio::time::Instant::now());
     Ok(Placing::Leased)
 }
 

@@ -528,6 +528,7 @@ mod tests {
             cost_weight: None,
             max_in_flight: None,
             tokenizer: None,
+            context_length: None,
         }
     }
 

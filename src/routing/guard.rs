@@ -72,6 +72,12 @@ impl Guard {
         }
     }
 
+    /// Whether the latency rule times a stream to its first token (`latency =
+    /// "first_token"`): then a streamed answer is counted when its first event comes.
+    pub fn times_first_token(&self) -> bool {
+        self.limits.latency == config::GuardLatency::FirstToken
+    }
+
     /// Whether target `i` has been switched off by a trip.
     pub fn is_off(&self, i: usize) -> bool {
         self.off[i].load(Ordering::Relaxed)
@@ -199,11 +205,15 @@ impl Guard {
             stable.latency.quantile(0.95)?,
         );
         let ratio = canary_p95 as f64 / stable_p95.max(1) as f64;
+        let latency = match self.limits.latency {
+            config::GuardLatency::Response => "",
+            config::GuardLatency::FirstToken => " time to first token",
+        };
         (ratio > max).then(|| {
             (
                 "p95_ratio",
                 format!(
-                    "p95 {:.2} ms is {ratio:.2}x the stable target's {:.2} ms (in {window}), above max_p95_ratio {max}",
+                    "p95{latency} {:.2} ms is {ratio:.2}x the stable target's {:.2} ms (in {window}), above max_p95_ratio {max}",
                     canary_p95 as f64 / 1e3,
                     stable_p95 as f64 / 1e3
                 ),
@@ -355,6 +365,7 @@ mod tests {
         config::Guard {
             max_error_rate: rate,
             max_p95_ratio: ratio,
+            latency: config::GuardLatency::Response,
             window: config::HumanDuration(Duration::from_secs(60)),
             min_requests: 20,
         }
@@ -439,6 +450,24 @@ mod tests {
             (0..10).find_map(|_| guard.observe("r", (1, "t"), false, Duration::from_millis(80)));
         assert_eq!(tripped.unwrap().reason, "p95_ratio");
         assert_eq!(guard.figures(0).requests, 30);
+    }
+
+    #[test]
+    fn a_first_token_guard_says_which_latency_tripped_it() {
+        let mut limits = limits(None, Some(2.0));
+        limits.latency = config::GuardLatency::FirstToken;
+        limits.min_requests = 1;
+        let guard = Guard::new(limits, &[50, 50]);
+        assert!(guard.times_first_token());
+        guard.observe("r", (0, "t"), false, Duration::from_millis(10));
+        let trip = guard
+            .observe("r", (1, "t"), false, Duration::from_millis(100))
+            .unwrap();
+        assert!(
+            trip.message.starts_with("p95 time to first token 10"),
+            "{}",
+            trip.message
+        );
     }
 
     #[test]

@@ -108,6 +108,14 @@ impl Tally {
         self.started = Instant::now();
     }
 
+    /// Whether the route's guard times a streamed answer to its first token
+    /// (`guard.latency = "first_token"`).
+    pub fn times_first_token(&self) -> bool {
+        self.route
+            .guard()
+            .is_some_and(super::Guard::times_first_token)
+    }
+
     /// The answer came: `failed` for a server-side failure (5xx, or no answer at all).
     pub fn finish(self, failed: bool) {
         self.route

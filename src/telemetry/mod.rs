@@ -26,6 +26,14 @@ pub const BACKEND_UP: &str = "infergate_backend_up";
 /// `completion`), as the model's tokenizer counts them: what each tenant's use of each
 /// model costs.
 pub const TOKENS: &str = "infergate_tokens_total";
+/// Time from a streamed answer's copy being placed to its first event (time to first
+/// token), by model, version and route: Triton's `generate_stream` and the OpenAI
+/// endpoints. Per target, so a canary's is seen beside the stable model's.
+pub const TIME_TO_FIRST_TOKEN: &str = "infergate_time_to_first_token_seconds";
+/// A streamed answer's time from its first event to its last, over the events after the
+/// first (time per output token), by model, version and route; one sample per answer of
+/// two events or more.
+pub const TIME_PER_OUTPUT_TOKEN: &str = "infergate_time_per_output_token_seconds";
 /// Inference requests refused by validation, by model and reason (`shape`, `datatype`, ...).
 pub const VALIDATION_REJECTIONS: &str = "infergate_validation_rejections_total";
 
@@ -244,6 +252,16 @@ fn describe_requests() {
     describe_counter!(
         VALIDATION_REJECTIONS,
         "Inference requests refused by validation before reaching a backend, by model and reason."
+    );
+    describe_histogram!(
+        TIME_TO_FIRST_TOKEN,
+        Unit::Seconds,
+        "Time from placement to a streamed answer's first event, by model, version and route."
+    );
+    describe_histogram!(
+        TIME_PER_OUTPUT_TOKEN,
+        Unit::Seconds,
+        "A streamed answer's time per event after its first, by model, version and route."
     );
     describe_counter!(
         TOKENS,

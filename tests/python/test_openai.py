@@ -150,6 +150,21 @@ def test_an_unsupported_parameter_is_refused_not_dropped(client):
     assert error["param"] == "top_k"
 
 
+def test_a_prompt_past_the_context_is_refused(client):
+    """echo_words' tokenizer_config.json says model_max_length 24: the prompt's tokens plus
+    max_tokens may not pass it, as OpenAI refuses it."""
+    words = lambda n: " ".join(["a"] * n)
+    error = refusal(lambda: client.completions.create(model=MODEL, prompt=words(25)))
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
+    assert "maximum context length is 24 tokens" in error["message"]
+    error = refusal(lambda: client.completions.create(model=MODEL, prompt=words(20), max_tokens=5))
+    assert "25 tokens (20 in the prompt, 5 in the completion)" in error["message"]
+    assert client.completions.create(model=MODEL, prompt=words(20), max_tokens=4).choices[0].text == words(4)
+    # user: + 23 words + assistant: is 25 tokens.
+    error = refusal(lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": words(23)}]))
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
+
+
 def test_an_unknown_model_is_not_found(client):
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="no_such_model", prompt="a")
@@ -163,3 +178,6 @@ def test_a_model_without_a_chat_template_serves_completions_only():
     answer = plain.completions.create(model=MODEL, prompt="a b")
     assert answer.choices[0].text == "a b"
     assert answer.usage.completion_tokens == 2
+    # [[models]] context_length = 4 there wins over its tokenizer_config.json's 24.
+    error = refusal(lambda: plain.completions.create(model=MODEL, prompt="a b c d e"))
+    assert error["code"] == "context_length_exceeded"

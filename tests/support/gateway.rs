@@ -275,6 +275,16 @@ impl TestGateway {
             .expect("admin JSON")
     }
 
+    /// `GET /admin/routes`: each route's targets, weights, guard figures and trips.
+    pub async fn routes(&self) -> serde_json::Value {
+        self.admin_get("/admin/routes")
+            .await
+            .expect("admin reachable")
+            .json()
+            .await
+            .expect("admin JSON")
+    }
+
     /// Models on each backend's books, sorted, in pool order.
     pub async fn placed(&self) -> Vec<Vec<String>> {
         let placement = self.placement().await;

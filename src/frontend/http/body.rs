@@ -6,6 +6,7 @@
 
 use crate::auth::Admission;
 use crate::error::GatewayError;
+use crate::pipeline::tokens::TokenClock;
 use crate::placement::Lease;
 use axum::body::Body;
 use axum::extract::Request;
@@ -161,9 +162,20 @@ pub(super) async fn collect(
 
 /// A small control body (repository requests), read whole within the body limit.
 pub(super) async fn read_small(request: Request, max: u64) -> Result<Bytes, GatewayError> {
+    Ok(read_whole(request, max).await?.1)
+}
+
+/// A request's head, and its body read whole within the body limit: for a request the
+/// gateway answers by writing another (an OpenAI call becomes a generate request with the
+/// client's headers, moved, not copied).
+pub(super) async fn read_whole(
+    request: Request,
+    max: u64,
+) -> Result<(http::request::Parts, Bytes), GatewayError> {
     let request = limit(request, max)?;
     let declared = declared_length(request.headers());
-    collect(request.into_body(), max, declared).await
+    let (parts, whole) = request.into_parts();
+    Ok((parts, collect(whole, max, declared).await?))
 }
 
 fn read_error(error: &axum::Error, limit: u64) -> GatewayError {
@@ -215,9 +227,84 @@ impl HttpBody for LeasedBody {
     }
 }
 
+/// A token stream's body (Triton's `generate_stream` server-sent events), timed by its
+/// clock as each event's end (`\n\n`) passes: the client's own stream, or the one the
+/// OpenAI endpoints read.
+pub(super) struct TimedBody {
+    inner: Body,
+    clock: TokenClock,
+    /// Whether the last byte seen was a `\n`, for an event end split between frames.
+    newline: bool,
+}
+
+impl TimedBody {
+    /// `response` with its body timed by `clock`.
+    pub(super) fn wrap(
+        response: axum::response::Response,
+        clock: TokenClock,
+    ) -> axum::response::Response {
+        response.map(|inner| {
+            Body::new(Self {
+                inner,
+                clock,
+                newline: false,
+            })
+        })
+    }
+}
+
+/// The server-sent events whose end (`\n\n`) is in `data`; `newline` says whether the bytes
+/// before it ended in a `\n`, and is kept for the next.
+fn event_ends(newline: &mut bool, data: &[u8]) -> u64 {
+    let split = *newline && data.first() == Some(&b'\n');
+    let whole = memchr::memmem::find_iter(data, b"\n\n").count();
+    if let Some(&last) = data.last() {
+        *newline = last == b'\n';
+    }
+    (whole + usize::from(split)) as u64
+}
+
+impl HttpBody for TimedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            let events = event_ends(&mut self.newline, data);
+            self.clock.events(events);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_event_ends_across_frames() {
+        let mut newline = false;
+        let frames: [&[u8]; 4] = [b"data: {}\n\ndata: {", b"}\n", b"\ndata: {}\n\n", b""];
+        let counted: Vec<u64> = frames
+            .iter()
+            .map(|frame| event_ends(&mut newline, frame))
+            .collect();
+        assert_eq!(counted, [1, 0, 2, 0]);
+    }
 
     fn chunked(chunks: &[&'static str]) -> Body {
         let chunks: Vec<Result<Bytes, std::io::Error>> = chunks

@@ -117,7 +117,10 @@ async fn answer(
 /// stays in use and the tenant's slot taken until the answer has gone.
 async fn to_model(ctx: &mut RequestCtx, request: Request) -> Result<Response, GatewayError> {
     let mut wire = HttpWire::new(request);
-    let response = pipeline::serve(ctx, &mut wire).await?;
+    let mut response = pipeline::serve(ctx, &mut wire).await?;
+    if pipeline::Wire::streams(&wire, &response) {
+        response = body::TimedBody::wrap(response, pipeline::tokens::clock(ctx));
+    }
     Ok(match ctx.lease.take() {
         Some(lease) => {
             let admission = std::mem::take(&mut ctx.admission);

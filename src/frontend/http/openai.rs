@@ -72,8 +72,9 @@ pub(super) async fn answer(
     }
 }
 
-/// The models a client may name: every route, every `[[models]]` entry, and every model in
-/// the pool's repositories (any of which is placed on its first request).
+/// The models this caller may name: every route, every `[[models]]` entry, and every model
+/// in the pool's repositories (any of which is placed on its first request) that its
+/// tenant's allow list admits.
 async fn models(ctx: &RequestCtx) -> Response {
     let config = &ctx.live.config;
     let mut names: std::collections::BTreeSet<String> = config
@@ -88,6 +89,7 @@ async fn models(ctx: &RequestCtx) -> Response {
     }
     let data: Vec<serde_json::Value> = names
         .into_iter()
+        .filter(|name| ctx.live.auth.may_use(&ctx.caller, name))
         .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "infergate"}))
         .collect();
     json(
@@ -105,8 +107,8 @@ async fn generate(
     request: Request,
 ) -> Result<Response, GatewayError> {
     let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
-    let mut headers = request.headers().clone();
-    let bytes = body::read_small(request, limit).await?;
+    let (parts, bytes) = body::read_whole(request, limit).await?;
+    let mut headers = parts.headers;
     let call = openai::request::decode(kind, &bytes)?;
     ctx.about(ModelRef::new(call.model.clone(), None), Ask::Inference);
     for hop in [
@@ -129,7 +131,10 @@ async fn generate(
         prompt_tokens: None,
         reservation: None,
     };
-    let response = pipeline::serve(ctx, &mut wire).await?;
+    let mut response = pipeline::serve(ctx, &mut wire).await?;
+    if wire.streams(&response) {
+        response = body::TimedBody::wrap(response, pipeline::tokens::clock(ctx));
+    }
     let tally = Tally {
         tenant: ctx.tenant().map(|t| t.to_string()).unwrap_or_default(),
         model: ctx.served().model,
@@ -259,6 +264,9 @@ impl OpenAiWire {
         };
         self.prompt_tokens = text.count(&prompt, special);
         if let Some(prompt_tokens) = self.prompt_tokens {
+            if let Some(context) = openai::text::context_length(&ctx.live.config, target, &text) {
+                self.call.fits(prompt_tokens, context)?;
+            }
             let estimate = prompt_tokens + self.call.max_tokens.unwrap_or(0);
             self.reservation = pipeline::admit::tokens(ctx, estimate)?;
         }
@@ -325,6 +333,10 @@ impl Wire for OpenAiWire {
 
     fn failed(answer: &Response) -> bool {
         HttpWire::failed(answer)
+    }
+
+    fn streams(&self, answer: &Response) -> bool {
+        self.http.streams(answer)
     }
 
     fn local(&mut self, answer: Local) -> Result<Response, GatewayError> {

@@ -248,6 +248,10 @@ impl Wire for HttpWire {
         answer.status().is_server_error()
     }
 
+    fn streams(&self, answer: &Response) -> bool {
+        answer.status().is_success() && self.client_uri.path().ends_with("/generate_stream")
+    }
+
     /// Triton's answers: readiness is a 200 with no body, metadata and config its JSON.
     fn local(&mut self, answer: Local) -> Result<Response, GatewayError> {
         Ok(match answer {

@@ -14,8 +14,9 @@ def optional(request, name):
 class TritonPythonModel:
     def initialize(self, args):
         parameters = json.loads(args["model_config"]).get("parameters", {})
-        delay = parameters.get("delay_ms", {}).get("string_value", "0")
-        self.delay = int(delay) / 1000.0
+        millis = lambda key: int(parameters.get(key, {}).get("string_value", "0")) / 1000.0
+        self.delay = millis("delay_ms")
+        self.first_delay = millis("first_delay_ms")
 
     def execute(self, requests):
         for request in requests:
@@ -31,7 +32,7 @@ class TritonPythonModel:
                 # A request Triton has cancelled (its client gone) is answered no further.
                 if word in stops or sender.is_cancelled():
                     break
-                time.sleep(self.delay)
+                time.sleep(self.delay + (self.first_delay if i == 0 else 0))
                 piece = word if i == 0 else " " + word
                 out = pb_utils.Tensor("text_output", np.array([piece.encode("utf-8")], dtype=np.object_))
                 sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
