@@ -149,8 +149,8 @@ pub struct Model {
     pub cost_weight: Option<f64>,
     /// Requests one copy takes at once before more wait at the gateway, fairly by tenant
     /// and band (docs/flow.md); absent: `flow::default_per_copy`, twice the model's
-    /// instances × max batch size from the config its copies serve (32 while that is not
-    /// known, or for a decoupled model).
+    /// instances × max batch size from the config its copies serve, at least 32 (32 while
+    /// that is not known, or for a decoupled model).
     pub max_in_flight: Option<usize>,
     /// The directory holding the model's `tokenizer.json` and `tokenizer_config.json`, for
     /// the OpenAI endpoints (chat template, token counts). Triton's API cannot hand out a

@@ -27,13 +27,18 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 
 /// The default `max_in_flight` of a copy: twice what its config says it works on at once
 /// (`capacity`, instances × max batch size), so one batch runs while the next waits in
-/// Triton's queue and the copy never idles for the gateway's round trip, and no more, so
-/// the rest waits at the gateway, in order. A slot is taken only once a request has
-/// arrived whole (`pipeline::Wire::arrive`) and a request of a sequence takes none, so a
-/// copy of capacity 1 can run at 2 without clients slow to send their bodies holding them.
+/// Triton's queue, and never below `DEFAULT_MAX_IN_FLIGHT`. The floor is for fast models:
+/// a slot is held for the gateway's whole round trip, not only for the model's work, so a
+/// python identity model (well under a millisecond a request) held to 2 slots ran at 2 ÷
+/// the round trip, far below what its Triton serves from its own queue; a burst of 1,000
+/// requests then looked like a slow drain and was shed by deadline (tests/reload.rs). The
+/// config raises the default for copies that work on many at once (a TensorRT-LLM model
+/// batching 64 gets 128); `[[models]] max_in_flight` sets it lower for a slow model.
 /// `DEFAULT_MAX_IN_FLIGHT` without a capacity.
 pub fn default_per_copy(capacity: Option<usize>) -> usize {
-    capacity.map_or(DEFAULT_MAX_IN_FLIGHT, |c| c.saturating_mul(2))
+    capacity.map_or(DEFAULT_MAX_IN_FLIGHT, |c| {
+        c.saturating_mul(2).max(DEFAULT_MAX_IN_FLIGHT)
+    })
 }
 
 /// One copy's slots: `per_copy`, less the requests its Triton reports waiting (`pending`)
@@ -142,12 +147,16 @@ mod tests {
         assert_eq!(Band::Critical.capped(Band::Critical), Band::Critical);
     }
 
-    /// Twice the capacity, however small; 32 without one.
+    /// Twice the capacity, never below 32; 32 without one.
     #[test]
     fn the_default_keeps_one_batch_waiting_in_triton() {
         assert_eq!(default_per_copy(Some(64)), 128);
         assert_eq!(default_per_copy(Some(17)), 34);
-        assert_eq!(default_per_copy(Some(1)), 2, "no floor");
+        assert_eq!(
+            default_per_copy(Some(1)),
+            DEFAULT_MAX_IN_FLIGHT,
+            "the floor"
+        );
         assert_eq!(default_per_copy(None), DEFAULT_MAX_IN_FLIGHT);
     }
 
