@@ -26,14 +26,14 @@ model configuration docs for more info on max_batch_size.";
 /// one of Triton's, in Triton's order.
 pub fn check(request: &InferRequest, signature: &Signature) -> Result<(), Rejection> {
     let log = request.log_prefix();
-    let names = distinct_inputs(request, log)?;
+    distinct_inputs(request, log)?;
     known_outputs(request, signature)?;
     // Which input Triton names first depends on the order it walks them in; whether the
     // request passes does not. So a request is walked in its own order, and only one that
     // fails is walked again in Triton's (`iteration_order`, a hash table's worth of work).
     let count = request.inputs.len();
     if count <= REQUEST_ORDER.len()
-        && walk_inputs(request, signature, &names, &REQUEST_ORDER[..count]).is_ok()
+        && walk_inputs(request, signature, &REQUEST_ORDER[..count]).is_ok()
     {
         return Ok(());
     }
@@ -44,7 +44,7 @@ pub fn check(request: &InferRequest, signature: &Signature) -> Result<(), Reject
             .map(|i| i.name.as_bytes())
             .collect::<Vec<_>>(),
     );
-    walk_inputs(request, signature, &names, &order)
+    walk_inputs(request, signature, &order)
 }
 
 /// `0, 1, 2, ...`: the inputs of a request in the order it lists them.
@@ -63,7 +63,6 @@ const REQUEST_ORDER: [usize; 64] = {
 fn walk_inputs(
     request: &InferRequest,
     signature: &Signature,
-    names: &HashSet<&str>,
     order: &[usize],
 ) -> Result<(), Rejection> {
     let log = request.log_prefix();
@@ -89,11 +88,10 @@ fn walk_inputs(
     let batch = walk.batch_size()?;
     let specs = walk.datatypes_and_shapes()?;
     walk.data_sizes(&specs, batch)?;
-    if signature
-        .inputs
-        .iter()
-        .any(|spec| !spec.optional && !names.contains(spec.name.as_str()))
-    {
+    // The inputs are distinct and each is the model's: a required one is left out when
+    // fewer of them name a required input than the model has.
+    let required_given = specs.iter().flatten().filter(|spec| !spec.optional).count();
+    if required_given < required {
         return Err(count_error(
             request,
             signature,
@@ -105,21 +103,31 @@ fn walk_inputs(
     Ok(())
 }
 
-/// The request's input names, refusing one named twice.
-fn distinct_inputs<'r>(
-    request: &'r InferRequest,
-    log: LogPrefix<'_>,
-) -> Result<HashSet<&'r str>, Rejection> {
-    let mut names = HashSet::with_capacity(request.inputs.len());
-    for input in &request.inputs {
-        if !names.insert(input.name.as_str()) {
-            return Err(Rejection::new(
-                Reason::DuplicateInput,
-                format!("{log}input '{}' already exists in request", input.name),
-            ));
-        }
+/// Refuses a request that names an input twice (the first input whose name came before).
+/// A few inputs are compared pair by pair, more through a set.
+fn distinct_inputs(request: &InferRequest, log: LogPrefix<'_>) -> Result<(), Rejection> {
+    let inputs = &request.inputs;
+    let repeated = if inputs.len() <= 16 {
+        (1..inputs.len())
+            .find(|&i| {
+                inputs[..i]
+                    .iter()
+                    .any(|earlier| earlier.name == inputs[i].name)
+            })
+            .map(|i| &inputs[i])
+    } else {
+        let mut names = HashSet::with_capacity(inputs.len());
+        inputs
+            .iter()
+            .find(|input| !names.insert(input.name.as_str()))
+    };
+    match repeated {
+        None => Ok(()),
+        Some(input) => Err(Rejection::new(
+            Reason::DuplicateInput,
+            format!("{log}input '{}' already exists in request", input.name),
+        )),
     }
-    Ok(names)
 }
 
 /// Every output asked for is the model's, looked at in name order (Triton's `std::set`).
