@@ -406,39 +406,71 @@ fn request_parameters(parameters: &Value<'_>) -> Result<(), Rejection> {
             .expect("the key itself")
             .1;
         let key_text = String::from_utf8_lossy(key);
-        let ok = match key.as_ref() {
-            b"sequence_id" => value.as_u64().is_some() || value.as_bytes().is_some(),
-            b"sequence_start" | b"sequence_end" | b"binary_data_output" => {
-                value.as_bool().is_some()
-            }
-            b"priority" | b"timeout" => value.as_u64().is_some(),
-            _ => {
-                if matches!(value.kind(), Kind::String | Kind::Number | Kind::Bool) {
-                    continue;
-                }
-                return Err(Rejection::new(
-                    Reason::Parameters,
-                    format!(
-                        "parameter '{key_text}' has invalid type. It should be either 'int', 'bool', or 'string'."
-                    ),
-                ));
-            }
-        };
-        if !ok {
-            let expected = match key.as_ref() {
-                b"sequence_id" => "attempt to access JSON non-string as string",
-                b"priority" | b"timeout" => {
-                    "attempt to access JSON non-unsigned-integer as unsigned-integer"
-                }
-                _ => "attempt to access JSON non-boolean as boolean",
-            };
-            return Err(Rejection::new(
-                Reason::Parameters,
-                format!("Unable to parse '{key_text}': {expected}"),
-            ));
+        if parameter_fits(key, ParameterValue::of(value)) {
+            continue;
         }
+        let message = match typed_parameter(key) {
+            Some(expected) => format!("Unable to parse '{key_text}': {expected}"),
+            None => format!(
+                "parameter '{key_text}' has invalid type. It should be either 'int', 'bool', or 'string'."
+            ),
+        };
+        return Err(Rejection::new(Reason::Parameters, message));
     }
     Ok(())
+}
+
+/// What a request parameter's value is, as far as Triton's types for parameters tell
+/// apart: the full reader and the one-pass reader (`plain`) both judge by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ParameterValue {
+    String,
+    /// A non-negative integer.
+    Uint,
+    /// Any other number.
+    Number,
+    Bool,
+    /// Null, an array or an object.
+    Other,
+}
+
+impl ParameterValue {
+    fn of(value: &Value<'_>) -> Self {
+        match value.kind() {
+            Kind::String => Self::String,
+            Kind::Bool => Self::Bool,
+            Kind::Number if value.as_u64().is_some() => Self::Uint,
+            Kind::Number => Self::Number,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// Whether Triton reads the request parameter `key` with this value: a few names have a
+/// type of their own, every other value must be a string, a number or a boolean.
+fn parameter_fits(key: &[u8], value: ParameterValue) -> bool {
+    use ParameterValue::{Bool, Other, String, Uint};
+    match key {
+        b"sequence_id" => matches!(value, Uint | String),
+        b"sequence_start" | b"sequence_end" | b"binary_data_output" => value == Bool,
+        b"priority" | b"timeout" => value == Uint,
+        _ => value != Other,
+    }
+}
+
+/// Triton's words for a parameter with a type of its own read as another; `None` for any
+/// other name.
+fn typed_parameter(key: &[u8]) -> Option<&'static str> {
+    match key {
+        b"sequence_id" => Some("attempt to access JSON non-string as string"),
+        b"sequence_start" | b"sequence_end" | b"binary_data_output" => {
+            Some("attempt to access JSON non-boolean as boolean")
+        }
+        b"priority" | b"timeout" => {
+            Some("attempt to access JSON non-unsigned-integer as unsigned-integer")
+        }
+        _ => None,
+    }
 }
 
 /// `MemberAsArray`.

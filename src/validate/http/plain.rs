@@ -14,7 +14,10 @@
 //! against the body) are the full reader's own functions (`json_data`, `Binary::tensor`);
 //! only the JSON syntax is read twice.
 
-use super::{Binary, BodyView, DataSummary, InferRequest, InputTensor, json_data};
+use super::{
+    Binary, BodyView, DataSummary, InferRequest, InputTensor, ParameterValue, json_data,
+    parameter_fits,
+};
 use crate::validate::json::{Kind, Leaf, MAX_RANK, plain_number};
 
 /// More inputs than a plain request has; past it the full reader (with its name set) reads.
@@ -127,7 +130,7 @@ fn output(scan: &mut Scan<'_>) -> Option<String> {
         b"parameters" if seen.first(1) => {
             let mut binary = Seen::default();
             scan.object(|scan, key| match (key, scan.scalar()?) {
-                (b"binary_data", Scalar::Bool) if binary.first(0) => Some(()),
+                (b"binary_data", ParameterValue::Bool) if binary.first(0) => Some(()),
                 _ => None,
             })
         }
@@ -136,7 +139,8 @@ fn output(scan: &mut Scan<'_>) -> Option<String> {
     name.map(str::to_owned)
 }
 
-/// The request's `parameters`, each named once and of the type Triton reads it as.
+/// The request's `parameters`, each named once and of the type Triton reads it as
+/// (`parameter_fits`, the full reader's rule).
 fn request_parameters(scan: &mut Scan<'_>) -> Option<()> {
     let mut names: Vec<&[u8]> = Vec::new();
     scan.object(|scan, key| {
@@ -144,27 +148,8 @@ fn request_parameters(scan: &mut Scan<'_>) -> Option<()> {
             return None;
         }
         names.push(key);
-        let value = scan.scalar()?;
-        let fits = match key {
-            b"sequence_id" => matches!(value, Scalar::Uint | Scalar::String),
-            b"sequence_start" | b"sequence_end" | b"binary_data_output" => value == Scalar::Bool,
-            b"priority" | b"timeout" => value == Scalar::Uint,
-            _ => value != Scalar::Null,
-        };
-        fits.then_some(())
+        parameter_fits(key, scan.scalar()?).then_some(())
     })
-}
-
-/// What a scalar member value is, as far as the parameters' types tell apart.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Scalar {
-    String,
-    /// A non-negative integer.
-    Uint,
-    /// Any other number.
-    Number,
-    Bool,
-    Null,
 }
 
 /// A cursor over the JSON header. Every method reads one thing after optional whitespace,
@@ -290,16 +275,16 @@ impl<'a> Scan<'a> {
     }
 
     /// A string, number, boolean or null member value.
-    fn scalar(&mut self) -> Option<Scalar> {
+    fn scalar(&mut self) -> Option<ParameterValue> {
         match self.peek()? {
-            b'"' => self.string().map(|_| Scalar::String),
+            b'"' => self.string().map(|_| ParameterValue::String),
             b't' | b'f' | b'n' => match self.literal()? {
-                Leaf::Bool => Some(Scalar::Bool),
-                _ => Some(Scalar::Null),
+                Leaf::Bool => Some(ParameterValue::Bool),
+                _ => Some(ParameterValue::Other),
             },
             _ => match self.number()? {
-                Leaf::Number { uint: true, .. } => Some(Scalar::Uint),
-                _ => Some(Scalar::Number),
+                Leaf::Number { uint: true, .. } => Some(ParameterValue::Uint),
+                _ => Some(ParameterValue::Number),
             },
         }
     }
