@@ -340,10 +340,7 @@ async fn a_canary_route_splits_chat_traffic_by_weight() {
             .await
             .unwrap();
         assert_eq!(answer.status(), 200);
-        let target = answer.headers()["infergate-target"]
-            .to_str()
-            .unwrap()
-            .to_owned();
+        let target = support::served_target(&answer);
         let answer: serde_json::Value = answer.json().await.unwrap();
         assert_eq!(answer["model"], "chat");
         assert_eq!(
@@ -385,10 +382,7 @@ async fn a_canary_slow_to_its_first_token_is_rolled_back() {
             .await
             .unwrap();
         assert_eq!(answer.status(), 200);
-        let target = answer.headers()["infergate-target"]
-            .to_str()
-            .unwrap()
-            .to_owned();
+        let target = support::served_target(&answer);
         let text = answer.text().await.unwrap();
         assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
         target

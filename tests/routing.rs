@@ -446,10 +446,7 @@ targets = [{ model = "versioned", version = "1", weight = 50 }, { model = "versi
                 .await
                 .unwrap();
             assert_eq!(response.status(), 200);
-            let target = response.headers()["infergate-target"]
-                .to_str()
-                .unwrap()
-                .to_string();
+            let target = support::served_target(&response);
             (target, response.json::<Value>().await.unwrap())
         });
         for (target, body) in futures_util::future::join_all(batch).await {

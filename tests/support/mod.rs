@@ -37,6 +37,14 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// How many times [`Triton::start`] retries with fresh ports when one was taken meanwhile.
 const START_ATTEMPTS: usize = 5;
 
+/// The target that served an answer, as the gateway names it (`infergate-target`).
+pub fn served_target(answer: &reqwest::Response) -> String {
+    answer.headers()["infergate-target"]
+        .to_str()
+        .expect("an ASCII target name")
+        .to_owned()
+}
+
 /// The repository root (where `Cargo.toml` of the infergate crate lives).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
