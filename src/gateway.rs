@@ -7,10 +7,16 @@ use crate::live::Live;
 use crate::{
     cluster, discovery, error, flow, hold, openai, placement, telemetry, tls, upstream, validate,
 };
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use upstream::Pool;
+
+/// Settles once the requests routed on replaced configs have let go of their route choice
+/// (`Gateway::swap_live`); shared, so the next reload's waits on it too.
+pub(crate) type Settled = Shared<BoxFuture<'static, bool>>;
 
 /// Shared gateway state: a cheap handle, cloned into every handler.
 #[derive(Clone)]
@@ -23,6 +29,9 @@ struct Inner {
     pool: Arc<Pool>,
     placement: Arc<placement::Placement>,
     live: arc_swap::ArcSwap<Live>,
+    /// Settles once no request routed on any config replaced so far still holds its route
+    /// choice (`swap_live`).
+    replaced: std::sync::Mutex<Settled>,
     /// Held for the length of a reload: SIGHUP, the file watcher and `POST /admin/reload`
     /// may ask at once, and each reload compares with the config the last one left.
     reloading: tokio::sync::Mutex<()>,
@@ -83,6 +92,7 @@ impl Gateway {
                 pool,
                 placement,
                 live,
+                replaced: std::sync::Mutex::new(futures_util::future::ready(true).boxed().shared()),
                 reloading: tokio::sync::Mutex::new(()),
                 config_path: None,
                 health: std::sync::OnceLock::new(),
@@ -143,9 +153,21 @@ impl Gateway {
         self.inner.live.load_full()
     }
 
-    /// Replaces the live config in one atomic store; returns the one it replaced.
-    pub(crate) fn swap_live(&self, live: Live) -> Arc<Live> {
-        self.inner.live.swap(Arc::new(live))
+    /// Replaces the live config in one atomic store. Returns what settles once every request
+    /// routed on the replaced config, and on every config before it, has let go of its route
+    /// choice (true), or `server.drain_timeout` passed first for one of them (false): a
+    /// request routed two reloads ago whose body is still arriving may still ask for a
+    /// target the last reload removed.
+    pub(crate) fn swap_live(&self, live: Live) -> Settled {
+        let old = self.inner.live.swap(Arc::new(live));
+        let limit = self.inner.config.server.drain_timeout.0;
+        let mut replaced = self.inner.replaced.lock().expect("replaced lock");
+        let before = replaced.clone();
+        let settled = async move { before.await & old.routes.settled(limit).await }
+            .boxed()
+            .shared();
+        *replaced = settled.clone();
+        settled
     }
 
     /// Taken by a reload for its whole length: one reload at a time.

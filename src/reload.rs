@@ -5,13 +5,12 @@
 //! are untouched; parts of the file that cannot change while running are refused by key.
 
 use crate::config::{Backend, Config, ConfigError, ConfigErrors};
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Settled};
 use crate::live::Live;
 use crate::placement::Versions;
 use crate::telemetry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -101,7 +100,7 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
     if let Some((tls, staged)) = tls {
         tls.commit(staged);
     }
-    let old = gateway.swap_live(live);
+    let settled = gateway.swap_live(live);
     let (removed_backends, added_backends) = changes.apply(gateway).await;
     if groups_changed {
         gateway.discovery().wake();
@@ -111,7 +110,7 @@ async fn apply(gateway: &Gateway, path: &Path) -> Result<Reloaded, ConfigErrors>
         .filter(|l| gateway.placement().holds(&l.model, l.versions.as_ref()))
         .collect();
     let unloaded = leaving.iter().flat_map(Leaving::labels).collect();
-    tokio::spawn(unload_leftovers(gateway.clone(), old, leaving));
+    tokio::spawn(unload_leftovers(gateway.clone(), settled, leaving));
     Ok(Reloaded {
         hash,
         unloaded,
@@ -189,21 +188,20 @@ fn in_use(config: &Config) -> BTreeMap<String, Versions> {
 const LEFTOVER_POLL: Duration = Duration::from_millis(10);
 
 /// Unloads what a reload left behind, once no request can still use it: first every routed
-/// request resolved on the `old` config must have placed its target (or the drain timeout
+/// request resolved on a replaced config must have placed its target (or the drain timeout
 /// passed), so none asks for a leftover again; then each leftover goes once no request
 /// holds it (Triton would let a request it already has finish, but not one the gateway
 /// holds while validating it). A leftover a later reload uses again stays.
-async fn unload_leftovers(gateway: Gateway, old: Arc<Live>, leaving: Vec<Leaving>) {
+async fn unload_leftovers(gateway: Gateway, settled: Settled, leaving: Vec<Leaving>) {
+    let in_time = settled.await;
     if leaving.is_empty() {
         return;
     }
-    let limit = gateway.fixed_config().server.drain_timeout.0;
-    if !old.routes.settled(limit).await {
+    if !in_time {
         tracing::warn!(
-            "requests routed on the previous config still running after server.drain_timeout; unloading its leftovers anyway"
+            "requests routed on a replaced config still running after server.drain_timeout; unloading its leftovers anyway"
         );
     }
-    drop(old);
     let tasks = leaving.into_iter().map(|leaving| {
         let gateway = gateway.clone();
         async move {

@@ -418,6 +418,65 @@ async fn stop_loop(
     answers
 }
 
+/// An inference request pinned to a target whose client sends half its body, then the rest
+/// when told: a request the gateway has routed that has not arrived whole, so it holds no
+/// copy yet.
+struct SlowRequest {
+    stream: tokio::net::TcpStream,
+    rest: Vec<u8>,
+}
+
+impl SlowRequest {
+    /// Sends the head and half the body, and returns once the gateway is handling it.
+    async fn start(gateway: &TestGateway, target: &str) -> Self {
+        use tokio::io::AsyncWriteExt;
+        let in_flight = async || {
+            gateway
+                .metric_sum("infergate_requests_in_flight", &["protocol=\"http\""])
+                .await
+        };
+        let before = in_flight().await;
+        let body = json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
+            .to_string()
+            .into_bytes();
+        let head = format!(
+            "POST /v2/models/ranker/infer HTTP/1.1\r\nhost: {}\r\ninfergate-target: {target}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            gateway.http,
+            body.len()
+        );
+        let mut stream = tokio::net::TcpStream::connect(gateway.http).await.unwrap();
+        let (first, rest) = body.split_at(body.len() / 2);
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(first).await.unwrap();
+        eventually(
+            Duration::from_secs(10),
+            "the slow request in flight",
+            async || {
+                let now = in_flight().await;
+                if now > before { Ok(()) } else { Err(now) }
+            },
+        )
+        .await;
+        Self {
+            stream,
+            rest: rest.to_vec(),
+        }
+    }
+
+    /// Sends the rest of the body; returns the model that answered (panics on an error).
+    async fn finish(mut self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.stream.write_all(&self.rest).await.unwrap();
+        let mut answer = String::new();
+        self.stream.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let body = answer.split("\r\n\r\n").nth(1).unwrap();
+        let body: Value = serde_json::from_str(body).unwrap();
+        body["model_name"].as_str().unwrap().to_string()
+    }
+}
+
 /// Polls until `check` holds for Triton's state, for up to 10 s.
 async fn until_triton(triton: &Triton, what: &str, check: impl Fn(&Triton, &[String]) -> bool) {
     eventually(Duration::from_secs(10), what, async || {
@@ -456,6 +515,9 @@ async fn a_removed_target_goes_once_its_requests_finish_unless_still_used() {
         let url = format!("{}/v2/models/{model}/infer", gateway.url());
         assert!(infer(&client, &url).await.is_ok());
     }
+    // A request pinned to sized_a whose client sends half its body and waits: routed on the
+    // first config, it outlives two reloads before it arrives.
+    let slow = SlowRequest::start(&gateway, "sized_a").await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let clients = request_loop(
         16,
@@ -480,6 +542,17 @@ async fn a_removed_target_goes_once_its_requests_finish_unless_still_used() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["unloaded"], json!(["sized_a"]));
+    // The copy stays while a request routed to it before either reload has still to arrive;
+    // it is then served there, and the copy goes after it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        triton
+            .loaded_models()
+            .await
+            .unwrap()
+            .contains(&"sized_a".to_string())
+    );
+    assert_eq!(slow.finish().await, "sized_a");
     until_triton(&triton, "sized_a never unloaded", |triton, loaded| {
         loaded == ["sized_b", "sized_c"] && triton.stub_count() == 2
     })
