@@ -117,9 +117,7 @@ fn distinct_inputs(request: &InferRequest, log: LogPrefix<'_>) -> Result<(), Rej
             .map(|i| &inputs[i])
     } else {
         let mut names = HashSet::with_capacity(inputs.len());
-        inputs
-            .iter()
-            .find(|input| !names.insert(input.name.as_str()))
+        inputs.iter().find(|input| !names.insert(&*input.name))
     };
     match repeated {
         None => Ok(()),
@@ -132,7 +130,7 @@ fn distinct_inputs(request: &InferRequest, log: LogPrefix<'_>) -> Result<(), Rej
 
 /// Every output asked for is the model's, looked at in name order (Triton's `std::set`).
 fn known_outputs(request: &InferRequest, signature: &Signature) -> Result<(), Rejection> {
-    let mut outputs: Vec<&str> = request.outputs.iter().map(String::as_str).collect();
+    let mut outputs: Vec<&str> = request.outputs.iter().map(|o| &**o).collect();
     outputs.sort_unstable();
     outputs.dedup();
     if let Some(unknown) = outputs.iter().find(|o| !signature.has_output(o)) {
@@ -151,7 +149,7 @@ fn known_outputs(request: &InferRequest, signature: &Signature) -> Result<(), Re
 /// (`order`) against the model's signature.
 struct Walk<'r> {
     /// The request.
-    request: &'r InferRequest,
+    request: &'r InferRequest<'r>,
     /// The model's signature.
     signature: &'r Signature,
     /// Indexes into `request.inputs`, in Triton's order.
@@ -585,12 +583,12 @@ mod tests {
         )
     }
 
-    fn json(name: &str, datatype: &str, shape: &[i64]) -> InputTensor {
+    fn json(name: &str, datatype: &str, shape: &[i64]) -> InputTensor<'static> {
         let count = shape.iter().product::<i64>() as u64;
         InputTensor {
-            name: name.into(),
-            datatype: datatype.into(),
-            shape: shape.to_vec(),
+            name: name.to_owned().into(),
+            datatype: datatype.to_owned().into(),
+            shape: shape.to_vec().into(),
             data: TensorData::Elements {
                 count,
                 byte_size: count.wrapping_mul(
@@ -602,16 +600,16 @@ mod tests {
         }
     }
 
-    fn raw(name: &str, datatype: &str, shape: &[i64], bytes: &[u8]) -> InputTensor {
+    fn raw(name: &str, datatype: &str, shape: &[i64], bytes: &[u8]) -> InputTensor<'static> {
         InputTensor {
-            name: name.into(),
-            datatype: datatype.into(),
-            shape: shape.to_vec(),
+            name: name.to_owned().into(),
+            datatype: datatype.to_owned().into(),
+            shape: shape.to_vec().into(),
             data: TensorData::Raw(Bytes::copy_from_slice(bytes)),
         }
     }
 
-    fn request(inputs: Vec<InputTensor>) -> InferRequest {
+    fn request(inputs: Vec<InputTensor<'static>>) -> InferRequest<'static> {
         InferRequest {
             inputs,
             ..Default::default()
@@ -873,7 +871,7 @@ mod tests {
             request(vec![InputTensor {
                 name: "INPUT0".into(),
                 datatype: "BYTES".into(),
-                shape: vec![shape],
+                shape: vec![shape].into(),
                 data: TensorData::Elements {
                     count,
                     byte_size: count * 5,

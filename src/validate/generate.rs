@@ -21,13 +21,14 @@ use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData, V
 use super::signature::{InputSpec, Signature};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 /// What the reader made of a generate body.
 #[derive(Debug, PartialEq)]
 pub enum Generate {
     /// The request as Triton converts it: check it against the signature.
-    Request(InferRequest),
+    Request(InferRequest<'static>),
     /// Something Triton reads its own way (and would refuse with its own words): forwarded
     /// as it came. The text says why, for debug logs.
     Unvalidated(&'static str),
@@ -59,7 +60,7 @@ pub fn parse(body: &[u8], signature: &Signature) -> Result<Generate, Rejection> 
     for (name, member) in &members {
         let outcome = match (name.as_str(), member) {
             ("id", Member::Value(Value::String(id))) => {
-                reader.request.id.clone_from(id);
+                reader.request.id = Cow::Owned(id.clone());
                 Ok(None)
             }
             ("id", _) => Ok(Some("an id that is not a string")),
@@ -77,7 +78,7 @@ pub fn parse(body: &[u8], signature: &Signature) -> Result<Generate, Rejection> 
 
 struct Reader<'a> {
     signature: &'a Signature,
-    request: InferRequest,
+    request: InferRequest<'static>,
     names: HashSet<String>,
 }
 
@@ -124,9 +125,9 @@ impl Reader<'_> {
             return Ok(Some("a value Triton reads its own way"));
         };
         self.request.inputs.push(InputTensor {
-            name: name.to_string(),
-            datatype: spec.datatype.as_str().to_string(),
-            shape,
+            name: Cow::Owned(name.to_string()),
+            datatype: Cow::Borrowed(spec.datatype.as_str()),
+            shape: Cow::Owned(shape),
             data,
         });
         Ok(None)
@@ -330,7 +331,7 @@ mod tests {
         let names: Vec<_> = request
             .inputs
             .iter()
-            .map(|i| (i.name.as_str(), i.shape.clone(), i.data.byte_size()))
+            .map(|i| (&*i.name, i.shape.to_vec(), i.data.byte_size()))
             .collect();
         assert_eq!(names, [("TEXT", vec![1], 6), ("INPUT0", vec![2], 8)]);
         let refused = parse(br#"{"parameters": {"INPUT0": 3}}"#, &signature).unwrap_err();

@@ -9,6 +9,7 @@
 
 use super::{InferRequest, InputTensor, Rejection, Signature, TensorData, Verdict, check};
 use crate::protocol::inference::ModelInferRequest;
+use std::borrow::Cow;
 
 /// Reads a gRPC inference message and checks it against `signature`: the gRPC side of the
 /// `validate` phase (unary calls and each message of a stream alike).
@@ -36,7 +37,7 @@ fn no_shared_memory(message: &ModelInferRequest) -> Result<(), Rejection> {
 }
 
 /// The request as the checker reads it, or why it is not checked.
-fn describe(message: &ModelInferRequest) -> Result<InferRequest, &'static str> {
+fn describe(message: &ModelInferRequest) -> Result<InferRequest<'_>, &'static str> {
     if message.raw_input_contents.len() != message.inputs.len() {
         return Err("not every input is in raw_input_contents");
     }
@@ -49,17 +50,21 @@ fn describe(message: &ModelInferRequest) -> Result<InferRequest, &'static str> {
                 return Err("an input has both typed and raw contents");
             }
             Ok(InputTensor {
-                name: input.name.clone(),
-                datatype: input.datatype.clone(),
-                shape: input.shape.clone(),
+                name: Cow::Borrowed(&input.name),
+                datatype: Cow::Borrowed(&input.datatype),
+                shape: Cow::Borrowed(&input.shape),
                 data: TensorData::Raw(raw.clone()),
             })
         })
         .collect::<Result<_, _>>()?;
     Ok(InferRequest {
-        id: message.id.clone(),
+        id: Cow::Borrowed(&message.id),
         inputs,
-        outputs: message.outputs.iter().map(|o| o.name.clone()).collect(),
+        outputs: message
+            .outputs
+            .iter()
+            .map(|o| Cow::Borrowed(&*o.name))
+            .collect(),
     })
 }
 

@@ -15,14 +15,15 @@ use super::request::{InferRequest, InputTensor, Reason, Rejection, TensorData, V
 use super::signature::Signature;
 use bytes::Bytes;
 use foldhash::{HashSet, HashSetExt};
+use std::borrow::Cow;
 
 mod plain;
 
 /// The result of reading a request that Triton's reader would not refuse.
 #[derive(Debug, PartialEq)]
-pub enum Parsed {
+pub enum Parsed<'a> {
     /// Read: check it against the signature.
-    Request(InferRequest),
+    Request(InferRequest<'a>),
     /// A raw binary request: the whole body is the model's only input (`check_raw`).
     Raw,
     /// A kind of request the gateway leaves to Triton (compressed body, raw binary input,
@@ -57,12 +58,12 @@ impl<'a> BodyView<'a> {
 /// Reads an HTTP inference request body. `header_length` is the
 /// `Inference-Header-Content-Length` header, `content_encoding` the `Content-Encoding`
 /// header, `model` the model named in the URL (Triton's reader names it in a few messages).
-pub fn parse(
-    body: BodyView<'_>,
+pub fn parse<'a>(
+    body: BodyView<'a>,
     header_length: Option<&[u8]>,
     content_encoding: Option<&[u8]>,
     model: &str,
-) -> Result<Parsed, Rejection> {
+) -> Result<Parsed<'a>, Rejection> {
     let read = json_header(body, header_length, content_encoding).and_then(|header_length| {
         match plain::read(body, header_length, model) {
             Some(request) => Ok(request),
@@ -80,7 +81,7 @@ pub fn parse(
 /// a refusal. Lets each step of `parse` end the reading with `?`.
 enum Stop {
     /// Not read further (`Raw`, `Unvalidated`, `Incomplete`).
-    Early(Parsed),
+    Early(Parsed<'static>),
     /// Refused.
     Refused(Rejection),
 }
@@ -143,7 +144,7 @@ fn read_request(
     body: BodyView<'_>,
     header_length: usize,
     model: &str,
-) -> Result<InferRequest, Stop> {
+) -> Result<InferRequest<'static>, Stop> {
     let document = json::parse_request(&body.arrived[..header_length])
         .map_err(|e| Rejection::new(Reason::MalformedJson, json::syntax_message(&e)))?;
     let mut request = InferRequest::default();
@@ -151,7 +152,7 @@ fn read_request(
         let id = id.as_bytes().ok_or_else(|| {
             malformed("Unable to parse 'id': attempt to access JSON non-string as string")
         })?;
-        request.id = c_string(id);
+        request.id = Cow::Owned(c_string(id));
     }
     if let Some(parameters) = document.find("parameters") {
         request_parameters(parameters)?;
@@ -170,7 +171,7 @@ fn read_request(
     }
     if document.find("outputs").is_some() {
         for output in member_array(&document, "outputs")? {
-            request.outputs.push(read_output(output)?);
+            request.outputs.push(Cow::Owned(read_output(output)?));
         }
     }
     Ok(request)
@@ -191,7 +192,7 @@ struct Binary<'b> {
 fn read_inputs(
     document: &Value<'_>,
     binary: &mut Binary<'_>,
-    request: &mut InferRequest,
+    request: &mut InferRequest<'static>,
 ) -> Result<(), Stop> {
     let mut names = HashSet::new();
     for input in member_array(document, "inputs")? {
@@ -227,9 +228,9 @@ fn read_inputs(
             json_data(data, &name, &datatype, &shape)?
         };
         request.inputs.push(InputTensor {
-            name,
-            datatype,
-            shape,
+            name: Cow::Owned(name),
+            datatype: Cow::Owned(datatype),
+            shape: Cow::Owned(shape),
             data,
         });
     }
@@ -704,13 +705,23 @@ fn shared_memory(parameters: Option<&Value<'_>>) -> Result<(), Rejection> {
 mod tests {
     use super::*;
 
-    fn read(body: &str) -> Result<Parsed, Rejection> {
-        parse(
+    /// The same outcome, owning what it read, to outlive the body.
+    fn owned(parsed: Result<Parsed<'_>, Rejection>) -> Result<Parsed<'static>, Rejection> {
+        parsed.map(|parsed| match parsed {
+            Parsed::Request(request) => Parsed::Request(request.into_owned()),
+            Parsed::Raw => Parsed::Raw,
+            Parsed::Unvalidated(why) => Parsed::Unvalidated(why),
+            Parsed::Incomplete => Parsed::Incomplete,
+        })
+    }
+
+    fn read(body: &str) -> Result<Parsed<'static>, Rejection> {
+        owned(parse(
             BodyView::whole(&Bytes::copy_from_slice(body.as_bytes())),
             None,
             None,
             "add_sub",
-        )
+        ))
     }
 
     fn refused(body: &str) -> (Reason, String) {
@@ -718,24 +729,28 @@ mod tests {
         (r.reason, r.message)
     }
 
-    fn request(body: &str) -> InferRequest {
+    fn request(body: &str) -> InferRequest<'static> {
         match read(body).unwrap() {
             Parsed::Request(r) => r,
             other => panic!("{other:?}"),
         }
     }
 
-    fn binary(header: &str, tensors: &[u8], length: Option<&str>) -> Result<Parsed, Rejection> {
+    fn binary(
+        header: &str,
+        tensors: &[u8],
+        length: Option<&str>,
+    ) -> Result<Parsed<'static>, Rejection> {
         let mut body = header.as_bytes().to_vec();
         body.extend_from_slice(tensors);
         let declared = header.len().to_string();
         let length = length.unwrap_or(&declared);
-        parse(
+        owned(parse(
             BodyView::whole(&Bytes::from(body)),
             Some(length.as_bytes()),
             None,
             "add_sub",
-        )
+        ))
     }
 
     const OK: &str = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"data":[1,2,3,4]},{"name":"INPUT1","datatype":"FP32","shape":[2,2],"data":[[1,2],[3,4]]}]}"#;
@@ -744,7 +759,7 @@ mod tests {
     fn reads_json_requests() {
         let r = request(OK);
         assert_eq!(r.inputs.len(), 2);
-        assert_eq!(r.inputs[1].shape, [2, 2]);
+        assert_eq!(*r.inputs[1].shape, [2, 2]);
         assert_eq!(
             r.inputs[1].data,
             TensorData::Elements {
@@ -942,7 +957,7 @@ mod tests {
         let header = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"parameters":{"binary_data_size":16}}]}"#;
         let length = header.len().to_string();
         let partial = |arrived: &[u8], total: usize| {
-            parse(
+            owned(parse(
                 BodyView {
                     arrived: &Bytes::copy_from_slice(arrived),
                     length: total,
@@ -950,7 +965,7 @@ mod tests {
                 Some(length.as_bytes()),
                 None,
                 "add_sub",
-            )
+            ))
         };
         let mut head = header.as_bytes().to_vec();
         head.extend_from_slice(&[7; 5]); // part of the tensor came with the header
@@ -973,9 +988,10 @@ mod tests {
         );
         let strings = header.replace("FP32", "BYTES");
         let length = strings.len().to_string();
+        let arrived = Bytes::from(strings.clone());
         let outcome = parse(
             BodyView {
-                arrived: &Bytes::from(strings.clone()),
+                arrived: &arrived,
                 length: strings.len() + 16,
             },
             Some(length.as_bytes()),

@@ -5,20 +5,23 @@
 //! `TensorData::Raw`. The checker never sees JSON or protobuf.
 
 use bytes::Bytes;
+use std::borrow::Cow;
 use std::fmt;
 
-/// An inference request as far as the model's signature is concerned.
+/// An inference request as far as the model's signature is concerned. Its names borrow
+/// from the request they were read from (the body, the protobuf message) where they can,
+/// so a request that passes costs no copy of them.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct InferRequest {
+pub struct InferRequest<'a> {
     /// The request's `id` (empty when it has none): Triton prefixes its messages with it.
-    pub id: String,
+    pub id: Cow<'a, str>,
     /// Inputs in request order.
-    pub inputs: Vec<InputTensor>,
+    pub inputs: Vec<InputTensor<'a>>,
     /// Names of the outputs asked for (none: all of them).
-    pub outputs: Vec<String>,
+    pub outputs: Vec<Cow<'a, str>>,
 }
 
-impl InferRequest {
+impl InferRequest<'_> {
     /// `[request id: <id>] `, Triton's prefix for messages about the request; written only
     /// into a refusal's message, so nothing is built for a request that passes.
     pub fn log_prefix(&self) -> LogPrefix<'_> {
@@ -27,6 +30,26 @@ impl InferRequest {
         } else {
             &self.id
         })
+    }
+}
+
+#[cfg(test)]
+impl InferRequest<'_> {
+    /// The same request owning its names, to outlive the bytes it was read from.
+    pub fn into_owned(self) -> InferRequest<'static> {
+        let owned = |text: Cow<'_, str>| Cow::Owned(text.into_owned());
+        InferRequest {
+            id: owned(self.id),
+            inputs: (self.inputs.into_iter())
+                .map(|input| InputTensor {
+                    name: owned(input.name),
+                    datatype: owned(input.datatype),
+                    shape: Cow::Owned(input.shape.into_owned()),
+                    data: input.data,
+                })
+                .collect(),
+            outputs: self.outputs.into_iter().map(owned).collect(),
+        }
     }
 }
 
@@ -42,13 +65,13 @@ impl std::fmt::Display for LogPrefix<'_> {
 
 /// One input tensor: what the request says it is, and where its data is.
 #[derive(Clone, Debug, PartialEq)]
-pub struct InputTensor {
+pub struct InputTensor<'a> {
     /// Its name.
-    pub name: String,
+    pub name: Cow<'a, str>,
     /// Its datatype as the request wrote it (it may name no datatype at all).
-    pub datatype: String,
+    pub datatype: Cow<'a, str>,
     /// Its shape as the request wrote it, batch dimension included.
-    pub shape: Vec<i64>,
+    pub shape: Cow<'a, [i64]>,
     /// Its data.
     pub data: TensorData,
 }

@@ -35,14 +35,6 @@ pub(super) async fn read(
     let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
     let declared = body::declared_length(&parts.headers);
     let header = |name: &http::HeaderName| parts.headers.get(name).map(http::HeaderValue::as_bytes);
-    let read = |body: validate::http::BodyView<'_>| {
-        validate::http::parse(
-            body,
-            header(&HEADER_LENGTH),
-            header(&http::header::CONTENT_ENCODING),
-            &model.name,
-        )
-    };
     let whole = match streamable(declared, limit, header(&HEADER_LENGTH)) {
         Some((length, header_length)) => {
             let (head, rest) = read_head(body, header_length, limit).await?;
@@ -50,7 +42,7 @@ pub(super) async fn read(
                 arrived: &head,
                 length,
             };
-            match read(view) {
+            match parse(view, &parts.headers, model) {
                 Ok(validate::http::Parsed::Incomplete) => join(head, rest, limit, declared).await?,
                 parsed => {
                     let verdict = validate::http::verdict(parsed, view, signature);
@@ -61,8 +53,23 @@ pub(super) async fn read(
         None => collect(body, limit, declared).await?,
     };
     let view = validate::http::BodyView::whole(&whole);
-    let verdict = validate::http::verdict(read(view), view, signature);
+    let verdict = validate::http::verdict(parse(view, &parts.headers, model), view, signature);
     Ok((Request::from_parts(parts, Body::from(whole)), verdict))
+}
+
+/// Reads `body` as the request with these headers for `model` (`validate::http::parse`).
+fn parse<'a>(
+    body: validate::http::BodyView<'a>,
+    headers: &http::HeaderMap,
+    model: &ModelRef,
+) -> Result<validate::http::Parsed<'a>, validate::Rejection> {
+    let header = |name: &http::HeaderName| headers.get(name).map(http::HeaderValue::as_bytes);
+    validate::http::parse(
+        body,
+        header(&HEADER_LENGTH),
+        header(&http::header::CONTENT_ENCODING),
+        &model.name,
+    )
 }
 
 /// A generate request: its (small) body read whole, checked as Triton converts it, and

@@ -19,13 +19,18 @@ use super::{
     parameter_fits,
 };
 use crate::validate::json::{Kind, Leaf, MAX_RANK, plain_number};
+use std::borrow::Cow;
 
 /// More inputs than a plain request has; past it the full reader (with its name set) reads.
 const MAX_INPUTS: usize = 64;
 
 /// The request in the JSON header's first `header_length` bytes, with its binary tensors
 /// behind them, when it is plain and the full reader would accept it as it is.
-pub(super) fn read(body: BodyView<'_>, header_length: usize, model: &str) -> Option<InferRequest> {
+pub(super) fn read<'a>(
+    body: BodyView<'a>,
+    header_length: usize,
+    model: &str,
+) -> Option<InferRequest<'a>> {
     let mut scan = Scan {
         text: &body.arrived[..header_length],
         pos: 0,
@@ -39,7 +44,7 @@ pub(super) fn read(body: BodyView<'_>, header_length: usize, model: &str) -> Opt
     let mut seen = Seen::default();
     scan.object(|scan, key| match key {
         b"id" if seen.first(0) => {
-            request.id = scan.text()?.to_owned();
+            request.id = Cow::Borrowed(scan.text()?);
             Some(())
         }
         b"parameters" if seen.first(1) => request_parameters(scan),
@@ -79,7 +84,7 @@ impl Seen {
 
 /// One input: its name, datatype and shape, and its data in JSON or as the next binary
 /// tensor.
-fn input(scan: &mut Scan<'_>, binary: &mut Binary<'_>) -> Option<InputTensor> {
+fn input<'a>(scan: &mut Scan<'a>, binary: &mut Binary<'_>) -> Option<InputTensor<'a>> {
     let (mut name, mut datatype, mut shape) = (None, None, None);
     let mut data = None;
     let mut binary_size = None;
@@ -111,15 +116,15 @@ fn input(scan: &mut Scan<'_>, binary: &mut Binary<'_>) -> Option<InputTensor> {
         _ => return None,
     };
     Some(InputTensor {
-        name: name.to_owned(),
-        datatype: datatype.to_owned(),
-        shape,
+        name: Cow::Borrowed(name),
+        datatype: Cow::Borrowed(datatype),
+        shape: Cow::Owned(shape),
         data,
     })
 }
 
 /// One requested output: its name, and at most `binary_data` as a boolean.
-fn output(scan: &mut Scan<'_>) -> Option<String> {
+fn output<'a>(scan: &mut Scan<'a>) -> Option<Cow<'a, str>> {
     let mut name = None;
     let mut seen = Seen::default();
     scan.object(|scan, key| match key {
@@ -136,7 +141,7 @@ fn output(scan: &mut Scan<'_>) -> Option<String> {
         }
         _ => None,
     })?;
-    name.map(str::to_owned)
+    name.map(Cow::Borrowed)
 }
 
 /// The request's `parameters`, each named once and of the type Triton reads it as
@@ -337,17 +342,21 @@ mod tests {
     use bytes::Bytes;
 
     /// What each reader makes of `header` followed by `tensors`: (one pass, full reader).
-    fn both(header: &str, tensors: &[u8]) -> (Option<InferRequest>, Option<InferRequest>) {
+    fn both(
+        header: &str,
+        tensors: &[u8],
+    ) -> (Option<InferRequest<'static>>, Option<InferRequest<'static>>) {
         let mut body = header.as_bytes().to_vec();
         body.extend_from_slice(tensors);
         let body = Bytes::from(body);
         let view = BodyView::whole(&body);
         let full = read_request(view, header.len(), "m").ok();
-        (read(view, header.len(), "m"), full)
+        let plain = read(view, header.len(), "m").map(InferRequest::into_owned);
+        (plain, full)
     }
 
     /// Read in one pass, and just as the full reader reads it.
-    fn plain(header: &str, tensors: &[u8]) -> InferRequest {
+    fn plain(header: &str, tensors: &[u8]) -> InferRequest<'static> {
         let (plain, full) = both(header, tensors);
         assert!(plain.is_some(), "not read in one pass: {header}");
         assert_eq!(plain, full, "{header}");
@@ -362,7 +371,7 @@ mod tests {
             b"",
         );
         assert_eq!(request.id, "42");
-        assert_eq!(request.inputs[1].shape, [1, 4]);
+        assert_eq!(*request.inputs[1].shape, [1, 4]);
         assert_eq!(
             request.inputs[0].data,
             TensorData::Elements {
