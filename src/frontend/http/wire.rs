@@ -30,7 +30,7 @@ pub(super) struct HttpWire {
     /// What a second send needs: the request's head and its body again (`body::replayable`).
     again: Option<(Parts, crate::body::Replay)>,
     /// The backend of the last send, to name in a failure.
-    sent_to: String,
+    sent_to: Option<Arc<Backend>>,
     /// The body's size once an inference's body has arrived whole (`arrive`).
     arrived: usize,
 }
@@ -41,7 +41,7 @@ impl HttpWire {
             client_uri: request.uri().clone(),
             request: Some(request),
             again: None,
-            sent_to: String::new(),
+            sent_to: None,
             arrived: 0,
         }
     }
@@ -193,7 +193,7 @@ impl Wire for HttpWire {
         _ctx: &RequestCtx,
         backend: &Arc<Backend>,
     ) -> Result<Response, GatewayError> {
-        self.sent_to.clone_from(&backend.name);
+        self.sent_to = Some(backend.clone());
         if let Some((parts, replay)) = self.again.take() {
             let body = replay.take().unwrap_or_default();
             return upstream::forward(backend, Request::from_parts(parts, body)).await;
@@ -224,7 +224,10 @@ impl Wire for HttpWire {
             Ok(collected) => collected.to_bytes(),
             Err(error) => {
                 return Sent::Answer(Err(GatewayError::UpstreamFailed {
-                    backend: std::mem::take(&mut self.sent_to),
+                    backend: self
+                        .sent_to
+                        .as_ref()
+                        .map_or_else(String::new, |b| b.name.clone()),
                     reason: format!("reading the error answer: {error}"),
                 }));
             }
