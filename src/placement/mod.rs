@@ -40,6 +40,7 @@ use crate::model::ModelRef;
 use crate::telemetry;
 use crate::upstream::{Backend, InFlight, Pool, TritonClient, TritonError, metrics_scrape};
 use bytes::Bytes;
+use smallvec::SmallVec;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -225,7 +226,9 @@ impl Placement {
         self.table.lock().expect("placement lock")
     }
 
-    fn view(&self, model: &str) -> Vec<BackendView> {
+    /// Each backend as placing `model` sees it, in pool order: a request's, so it stays off
+    /// the heap for pools of up to `VIEW_INLINE` backends.
+    fn view(&self, model: &str) -> SmallVec<[BackendView; VIEW_INLINE]> {
         self.pool
             .backends()
             .iter()
@@ -469,6 +472,9 @@ impl Placement {
         }
     }
 }
+
+/// Backends a request's view of the pool holds without a heap allocation.
+const VIEW_INLINE: usize = 16;
 
 /// What a backend offers models: its capacity (or the default) less the buffer kept free.
 /// `placement.policy` with each model's `keep` and `cost_weight`.
