@@ -133,7 +133,7 @@ pub struct Served {
     /// Backend that answered.
     pub backend: String,
     /// The route the client called, when its model name was a route.
-    pub route: Option<String>,
+    pub route: Option<std::sync::Arc<str>>,
 }
 
 impl Served {

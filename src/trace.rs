@@ -165,16 +165,16 @@ impl RequestTrace {
         span.update_name(name);
         span.set_attributes(protocol);
         let optional = [
-            ("infergate.model", Some(&served.model)),
-            ("infergate.version", served.version.as_ref()),
-            ("infergate.backend", Some(&served.backend)),
-            ("infergate.route", served.route.as_ref()),
+            ("infergate.model", Some(served.model.as_str())),
+            ("infergate.version", served.version.as_deref()),
+            ("infergate.backend", Some(served.backend.as_str())),
+            ("infergate.route", served.route.as_deref()),
         ];
         span.set_attributes(
             optional
                 .into_iter()
                 .filter_map(|(key, value)| value.filter(|v| !v.is_empty()).map(|v| (key, v)))
-                .map(|(key, value)| KeyValue::new(key, value.clone())),
+                .map(|(key, value)| KeyValue::new(key, value.to_string())),
         );
         if let Some(error) = error {
             span.set_attribute(KeyValue::new("error.type", error.kind));

@@ -119,7 +119,7 @@ impl Shared {
             let Some(guard) = route.guard() else { continue };
             for trip in guard.trips().into_iter().filter(|t| t.replica.is_none()) {
                 let id = (
-                    route.name.clone(),
+                    route.name.to_string(),
                     trip.target.clone(),
                     trip.at_unix.to_bits(),
                 );
@@ -128,7 +128,7 @@ impl Shared {
                 }
                 let route_config = route_config(&live, &route.name).unwrap_or_default();
                 let record = TripRecord {
-                    route: route.name.clone(),
+                    route: route.name.to_string(),
                     target: trip.target.clone(),
                     reason: trip.reason.to_string(),
                     message: trip.message.clone(),
@@ -200,7 +200,7 @@ fn apply_trips(view: &View, gateway: &impl Host) {
         let Ok(record) = serde_json::from_slice::<TripRecord>(&entry.value) else {
             continue;
         };
-        let Some(route) = live.routes.routes().find(|r| r.name == record.route) else {
+        let Some(route) = live.routes.routes().find(|r| *r.name == *record.route) else {
             continue;
         };
         if route_config(&live, &record.route).is_none_or(|config| config != record.route_config) {

@@ -282,7 +282,7 @@ fn routes(gateway: &Gateway) -> Vec<serde_json::Value> {
                 })
                 .collect();
             serde_json::json!({
-                "route": route.name,
+                "route": &*route.name,
                 "targets": targets,
                 "trips": guard.map(|g| g.trips()).unwrap_or_default(),
             })

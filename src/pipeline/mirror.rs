@@ -52,7 +52,7 @@ where
             .await;
             drop(permit);
             if let Err(error) = &outcome {
-                tracing::debug!(route, model = target.name, %error, "mirror copy failed");
+                tracing::debug!(route = &*route, model = target.name, %error, "mirror copy failed");
             }
             count(
                 &route,

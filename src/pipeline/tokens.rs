@@ -31,7 +31,10 @@ pub fn clock(ctx: &mut RequestCtx) -> TokenClock {
     let labels = [
         ("model", served.model),
         ("version", served.version.unwrap_or_default()),
-        ("route", served.route.unwrap_or_default()),
+        (
+            "route",
+            served.route.map(|r| r.to_string()).unwrap_or_default(),
+        ),
     ];
     let now = Instant::now();
     let placed = ctx.placed.map_or(now, tokio::time::Instant::into_std);

@@ -11,6 +11,7 @@ pub mod guard;
 mod table;
 
 pub use guard::Guard;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 pub use table::{PIN_HEADER, RouteTable, Routed, Shadow, Tally};
@@ -41,11 +42,12 @@ impl Target {
 /// Weighted targets behind one name.
 #[derive(Debug)]
 pub struct Route {
-    /// The name clients call.
-    pub name: String,
+    /// The name clients call; shared with each request routed on it.
+    pub name: Arc<str>,
     /// Where requests may go.
     pub targets: Vec<Target>,
-    labels: Vec<String>,
+    /// Each target's `model[/version]`, shared with each request sent to it.
+    labels: Vec<Arc<str>>,
     guard: Option<Guard>,
 }
 
@@ -56,9 +58,9 @@ static SEQUENCE: AtomicU64 = AtomicU64::new(0x5eed);
 impl Route {
     /// Builds a route; targets keep their order.
     pub fn new(name: impl Into<String>, targets: Vec<Target>) -> Self {
-        let labels = targets.iter().map(Target::label).collect();
+        let labels = targets.iter().map(|t| Arc::from(t.label())).collect();
         Self {
-            name: name.into(),
+            name: Arc::from(name.into()),
             targets,
             labels,
             guard: None,
@@ -138,7 +140,7 @@ impl Route {
         let Some(guard) = &self.guard else {
             return false;
         };
-        match self.labels.iter().position(|label| *label == trip.target) {
+        match self.labels.iter().position(|label| **label == *trip.target) {
             Some(i) => guard.apply(&self.name, i, trip),
             None => false,
         }

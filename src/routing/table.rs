@@ -22,7 +22,7 @@ pub const PIN_HEADER: &str = crate::protocol::TARGET_HEADER;
 /// The mirror targets one request is copied to (`Routed::shadow` makes one).
 pub struct Shadow {
     /// The route the client called.
-    pub route: String,
+    pub route: Arc<str>,
     /// The mirror targets drawn for this request.
     pub mirrors: Vec<ModelRef>,
     /// Held by each copy until it has placed its target, as the client's request holds it:
@@ -34,11 +34,11 @@ pub struct Shadow {
 #[derive(Debug)]
 pub struct Routed {
     /// The route's name, when the request named a route.
-    pub route: Option<String>,
+    pub route: Option<Arc<str>>,
     /// The model and version to place and call.
     pub target: ModelRef,
     /// `model[/version]` of the chosen target, when routed.
-    pub label: Option<String>,
+    pub label: Option<Arc<str>>,
     /// For a guarded route: where the answer is to be counted (`finish::settle`).
     pub tally: Option<Tally>,
     /// Mirror targets that get a copy of this request (shadow traffic).
@@ -228,7 +228,7 @@ impl RouteTable {
                 route
                     .choose(key.as_deref())
                     .ok_or_else(|| GatewayError::RouteUnavailable {
-                        route: route.name.clone(),
+                        route: route.name.to_string(),
                     })?
             }
         };
@@ -239,7 +239,7 @@ impl RouteTable {
         Ok(Routed {
             route: Some(route.name.clone()),
             target: model_ref(chosen),
-            label: Some(route.label(chosen).to_string()),
+            label: Some(route.labels[chosen].clone()),
             tally: route.guard().map(|_| Tally {
                 route: route.clone(),
                 target: chosen,
