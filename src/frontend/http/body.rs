@@ -203,12 +203,22 @@ pub(super) struct LeasedBody {
 }
 
 impl LeasedBody {
-    /// Ties `lease` and `admission` to the lifetime of `inner`.
-    pub(super) fn wrap(inner: Body, lease: Lease, admission: Admission) -> Body {
-        Body::new(Self {
-            inner,
-            _lease: lease,
-            _admission: admission,
+    /// `response` with its body holding the request's lease and admission, taken off `ctx`,
+    /// when it has a lease (the answer came from a copy).
+    pub(super) fn hold(
+        response: axum::response::Response,
+        ctx: &mut crate::pipeline::RequestCtx,
+    ) -> axum::response::Response {
+        let Some(lease) = ctx.lease.take() else {
+            return response;
+        };
+        let admission = std::mem::take(&mut ctx.admission);
+        response.map(|inner| {
+            Body::new(Self {
+                inner,
+                _lease: lease,
+                _admission: admission,
+            })
         })
     }
 }

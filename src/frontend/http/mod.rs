@@ -121,14 +121,7 @@ async fn to_model(ctx: &mut RequestCtx, request: Request) -> Result<Response, Ga
     if pipeline::Wire::streams(&wire, &response) {
         response = body::TimedBody::wrap(response, pipeline::tokens::clock(ctx));
     }
-    Ok(match ctx.lease.take() {
-        Some(lease) => {
-            let admission = std::mem::take(&mut ctx.admission);
-            let (parts, body) = response.into_parts();
-            Response::from_parts(parts, body::LeasedBody::wrap(body, lease, admission))
-        }
-        None => response,
-    })
+    Ok(body::LeasedBody::hold(response, ctx))
 }
 
 /// A model's statistics, summed over the copies that serve it.

@@ -141,14 +141,7 @@ async fn generate(
         reservation: wire.reservation.take(),
     };
     let response = encode(response, wire, tally).await;
-    Ok(match ctx.lease.take() {
-        Some(lease) => {
-            let admission = std::mem::take(&mut ctx.admission);
-            let (parts, body) = response.into_parts();
-            Response::from_parts(parts, LeasedBody::wrap(body, lease, admission))
-        }
-        None => response,
-    })
+    Ok(LeasedBody::hold(response, ctx))
 }
 
 /// The backend's answer in OpenAI's format: its failure as an OpenAI error with the
