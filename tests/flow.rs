@@ -773,9 +773,10 @@ async fn trickle(gateway: &TestGateway, key: &str, stop: Arc<AtomicBool>) {
 }
 
 /// Slots go only to requests that have arrived: at `max_in_flight = 2` (twice
-/// `slow_model`'s capacity), three clients of tenant `flood` trickling their bodies hold none, and tenant `light`'s requests sent meanwhile are served at once,
-/// not after the trickles are cut (5 s, `server.min_body_rate_grace`) as when a request
-/// took its slot before its body was read.
+/// `slow_model`'s capacity), three clients of tenant `flood` trickling their bodies hold
+/// none, and tenant `light`'s requests sent meanwhile are served at once, not after the
+/// trickles are cut (5 s, `server.min_body_rate_grace`) as when a request took its slot
+/// before its body was read.
 #[tokio::test]
 async fn clients_trickling_their_bodies_hold_no_slot() {
     let _alone = ONE_AT_A_TIME.lock().await;
@@ -789,7 +790,18 @@ async fn clients_trickling_their_bodies_hold_no_slot() {
             tokio::spawn(async move { trickle(&gateway, FLOOD_KEY, stop).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The three trickled requests are in the gateway's hands before light sends any.
+    support::eventually(
+        Duration::from_secs(10),
+        "3 trickles in flight",
+        async || {
+            let in_flight = gateway
+                .metric_sum("infergate_requests_in_flight", &["protocol=\"http\""])
+                .await;
+            (in_flight >= 3.0).then_some(()).ok_or(in_flight)
+        },
+    )
+    .await;
     let mut latencies = Vec::new();
     for _ in 0..5 {
         let (status, latency) = infer(&client, &url, LIGHT_KEY, 5).await;
@@ -823,10 +835,19 @@ async fn the_default_limit_keeps_a_floor_for_fast_models() {
             tokio::spawn(async move { infer(&client, &url, LIGHT_KEY, 1000).await.0 })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (view, _) = admin_flow(&gateway, &client).await;
-    let models = view.as_array().expect("an array of models");
-    let gate = models.iter().find(|m| m["model"] == "slow_model").unwrap();
+    // All three have reached the gate: on a slot, or waiting for one.
+    let gate = support::eventually(
+        Duration::from_secs(10),
+        "3 requests at the gate",
+        async || {
+            let (view, _) = admin_flow(&gateway, &client).await;
+            let models = view.as_array().expect("an array of models");
+            let gate = models.iter().find(|m| m["model"] == "slow_model").cloned();
+            let at_gate = |g: &Value| Some(g["slots"]["in_use"].as_u64()? + g["queued"].as_u64()?);
+            gate.filter(|g| at_gate(g) == Some(3)).ok_or(view)
+        },
+    )
+    .await;
     assert_eq!(gate["slots"]["limit"], 32, "{gate}");
     assert_eq!(gate["slots"]["in_use"], 3, "{gate}");
     assert_eq!(gate["queued"], 0, "{gate}");
