@@ -159,6 +159,12 @@ impl TestGateway {
         request.send().await
     }
 
+    /// A GET on the admin listener, its body as JSON (panics when unreachable or not JSON).
+    async fn admin_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> T {
+        let answer = self.admin_get(path).await.expect("admin reachable");
+        answer.json().await.expect("admin JSON")
+    }
+
     /// An admin API call (with the admin key when there is one): its status and JSON body.
     pub async fn admin_call(
         &self,
@@ -257,32 +263,17 @@ impl TestGateway {
 
     /// `GET /admin/backends` as JSON.
     pub async fn admin_backends(&self) -> Vec<serde_json::Value> {
-        self.admin_get("/admin/backends")
-            .await
-            .expect("admin reachable")
-            .json()
-            .await
-            .expect("admin JSON")
+        self.admin_json("/admin/backends").await
     }
 
     /// `GET /admin/placement` as JSON.
     pub async fn placement(&self) -> serde_json::Value {
-        self.admin_get("/admin/placement")
-            .await
-            .expect("admin reachable")
-            .json()
-            .await
-            .expect("admin JSON")
+        self.admin_json("/admin/placement").await
     }
 
     /// `GET /admin/routes`: each route's targets, weights, guard figures and trips.
     pub async fn routes(&self) -> serde_json::Value {
-        self.admin_get("/admin/routes")
-            .await
-            .expect("admin reachable")
-            .json()
-            .await
-            .expect("admin JSON")
+        self.admin_json("/admin/routes").await
     }
 
     /// Models on each backend's books, sorted, in pool order.
