@@ -117,11 +117,25 @@ async fn answer(
 /// stays in use and the tenant's slot taken until the answer has gone.
 async fn to_model(ctx: &mut RequestCtx, request: Request) -> Result<Response, GatewayError> {
     let mut wire = HttpWire::new(request);
-    let mut response = pipeline::serve(ctx, &mut wire).await?;
-    if pipeline::Wire::streams(&wire, &response) {
-        response = body::TimedBody::wrap(response, pipeline::tokens::clock(ctx));
-    }
+    let response = pipeline::serve(ctx, &mut wire).await?;
+    let response = timed(ctx, &wire, response);
     Ok(body::LeasedBody::hold(response, ctx))
+}
+
+/// A token stream's answer (`Wire::streams`) with its body timed by the request's token
+/// clock (`tokens::clock`, which also takes the guard's count the pipeline left to the
+/// first token); any other answer as it is. Both HTTP answers (KServe's and OpenAI's) pass
+/// here, so no stream goes untimed.
+fn timed<W: pipeline::Wire<Answer = Response>>(
+    ctx: &mut RequestCtx,
+    wire: &W,
+    response: Response,
+) -> Response {
+    if wire.streams(&response) {
+        body::TimedBody::wrap(response, pipeline::tokens::clock(ctx))
+    } else {
+        response
+    }
 }
 
 /// A model's statistics, summed over the copies that serve it.

@@ -131,10 +131,8 @@ async fn generate(
         prompt_tokens: None,
         reservation: None,
     };
-    let mut response = pipeline::serve(ctx, &mut wire).await?;
-    if wire.streams(&response) {
-        response = body::TimedBody::wrap(response, pipeline::tokens::clock(ctx));
-    }
+    let response = pipeline::serve(ctx, &mut wire).await?;
+    let response = super::timed(ctx, &wire, response);
     let tally = Tally {
         tenant: ctx.tenant().map(|t| t.to_string()).unwrap_or_default(),
         model: ctx.served().model,
