@@ -24,6 +24,11 @@ use std::borrow::Cow;
 /// More inputs than a plain request has; past it the full reader (with its name set) reads.
 const MAX_INPUTS: usize = 64;
 
+/// More request parameters than a plain request has; past it the full reader reads. Names
+/// are told apart pair by pair, so the bound also bounds that work, and they stay on the
+/// stack.
+const MAX_PARAMETERS: usize = 16;
+
 /// The request in the JSON header's first `header_length` bytes, with its binary tensors
 /// behind them, when it is plain and the full reader would accept it as it is.
 pub(super) fn read<'a>(
@@ -147,9 +152,9 @@ fn output<'a>(scan: &mut Scan<'a>) -> Option<Cow<'a, str>> {
 /// The request's `parameters`, each named once and of the type Triton reads it as
 /// (`parameter_fits`, the full reader's rule).
 fn request_parameters(scan: &mut Scan<'_>) -> Option<()> {
-    let mut names: Vec<&[u8]> = Vec::new();
+    let mut names = smallvec::SmallVec::<[&[u8]; MAX_PARAMETERS]>::new();
     scan.object(|scan, key| {
-        if names.contains(&key) {
+        if names.contains(&key) || names.len() == MAX_PARAMETERS {
             return None;
         }
         names.push(key);
@@ -419,6 +424,24 @@ mod tests {
         let header = r#"{"inputs":[{"name":"x","datatype":"INT32","shape":[1],"parameters":{"binary_data_size":4}}]}"#;
         assert_eq!(both(header, &[0; 8]).0, None);
         assert_eq!(both(header, &[0; 2]).0, None);
+    }
+
+    /// Up to `MAX_PARAMETERS` request parameters are read in one pass; more (a request
+    /// could send thousands, each compared with the ones before) go to the full reader,
+    /// which accepts them just the same.
+    #[test]
+    fn many_parameters_are_left_to_the_full_reader() {
+        let header = |count: usize| {
+            let parameters: Vec<String> = (0..count).map(|i| format!(r#""p{i}":{i}"#)).collect();
+            format!(
+                r#"{{"parameters":{{{}}},"inputs":[]}}"#,
+                parameters.join(",")
+            )
+        };
+        plain(&header(MAX_PARAMETERS), b"");
+        let (one_pass, full) = both(&header(MAX_PARAMETERS + 1), b"");
+        assert_eq!(one_pass, None);
+        assert!(full.is_some(), "the full reader accepts them");
     }
 
     /// splitmix64: the generated requests are the same on every run.
