@@ -132,6 +132,11 @@ pub enum GatewayError {
     /// The backend broke the exchange after it started.
     #[error("backend '{backend}' failed: {reason}")]
     UpstreamFailed { backend: String, reason: String },
+    /// The backend closed the connection before any of its answer came (a keep-alive
+    /// connection it dropped as the request went out, as a Triton stalled and resumed
+    /// does): nothing came back, so the request may go again (`pipeline::forward`).
+    #[error("backend '{backend}' closed the connection before answering")]
+    UpstreamClosed { backend: String },
     /// Every target of the route has weight 0 (all rolled back or switched off).
     #[error("route '{route}' has no target with a weight above 0")]
     RouteUnavailable { route: String },
@@ -265,6 +270,7 @@ impl GatewayError {
             | Self::UpstreamUnreachable { .. }
             | Self::UpstreamTimeout { .. }
             | Self::UpstreamFailed { .. }
+            | Self::UpstreamClosed { .. }
             | Self::SequenceLost { .. }
             | Self::Backend(_)
             | Self::BackendRefused { .. } => ErrorSource::Upstream,
@@ -297,6 +303,7 @@ impl GatewayError {
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::UpstreamFailed { .. } => "upstream_failed",
+            Self::UpstreamClosed { .. } => "upstream_closed",
             Self::RouteUnavailable { .. } => "route_unavailable",
             Self::NoRoom { .. } => "no_room",
             Self::Churn { .. } => "churn",
@@ -358,6 +365,7 @@ impl GatewayError {
             | Self::RegistryUnreachable { .. }
             | Self::NotJoined
             | Self::Shed { .. }
+            | Self::UpstreamClosed { .. }
             | Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
             Self::UpstreamUnreachable { .. } | Self::UpstreamFailed { .. } => {
                 (StatusCode::BAD_GATEWAY, Code::Unavailable)
@@ -667,6 +675,12 @@ mod tests {
                     reason: "r".into(),
                 },
                 502,
+                Unavailable,
+                Upstream,
+            ),
+            (
+                GatewayError::UpstreamClosed { backend: backend() },
+                503,
                 Unavailable,
                 Upstream,
             ),

@@ -241,3 +241,88 @@ async fn a_backend_that_drops_connection_attempts_fails_within_connect_timeout()
         "answered after {took:?}, connect_timeout is 300ms"
     );
 }
+
+/// Serves `triton_like` over HTTP/1.1, but closes the connection without a word on each of
+/// the first `drops` infer requests (hyper's server closes a connection whose service
+/// fails, writing nothing): what a backend does to a keep-alive connection it times out
+/// as a request goes out on it, which Triton stalled and resumed does now and then, but
+/// not on cue.
+async fn start_dropping_stub(drops: usize) -> (SocketAddr, Log) {
+    let log = Log::default();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let left = Arc::new(std::sync::atomic::AtomicUsize::new(drops));
+    let router = Router::new().fallback(triton_like).with_state(log.clone());
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let (router, left) = (router.clone(), left.clone());
+            let service =
+                hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let router = router.clone();
+                    let drop_it = request.uri().path().ends_with("/infer")
+                        && left
+                            .fetch_update(
+                                std::sync::atomic::Ordering::SeqCst,
+                                std::sync::atomic::Ordering::SeqCst,
+                                |n| n.checked_sub(1),
+                            )
+                            .is_ok();
+                    async move {
+                        if drop_it {
+                            return Err("dropped");
+                        }
+                        let request = request.map(axum::body::Body::new);
+                        Ok(tower::ServiceExt::oneshot(router, request).await.unwrap())
+                    }
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
+            );
+        }
+    });
+    (addr, log)
+}
+
+/// A backend that closes the connection before answering gets the request again once, on
+/// a new connection, and the client its answer; closed twice, the client gets a clear 503
+/// with `Retry-After`, not a 502.
+#[tokio::test]
+async fn a_connection_closed_before_the_answer_is_sent_on_once_more() {
+    for (drops, status) in [(1, 200), (2, 503)] {
+        let (addr, log) = start_dropping_stub(drops).await;
+        let gateway = TestGateway::start(&gateway_config(
+            &format!("http://{addr}"),
+            addr,
+            "health_interval = \"1h\"",
+        ))
+        .await;
+        let response = reqwest::Client::new()
+            .post(format!("{}/v2/models/add_sub/infer", gateway.url()))
+            .json(&infer_body())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), status, "{drops} dropped");
+        if status == 503 {
+            assert_eq!(response.headers()["retry-after"], "1");
+            let body: serde_json::Value = response.json().await.unwrap();
+            assert_eq!(
+                body["error"],
+                "backend 'stub-0' closed the connection before answering"
+            );
+        } else {
+            let body: serde_json::Value = response.json().await.unwrap();
+            assert_eq!(body["outputs"][0]["data"], json!([3.0]));
+        }
+        // The dropped sends never reach the stub's handler: only the one it answered does.
+        let answered = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.path.ends_with("/infer"))
+            .count();
+        assert_eq!(answered, usize::from(status == 200), "{drops} dropped");
+    }
+}

@@ -65,8 +65,9 @@ pub(crate) trait Wire: Inspect {
         backend: &Arc<Backend>,
     ) -> Result<Self::Answer, GatewayError>;
 
-    /// Whether this answer is the backend's refusal of a copy that has gone, with the
-    /// request ready to be sent again; otherwise the answer, as the client is to get it.
+    /// Whether this answer is the backend's refusal of a copy that has gone, or a
+    /// connection it closed before answering, with the request ready to be sent again;
+    /// otherwise the answer, as the client is to get it.
     async fn gone(&mut self, answer: Result<Self::Answer, GatewayError>) -> Sent<Self::Answer>;
 
     /// Whether an answer counts as a failure of the target for the route's guard (a 5xx).
@@ -104,6 +105,9 @@ pub enum Sent<A> {
     Answer(Result<A, GatewayError>),
     /// The copy had gone and the request may go again.
     Again,
+    /// The backend closed the connection before answering (`UpstreamClosed`, the error
+    /// kept): the request may go to the same copy again, on a new connection.
+    Resend(GatewayError),
 }
 
 /// Whether a backend's error message says it has no such model ready. Triton's own words;
@@ -112,8 +116,10 @@ pub fn copy_is_gone(message: &str) -> bool {
     message.contains("Request for unknown model")
 }
 
-/// The forward phase: sends to the leased copy, and once more to a copy placed again when
-/// that one had gone.
+/// The forward phase: sends to the leased copy; once more to a copy placed again when that
+/// one had gone, or to the same copy when its backend closed the connection before
+/// answering (nothing came back; a request of a sequence is not sent twice, as its state
+/// may have moved).
 pub(crate) async fn forward<W: Wire>(
     ctx: &mut RequestCtx,
     wire: &mut W,
@@ -122,6 +128,8 @@ pub(crate) async fn forward<W: Wire>(
     let answer = wire.send(ctx, &backend).await;
     match wire.gone(answer).await {
         Sent::Answer(answer) => answer,
+        Sent::Resend(closed) if ctx.sequence.is_some() => Err(closed),
+        Sent::Resend(_) => wire.send(ctx, &backend).await,
         Sent::Again => match place::again(ctx).await? {
             place::Placing::Leased => {
                 let backend = ctx.lease()?.backend().clone();

@@ -196,6 +196,9 @@ pub async fn forward(
                 | GatewayError::UpstreamFailed { reason, .. } => {
                     backend.record_request_failure(reason)
                 }
+                GatewayError::UpstreamClosed { .. } => {
+                    backend.record_request_failure("closed the connection before answering")
+                }
                 _ => {}
             }
             return Err(error);
@@ -215,7 +218,8 @@ pub async fn forward(
 }
 
 /// Names the failure: a body over the limit is the client's; a refused or reset connection
-/// means the backend is unreachable; anything else broke mid-exchange. A connection attempt
+/// means the backend is unreachable; a connection it closed before any answer came may be
+/// sent on again; anything else broke mid-exchange. A connection attempt
 /// that timed out says so with the timeout (the connector's own words are tokio's "deadline
 /// has elapsed", which names neither).
 pub(super) fn classify(
@@ -233,10 +237,18 @@ pub(super) fn classify(
         e.downcast_ref::<hyper_util::client::legacy::Error>()
             .is_some_and(hyper_util::client::legacy::Error::is_connect)
     });
+    let closed = super::failure::chain(error).any(|e| {
+        e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message)
+    });
     if connect {
         GatewayError::UpstreamUnreachable {
             backend: backend.to_string(),
             reason: super::failure::connect_reason(error, connect_timeout),
+        }
+    } else if closed {
+        GatewayError::UpstreamClosed {
+            backend: backend.to_string(),
         }
     } else {
         GatewayError::UpstreamFailed {

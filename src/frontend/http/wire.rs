@@ -61,6 +61,13 @@ impl HttpWire {
         }
     }
 
+    /// Whether the last send kept what a second one needs (its head, and its whole body).
+    fn replayable(&self) -> bool {
+        self.again
+            .as_ref()
+            .is_some_and(|(_, replay)| replay.ready())
+    }
+
     fn request(&mut self) -> Result<Request, GatewayError> {
         self.request
             .take()
@@ -210,10 +217,14 @@ impl Wire for HttpWire {
     }
 
     /// Reads the body of a 404 or 503 (an error answer is small), and sees whether it is
-    /// Triton's refusal of a model it no longer has, with the body kept to send again.
+    /// Triton's refusal of a model it no longer has, with the body kept to send again; a
+    /// connection closed before any answer may go again too, when the body was kept.
     async fn gone(&mut self, answer: Result<Response, GatewayError>) -> Sent<Response> {
         let response = match answer {
             Ok(response) if may_be_gone(response.status()) => response,
+            Err(closed @ GatewayError::UpstreamClosed { .. }) if self.replayable() => {
+                return Sent::Resend(closed);
+            }
             answer => return Sent::Answer(answer),
         };
         let (parts, answer_body) = response.into_parts();
@@ -236,11 +247,7 @@ impl Wire for HttpWire {
             .ok()
             .and_then(|v| v.get("error")?.as_str().map(forward::copy_is_gone))
             .unwrap_or(false);
-        let replayable = self
-            .again
-            .as_ref()
-            .is_some_and(|(_, replay)| replay.ready());
-        if gone && replayable {
+        if gone && self.replayable() {
             return Sent::Again;
         }
         self.again = None;
