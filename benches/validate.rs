@@ -8,7 +8,10 @@
 //!   never built);
 //! - `binary/*`: the same tensor in the binary extension (checked by size: the cost should
 //!   not grow with the body);
-//! - `bytes/*`: a BYTES tensor of 16-byte strings in the binary extension.
+//! - `bytes/*`: a BYTES tensor of 16-byte strings in the binary extension;
+//! - `add_sub/*`: the small request most clients send, two FP32 inputs of four elements in
+//!   JSON, compact (`infergate-load --json`) and as `json.dumps` writes it (tritonclient):
+//!   there the fixed cost per request, not the per-byte one, is what shows.
 //!
 //! Run: `cargo bench --bench validate`.
 
@@ -20,23 +23,42 @@ use std::hint::black_box;
 const SIZES: [(&str, usize); 3] = [("1KB", 1 << 10), ("1MB", 1 << 20), ("16MB", 16 << 20)];
 
 fn signature(datatype: DataType) -> Signature {
+    signature_of(&["INPUT0"], datatype, vec![-1])
+}
+
+fn signature_of(inputs: &[&str], datatype: DataType, dims: Vec<i64>) -> Signature {
     Signature {
         name: "bench".into(),
         platform: "python".into(),
         max_batch_size: 8,
         instances: 1,
         decoupled: false,
-        inputs: vec![InputSpec {
-            name: "INPUT0".into(),
-            datatype,
-            dims: vec![-1],
-            optional: false,
-            allow_ragged_batch: false,
-            is_shape_tensor: false,
-        }],
+        inputs: inputs
+            .iter()
+            .map(|name| InputSpec {
+                name: (*name).into(),
+                datatype,
+                dims: dims.clone(),
+                optional: false,
+                allow_ragged_batch: false,
+                is_shape_tensor: false,
+            })
+            .collect(),
         outputs: vec!["OUTPUT0".into()],
     }
 }
+
+/// add_sub's request, compact and as `json.dumps` writes it.
+const ADD_SUB: [(&str, &str); 2] = [
+    (
+        "compact",
+        r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"data":[1.0,2.0,3.0,4.5]},{"name":"INPUT1","datatype":"FP32","shape":[4],"data":[0.5,0.25,0.0,1.0]}]}"#,
+    ),
+    (
+        "json.dumps",
+        r#"{"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.5]}, {"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": [0.5, 0.25, 0.0, 1.0]}], "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT1"}]}"#,
+    ),
+];
 
 /// A JSON request of about `size` bytes: FP32 values written as `0.123456,`.
 fn json_body(size: usize) -> Bytes {
@@ -109,6 +131,18 @@ fn bench(c: &mut Criterion) {
         let (body, length) = binary_body(size, "BYTES", count, tensor);
         group.bench_with_input(BenchmarkId::new("bytes", label), &body, |b, body| {
             b.iter(|| validate(body, Some(&length), &strings))
+        });
+    }
+    group.finish();
+
+    let mut add_sub = signature_of(&["INPUT0", "INPUT1"], DataType::Fp32, vec![4]);
+    add_sub.max_batch_size = 0;
+    add_sub.outputs.push("OUTPUT1".into());
+    let mut group = c.benchmark_group("add_sub");
+    for (label, body) in ADD_SUB {
+        let body = Bytes::from_static(body.as_bytes());
+        group.bench_with_input(BenchmarkId::new("json", label), &body, |b, body| {
+            b.iter(|| validate(body, None, &add_sub))
         });
     }
     group.finish();

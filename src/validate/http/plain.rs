@@ -236,11 +236,9 @@ impl<'a> Scan<'a> {
         let length = self.text[start..]
             .iter()
             .position(|&b| b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b))?;
-        self.pos = start + length;
-        if !self.eat(b'"') {
-            return None;
-        }
-        Some(&self.text[start..start + length])
+        // The byte that ended the string: its closing quote, or one outside the subset.
+        self.pos = start + length + 1;
+        (self.text[start + length] == b'"').then(|| &self.text[start..start + length])
     }
 
     /// A string kept as text (a member name is only compared, `string`).
@@ -261,10 +259,12 @@ impl<'a> Scan<'a> {
         self.whitespace();
         let start = self.pos;
         match self.number()? {
-            Leaf::Number { uint: true, .. } => std::str::from_utf8(&self.text[start..self.pos])
-                .ok()?
-                .parse()
-                .ok(),
+            // "-0" is unsigned to RapidJSON; the full reader has the last word on it.
+            Leaf::Number { uint: true, .. } if self.text[start] != b'-' => Some(
+                self.text[start..self.pos]
+                    .iter()
+                    .fold(0, |value, digit| value * 10 + u64::from(digit - b'0')),
+            ),
             _ => None,
         }
     }
