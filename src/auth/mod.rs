@@ -10,6 +10,7 @@ mod caller;
 pub mod jwt;
 pub mod limits;
 pub mod tenants;
+mod token_cache;
 
 use crate::config::{self, AuthMode};
 use crate::error::GatewayError;
@@ -22,6 +23,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tenants::ModelAccess;
+use token_cache::TokenCache;
 
 pub use api_keys::hash_key;
 pub use caller::Caller;
@@ -167,7 +169,7 @@ pub struct Auth {
     jwt: JwtKeys,
     api_keys: ApiKeys,
     tenants: HashMap<Arc<str>, TenantPolicy>,
-    cache: Option<moka::sync::Cache<Box<[u8]>, Arc<Identity>, foldhash::fast::RandomState>>,
+    cache: Option<TokenCache>,
     refresh_interval: Duration,
     client_certificates: bool,
     /// How many replicas share the tenants' limits; one per gateway, kept across reloads.
@@ -179,22 +181,6 @@ impl std::fmt::Debug for Auth {
         f.debug_struct("Auth")
             .field("mode", &self.mode)
             .finish_non_exhaustive()
-    }
-}
-
-/// Verified tokens stay in the cache until their `exp`.
-struct UntilExpiry;
-
-impl moka::Expiry<Box<[u8]>, Arc<Identity>> for UntilExpiry {
-    fn expire_after_create(
-        &self,
-        _key: &Box<[u8]>,
-        identity: &Arc<Identity>,
-        _now: Instant,
-    ) -> Option<Duration> {
-        Some(Duration::from_secs(
-            identity.expires.unwrap_or(0).saturating_sub(unix_now()),
-        ))
     }
 }
 
@@ -254,10 +240,7 @@ impl Auth {
             })
             .collect();
         let cache = (config.token_cache_capacity > 0).then(|| {
-            moka::sync::Cache::builder()
-                .max_capacity(config.token_cache_capacity)
-                .expire_after(UntilExpiry)
-                .build_with_hasher(foldhash::fast::RandomState::default())
+            TokenCache::new(usize::try_from(config.token_cache_capacity).unwrap_or(usize::MAX))
         });
         Ok(Self {
             mode: config.mode,
@@ -304,7 +287,7 @@ impl Auth {
         if self.jwt.refresh().await
             && let Some(cache) = &self.cache
         {
-            cache.invalidate_all();
+            cache.clear();
         }
     }
 
@@ -372,7 +355,7 @@ impl Auth {
         let claims = self.jwt.verify(token).await.map_err(unauthenticated)?;
         let identity = Arc::new(self.identity(claims, generation)?);
         if let Some(cache) = &self.cache {
-            cache.insert(token.as_bytes().into(), identity.clone());
+            cache.insert(token.as_bytes(), identity.clone());
         }
         Ok(identity)
     }
