@@ -2,9 +2,10 @@
 //! read lock, where verifying its signature again would cost tens of microseconds.
 //!
 //! It is a plain map, not a general-purpose cache (moka was one here): a lookup is every
-//! request's cost, and moka's read bookkeeping (its clock, the read log its housekeeper
-//! drains) was about 1.4k instructions of it, against about 0.3k for a map behind a lock
-//! (`loadtest/instructions.sh`, everything on). Entries are few and live until their token's
+//! request's cost, and with moka's read bookkeeping (its clock, the read log its housekeeper
+//! drains) a warm check cost about 1.5k instructions, against about 0.55k for a map behind a
+//! lock, half of that hashing the token (`loadtest/instructions.sh`, everything on,
+//! `2026-12-06-6a0e43e-instructions.md`). Entries are few and live until their token's
 //! `exp`, so the map needs little policy: a token past its `exp` is never answered (the
 //! caller checks), and at capacity the expired ones are swept (at most once a second) and, if
 //! it is still full of live ones, an arbitrary one makes room.
