@@ -323,15 +323,13 @@ impl Auth {
             .or_else(|| header.strip_prefix(b"bearer "))
             .ok_or_else(|| unauthenticated("the Authorization header is not 'Bearer <token>'"))?;
         // A token verified before is a JWT: answered from the cache by its bytes, before
-        // they are checked as UTF-8 (a cached token is) or hashed as an API key (the
-        // digest cost as much as the rest of a warm check).
-        let jwt_shaped = |token: &[u8]| memchr::memchr_iter(b'.', token).take(3).count() == 2;
+        // they are checked as UTF-8 (a cached token is), as a JWT's shape (a scan of all its
+        // bytes) or hashed as an API key (the digest cost as much as the rest of a warm check).
         let cached = token.trim_ascii();
-        if jwt_shaped(cached)
-            && let Some(identity) = self.cached_jwt(cached)
-        {
+        if let Some(identity) = self.cached_jwt(cached) {
             return Ok(identity);
         }
+        let jwt_shaped = |token: &[u8]| memchr::memchr_iter(b'.', token).take(3).count() == 2;
         let token = std::str::from_utf8(token)
             .map_err(|_| unauthenticated("malformed token"))?
             .trim();

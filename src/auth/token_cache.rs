@@ -9,22 +9,39 @@
 //! `exp`, so the map needs little policy: a token past its `exp` is never answered (the
 //! caller checks), and at capacity the expired ones are swept (at most once a second) and, if
 //! it is still full of live ones, an arbitrary one makes room.
+//!
+//! A token is found by a hash of its last bytes, not all of them: an RS256 token is some 600
+//! bytes, and hashing them was half of a warm check. Its tail is its signature's, which differs
+//! from token to token; the whole token is then compared, so two tokens that share a tail
+//! only share a slot (the later one takes it, and the other is verified again).
 
 use super::{Identity, unix_now};
 use foldhash::HashMap;
+use std::hash::BuildHasher;
 use std::sync::{Arc, PoisonError, RwLock};
+
+/// How many of a token's last bytes find it.
+const TAIL: usize = 32;
 
 /// Verified tokens and their identities, at most `capacity` of them.
 pub(super) struct TokenCache {
     capacity: usize,
+    /// Hashes a token's tail (seeded per process, as a map's own hasher is).
+    tail_hash: foldhash::fast::RandomState,
     map: RwLock<Tokens>,
 }
 
 #[derive(Default)]
 struct Tokens {
-    by_token: HashMap<Box<[u8]>, Arc<Identity>>,
+    /// By the hash of the token's tail.
+    by_tail: HashMap<u64, Kept>,
     /// No sweep for expired tokens before this second (Unix time).
     next_sweep: u64,
+}
+
+struct Kept {
+    token: Box<[u8]>,
+    identity: Arc<Identity>,
 }
 
 impl TokenCache {
@@ -32,6 +49,7 @@ impl TokenCache {
     pub(super) fn new(capacity: usize) -> Self {
         Self {
             capacity,
+            tail_hash: foldhash::fast::RandomState::default(),
             map: RwLock::default(),
         }
     }
@@ -39,28 +57,37 @@ impl TokenCache {
     /// The identity `token` was verified as, if it is kept (expired or not: the caller
     /// decides).
     pub(super) fn get(&self, token: &[u8]) -> Option<Arc<Identity>> {
+        let tail = self.tail(token);
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
-        map.by_token.get(token).cloned()
+        let kept = map.by_tail.get(&tail)?;
+        (*kept.token == *token).then(|| kept.identity.clone())
     }
 
     /// Keeps a verified token, making room when the cache is full.
     pub(super) fn insert(&self, token: &[u8], identity: Arc<Identity>) {
+        let tail = self.tail(token);
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
-        if map.by_token.len() >= self.capacity && !map.by_token.contains_key(token) {
+        if map.by_tail.len() >= self.capacity && !map.by_tail.contains_key(&tail) {
             map.make_room(self.capacity);
         }
-        map.by_token.insert(token.into(), identity);
+        let token = token.into();
+        map.by_tail.insert(tail, Kept { token, identity });
     }
 
     /// Forgets every token (the keys that verified them changed).
     pub(super) fn clear(&self) {
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
-        map.by_token.clear();
+        map.by_tail.clear();
+    }
+
+    fn tail(&self, token: &[u8]) -> u64 {
+        self.tail_hash
+            .hash_one(&token[token.len().saturating_sub(TAIL)..])
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.map.read().unwrap().by_token.len()
+        self.map.read().unwrap().by_tail.len()
     }
 }
 
@@ -69,15 +96,15 @@ impl Tokens {
     fn make_room(&mut self, capacity: usize) {
         let now = unix_now();
         if now >= self.next_sweep {
-            self.by_token
-                .retain(|_, identity| identity.expires.is_some_and(|exp| exp > now));
+            self.by_tail
+                .retain(|_, kept| kept.identity.expires.is_some_and(|exp| exp > now));
             self.next_sweep = now + 1;
         }
-        while self.by_token.len() >= capacity {
-            let Some(any) = self.by_token.keys().next().cloned() else {
+        while self.by_tail.len() >= capacity {
+            let Some(&any) = self.by_tail.keys().next() else {
                 break;
             };
-            self.by_token.remove(&any);
+            self.by_tail.remove(&any);
         }
     }
 }
@@ -124,5 +151,27 @@ mod tests {
         assert_eq!(cache.len(), 3);
         cache.clear();
         assert_eq!(cache.len(), 0);
+    }
+
+    /// Tokens are told apart by all their bytes: one that shares another's tail is not
+    /// answered with the other's identity.
+    #[test]
+    fn a_token_is_answered_only_for_its_own_bytes() {
+        let cache = TokenCache::new(8);
+        let tail = [b'x'; TAIL];
+        let (first, second) = (
+            [b"a".as_slice(), &tail].concat(),
+            [b"b".as_slice(), &tail].concat(),
+        );
+        cache.insert(&first, identity(1));
+        assert_eq!(cache.get(&first).and_then(|i| i.expires), Some(1));
+        assert!(cache.get(&second).is_none());
+        cache.insert(&second, identity(2));
+        assert_eq!(cache.get(&second).and_then(|i| i.expires), Some(2));
+        assert!(cache.get(&first).is_none(), "the later token took the slot");
+        assert!(
+            cache.get(&tail[1..]).is_none(),
+            "a shorter token is another token"
+        );
     }
 }
