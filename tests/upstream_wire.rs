@@ -92,6 +92,19 @@ fn infer_body() -> serde_json::Value {
     json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.0]}]})
 }
 
+/// One inference through `gateway` (`support::infer_post`), its whole answer.
+async fn send_infer(gateway: &TestGateway) -> reqwest::Response {
+    support::infer_post(
+        &reqwest::Client::new(),
+        &gateway.url(),
+        "add_sub",
+        &infer_body(),
+    )
+    .send()
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn an_h2c_backend_is_spoken_to_over_http2_and_gets_the_request_id() {
     let (addr, log) = start_h2_only_stub().await;
@@ -221,12 +234,7 @@ async fn a_backend_that_drops_connection_attempts_fails_within_connect_timeout()
     let _wedged = stub.wedge().await;
 
     let sent = Instant::now();
-    let response = reqwest::Client::new()
-        .post(format!("{}/v2/models/add_sub/infer", gateway.url()))
-        .json(&infer_body())
-        .send()
-        .await
-        .unwrap();
+    let response = send_infer(&gateway).await;
     let took = sent.elapsed();
     assert_eq!(response.status(), 502);
     let body: serde_json::Value = response.json().await.unwrap();
@@ -298,12 +306,7 @@ async fn a_connection_closed_before_the_answer_is_sent_on_once_more() {
             "health_interval = \"1h\"",
         ))
         .await;
-        let response = reqwest::Client::new()
-            .post(format!("{}/v2/models/add_sub/infer", gateway.url()))
-            .json(&infer_body())
-            .send()
-            .await
-            .unwrap();
+        let response = send_infer(&gateway).await;
         assert_eq!(response.status(), status, "{drops} dropped");
         if status == 503 {
             assert_eq!(response.headers()["retry-after"], "1");
