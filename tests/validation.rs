@@ -454,6 +454,33 @@ async fn send(client: &reqwest::Client, base: &str, case: &Case) -> Answer {
 
 /// Inference requests Triton says it received: log lines ending in
 /// `"HTTP request: 2 /v2/models/m/infer"` (2 is POST).
+/// The differential's two Tritons over one repository, both with default flags. The
+/// reference has every model loaded (`--load-model`): it is sent each request directly, and
+/// nothing would load a model for a direct request. The gateway's Triton starts empty, as
+/// in production: the gateway loads each model on its first request, and its checks then
+/// read the signature of a copy it placed itself.
+async fn reference_and_served(repository: &tempfile::TempDir) -> (Triton, Triton) {
+    let start = |models: &[&str]| {
+        Triton::start(TritonOptions {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            verbose: true,
+            repository: Some(repository.path().to_path_buf()),
+            ..Default::default()
+        })
+    };
+    let (reference, served) = tokio::join!(start(&MODELS), start(&[]));
+    (
+        reference.expect("reference triton starts"),
+        served.expect("the gateway's triton starts"),
+    )
+}
+
+/// A gateway over `served` with room for every corpus model at once: each is loaded on its
+/// first request and stays, as a user sizes capacity for the models they serve.
+fn corpus_config(name: &str, served: &Triton) -> String {
+    support::gateway::config_with_capacity(name, &[served], "64GiB", "", "")
+}
+
 fn infer_arrivals(triton: &Triton) -> usize {
     triton
         .log()
@@ -513,23 +540,14 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 async fn differential_against_real_triton() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let repository = test_repository();
-    // Preloaded on purpose: every request is also sent to Triton directly (the differential),
-    // and nothing would load a model for a direct request; the gateway adopts the copies.
-    let triton = Triton::start(TritonOptions {
-        models: MODELS.iter().map(|m| m.to_string()).collect(),
-        verbose: true,
-        repository: Some(repository.path().to_path_buf()),
-        ..Default::default()
-    })
-    .await
-    .expect("triton starts");
-    let gateway = TestGateway::start(&config_for("validation", &[&triton], "", "")).await;
+    let (triton, served) = reference_and_served(&repository).await;
+    let gateway = TestGateway::start(&corpus_config("validation", &served)).await;
     let client = reqwest::Client::new();
     let started = std::time::Instant::now();
 
     let corpus = corpus();
     assert!(corpus.len() >= 60, "corpus of {}", corpus.len());
-    let arrivals_at_start = infer_arrivals(&triton);
+    let (direct_at_start, served_at_start) = (infer_arrivals(&triton), infer_arrivals(&served));
     let counted_before = gateway.metrics_text("/metrics").await;
     let (mut accepted, mut refused) = (0usize, 0usize);
     let mut refused_per_model: BTreeMap<&str, u64> = BTreeMap::new();
@@ -545,8 +563,9 @@ async fn differential_against_real_triton() {
             "{}: Triton's log missed the direct request",
             case.name
         );
+        let served_before = infer_arrivals(&served);
         let via = send(&client, &gateway.url(), case).await;
-        let forwarded = infer_arrivals(&triton) - after_direct;
+        let forwarded = infer_arrivals(&served) - served_before;
         if direct.status == StatusCode::OK {
             accepted += 1;
         } else {
@@ -562,13 +581,12 @@ async fn differential_against_real_triton() {
         corpus.len(),
         failures.join("\n")
     );
-    // Counted over the whole run too, after the log has surely caught up: one arrival per
-    // direct request, one per request the gateway forwarded, none else.
+    // Counted over the whole run too, after the logs have surely caught up: one arrival
+    // per direct request at the reference, one per accepted request behind the gateway,
+    // none else.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        infer_arrivals(&triton) - arrivals_at_start,
-        corpus.len() + accepted
-    );
+    assert_eq!(infer_arrivals(&triton) - direct_at_start, corpus.len());
+    assert_eq!(infer_arrivals(&served) - served_at_start, accepted);
     assert!(
         accepted >= 20 && refused >= 40,
         "{accepted} accepted, {refused} refused"
@@ -611,11 +629,12 @@ async fn differential_against_real_triton() {
     }
     assert!(metrics.contains("# HELP infergate_validation_rejections_total"));
 
-    formatted_corpus_agrees_with_triton(&triton, &gateway, &client).await;
-    requests_that_would_hurt_triton_never_reach_it(&triton, &gateway, &client).await;
+    formatted_corpus_agrees_with_triton(&triton, &served, &gateway, &client).await;
+    requests_that_would_hurt_triton_never_reach_it(&served, &gateway, &client).await;
+    // The signature cache alone, fetching from a Triton that has every model.
     signatures_are_fetched_once_and_invalidated(&triton, repository.path()).await;
-    disabled_validation_streams_requests_untouched(&triton, &client).await;
-    unavailable_signature_means_unvalidated(&triton, &client).await;
+    disabled_validation_streams_requests_untouched(&served, &client).await;
+    unavailable_signature_means_unvalidated(&served, &client).await;
 }
 
 /// What is wrong with the gateway's answer `via` to `case`, given Triton's own answer
@@ -706,10 +725,11 @@ fn formatted(case: &Case, style: Style) -> Option<Case> {
 /// agree on each exactly as on the compact text.
 async fn formatted_corpus_agrees_with_triton(
     triton: &Triton,
+    served: &Triton,
     gateway: &TestGateway,
     client: &reqwest::Client,
 ) {
-    let mut log = LogTail::new(triton.log_path());
+    let mut log = LogTail::new(served.log_path());
     let (mut sent, mut accepted) = (0usize, 0usize);
     let mut failures = Vec::new();
     for (index, case) in corpus().iter().enumerate() {
@@ -1089,18 +1109,9 @@ async fn random_mutations_agree_with_triton() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0x5eed);
     let repository = test_repository();
-    // Preloaded on purpose: every request is also sent to Triton directly (the differential),
-    // and nothing would load a model for a direct request; the gateway adopts the copies.
-    let triton = Triton::start(TritonOptions {
-        models: MODELS.iter().map(|m| m.to_string()).collect(),
-        verbose: true,
-        repository: Some(repository.path().to_path_buf()),
-        ..Default::default()
-    })
-    .await
-    .expect("triton starts");
-    let gateway = TestGateway::start(&config_for("mutations", &[&triton], "", "")).await;
-    let mut log = LogTail::new(triton.log_path());
+    let (triton, served) = reference_and_served(&repository).await;
+    let gateway = TestGateway::start(&corpus_config("mutations", &served)).await;
+    let mut log = LogTail::new(served.log_path());
     let client = reqwest::Client::new();
     let corpus = corpus();
     let mut rng = Rng(seed);

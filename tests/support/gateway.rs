@@ -30,11 +30,22 @@ pub struct TestGateway {
 /// and extra keys for the `[upstream]` and `[server]` tables. The gRPC listener is on, and
 /// each backend's `grpc` URL set.
 pub fn config_for(name: &str, tritons: &[&Triton], upstream: &str, server: &str) -> String {
+    config_with_capacity(name, tritons, "1GiB", upstream, server)
+}
+
+/// [`config_for`] with each backend's `capacity`: room for the models a test keeps loaded.
+pub fn config_with_capacity(
+    name: &str,
+    tritons: &[&Triton],
+    capacity: &str,
+    upstream: &str,
+    server: &str,
+) -> String {
     let mut text = format!(
         "[listen]\nhttp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\n\
          [server]\n{server}\n[upstream]\nhealth_interval = \"200ms\"\nhealth_timeout = \"3s\"\n{upstream}\n"
     );
-    text.push_str(&backends(name, tritons, "1GiB"));
+    text.push_str(&backends(name, tritons, capacity));
     text
 }
 
