@@ -26,6 +26,11 @@
 #   2. Closed loop, `wrk` at c=16 and c=64: throughput, p50/p99 and added latency vs direct to
 #      the backend. The proxy under test is pinned to one core (`taskset -a`, CMP_PROXY_CPU),
 #      wrk and the backend to the other (CMP_CLIENT_CPU), so the tail is the proxy's own.
+#   2b. Open loop, pinned alike: `infergate-load --rate` (latency from each request's intended
+#      send time, so a stall is not hidden) at CMP_LATENCY_RATES, below every proxy's
+#      saturation: p50/p99 and added latency vs direct at the same rate, the latency a proxy
+#      adds when it is not the bottleneck. (At c=16 the closed loop keeps a queue on the
+#      proxy's core, and its p99 is that queue's, nginx's too.)
 #   3. Counts that do not follow the machine's noise, on a fixed number of requests (h2load -n,
 #      c=16): syscalls per request (`strace -c -f` attached to the running proxy: nginx's
 #      workers, every gateway thread), and user-space instructions per request under callgrind
@@ -45,6 +50,7 @@
 #   CMP_BIN=target/release                 fake-triton (cargo build --release -p infergate-load)
 #   CMP_RATES="5000 10000 20000"  CMP_OPEN_CLIENTS=40  CMP_OPEN_WINDOW=4     family 1 (seconds)
 #   CMP_CONCURRENCY="16 64"  CMP_WRK_WINDOW=4  CMP_WARMUP=1                  family 2 (seconds)
+#   CMP_LATENCY_RATES="2000 5000"  CMP_LATENCY_WINDOW=4                      family 2b
 #   CMP_STRACE_REQUESTS=10000  CMP_CG_REQUESTS=3000  CMP_CG_WARMUP=500  CMP_COUNT_CLIENTS=16
 #   CMP_STAGES="nginx floor ig-off ig-val ig-on"  the proxies (nginx, and any of the floor and
 #                                          the three gateways)
@@ -65,6 +71,8 @@ OPEN_WINDOW="${CMP_OPEN_WINDOW:-4}"
 read -r -a LEVELS <<<"${CMP_CONCURRENCY:-16 64}"
 WRK_WINDOW="${CMP_WRK_WINDOW:-4}"
 WARMUP="${CMP_WARMUP:-1}"
+read -r -a LAT_RATES <<<"${CMP_LATENCY_RATES:-2000 5000}"
+LAT_WINDOW="${CMP_LATENCY_WINDOW:-4}"
 STRACE_N="${CMP_STRACE_REQUESTS:-10000}"
 CG_N="${CMP_CG_REQUESTS:-3000}"
 CG_WARM="${CMP_CG_WARMUP:-500}"
@@ -227,6 +235,30 @@ for c in "${LEVELS[@]}"; do
     done
     step=$((step + 1))
 done
+
+# ---------------------------------------------------------------- 2b. open loop, pinned
+# The same pinning, but requests sent at a fixed rate (infergate-load --rate, latency counted
+# from each request's intended send time), below every proxy's saturation: the latency a
+# proxy adds when it is not the bottleneck. A closed loop at c=16 keeps a queue on the
+# proxy's core, and its p99 is that queue's (nginx's included).
+declare -A LATENCY # stage-rate -> "rps p50 p99 send_lag_p99 errors load"
+latency_run() { # OUT STAGE RATE
+    local args=(--url "http://127.0.0.1:${PORT[$2]}" -m "$(model_of "$2")" --request-file "$TMP/body.json"
+        --check --threads 1 --json -q --rate "$3" --warmup "${WARMUP}s" -d "${LAT_WINDOW}s")
+    [[ "$2" == ig-on ]] && args+=(--bearer "$TOKEN")
+    timeout $((WARMUP + LAT_WINDOW + 30)) taskset -c "$CLIENT_CPU" "$BIN/infergate-load" "${args[@]}" >"$1" 2>"$1.err" ||
+        { tail -5 "$1.err" >&2; die "infergate-load --rate $3 failed or timed out at $2"; }
+}
+step=0
+for rate in "${LAT_RATES[@]}"; do
+    for s in $(rotated $step direct "${PROXIES[@]}"); do
+        latency_run "$TMP/lat-$s-$rate.json" "$s" "$rate"
+        LATENCY[$s-$rate]="$(jq -r '.steps[0] | "\(.throughput_rps | floor) \(.latency_us.p50) \(.latency_us.p99) \(.send_lag_us.p99 // 0) \(.errors)"' \
+            "$TMP/lat-$s-$rate.json") $(cut -d' ' -f1 /proc/loadavg)"
+        say "open loop, pinned, $rate req/s, $s: ${LATENCY[$s-$rate]} (req/s, p50 µs, p99 µs, send lag p99 µs, errors, load)"
+    done
+    step=$((step + 1))
+done
 for s in "${PROXIES[@]}"; do pin "$NPROC_ALL" "${PROXY_PIDS[$s]}"; done
 
 # ---------------------------------------------------------------- 3a. syscalls per request
@@ -355,6 +387,24 @@ report() {
         done
     done
     echo
+    echo "## 2b. Open loop at a fixed rate, proxy pinned to core $PROXY_CPU, client and backend on core $CLIENT_CPU"
+    echo
+    echo "\`infergate-load --rate R --threads 1\` (up to 128 connections, latency from each request's intended send time) after ${WARMUP} s of warm-up, ${LAT_WINDOW} s measured, below every proxy's saturation: what a proxy adds when it is not the bottleneck. Added: the stage's percentile minus direct's at the same rate. Send lag: how late the client itself sent (its p99); a large one means the client, not the proxy, fell behind."
+    echo
+    echo "| req/s | stage | achieved req/s | p50 µs | p99 µs | added p50 µs | added p99 µs | send lag p99 µs | errors | load avg |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for rate in "${LAT_RATES[@]}"; do
+        d="${LATENCY[direct-$rate]}"
+        for s in direct "${PROXIES[@]}"; do
+            v="${LATENCY[$s-$rate]}"
+            printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$rate" "${LABEL[$s]}" "$(field "$v" 1)" \
+                "$(field "$v" 2)" "$(field "$v" 3)" \
+                "$([[ $s == direct ]] && echo — || echo $(($(field "$v" 2) - $(field "$d" 2))))" \
+                "$([[ $s == direct ]] && echo — || echo $(($(field "$v" 3) - $(field "$d" 3))))" \
+                "$(field "$v" 4)" "$(field "$v" 5)" "$(field "$v" 6)"
+        done
+    done
+    echo
     echo "## 3. Counts per request"
     echo
     echo "Syscalls: \`strace -c -f\` attached to the running proxy (nginx: its workers; infergate: every thread) over \`h2load -n $STRACE_N -c $COUNT_CLIENTS\` (its $COUNT_CLIENTS connects included), all calls counted. Instructions: user-space Ir under \`valgrind --tool=callgrind\` ($(valgrind --version)) of a fresh instance of the proxy (nginx: one process, \`master_process off\` and one worker, as callgrind_control cannot reach forked workers; infergate: $WORKERS workers), zeroed after $CG_WARM warm-up requests, dumped after \`h2load -n $CG_N -c $COUNT_CLIENTS\`; idle work inside the window included; GLIBC_TUNABLES=\`$CALLGRIND_TUNABLES\` (see instructions.sh)."
@@ -390,6 +440,12 @@ report() {
             echo "- p99 added at c=16, proxy pinned, < 500 µs, ${LABEL[$s]#infergate, }: $r µs — $(met "$r" 500 "<") (nginx: $(($(field "${CLOSED[nginx-16]}" 3) - $(field "${CLOSED[direct-16]}" 3))) µs)."
         done
     fi
+    for rate in "${LAT_RATES[@]}"; do
+        for s in "${igs[@]}"; do
+            r=$(($(field "${LATENCY[$s-$rate]}" 3) - $(field "${LATENCY[direct-$rate]}" 3)))
+            echo "- Beside it, p99 added in an open loop at $rate req/s, proxy pinned, < 500 µs, ${LABEL[$s]#infergate, }: $r µs — $(met "$r" 500 "<") (nginx: $(($(field "${LATENCY[nginx-$rate]}" 3) - $(field "${LATENCY[direct-$rate]}" 3))) µs)."
+        done
+    done
     for s in "${igs[@]}"; do
         r="$(calc %+.2f "${SYSCALLS[$s]} - ${SYSCALLS[nginx]}")"
         echo "- Syscalls per request ≤ nginx's + 1, ${LABEL[$s]#infergate, }: ${SYSCALLS[$s]} vs ${SYSCALLS[nginx]} ($r) — $(met "$r" 1.0001 "<")."
