@@ -25,6 +25,7 @@ pub mod grpc;
 pub mod http;
 pub mod json;
 pub mod request;
+mod runs;
 pub mod signature;
 pub mod triton_order;
 

@@ -19,6 +19,7 @@ use super::{
     parameter_fits,
 };
 use crate::validate::json::{Kind, Leaf, MAX_RANK, plain_number};
+use crate::validate::runs::plain_text_end;
 use std::borrow::Cow;
 
 /// More inputs than a plain request has; past it the full reader (with its name set) reads.
@@ -233,12 +234,10 @@ impl<'a> Scan<'a> {
             return None;
         }
         let start = self.pos;
-        let length = self.text[start..]
-            .iter()
-            .position(|&b| b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b))?;
+        let end = plain_text_end(self.text, start);
         // The byte that ended the string: its closing quote, or one outside the subset.
-        self.pos = start + length + 1;
-        (self.text[start + length] == b'"').then(|| &self.text[start..start + length])
+        self.pos = end + 1;
+        (self.text.get(end) == Some(&b'"')).then(|| &self.text[start..end])
     }
 
     /// A string kept as text (a member name is only compared, `string`).
