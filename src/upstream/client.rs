@@ -65,7 +65,8 @@ impl UpstreamClient {
         self.clients.get()
     }
 
-    /// Sends a request and answers with the head of the answer, its body streaming behind.
+    /// Sends a request and answers with the head of the answer, its body streaming behind,
+    /// or `GatewayError::UpstreamTimeout` when that head has not come by `request_timeout`.
     async fn send(
         &self,
         backend: &str,
@@ -76,9 +77,13 @@ impl UpstreamClient {
         {
             return driven.send(worker, backend, request).await;
         }
-        match self.client().request(request).await {
-            Ok(response) => Ok(response.map(Body::new)),
-            Err(error) => Err(classify(backend, &error, self.connect_timeout)),
+        match tokio::time::timeout(self.request_timeout, self.client().request(request)).await {
+            Ok(Ok(response)) => Ok(response.map(Body::new)),
+            Ok(Err(error)) => Err(classify(backend, &error, self.connect_timeout)),
+            Err(_) => Err(GatewayError::UpstreamTimeout {
+                backend: backend.to_string(),
+                after: self.request_timeout,
+            }),
         }
     }
 
@@ -186,10 +191,9 @@ pub async fn forward(
     let sent = backend
         .client
         .send(&backend.name, Request::from_parts(parts, body));
-    let timeout = backend.client.request_timeout;
-    let response = match tokio::time::timeout(timeout, sent).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => {
+    let response = match sent.await {
+        Ok(response) => response,
+        Err(error) => {
             // Refused, reset or closed before an answer: all count against the backend.
             match &error {
                 GatewayError::UpstreamUnreachable { reason, .. }
@@ -202,12 +206,6 @@ pub async fn forward(
                 _ => {}
             }
             return Err(error);
-        }
-        Err(_) => {
-            return Err(GatewayError::UpstreamTimeout {
-                backend: backend.name.clone(),
-                after: timeout,
-            });
         }
     };
     backend.record_answer(response.status());

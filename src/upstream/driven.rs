@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 
 type Connection = http1::Connection<TokioIo<TcpStream>, Body>;
 
@@ -36,6 +37,8 @@ struct Conn {
     closed: bool,
     /// When it went idle.
     since: Instant,
+    /// Wakes the request on this connection by its deadline (`expired`).
+    timer: Pin<Box<Sleep>>,
 }
 
 impl Conn {
@@ -45,6 +48,22 @@ impl Conn {
             self.closed = true;
         }
         !self.closed
+    }
+
+    /// Whether `deadline` has passed; if not, the task is woken by then. The connection keeps
+    /// one timer for all its requests and moves it only when it fires before the request's
+    /// deadline (once per `request_timeout` at most while requests keep coming): a timer per
+    /// request (`tokio::time::timeout`) cost about 650 instructions, to register it and take
+    /// it out again. A later request's deadline is never earlier than an earlier one's, so the
+    /// timer is never late.
+    fn expired(&mut self, deadline: Instant, cx: &mut Context<'_>) -> bool {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            if Instant::now() >= deadline {
+                return true;
+            }
+            self.timer.as_mut().reset(deadline.into());
+        }
+        false
     }
 }
 
@@ -56,6 +75,8 @@ pub(super) struct Driven {
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    /// How long a request may wait for the head of its answer, connecting included.
+    request_timeout: Duration,
 }
 
 impl std::fmt::Debug for Driven {
@@ -79,6 +100,7 @@ impl Driven {
             max_idle: config.pool_max_idle,
             idle_timeout: config.pool_idle_timeout.0,
             connect_timeout: config.connect_timeout.0,
+            request_timeout: config.request_timeout.0,
         })
     }
 
@@ -90,7 +112,8 @@ impl Driven {
     /// Sends `request` on an idle connection of `worker`'s, or a new one, and answers once the
     /// head of the answer has arrived; its body drives the connection on. A request that an
     /// idle connection closed under before sending any of it is sent once more, on a new
-    /// connection, as hyper's pooled client does.
+    /// connection, as hyper's pooled client does. No answer by `upstream.request_timeout`
+    /// after the call: `GatewayError::UpstreamTimeout`.
     pub(super) async fn send(
         self: &Arc<Self>,
         worker: usize,
@@ -101,19 +124,30 @@ impl Driven {
         // pooled client sends it.
         let origin = request.uri().path_and_query().cloned();
         *request.uri_mut() = origin.map_or_else(|| Uri::from_static("/"), Uri::from);
+        let deadline = Instant::now() + self.request_timeout;
         loop {
             let (mut conn, reused) =
                 match poll_fn(|cx| Poll::Ready(self.checkout(worker, cx))).await {
                     Some(conn) => (conn, true),
-                    None => (self.connect(backend).await?, false),
+                    None => (self.connect(backend, deadline).await?, false),
                 };
             let sent = conn.sender.try_send_request(request);
             let mut sent = pin!(sent);
             let answer = poll_fn(|cx| {
                 conn.progress(cx);
-                sent.as_mut().poll(cx)
+                match sent.as_mut().poll(cx) {
+                    Poll::Pending if conn.expired(deadline, cx) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(answer) => Poll::Ready(Some(answer)),
+                }
             })
             .await;
+            let Some(answer) = answer else {
+                return Err(GatewayError::UpstreamTimeout {
+                    backend: backend.to_string(),
+                    after: self.request_timeout,
+                });
+            };
             match answer {
                 Ok(response) => {
                     let home = Home {
@@ -165,7 +199,8 @@ impl Driven {
         }
     }
 
-    async fn connect(&self, backend: &str) -> Result<Conn, GatewayError> {
+    /// A new connection, whose timer first wakes at `deadline`.
+    async fn connect(&self, backend: &str, deadline: Instant) -> Result<Conn, GatewayError> {
         let unreachable = |reason: String| GatewayError::UpstreamUnreachable {
             backend: backend.to_string(),
             reason,
@@ -193,6 +228,7 @@ impl Driven {
             driver: Box::pin(driver),
             closed: false,
             since: Instant::now(),
+            timer: Box::pin(tokio::time::sleep_until(deadline.into())),
         })
     }
 }
@@ -264,9 +300,9 @@ mod tests {
     use http_body_util::BodyExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A backend that answers `ok` on keep-alive connections and counts them; with `linger`,
-    /// it closes each connection that long after accepting it, as a backend's idle timeout
-    /// would.
+    /// A backend that answers `ok` on keep-alive connections and counts them (`/slow` after
+    /// 2 s); with `linger`, it closes each connection that long after accepting it, as a
+    /// backend's idle timeout would.
     async fn backend(linger: Option<Duration>) -> (String, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
@@ -277,11 +313,15 @@ mod tests {
                 let (stream, _) = listener.accept().await.unwrap();
                 count.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(|_request| async {
-                        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
-                            Bytes::from_static(b"ok"),
-                        )))
-                    });
+                    let service =
+                        hyper::service::service_fn(|request: Request<Incoming>| async move {
+                            if request.uri().path() == "/slow" {
+                                tokio::time::sleep(Duration::from_secs(2)).await;
+                            }
+                            Ok::<_, std::convert::Infallible>(Response::new(
+                                http_body_util::Full::new(Bytes::from_static(b"ok")),
+                            ))
+                        });
                     let serve = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service);
                     match linger {
@@ -295,13 +335,66 @@ mod tests {
     }
 
     async fn get(pool: &Arc<Driven>) -> Bytes {
-        let request = Request::builder()
-            .uri("http://backend/v2/health/ready")
+        let response = pool
+            .send(0, "b", request("/v2/health/ready"))
+            .await
+            .unwrap();
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    fn request(path: &str) -> Request<Body> {
+        Request::builder()
+            .uri(format!("http://backend{path}"))
             .header(http::header::HOST, "backend")
             .body(Body::empty())
-            .unwrap();
-        let response = pool.send(0, "b", request).await.unwrap();
-        response.into_body().collect().await.unwrap().to_bytes()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_answer_later_than_request_timeout_times_out_whenever_the_connection_was_made() {
+        let (address, accepted) = backend(None).await;
+        let config = crate::config::Upstream {
+            request_timeout: crate::config::HumanDuration(Duration::from_millis(300)),
+            ..Default::default()
+        };
+        let pool = Driven::new(address, 1, &config);
+        let timed = |path: &'static str| {
+            let pool = pool.clone();
+            async move {
+                let started = Instant::now();
+                let answer = pool.send(0, "b", request(path)).await;
+                (answer.map(|_| ()), started.elapsed())
+            }
+        };
+        // A new connection's timer.
+        let (answer, took) = timed("/slow").await;
+        assert!(
+            matches!(&answer, Err(GatewayError::UpstreamTimeout { backend, after })
+                if backend == "b" && *after == Duration::from_millis(300)),
+            "{answer:?}"
+        );
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(1),
+            "{took:?}"
+        );
+        // A kept connection whose timer fired while it was idle: a quick answer is not timed
+        // out by it, and a slow one is timed out from its own start, not from the timer's.
+        assert_eq!(get(&pool).await, "ok");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(get(&pool).await, "ok");
+        let (answer, took) = timed("/slow").await;
+        assert!(
+            matches!(answer, Err(GatewayError::UpstreamTimeout { .. })),
+            "{answer:?}"
+        );
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(1),
+            "{took:?}"
+        );
+        // A timed-out request's connection is not used again: the next request opens a
+        // third.
+        assert_eq!(get(&pool).await, "ok");
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test]
