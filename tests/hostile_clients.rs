@@ -182,16 +182,19 @@ async fn answer_to_stalled(gateway: &TestGateway, request: &str, part: &[u8]) ->
 #[tokio::test]
 async fn a_slowloris_is_closed_after_header_read_timeout_while_others_are_served() {
     let (_triton, gateway) = gateway("slowloris", "header_read_timeout = \"1s\"").await;
-    // 300 connections each sending a header line every 200 ms, forever if let; and 20 that
-    // send nothing at all.
+    // 300 connections each sending a header line every 200 ms, forever if let, 80 of them
+    // after a first request answered on the same connection (the timer of a kept
+    // connection's next head); and 20 that send nothing at all.
+    let trickled = |first: &str| Trickle {
+        head: format!("{first}POST {INFER} HTTP/1.1\r\nhost: gateway\r\n"),
+        lines: Box::new((0..).map(|n| format!("x-pad-{n}: slow\r\n").into_bytes())),
+        every: Duration::from_millis(200),
+    };
     let clients = (0..320)
         .map(|i| match i % 16 {
             0 => Trickle::silent(),
-            _ => Trickle {
-                head: format!("POST {INFER} HTTP/1.1\r\nhost: gateway\r\n"),
-                lines: Box::new((0..).map(|n| format!("x-pad-{n}: slow\r\n").into_bytes())),
-                every: Duration::from_millis(200),
-            },
+            1..=4 => trickled("GET /v2/health/ready HTTP/1.1\r\nhost: gateway\r\n\r\n"),
+            _ => trickled(""),
         })
         .collect();
     let closed_after = attack(&gateway, "slowloris", clients, Duration::from_secs(6)).await;

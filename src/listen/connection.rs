@@ -9,6 +9,7 @@
 //!   else the request fails and the connection is closed.
 
 use super::Endpoint;
+use super::head_timer::HeadTimer;
 use super::read_timeout::{BodyPace, ConnectionState, MinRate, ReadTimeout};
 use super::woken::{self, First};
 use crate::config;
@@ -54,14 +55,21 @@ impl From<&config::Server> for Limits {
 
 /// hyper's server settings for every connection of a listener: HTTP/1.1 with keep-alive, or
 /// HTTP/2 (h2c by prior knowledge, h2 by ALPN), as `axum::serve` had them, plus the
-/// header timer.
+/// header timeout. Each connection adds its own header timer (`per_connection`): without
+/// one, hyper would panic at the first request head.
 pub(super) fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
     builder.http2().timer(TokioTimer::new());
+    builder
+}
+
+/// The listener's settings with a header timer of the connection's own (`HeadTimer`).
+fn per_connection(listener: &auto::Builder<TokioExecutor>) -> auto::Builder<TokioExecutor> {
+    let mut builder = listener.clone();
+    builder.http1().timer(HeadTimer::new());
     builder
 }
 
@@ -105,10 +113,9 @@ impl Connection {
             body_pace: self.limits.body_pace,
             state: state.clone(),
         };
-        let mut connection = pin!(
-            self.builder
-                .serve_connection(TokioIo::new(io), TowerToHyperService::new(service))
-        );
+        let builder = per_connection(&self.builder);
+        let mut connection =
+            pin!(builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service)));
         let first_head = tokio::time::sleep(self.limits.header_read_timeout);
         let mut first_head = pin!(first_head);
         let (mut first_head_armed, mut closing, mut drained) = (true, false, false);

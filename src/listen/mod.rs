@@ -14,6 +14,7 @@
 //! `connection`).
 
 mod connection;
+mod head_timer;
 mod read_timeout;
 mod woken;
 
