@@ -5,11 +5,11 @@
 //! head is in. With `TokioTimer` each request of a keep-alive connection allocated a tokio
 //! `Sleep`, registered it in the timer wheel while the connection waited for the next
 //! request, and took it out again: about 750 instructions a request
-//! (loadtest/results/2026-12-06-*-instructions.md). Here a head's sleep is only its deadline;
-//! waiting for it polls the connection's one tokio `Sleep`, which is moved only when it
-//! fires before the deadline waited on: while requests keep coming, about once per
-//! `header_read_timeout`. hyper still decides when a head's time starts and ends.
+//! (loadtest/results/2026-12-06-*-instructions.md). Here a head's sleep is only its deadline,
+//! waited for on the connection's one `DeadlineTimer`. hyper still decides when a head's time
+//! starts and ends.
 
+use crate::deadline_timer::DeadlineTimer;
 use hyper::rt::{Sleep, Timer};
 use std::future::Future;
 use std::pin::Pin;
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// The timer of one connection's request heads.
 pub(super) struct HeadTimer {
-    shared: Arc<Mutex<Pin<Box<tokio::time::Sleep>>>>,
+    shared: Arc<Mutex<DeadlineTimer>>,
 }
 
 impl HeadTimer {
@@ -27,7 +27,7 @@ impl HeadTimer {
     pub(super) fn new() -> Self {
         let now = tokio::time::Instant::now();
         Self {
-            shared: Arc::new(Mutex::new(Box::pin(tokio::time::sleep_until(now)))),
+            shared: Arc::new(Mutex::new(DeadlineTimer::new(now))),
         }
     }
 }
@@ -59,27 +59,15 @@ impl Timer for HeadTimer {
 /// One head's wait: ready at `deadline`.
 struct HeadSleep {
     deadline: tokio::time::Instant,
-    shared: Arc<Mutex<Pin<Box<tokio::time::Sleep>>>>,
+    shared: Arc<Mutex<DeadlineTimer>>,
 }
 
 impl Future for HeadSleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let deadline = self.deadline;
         let mut timer = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
-        // A later deadline than this one's (a head of a connection whose timeout was
-        // shortened) would wake it too late.
-        if timer.deadline() > deadline {
-            timer.as_mut().reset(deadline);
-        }
-        while timer.as_mut().poll(cx).is_ready() {
-            if tokio::time::Instant::now() >= deadline {
-                return Poll::Ready(());
-            }
-            timer.as_mut().reset(deadline);
-        }
-        Poll::Pending
+        timer.poll_until(self.deadline, cx)
     }
 }
 

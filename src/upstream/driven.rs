@@ -11,6 +11,7 @@
 //! worker's runtime and stays on that worker. Background work, TLS and h2c backends use the
 //! pooled client (`client.rs`).
 
+use crate::deadline_timer::DeadlineTimer;
 use crate::error::GatewayError;
 use axum::body::Body;
 use bytes::Bytes;
@@ -25,7 +26,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
-use tokio::time::Sleep;
 
 type Connection = http1::Connection<TokioIo<TcpStream>, Body>;
 
@@ -37,8 +37,8 @@ struct Conn {
     closed: bool,
     /// When it went idle.
     since: Instant,
-    /// Wakes the request on this connection by its deadline (`expired`).
-    timer: Pin<Box<Sleep>>,
+    /// Wakes the request on this connection by its deadline.
+    timer: DeadlineTimer,
 }
 
 impl Conn {
@@ -48,22 +48,6 @@ impl Conn {
             self.closed = true;
         }
         !self.closed
-    }
-
-    /// Whether `deadline` has passed; if not, the task is woken by then. The connection keeps
-    /// one timer for all its requests and moves it only when it fires before the request's
-    /// deadline (once per `request_timeout` at most while requests keep coming): a timer per
-    /// request (`tokio::time::timeout`) cost about 650 instructions, to register it and take
-    /// it out again. A later request's deadline is never earlier than an earlier one's, so the
-    /// timer is never late.
-    fn expired(&mut self, deadline: Instant, cx: &mut Context<'_>) -> bool {
-        while self.timer.as_mut().poll(cx).is_ready() {
-            if Instant::now() >= deadline {
-                return true;
-            }
-            self.timer.as_mut().reset(deadline.into());
-        }
-        false
     }
 }
 
@@ -124,7 +108,7 @@ impl Driven {
         // pooled client sends it.
         let origin = request.uri().path_and_query().cloned();
         *request.uri_mut() = origin.map_or_else(|| Uri::from_static("/"), Uri::from);
-        let deadline = Instant::now() + self.request_timeout;
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
         loop {
             let (mut conn, reused) =
                 match poll_fn(|cx| Poll::Ready(self.checkout(worker, cx))).await {
@@ -136,7 +120,11 @@ impl Driven {
             let answer = poll_fn(|cx| {
                 conn.progress(cx);
                 match sent.as_mut().poll(cx) {
-                    Poll::Pending if conn.expired(deadline, cx) => Poll::Ready(None),
+                    // One timer for all the connection's requests (`DeadlineTimer`), where a
+                    // tokio timeout per request cost ~650 instructions.
+                    Poll::Pending if conn.timer.poll_until(deadline, cx).is_ready() => {
+                        Poll::Ready(None)
+                    }
                     Poll::Pending => Poll::Pending,
                     Poll::Ready(answer) => Poll::Ready(Some(answer)),
                 }
@@ -200,7 +188,11 @@ impl Driven {
     }
 
     /// A new connection, whose timer first wakes at `deadline`.
-    async fn connect(&self, backend: &str, deadline: Instant) -> Result<Conn, GatewayError> {
+    async fn connect(
+        &self,
+        backend: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Conn, GatewayError> {
         let unreachable = |reason: String| GatewayError::UpstreamUnreachable {
             backend: backend.to_string(),
             reason,
@@ -228,7 +220,7 @@ impl Driven {
             driver: Box::pin(driver),
             closed: false,
             since: Instant::now(),
-            timer: Box::pin(tokio::time::sleep_until(deadline.into())),
+            timer: DeadlineTimer::new(deadline),
         })
     }
 }
