@@ -1034,6 +1034,7 @@ enum Piece<'a, 'b> {
 }
 
 /// Where the run of ASCII digits starting at `from` ends.
+#[inline(always)]
 fn digits_end(text: &[u8], mut from: usize) -> usize {
     while text.get(from).is_some_and(u8::is_ascii_digit) {
         from += 1;
@@ -1046,6 +1047,7 @@ fn digits_end(text: &[u8], mut from: usize) -> usize {
 /// number can be neither too big nor anything but what its form says (an integer fits both
 /// int64 and uint64 unless negative). Its end and its leaf; anything else (`None`) goes the
 /// full `number` way, which has the errors and their offsets.
+#[inline(always)]
 pub(super) fn plain_number(text: &[u8], pos: usize) -> Option<(usize, Leaf)> {
     let negative = text.get(pos) == Some(&b'-');
     let first = pos + usize::from(negative);
