@@ -336,6 +336,27 @@ ELAPSED=$((SECONDS - STARTED))
 
 # ---------------------------------------------------------------- report
 field() { cut -d' ' -f"$2" <<<"$1"; }
+# added STAGE V D K — field K of a stage's figures V minus direct's D ("—" for direct itself)
+added() { if [[ "$1" == direct ]]; then echo —; else echo $(($(field "$2" "$4") - $(field "$3" "$4"))); fi; }
+# latency_rows FIGURES STEP... — families 2 and 2b: a row per step and stage of FIGURES
+# ("rate p50 p99 a b c"): the rate (and × nginx's, for CLOSED), p50, p99, both added to
+# direct's, then a, b and c.
+latency_rows() {
+    local name="$1" step s v d; shift
+    local -n figures="$name"
+    for step in "$@"; do
+        d="${figures[direct-$step]}"
+        for s in direct "${PROXIES[@]}"; do
+            v="${figures[$s-$step]}"
+            printf '| %s | %s | %s |' "$step" "${LABEL[$s]}" "$(field "$v" 1)"
+            if [[ "$name" == CLOSED ]]; then
+                printf ' %s |' "$([[ $s == direct ]] && echo — || ratio "$(field "$v" 1)" "$(field "${figures[nginx-$step]}" 1)")"
+            fi
+            printf ' %s | %s | %s | %s | %s | %s | %s |\n' "$(field "$v" 2)" "$(field "$v" 3)" \
+                "$(added "$s" "$v" "$d" 2)" "$(added "$s" "$v" "$d" 3)" "$(field "$v" 4)" "$(field "$v" 5)" "$(field "$v" 6)"
+        done
+    done
+}
 igs=()
 for s in "${PROXIES[@]}"; do [[ "$s" == nginx || "$s" == floor ]] || igs+=("$s"); done
 has() { [[ " ${PROXIES[*]} " == *" $1 "* ]]; }
@@ -373,19 +394,7 @@ report() {
     echo
     echo "| c | stage | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | proxy CPU µs/req | errors | load avg |"
     echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    local d
-    for c in "${LEVELS[@]}"; do
-        d="${CLOSED[direct-$c]}"
-        for s in direct "${PROXIES[@]}"; do
-            v="${CLOSED[$s-$c]}"
-            printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$c" "${LABEL[$s]}" "$(field "$v" 1)" \
-                "$([[ $s == direct ]] && echo — || ratio "$(field "$v" 1)" "$(field "${CLOSED[nginx-$c]}" 1)")" \
-                "$(field "$v" 2)" "$(field "$v" 3)" \
-                "$([[ $s == direct ]] && echo — || echo $(($(field "$v" 2) - $(field "$d" 2))))" \
-                "$([[ $s == direct ]] && echo — || echo $(($(field "$v" 3) - $(field "$d" 3))))" \
-                "$(field "$v" 4)" "$(field "$v" 5)" "$(field "$v" 6)"
-        done
-    done
+    latency_rows CLOSED "${LEVELS[@]}"
     echo
     echo "## 2b. Open loop at a fixed rate, proxy pinned to core $PROXY_CPU, client and backend on core $CLIENT_CPU"
     echo
@@ -393,17 +402,7 @@ report() {
     echo
     echo "| req/s | stage | achieved req/s | p50 µs | p99 µs | added p50 µs | added p99 µs | send lag p99 µs | errors | load avg |"
     echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-    for rate in "${LAT_RATES[@]}"; do
-        d="${LATENCY[direct-$rate]}"
-        for s in direct "${PROXIES[@]}"; do
-            v="${LATENCY[$s-$rate]}"
-            printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$rate" "${LABEL[$s]}" "$(field "$v" 1)" \
-                "$(field "$v" 2)" "$(field "$v" 3)" \
-                "$([[ $s == direct ]] && echo — || echo $(($(field "$v" 2) - $(field "$d" 2))))" \
-                "$([[ $s == direct ]] && echo — || echo $(($(field "$v" 3) - $(field "$d" 3))))" \
-                "$(field "$v" 4)" "$(field "$v" 5)" "$(field "$v" 6)"
-        done
-    done
+    latency_rows LATENCY "${LAT_RATES[@]}"
     echo
     echo "## 3. Counts per request"
     echo

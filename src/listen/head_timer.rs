@@ -5,7 +5,7 @@
 //! head is in. With `TokioTimer` each request of a keep-alive connection allocated a tokio
 //! `Sleep`, registered it in the timer wheel while the connection waited for the next
 //! request, and took it out again: about 750 instructions a request
-//! (loadtest/results/2026-12-06-*-instructions.md). Here a head's sleep is only its deadline,
+//! (loadtest/results/2026-12-06-a775ca5-instructions.md). Here a head's sleep is only its deadline,
 //! waited for on the connection's one `DeadlineTimer`. hyper still decides when a head's time
 //! starts and ends.
 
