@@ -80,10 +80,10 @@ impl UpstreamClient {
         match tokio::time::timeout(self.request_timeout, self.client().request(request)).await {
             Ok(Ok(response)) => Ok(response.map(Body::new)),
             Ok(Err(error)) => Err(classify(backend, &error, self.connect_timeout)),
-            Err(_) => Err(GatewayError::UpstreamTimeout {
-                backend: backend.to_string(),
-                after: self.request_timeout,
-            }),
+            Err(_) => Err(super::failure::no_answer_within(
+                backend,
+                self.request_timeout,
+            )),
         }
     }
 
@@ -128,10 +128,7 @@ impl UpstreamClient {
         match tokio::time::timeout(timeout, exchange).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(error)) => Err(classify(backend, error.as_ref(), self.connect_timeout)),
-            Err(_) => Err(GatewayError::UpstreamTimeout {
-                backend: backend.to_string(),
-                after: timeout,
-            }),
+            Err(_) => Err(super::failure::no_answer_within(backend, timeout)),
         }
     }
 }

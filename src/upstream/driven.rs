@@ -131,10 +131,10 @@ impl Driven {
             })
             .await;
             let Some(answer) = answer else {
-                return Err(GatewayError::UpstreamTimeout {
-                    backend: backend.to_string(),
-                    after: self.request_timeout,
-                });
+                return Err(super::failure::no_answer_within(
+                    backend,
+                    self.request_timeout,
+                ));
             };
             match answer {
                 Ok(response) => {

@@ -1,8 +1,18 @@
 //! How a failed connection to a backend is put into words, once for every way of reaching
 //! one: the pooled HTTP client, the driven HTTP/1.1 connections and the gRPC connections.
 
+use crate::error::GatewayError;
 use std::error::Error;
 use std::time::Duration;
+
+/// No answer from `backend` within `after` (`upstream.request_timeout`, or a control call's
+/// own time), whichever way it was reached.
+pub(super) fn no_answer_within(backend: &str, after: Duration) -> GatewayError {
+    GatewayError::UpstreamTimeout {
+        backend: backend.to_string(),
+        after,
+    }
+}
 
 /// A connection attempt that ran out of `upstream.connect_timeout`. The connector's own
 /// words ("deadline has elapsed") name neither the timeout nor the setting.

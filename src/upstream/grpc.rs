@@ -115,12 +115,9 @@ where
 {
     let answer = call(client(backend)?);
     let answer = match timeout {
-        Some(after) => tokio::time::timeout(after, answer).await.map_err(|_| {
-            GatewayError::UpstreamTimeout {
-                backend: backend.name.clone(),
-                after,
-            }
-        })?,
+        Some(after) => tokio::time::timeout(after, answer)
+            .await
+            .map_err(|_| super::failure::no_answer_within(&backend.name, after))?,
         None => answer.await,
     };
     match answer {
