@@ -452,8 +452,6 @@ async fn send(client: &reqwest::Client, base: &str, case: &Case) -> Answer {
     }
 }
 
-/// Inference requests Triton says it received: log lines ending in
-/// `"HTTP request: 2 /v2/models/m/infer"` (2 is POST).
 /// The differential's two Tritons over one repository, both with default flags. The
 /// reference has every model loaded (`--load-model`): it is sent each request directly, and
 /// nothing would load a model for a direct request. The gateway's Triton starts empty, as
@@ -481,15 +479,16 @@ fn corpus_config(name: &str, served: &Triton) -> String {
     support::gateway::config_with_capacity(name, &[served], "64GiB", "", "")
 }
 
+/// Inference requests Triton says it received.
 fn infer_arrivals(triton: &Triton) -> usize {
-    triton
-        .log()
-        .lines()
-        .filter(|l| {
-            let l = l.trim_end().trim_end_matches('"');
-            l.contains("HTTP request: 2 /v2/models/") && l.ends_with("/infer")
-        })
-        .count()
+    triton.log().lines().filter(|l| is_infer_arrival(l)).count()
+}
+
+/// Whether a line of Triton's verbose log is an inference request it received: it ends in
+/// `"HTTP request: 2 /v2/models/m/infer"` (2 is POST).
+fn is_infer_arrival(line: &str) -> bool {
+    let line = line.trim_end().trim_end_matches('"');
+    line.contains("HTTP request: 2 /v2/models/") && line.ends_with("/infer")
 }
 
 /// Signature fetches Triton received for `model` (`HTTP request: 0 /v2/models/m/config`).
@@ -1084,10 +1083,7 @@ impl LogTail {
         let lines: Vec<u8> = self.partial.drain(..complete).collect();
         self.infer += String::from_utf8_lossy(&lines)
             .lines()
-            .filter(|l| {
-                let l = l.trim_end().trim_end_matches('"');
-                l.contains("HTTP request: 2 /v2/models/") && l.ends_with("/infer")
-            })
+            .filter(|l| is_infer_arrival(l))
             .count();
         self.infer
     }

@@ -194,6 +194,8 @@ pub async fn run_pytest(suite: &Path, extra: &[&str], envs: &[(&str, &str)], wha
 pub struct TritonOptions {
     /// Models loaded at start-up (`--load-model=`); they must load successfully,
     /// or Triton exits. Others can be loaded later with `POST /v2/repository/models/M/load`.
+    /// Only for a reference Triton that answers direct requests, or a test of this option
+    /// (`with_models`): a gateway's Triton starts empty.
     pub models: Vec<String>,
     /// `--log-verbose=1`: Triton logs every HTTP request (`HTTP request: 2 /v2/...`).
     pub verbose: bool,
