@@ -136,23 +136,20 @@ measure() {
 
 # ---------------------------------------------------------------- Triton
 TPORT="$BASE"
-say "starting Triton (http :$TPORT, grpc :$((TPORT + 1)), add_sub loaded; temp dir $TMP)"
+say "starting Triton (http :$TPORT, grpc :$((TPORT + 1)), nothing loaded; temp dir $TMP)"
 # As scripts/triton.sh does: its own session, so the python stub can be stopped with it.
-# add_sub preloaded on purpose: the direct stage (no gateway) and nginx are baselines, and
-# nothing would load the model for them; the gateways adopt it. This measures forwarding,
-# not placement (tests/ cover cold loads against Tritons started empty).
+# Started empty: the first gateway loads add_sub on its first request (load_through); the
+# direct stage and nginx then use that copy, and the other gateways adopt it.
 setsid "$TRITONSERVER" --model-repository="$ROOT/tests/models" --backend-directory="$TRITON_BACKENDS" \
-    --model-control-mode=explicit --load-model=add_sub \
+    --model-control-mode=explicit \
     --http-address=127.0.0.1 --http-port="$TPORT" \
     --grpc-address=127.0.0.1 --grpc-port=$((TPORT + 1)) \
     --metrics-address=127.0.0.1 --metrics-port=$((TPORT + 2)) --allow-metrics=true \
     --exit-timeout-secs=5 </dev/null >"$TMP/triton.log" 2>&1 &
 TRITON_PID=$!
-wait_http "http://127.0.0.1:$TPORT/v2/models/add_sub/ready" 60 ||
-    { tail -20 "$TMP/triton.log" >&2; die "Triton never made add_sub ready"; }
+wait_http "http://127.0.0.1:$TPORT/v2/health/ready" 60 ||
+    { tail -20 "$TMP/triton.log" >&2; die "Triton never became ready"; }
 TRITON_VERSION="$(curl -s "127.0.0.1:$TPORT/v2" | jq -r .version)"
-# Backend CPU: tritonserver and its python stub (a child process, one per loaded model).
-read -r -a BACKEND_PIDS <<<"$TRITON_PID $(children "$TRITON_PID")"
 
 # ---------------------------------------------------------------- proxies
 start_nginx nginx $((BASE + 10)) $((TPORT + 1)) grpc.conf.template
@@ -171,8 +168,14 @@ declare -A ADMIN=([ig-off]=$((BASE + 23)) [ig-on]=$((BASE + 33)) [ig-before]=$((
 wait_port $((BASE + 10)) || die "nginx did not start: $(cat "$TMP/nginx-nginx/error.log")"
 for s in "${IG_STAGES[@]}"; do
     wait_port "${URL[$s]##*:}" || die "infergate $s did not start: $(tail "$TMP/$s.log")"
-    wait_placement "$s" "${ADMIN[$s]}" add_sub
 done
+first="${IG_STAGES[0]}"
+load_through "$first" "http://127.0.0.1:$((${URL[$first]##*:} - 1))" add_sub
+wait_http "http://127.0.0.1:$TPORT/v2/models/add_sub/ready" 60 || die "add_sub never became ready on Triton"
+for s in "${IG_STAGES[@]}"; do wait_placement "$s" "${ADMIN[$s]}" add_sub; done
+# Backend CPU: tritonserver and its python stub (a child process, one per loaded model, so
+# read once the model is loaded).
+read -r -a BACKEND_PIDS <<<"$TRITON_PID $(children "$TRITON_PID")"
 for s in "${STAGES[@]}"; do check_grpc "$s" "${URL[$s]}"; done
 PLACEMENT="$(curl -s "127.0.0.1:${ADMIN[ig-on]}/admin/placement" |
     jq -c '[.backends[] | {name, models: [.models[] | {name, state}]}]')"

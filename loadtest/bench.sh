@@ -230,6 +230,8 @@ run_pass() {
     wait_http "${url[nginx]}/v2/health/ready" || die "nginx did not start: $(cat "$TMP/nginx-$pass-nginx/error.log")"
     wait_http "${url[ig-off]}/v2/health/ready" || die "infergate did not start: $(tail "$TMP/$pass-ig-off.log")"
     wait_http "${url[ig-on]}/v2/health/ready" || die "infergate did not start: $(tail "$TMP/$pass-ig-on.log")"
+    load_through "$pass-ig-off" "${url[ig-off]}" add_sub
+    wait_http "${url[direct]}/v2/models/add_sub/ready" 60 || die "add_sub never became ready on the backend"
     wait_placement "$pass-ig-off" $((off + 13)) add_sub
     wait_placement "$pass-ig-on" $((off + 23)) add_sub
     local stage c
@@ -268,14 +270,14 @@ stop_pids "$BACKEND_PID"
 
 # ---------------------------------------------------------------- pass 2: real Triton
 if ((REAL)); then
-    say "pass 2: real Triton (scripts/triton.sh start 1 $((BASE + 100)) --load-model=add_sub)"
+    say "pass 2: real Triton (scripts/triton.sh start 1 $((BASE + 100)), started empty)"
     TRITON_STARTED=1
-    # Preloaded on purpose: the direct run (no gateway) is the baseline, and it has no one to
-    # load the model; the gateway adopts it. This pass measures forwarding, not placement.
-    scripts/triton.sh start 1 $((BASE + 100)) --load-model=add_sub >"$TMP/triton-start.log" 2>&1 ||
+    # Started empty: the validation-off gateway loads add_sub on its first request
+    # (run_pass's load_through), and the direct baseline then uses that copy.
+    scripts/triton.sh start 1 $((BASE + 100)) >"$TMP/triton-start.log" 2>&1 ||
         { cat "$TMP/triton-start.log" >&2; die "Triton did not start"; }
     BACKEND_PID="$(cat "target/triton-logs/triton-$((BASE + 100)).pid")"
-    wait_http "http://127.0.0.1:$((BASE + 100))/v2/models/add_sub/ready" 60 || die "Triton never made add_sub ready"
+    wait_http "http://127.0.0.1:$((BASE + 100))/v2/health/ready" 60 || die "Triton never became ready"
     TRITON_VERSION="$(curl -s "127.0.0.1:$((BASE + 100))/v2" | jq -r .version)"
     run_pass real $((BASE + 100)) "${REAL_LEVELS[@]}"
     scripts/triton.sh stop 1 $((BASE + 100)) >/dev/null 2>&1 || true

@@ -119,12 +119,11 @@ if [[ "$BACKEND" == fake ]]; then
 else
     say "starting Triton with loadtest/models/$MODEL and two gateways (temp dir $TMP)"
     TRITON_STARTED=1
-    # Preloaded on purpose: requests also go to Triton directly as the baseline, and nothing
-    # else would load the model for them; the gateways adopt it.
-    TRITON_MODEL_REPOSITORY="$ROOT/loadtest/models" scripts/triton.sh start 1 "$BASE" --load-model="$MODEL" >"$TMP/triton-start.log" 2>&1 ||
+    # Started empty: the first gateway loads the model on its first request (load_through).
+    TRITON_MODEL_REPOSITORY="$ROOT/loadtest/models" scripts/triton.sh start 1 "$BASE" >"$TMP/triton-start.log" 2>&1 ||
         { cat "$TMP/triton-start.log" >&2; die "Triton did not start"; }
     BACKEND_PID="$(cat "target/triton-logs/triton-$BASE.pid")"
-    wait_http "http://127.0.0.1:$BASE/v2/models/$MODEL/ready" 60 || die "Triton never made $MODEL ready"
+    wait_http "http://127.0.0.1:$BASE/v2/health/ready" 60 || die "Triton never became ready"
     BACKEND_LABEL="Triton $(curl -s "127.0.0.1:$BASE/v2" | jq -r .version) (CPU), python model \`loadtest/models/$MODEL\`: INPUT0 FP32 [-1] → OUTPUT0 FP32 [1] (the sum); Triton parses every body itself. Backend CPU counts tritonserver only, not its python stub"
 fi
 start_gateway on $((BASE + 10)) true
@@ -133,8 +132,10 @@ GATEWAYS=(on off)
 
 for g in "${GATEWAYS[@]}"; do
     wait_http "${URL[$g]}/v2/health/ready" || die "infergate ($g) did not start: $(tail "$TMP/$g.log")"
-    wait_placement "$g" "${ADMIN[$g]}" "$MODEL"
 done
+load_through on "${URL[on]}" "$MODEL"
+wait_http "http://127.0.0.1:$BASE/v2/models/$MODEL/ready" 60 || die "$MODEL never became ready on the backend"
+for g in "${GATEWAYS[@]}"; do wait_placement "$g" "${ADMIN[$g]}" "$MODEL"; done
 
 # Validation must really run on one gateway and not on the other, or the ratio means nothing
 # (a signature that cannot be fetched makes the gateway forward unvalidated): a request of the
