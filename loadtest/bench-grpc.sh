@@ -2,7 +2,8 @@
 # loadtest/bench-grpc.sh — infergate's gRPC path next to Triton direct and nginx grpc_pass.
 #
 # One run, one machine, one real Triton (CPU, python add_sub from tests/models, explicit
-# model control, loaded at start), the same KServe v2 ModelInfer load for each stage:
+# model control, started empty; the first gateway loads add_sub on its first request), the
+# same KServe v2 ModelInfer load for each stage:
 #   1. direct      straight to Triton's gRPC port
 #   2. nginx       nginx (Debian package) grpc_pass, HTTP/2 listener, keep-alive upstream
 #                  (loadtest/nginx/grpc.conf.template)
