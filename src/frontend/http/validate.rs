@@ -35,14 +35,18 @@ pub(super) async fn read(
     let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
     let declared = body::declared_length(&parts.headers);
     let header = |name: &http::HeaderName| parts.headers.get(name).map(http::HeaderValue::as_bytes);
-    let whole = match streamable(declared, limit, header(&HEADER_LENGTH)) {
+    let headers = Headers {
+        header_length: header(&HEADER_LENGTH),
+        encoding: header(&http::header::CONTENT_ENCODING),
+    };
+    let whole = match streamable(declared, limit, headers.header_length) {
         Some((length, header_length)) => {
             let (head, rest) = read_head(body, header_length, limit).await?;
             let view = validate::http::BodyView {
                 arrived: &head,
                 length,
             };
-            match parse(view, &parts.headers, model) {
+            match parse(view, headers, model) {
                 Ok(validate::http::Parsed::Incomplete) => join(head, rest, limit, declared).await?,
                 parsed => {
                     let verdict = validate::http::verdict(parsed, view, signature);
@@ -53,23 +57,26 @@ pub(super) async fn read(
         None => collect(body, limit, declared).await?,
     };
     let view = validate::http::BodyView::whole(&whole);
-    let verdict = validate::http::verdict(parse(view, &parts.headers, model), view, signature);
+    let verdict = validate::http::verdict(parse(view, headers, model), view, signature);
     Ok((Request::from_parts(parts, Body::from(whole)), verdict))
+}
+
+/// The request's headers that the reader reads.
+#[derive(Clone, Copy)]
+struct Headers<'h> {
+    /// `Inference-Header-Content-Length`.
+    header_length: Option<&'h [u8]>,
+    /// `Content-Encoding`.
+    encoding: Option<&'h [u8]>,
 }
 
 /// Reads `body` as the request with these headers for `model` (`validate::http::parse`).
 fn parse<'a>(
     body: validate::http::BodyView<'a>,
-    headers: &http::HeaderMap,
+    headers: Headers<'_>,
     model: &ModelRef,
 ) -> Result<validate::http::Parsed<'a>, validate::Rejection> {
-    let header = |name: &http::HeaderName| headers.get(name).map(http::HeaderValue::as_bytes);
-    validate::http::parse(
-        body,
-        header(&HEADER_LENGTH),
-        header(&http::header::CONTENT_ENCODING),
-        &model.name,
-    )
+    validate::http::parse(body, headers.header_length, headers.encoding, &model.name)
 }
 
 /// A generate request: its (small) body read whole, checked as Triton converts it, and
