@@ -93,9 +93,11 @@ impl RequestTrace {
     }
 
     /// Puts this trace on the headers a backend will receive.
-    pub fn stamp(&self, headers: &mut HeaderMap) {
+    /// `tracestate` says whether the headers hold one, so that a trace begun here, which
+    /// drops it, looks for it only when it is there.
+    pub fn stamp(&self, headers: &mut HeaderMap, tracestate: bool) {
         headers.insert(TRACEPARENT.clone(), self.traceparent());
-        if self.restarted {
+        if self.restarted && tracestate {
             headers.remove(&TRACESTATE);
         }
     }
@@ -400,7 +402,7 @@ mod tests {
         };
         let joined = RequestTrace::start(Some(VALID.as_bytes()), true);
         let mut headers = client_headers();
-        joined.stamp(&mut headers);
+        joined.stamp(&mut headers, true);
         assert_eq!(
             headers[&TRACESTATE], "vendor=1",
             "the client's trace goes on"
@@ -418,6 +420,12 @@ mod tests {
         );
 
         let fresh = RequestTrace::start(Some(b"garbage"), true);
+        let mut headers = client_headers();
+        fresh.stamp(&mut headers, true);
+        assert!(
+            headers.get(&TRACESTATE).is_none(),
+            "a restarted trace drops it"
+        );
         let mut metadata = tonic::metadata::MetadataMap::from_headers(client_headers());
         fresh.stamp_metadata(&mut metadata);
         assert!(metadata.get("tracestate").is_none());
