@@ -53,12 +53,10 @@ pub const REPLAY_LIMIT: usize = 1 << 20;
 
 /// Wraps a request body so that it can be sent once more after the backend refused it
 /// without reading it as a request (`pipeline::replay`). The chunks are kept as they pass,
-/// shared, never copied: a body already whole in memory (collected for validation) is kept
-/// at any size, since keeping it costs nothing; a streamed one up to `REPLAY_LIMIT`, so a
-/// large streamed tensor is never held for a second try.
+/// shared, never copied, up to `REPLAY_LIMIT`, so a large streamed tensor is never held for
+/// a second try. (A body the caller has whole needs none of this: `Replay::whole`.)
 pub fn replayable(body: Body) -> (Body, Replay) {
     let kept = Arc::new(Mutex::new(Kept {
-        whole_size: http_body::Body::size_hint(&body).exact(),
         sent: http_body::Body::is_end_stream(&body),
         ..Kept::default()
     }));
@@ -66,23 +64,47 @@ pub fn replayable(body: Body) -> (Body, Replay) {
         inner: body,
         kept: kept.clone(),
     };
-    (Body::new(recording), Replay(kept))
+    (Body::new(recording), Replay(Again::Recorded(kept)))
 }
 
 /// The other end of `replayable`: the body again, once it has been sent whole.
 #[derive(Debug)]
-pub struct Replay(Arc<Mutex<Kept>>);
+pub struct Replay(Again);
+
+#[derive(Debug)]
+enum Again {
+    /// A body whose bytes the caller had whole (`Replay::whole`).
+    Whole(Bytes),
+    /// A body recorded as it was sent (`replayable`).
+    Recorded(Arc<Mutex<Kept>>),
+}
 
 impl Replay {
-    /// Whether the body was sent to its end and kept, so `take` will give it.
-    pub fn ready(&self) -> bool {
-        let kept = self.0.lock().expect("replay lock");
-        kept.sent && !kept.dropped
+    /// A body the caller has whole in memory: sent again as a clone of its bytes, with
+    /// nothing to record as it goes out.
+    pub fn whole(bytes: Bytes) -> Self {
+        Self(Again::Whole(bytes))
     }
 
-    /// The same bytes as a new body, when the first was sent to its end and kept.
-    pub fn take(&self) -> Option<Body> {
-        let mut kept = self.0.lock().expect("replay lock");
+    /// Whether the body can be had again: one had whole always; a recorded one when it was
+    /// sent to its end and kept.
+    pub fn ready(&self) -> bool {
+        match &self.0 {
+            Again::Whole(_) => true,
+            Again::Recorded(kept) => {
+                let kept = kept.lock().expect("replay lock");
+                kept.sent && !kept.dropped
+            }
+        }
+    }
+
+    /// The same bytes as a new body, when `ready`.
+    pub fn take(self) -> Option<Body> {
+        let kept = match self.0 {
+            Again::Whole(bytes) => return Some(Body::from(bytes)),
+            Again::Recorded(kept) => kept,
+        };
+        let mut kept = kept.lock().expect("replay lock");
         if !kept.sent || kept.dropped {
             return None;
         }
@@ -101,8 +123,6 @@ impl Replay {
 struct Kept {
     chunks: Vec<Bytes>,
     bytes: usize,
-    /// The body's exact length when known up front (a body already in memory).
-    whole_size: Option<u64>,
     /// The whole body went out.
     sent: bool,
     /// Too large to keep, or taken.
@@ -128,9 +148,7 @@ impl http_body::Body for Recording {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    let in_memory =
-                        kept.chunks.is_empty() && kept.whole_size == Some(data.len() as u64);
-                    if !kept.dropped && (in_memory || kept.bytes + data.len() <= REPLAY_LIMIT) {
+                    if !kept.dropped && kept.bytes + data.len() <= REPLAY_LIMIT {
                         kept.bytes += data.len();
                         kept.chunks.push(data.clone());
                     } else {
@@ -208,15 +226,16 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_body_sent_whole_can_be_sent_again_without_a_copy() {
+    async fn a_body_had_whole_goes_again_as_the_same_bytes() {
         let whole = Bytes::from(vec![7u8; 3 * REPLAY_LIMIT]);
-        let (body, replay) = replayable(Body::from(whole.clone()));
-        assert!(replay.take().is_none(), "not sent yet");
-        assert_eq!(body.collect().await.unwrap().to_bytes(), whole);
+        let replay = Replay::whole(whole.clone());
+        assert!(replay.ready(), "whole from the start, at any size");
         let again = replay.take().unwrap().collect().await.unwrap().to_bytes();
         assert_eq!(again.as_ptr(), whole.as_ptr(), "the same bytes, shared");
-        assert!(replay.take().is_none(), "once");
+    }
 
+    #[tokio::test]
+    async fn a_streamed_body_goes_again_once_sent_to_its_end_within_the_limit() {
         let stream = |chunks: Vec<&'static [u8]>| {
             Body::from_stream(futures_util::stream::iter(
                 chunks
@@ -225,7 +244,9 @@ mod tests {
             ))
         };
         let (body, replay) = replayable(stream(vec![b"ab", b"cd"]));
+        assert!(!replay.ready(), "not sent yet");
         body.collect().await.unwrap();
+        assert!(replay.ready());
         let again = replay.take().unwrap().collect().await.unwrap().to_bytes();
         assert_eq!(again, "abcd");
 
@@ -233,13 +254,11 @@ mod tests {
         let big: &'static [u8] = Box::leak(vec![1u8; REPLAY_LIMIT].into_boxed_slice());
         let (body, replay) = replayable(stream(vec![b"x", big]));
         body.collect().await.unwrap();
+        assert!(!replay.ready());
         assert!(replay.take().is_none());
 
         let (_, replay) = replayable(Body::empty());
-        assert!(
-            replay.take().is_some(),
-            "an empty body is whole from the start"
-        );
+        assert!(replay.ready(), "an empty body is whole from the start");
     }
 
     #[tokio::test]

@@ -39,15 +39,48 @@ pub(super) fn limit(request: Request, limit: u64) -> Result<Request, GatewayErro
     Ok(request.map(|body| crate::body::limited(body, limit)))
 }
 
+/// A request body as this front-end holds it: whole in memory (an inference's, once it has
+/// arrived in one chunk or been read), or a body to read. Whole bytes are read again
+/// without a copy, and a second send takes a clone of them, where a body must be recorded
+/// as it goes out (`crate::body::replayable`).
+pub(super) enum Payload {
+    /// The whole body.
+    Whole(Bytes),
+    /// A body not read yet, or one that came in several chunks, streamed on as they came.
+    Streaming(Body),
+}
+
+impl Payload {
+    /// The body to send.
+    pub(super) fn into_body(self) -> Body {
+        match self {
+            Self::Whole(bytes) => Body::from(bytes),
+            Self::Streaming(body) => body,
+        }
+    }
+
+    /// The whole body (`collect`), as it is when it is already whole.
+    pub(super) async fn collect(
+        self,
+        limit: u64,
+        declared: Option<u64>,
+    ) -> Result<Bytes, GatewayError> {
+        match self {
+            Self::Whole(bytes) => Ok(bytes),
+            Self::Streaming(body) => collect(body, limit, declared).await,
+        }
+    }
+}
+
 /// An inference's body, had whole before the request takes a flow slot, so that a client
 /// trickling its body holds no slot while it does (the connection's read timeouts bound
 /// the wait: `server.body_read_timeout`, `server.min_body_rate`). Kept as the chunks it
 /// arrived in, never copied: one chunk as it is (a small body usually comes with its head),
 /// several as a stream of them, which the later reads (`read_head`, `collect`) take as they
 /// would the client's own. With its size, which the flow phase's byte bound counts.
-pub(super) async fn arrive(mut body: Body, limit: u64) -> Result<(Body, usize), GatewayError> {
+pub(super) async fn arrive(mut body: Body, limit: u64) -> Result<(Payload, usize), GatewayError> {
     let Some(first) = next_data(&mut body, limit).await? else {
-        return Ok((Body::empty(), 0));
+        return Ok((Payload::Whole(Bytes::new()), 0));
     };
     // A body that says it has ended (its `Content-Length` read) needs no poll for its end.
     let second = if body.is_end_stream() {
@@ -57,7 +90,7 @@ pub(super) async fn arrive(mut body: Body, limit: u64) -> Result<(Body, usize), 
     };
     let Some(second) = second else {
         let size = first.len();
-        return Ok((Body::from(first), size));
+        return Ok((Payload::Whole(first), size));
     };
     let mut chunks = vec![first, second];
     while let Some(data) = next_data(&mut body, limit).await? {
@@ -66,7 +99,7 @@ pub(super) async fn arrive(mut body: Body, limit: u64) -> Result<(Body, usize), 
     let size = chunks.iter().map(Bytes::len).sum();
     let stream =
         futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::convert::Infallible>));
-    Ok((Body::from_stream(stream), size))
+    Ok((Payload::Streaming(Body::from_stream(stream)), size))
 }
 
 /// The body's next data chunk (trailers skipped), `None` at its end; a failed read is the
@@ -350,10 +383,14 @@ mod tests {
         let one = Bytes::from_static(b"one chunk");
         let (body, size) = arrive(Body::from(one.clone()), 100).await.unwrap();
         assert_eq!(size, 9);
-        let kept = collect(body, 100, None).await.unwrap();
+        assert!(matches!(&body, Payload::Whole(_)), "one chunk is had whole");
+        let kept = body.collect(100, None).await.unwrap();
         assert_eq!(kept.as_ptr(), one.as_ptr(), "a single chunk is not copied");
         let (body, size) = arrive(chunked(&["ab", "cd", "e"]), 100).await.unwrap();
         assert_eq!(size, 5);
+        let Payload::Streaming(body) = body else {
+            panic!("several chunks stream on as they came");
+        };
         let (head, rest) = read_head(body, 2, 100).await.unwrap();
         assert_eq!(head, "ab", "read again chunk by chunk");
         assert_eq!(join(head, rest, 100, None).await.unwrap(), "abcde");

@@ -1,19 +1,19 @@
 //! The HTTP front-end's part of the `validate` phase's reader: the body plumbing. An
 //! inference request's body is fed to `validate::http` (JSON, or the binary tensor
 //! extension's JSON header), a generate request's to `validate::generate`; the phase
-//! (`pipeline::validate`) has already decided to read it and refuses what they refuse. A
+//! (`pipeline::validate`) has already decided to read it and refuses what they refuse. An
+//! inference's body has arrived before this (`wire::HttpWire::arrive`): one that came in one
+//! chunk is read as those bytes (`body::Payload::Whole`). Of one that came in several, a
 //! binary request with a `Content-Length` is checked from its JSON header alone (fixed-size
 //! tensors by their sizes) and its tensors forwarded in the chunks they came in, never
-//! joined; any other body is collected once and forwarded as those same bytes. (An
-//! inference's body has arrived whole before this: `wire::HttpWire::arrive`.)
+//! joined; any other body is collected once and forwarded as those same bytes.
 
-use super::body::{self, collect, join, read_head, stream_on};
+use super::body::{self, Payload, collect, join, read_head, stream_on};
 use crate::error::GatewayError;
 use crate::model::ModelRef;
 use crate::pipeline::RequestCtx;
 use crate::validate::{self, Signature, Verdict, generate};
-use axum::body::Body;
-use axum::extract::Request;
+use http::Request;
 
 /// The `Inference-Header-Content-Length` header of the binary tensor extension.
 pub(super) const HEADER_LENGTH: http::HeaderName =
@@ -25,8 +25,8 @@ pub(super) async fn read(
     ctx: &RequestCtx,
     model: &ModelRef,
     signature: &Signature,
-    request: Request,
-) -> Result<(Request, Verdict), GatewayError> {
+    request: Request<Payload>,
+) -> Result<(Request<Payload>, Verdict), GatewayError> {
     let path = request.uri().path();
     if path.ends_with("/generate") || path.ends_with("/generate_stream") {
         return generate_request(ctx, signature, request).await;
@@ -39,8 +39,9 @@ pub(super) async fn read(
         header_length: header(&HEADER_LENGTH),
         encoding: header(&http::header::CONTENT_ENCODING),
     };
-    let whole = match streamable(declared, limit, headers.header_length) {
-        Some((length, header_length)) => {
+    let whole = match (body, streamable(declared, limit, headers.header_length)) {
+        (Payload::Whole(whole), _) => whole,
+        (Payload::Streaming(body), Some((length, header_length))) => {
             let (head, rest) = read_head(body, header_length, limit).await?;
             let view = validate::http::BodyView {
                 arrived: &head,
@@ -50,15 +51,16 @@ pub(super) async fn read(
                 Ok(validate::http::Parsed::Incomplete) => join(head, rest, limit, declared).await?,
                 parsed => {
                     let verdict = validate::http::verdict(parsed, view, signature);
-                    return Ok((Request::from_parts(parts, stream_on(head, rest)), verdict));
+                    let body = Payload::Streaming(stream_on(head, rest));
+                    return Ok((Request::from_parts(parts, body), verdict));
                 }
             }
         }
-        None => collect(body, limit, declared).await?,
+        (Payload::Streaming(body), None) => collect(body, limit, declared).await?,
     };
     let view = validate::http::BodyView::whole(&whole);
     let verdict = validate::http::verdict(parse(view, headers, model), view, signature);
-    Ok((Request::from_parts(parts, Body::from(whole)), verdict))
+    Ok((Request::from_parts(parts, Payload::Whole(whole)), verdict))
 }
 
 /// The request's headers that the reader reads.
@@ -84,13 +86,15 @@ fn parse<'a>(
 async fn generate_request(
     ctx: &RequestCtx,
     signature: &Signature,
-    request: Request,
-) -> Result<(Request, Verdict), GatewayError> {
+    request: Request<Payload>,
+) -> Result<(Request<Payload>, Verdict), GatewayError> {
     let (parts, body) = request.into_parts();
     let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
-    let whole = collect(body, limit, body::declared_length(&parts.headers)).await?;
+    let whole = body
+        .collect(limit, body::declared_length(&parts.headers))
+        .await?;
     let verdict = generate::verdict(&whole, signature);
-    Ok((Request::from_parts(parts, Body::from(whole)), verdict))
+    Ok((Request::from_parts(parts, Payload::Whole(whole)), verdict))
 }
 
 /// The body's length and JSON header's length when the request can be checked before its

@@ -1,9 +1,11 @@
 //! The HTTP front-end's side of the pipeline (`pipeline::Wire`): a KServe v2 request as the
 //! phases need it. An inference's body arrives whole before it takes a flow slot, kept in
 //! the chunks it came in; they go on untouched where nothing must read them, so JSON and
-//! the binary tensor extension work alike.
+//! the binary tensor extension work alike. A body in one chunk is held as its bytes
+//! (`body::Payload`): validation reads them, and a second send takes a clone of them.
 
-use super::body;
+use super::body::{self, Payload};
+use crate::body::Replay;
 use super::validate::{self, HEADER_LENGTH};
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
@@ -26,9 +28,9 @@ pub(super) struct HttpWire {
     /// The URI the client sent (naming the route, for mirrors).
     client_uri: http::Uri,
     /// The request to send; taken by the first send.
-    request: Option<Request>,
+    request: Option<Request<Payload>>,
     /// What a second send needs: the request's head and its body again (`body::replayable`).
-    again: Option<(Parts, crate::body::Replay)>,
+    again: Option<(Parts, Replay)>,
     /// The backend of the last send, to name in a failure.
     sent_to: Option<Arc<Backend>>,
     /// The body's size once an inference's body has arrived whole (`arrive`).
@@ -39,7 +41,7 @@ impl HttpWire {
     pub(super) fn new(request: Request) -> Self {
         Self {
             client_uri: request.uri().clone(),
-            request: Some(request),
+            request: Some(request.map(Payload::Streaming)),
             again: None,
             sent_to: None,
             arrived: 0,
@@ -57,7 +59,7 @@ impl HttpWire {
                 http::HeaderValue::from_static("application/json"),
             );
             headers.remove(header::CONTENT_ENCODING);
-            *request.body_mut() = Body::from(body);
+            *request.body_mut() = Payload::Whole(body);
         }
     }
 
@@ -68,7 +70,7 @@ impl HttpWire {
             .is_some_and(|(_, replay)| replay.ready())
     }
 
-    fn request(&mut self) -> Result<Request, GatewayError> {
+    fn request(&mut self) -> Result<Request<Payload>, GatewayError> {
         self.request
             .take()
             .ok_or_else(|| GatewayError::BadRequest("request already sent".into()))
@@ -96,7 +98,7 @@ impl Inspect for HttpWire {
     async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
         let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
         let (parts, whole) = self.request()?.into_parts();
-        let bytes = body::collect(whole, limit, None).await?;
+        let bytes = whole.collect(limit, None).await?;
         let (method, headers, uri) = (
             parts.method.clone(),
             parts.headers.clone(),
@@ -120,7 +122,7 @@ impl Inspect for HttpWire {
                 Ok(())
             }
         });
-        self.request = Some(Request::from_parts(parts, Body::from(bytes)));
+        self.request = Some(Request::from_parts(parts, Payload::Whole(bytes)));
         Ok(())
     }
 }
@@ -156,9 +158,9 @@ impl Wire for HttpWire {
     /// again without another copy. A compressed body's sequence is not read (not followed).
     async fn arrive(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
         let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
-        let request = body::limit(self.request()?, limit)?;
+        let request = body::limit(self.request()?.map(Payload::into_body), limit)?;
         if ctx.ask != Ask::Inference {
-            self.request = Some(request);
+            self.request = Some(request.map(Payload::Streaming));
             return Ok(None);
         }
         let (parts, whole) = request.into_parts();
@@ -177,18 +179,19 @@ impl Wire for HttpWire {
             .get(&HEADER_LENGTH)
             .and_then(|v| v.to_str().ok()?.trim().parse().ok());
         let declared = body::declared_length(headers);
-        let (whole, sequence) = match header_length {
+        let (whole, sequence) = match (header_length, whole) {
             // Raw binary: the whole body is one tensor, no JSON.
-            Some(0) => (whole, None),
-            Some(length) => {
+            (Some(0), whole) => (whole, None),
+            (Some(length), Payload::Streaming(whole)) => {
                 let (head, rest) = body::read_head(whole, length, limit).await?;
                 let sequence = sequence::from_json(&head[..length.min(head.len())]);
-                (body::stream_on(head, rest), sequence)
+                (Payload::Streaming(body::stream_on(head, rest)), sequence)
             }
-            None => {
-                let bytes = body::collect(whole, limit, declared).await?;
-                let sequence = sequence::from_json(&bytes);
-                (Body::from(bytes), sequence)
+            (length, whole) => {
+                let bytes = whole.collect(limit, declared).await?;
+                let json = length.map_or(&bytes[..], |n| &bytes[..n.min(bytes.len())]);
+                let sequence = sequence::from_json(json);
+                (Payload::Whole(bytes), sequence)
             }
         };
         self.request = Some(Request::from_parts(parts, whole));
@@ -206,7 +209,10 @@ impl Wire for HttpWire {
             return upstream::forward(backend, Request::from_parts(parts, body)).await;
         }
         let (parts, whole) = self.request()?.into_parts();
-        let (whole, replay) = crate::body::replayable(whole);
+        let (whole, replay) = match whole {
+            Payload::Whole(bytes) => (Body::from(bytes.clone()), Replay::whole(bytes)),
+            Payload::Streaming(body) => crate::body::replayable(body),
+        };
         let mut head = http::Request::new(());
         *head.method_mut() = parts.method.clone();
         *head.uri_mut() = parts.uri.clone();
