@@ -5,8 +5,8 @@
 //! (`body::Payload`): validation reads them, and a second send takes a clone of them.
 
 use super::body::{self, Payload};
-use crate::body::Replay;
 use super::validate::{self, HEADER_LENGTH};
+use crate::body::Replay;
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
 use crate::pipeline::mirror;
@@ -29,7 +29,7 @@ pub(super) struct HttpWire {
     client_uri: http::Uri,
     /// The request to send; taken by the first send.
     request: Option<Request<Payload>>,
-    /// What a second send needs: the request's head and its body again (`body::replayable`).
+    /// What a second send needs: the request's head and its body again (`crate::body::Replay`).
     again: Option<(Parts, Replay)>,
     /// The backend of the last send, to name in a failure.
     sent_to: Option<Arc<Backend>>,
