@@ -7,7 +7,7 @@
 
 use super::RequestCtx;
 use crate::error::{ErrorKind, ErrorSource};
-use crate::log_text::{Scope, Value, write_line};
+use crate::log_text::{Scope, Value, lead, write_line};
 use crate::telemetry;
 use crate::telemetry::series::{Protocol, RequestSeries};
 use crate::trace::RequestTrace;
@@ -149,7 +149,7 @@ macro_rules! request_line {
      { $($name:ident : $kind:ident $(= $value:expr)?),* $(,)? }) => {{
         if tracing::enabled!(tracing::Level::$level) {
             $( let $name = request_line!(@typed $kind, request_line!(@value $name $(, $value)?)); )*
-            let fields = [$((stringify!($name), Value::$kind($name))),*];
+            let fields = [$((lead!($name), Value::$kind($name))),*];
             if !written($ending, &tracing::Level::$level, $message, &fields) {
                 tracing::event!(tracing::Level::$level,
                     $($name = request_line!(@traced $kind, $name)),*, $message);
