@@ -26,6 +26,7 @@ mod model;
 mod openai;
 mod pipeline;
 mod placement;
+mod plain_text;
 pub mod protocol;
 mod reload;
 mod routing;

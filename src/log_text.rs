@@ -257,7 +257,7 @@ pub fn write_line(
     fields: &[(&str, Value<'_>)],
 ) -> Option<()> {
     let plain = |value: &Value<'_>| match value {
-        Value::Text(text) => needs_no_escape(text),
+        Value::Text(text) => crate::plain_text::is_plain(text),
         Value::Float(value) => plain_float(*value),
         Value::Shown(_) | Value::Number(_) => true,
     };
@@ -346,7 +346,7 @@ fn write_scope(out: &mut impl fmt::Write, scope: &Scope<'_>) -> fmt::Result {
     out.write_str(" trace_id=")?;
     out.write_str(scope.trace_id)?;
     match scope.peer {
-        Some(peer) if needs_no_escape(peer) => {
+        Some(peer) if crate::plain_text::is_plain(peer) => {
             out.write_str(" peer=\"")?;
             out.write_str(peer)?;
             out.write_char('"')?;
@@ -363,15 +363,9 @@ fn plain_float(value: f64) -> bool {
     value == 0.0 || (1e-3..1e15).contains(&value.abs())
 }
 
-/// Whether `Debug` would print `text` as it is, between quotes.
-fn needs_no_escape(text: &str) -> bool {
-    text.bytes()
-        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
-}
-
 impl Visit for Visitor<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if Self::special(field) || !needs_no_escape(value) {
+        if Self::special(field) || !crate::plain_text::is_plain(value) {
             return self.delegate(|v| v.record_str(field, value));
         }
         self.write(field, |w| {

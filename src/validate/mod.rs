@@ -25,7 +25,6 @@ pub mod grpc;
 pub mod http;
 pub mod json;
 pub mod request;
-mod runs;
 pub mod signature;
 pub mod triton_order;
 

@@ -19,7 +19,6 @@ use super::{
     parameter_fits,
 };
 use crate::validate::json::{Kind, Leaf, MAX_RANK, plain_number};
-use crate::validate::runs::plain_text_end;
 use std::borrow::Cow;
 
 /// More inputs than a plain request has; past it the full reader (with its name set) reads.
@@ -245,7 +244,7 @@ impl<'a> Scan<'a> {
             return None;
         }
         let start = self.pos;
-        let end = plain_text_end(self.text, start);
+        let end = crate::plain_text::end(self.text, start);
         // The byte that ended the string: its closing quote, or one outside the subset.
         self.pos = end + 1;
         (self.text.get(end) == Some(&b'"')).then(|| &self.text[start..end])

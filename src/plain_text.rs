@@ -1,7 +1,10 @@
-//! How far a run of one class of bytes goes, eight bytes at a time: the JSON readers' inner
-//! loops. A byte-by-byte loop made member names a quarter of the plain reader's work on a
-//! small request. (Digits stay byte by byte: their runs are short, and eight at a time cost
-//! more, about 30 instructions a number: `benches/validate.rs` under callgrind.)
+//! Plain text: printable ASCII other than `"` and `\`, the bytes every writer here keeps as
+//! they are. A JSON string of them has no escapes (the validation readers take it as it is),
+//! and Rust's `Debug` prints a `str` of them between quotes unchanged (the access log writes
+//! such values straight, `log_text`). One rule for both, found eight bytes at a time: a
+//! byte-by-byte loop made member names a quarter of the plain JSON reader's work on a small
+//! request. (Digits stay byte by byte in the readers: their runs are short, and eight at a
+//! time cost more, about 30 instructions a number: `benches/validate.rs` under callgrind.)
 //!
 //! Each class is a function that marks, in a little-endian word of eight bytes, the high
 //! bit of every byte outside the class. The tricks below borrow or carry from a marked byte
@@ -51,9 +54,8 @@ fn equal(word: u64, byte: u8) -> u64 {
     below(word ^ (ONES * u64::from(byte)), 1)
 }
 
-/// The end of a run, from `from`, of the bytes a plain JSON string holds as they are:
-/// printable ASCII other than `"` and `\`.
-pub(super) fn plain_text_end(text: &[u8], from: usize) -> usize {
+/// The end of the run of plain text in `text` from `from`.
+pub(crate) fn end(text: &[u8], from: usize) -> usize {
     run_end(
         text,
         from,
@@ -62,7 +64,12 @@ pub(super) fn plain_text_end(text: &[u8], from: usize) -> usize {
     )
 }
 
-/// Whether a plain JSON string holds `byte` as it is (`plain_text_end`'s class).
+/// Whether `text` is plain text throughout.
+pub(crate) fn is_plain(text: &str) -> bool {
+    end(text.as_bytes(), 0) == text.len()
+}
+
+/// Whether `byte` is plain text (`end`'s class, one byte at a time).
 fn plain_text_byte(byte: u8) -> bool {
     (0x20..0x7f).contains(&byte) && byte != b'"' && byte != b'\\'
 }
@@ -93,7 +100,9 @@ mod tests {
 
     #[test]
     fn a_plain_text_run_ends_at_the_first_byte_a_plain_string_does_not_hold() {
-        agrees(plain_text_end, plain_text_byte, b'x');
+        agrees(end, plain_text_byte, b'x');
+        assert!(is_plain("/v2/models/add_sub/infer") && is_plain(""));
+        assert!(!is_plain("a\"b") && !is_plain("caf\u{e9}") && !is_plain("tab\there"));
         assert!(plain_text_byte(b' ') && plain_text_byte(b'~'));
         assert!(!plain_text_byte(0x7f) && !plain_text_byte(b'"') && !plain_text_byte(b'\\'));
     }
