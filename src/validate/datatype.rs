@@ -2,94 +2,65 @@
 
 use std::fmt;
 
-/// A tensor element type. `BYTES` elements have no fixed size: on the wire each is a 4-byte
-/// little-endian length followed by that many bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DataType {
-    Bool,
-    Uint8,
-    Uint16,
-    Uint32,
-    Uint64,
-    Int8,
-    Int16,
-    Int32,
-    Int64,
-    Fp16,
-    Fp32,
-    Fp64,
-    Bf16,
-    Bytes,
+/// The datatypes, each with its protocol name, written once: the enum, `ALL`, `as_str` and
+/// `from_protocol` are made from this one list.
+macro_rules! datatypes {
+    ($($variant:ident = $name:literal),* $(,)?) => {
+        /// A tensor element type. `BYTES` elements have no fixed size: on the wire each is a
+        /// 4-byte little-endian length followed by that many bytes.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum DataType {
+            $($variant),*
+        }
+
+        impl DataType {
+            /// Every datatype, in Triton's order.
+            pub const ALL: [DataType; [$($name),*].len()] = [$(Self::$variant),*];
+
+            /// The protocol name (`FP32`, `BYTES`, ...). Exact and case-sensitive, as
+            /// Triton's `TRITONSERVER_StringToDataType` is: `fp32` is not a datatype. A match
+            /// on constants, each compare a load or two, where a search of `ALL` by `as_str`
+            /// called memcmp for every name of the same length (four for `FP32`).
+            pub fn from_protocol(name: &str) -> Option<Self> {
+                match name {
+                    $($name => Some(Self::$variant),)*
+                    _ => None,
+                }
+            }
+
+            /// The protocol name.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name),*
+                }
+            }
+        }
+    };
+}
+
+datatypes! {
+    Bool = "BOOL",
+    Uint8 = "UINT8",
+    Uint16 = "UINT16",
+    Uint32 = "UINT32",
+    Uint64 = "UINT64",
+    Int8 = "INT8",
+    Int16 = "INT16",
+    Int32 = "INT32",
+    Int64 = "INT64",
+    Fp16 = "FP16",
+    Fp32 = "FP32",
+    Fp64 = "FP64",
+    Bf16 = "BF16",
+    Bytes = "BYTES",
 }
 
 impl DataType {
-    /// Every datatype, in Triton's order.
-    pub const ALL: [DataType; 14] = [
-        Self::Bool,
-        Self::Uint8,
-        Self::Uint16,
-        Self::Uint32,
-        Self::Uint64,
-        Self::Int8,
-        Self::Int16,
-        Self::Int32,
-        Self::Int64,
-        Self::Fp16,
-        Self::Fp32,
-        Self::Fp64,
-        Self::Bf16,
-        Self::Bytes,
-    ];
-
-    /// The protocol name (`FP32`, `BYTES`, ...). Exact and case-sensitive, as Triton's
-    /// `TRITONSERVER_StringToDataType` is: `fp32` is not a datatype.
-    pub fn from_protocol(name: &str) -> Option<Self> {
-        // Matched against constants, each compare is a load or two; a search of `ALL` by
-        // `as_str` called memcmp for every name of the same length (four for `FP32`).
-        Some(match name {
-            "BOOL" => Self::Bool,
-            "UINT8" => Self::Uint8,
-            "UINT16" => Self::Uint16,
-            "UINT32" => Self::Uint32,
-            "UINT64" => Self::Uint64,
-            "INT8" => Self::Int8,
-            "INT16" => Self::Int16,
-            "INT32" => Self::Int32,
-            "INT64" => Self::Int64,
-            "FP16" => Self::Fp16,
-            "FP32" => Self::Fp32,
-            "FP64" => Self::Fp64,
-            "BF16" => Self::Bf16,
-            "BYTES" => Self::Bytes,
-            _ => return None,
-        })
-    }
-
     /// A model config's name for it (`TYPE_FP32`, and `TYPE_STRING` for `BYTES`).
     pub fn from_config(name: &str) -> Option<Self> {
         match name {
             "TYPE_STRING" => Some(Self::Bytes),
             other => other.strip_prefix("TYPE_").and_then(Self::from_protocol),
-        }
-    }
-
-    /// The protocol name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Bool => "BOOL",
-            Self::Uint8 => "UINT8",
-            Self::Uint16 => "UINT16",
-            Self::Uint32 => "UINT32",
-            Self::Uint64 => "UINT64",
-            Self::Int8 => "INT8",
-            Self::Int16 => "INT16",
-            Self::Int32 => "INT32",
-            Self::Int64 => "INT64",
-            Self::Fp16 => "FP16",
-            Self::Fp32 => "FP32",
-            Self::Fp64 => "FP64",
-            Self::Bf16 => "BF16",
-            Self::Bytes => "BYTES",
         }
     }
 
