@@ -214,8 +214,6 @@ start_infergate() { # name config [binary, default $BIN/infergate]
     PID[$1]=$!
 }
 
-# Placement adopts MODEL from the backend's repository index (it answers READY); the admin
-# API must show it ready before anything is measured. ADMIN_KEY, when set, is sent.
 # load_through NAME URL MODEL — MODEL's first request, through the gateway NAME at URL, to a
 # Triton started empty (default flags, nothing preloaded): the gateway places and loads the
 # copy as in production, and answers the model's metadata, what most clients ask first. A
@@ -226,6 +224,8 @@ load_through() {
         { tail -20 "$TMP/$1.log" >&2; die "$1 did not load $3 on its first request"; }
 }
 
+# Placement adopts MODEL from the backend's repository index (it answers READY); the admin
+# API must show it ready before anything is measured. ADMIN_KEY, when set, is sent.
 wait_placement() { # name admin_port model
     local deadline=$((SECONDS + 20)) auth=()
     [[ -n "${ADMIN_KEY:-}" ]] && auth=(-H "x-api-key: $ADMIN_KEY")
