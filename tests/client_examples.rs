@@ -2,11 +2,14 @@
 //!
 //! tests/python/test_examples.py does what each example in triton-inference-server/client
 //! (src/python/examples) does, in the example's own order, and checks what it checks, on
-//! models with the examples' names and signatures (tests/example_models). It runs twice:
-//! against one tritonserver with every model loaded, which proves the suite itself, then
-//! through infergate over two Tritons started empty, with Triton's default flags, where each
-//! test meets its models cold (the suite unloads them through the admin API first): most
-//! examples ask for metadata, config or readiness before their first inference.
+//! models with the examples' names and signatures (tests/example_models). It runs against
+//! tritonserver as the examples' READMEs run it, which proves the suite itself: with its
+//! default flags (every model of the repository loaded at start), and the model-control
+//! examples against one in explicit mode, the mode they document, started empty. Then it
+//! runs through infergate over two Tritons started empty, with Triton's default flags but
+//! explicit model control, where each test meets its models cold (the suite unloads them
+//! through the admin API first): most examples ask for metadata, config or readiness before
+//! their first inference.
 //!
 //! Beside it, in Rust: model metadata and config through the gateway for a model loaded
 //! nowhere equal Triton's own for the loaded model (HTTP and gRPC); unknown models and
@@ -26,19 +29,28 @@ fn example_models() -> std::path::PathBuf {
 }
 
 async fn empty_triton() -> Triton {
-    triton_with(&[], false).await
+    triton_with(false).await
 }
 
-/// A Triton over tests/example_models with `models` loaded at start (`*`: all of them);
-/// `verbose` logs every HTTP request it gets (how load calls are counted).
-async fn triton_with(models: &[&str], verbose: bool) -> Triton {
+/// A Triton over tests/example_models in explicit mode, started empty, as the gateway's
+/// pool runs; `verbose` logs every HTTP request it gets (how load calls are counted).
+async fn triton_with(verbose: bool) -> Triton {
     Triton::start(TritonOptions {
         repository: Some(example_models()),
         verbose,
-        ..TritonOptions::with_models(models)
+        ..Default::default()
     })
     .await
     .expect("tritonserver")
+}
+
+/// Triton as the examples' READMEs start it, alone over tests/example_models with its
+/// default flags: every model loaded at start. The reference a gateway's answers are
+/// compared with.
+async fn standalone_triton() -> Triton {
+    Triton::start(TritonOptions::standalone(example_models()))
+        .await
+        .expect("tritonserver")
 }
 
 /// How many times `model` was loaded through this Triton's repository API (a verbose Triton).
@@ -51,14 +63,22 @@ fn load_calls(triton: &Triton, model: &str) -> usize {
         .count()
 }
 
-/// Runs the suite against `http` and `grpc` (host:port) and fails the test on any failure or
-/// skip, with pytest's output. With `admin` (the gateway's admin API), each test's models are
-/// unloaded there before it, so it starts cold.
-async fn run_suite(http: &str, grpc: &str, admin: Option<&str>, against: &str) {
+/// Runs the suite (or the tests pytest's `-k` expression `select` names) against `http` and
+/// `grpc` (host:port) and fails the test on any failure or skip, with pytest's output. With
+/// `admin` (the gateway's admin API), each test's models are unloaded there before it, so it
+/// starts cold.
+async fn run_suite(
+    http: &str,
+    grpc: &str,
+    admin: Option<&str>,
+    select: Option<&str>,
+    against: &str,
+) {
     let suite = support::repo_root().join("tests/python/test_examples.py");
+    let select: Vec<&str> = select.map(|k| vec!["-k", k]).unwrap_or_default();
     let stdout = support::run_pytest(
         &suite,
-        &[],
+        &select,
         &[
             ("EXAMPLES_HTTP", http),
             ("EXAMPLES_GRPC", grpc),
@@ -72,20 +92,28 @@ async fn run_suite(http: &str, grpc: &str, admin: Option<&str>, against: &str) {
 
 #[tokio::test]
 async fn the_official_examples_pass_against_triton_and_through_the_gateway() {
-    // The reference run: Triton itself, so a check the gateway fails is one Triton passes.
-    // Triton in explicit mode answers for loaded models only, so it has every model loaded
-    // (`--load-model=*`); the examples' order against models nothing loaded is the gateway's
-    // case, where the Tritons start empty.
+    // The reference run: Triton itself, so a check the gateway fails is one Triton passes,
+    // started as the examples' READMEs start it. Every example but the model-control ones
+    // runs against Triton's defaults, which load the whole repository at start; those
+    // document `--model-control-mode=explicit` and load what they use, so they run against
+    // such a Triton, started empty. The examples' order against models nothing loaded is
+    // the gateway's case below, where the Tritons start empty.
     {
-        let triton = triton_with(&["*"], false).await;
         let host = |port: u16| format!("127.0.0.1:{port}");
-        run_suite(
-            &host(triton.http_port),
-            &host(triton.grpc_port),
-            None,
-            "Triton",
-        )
-        .await;
+        let (standalone, explicit) = tokio::join!(standalone_triton(), empty_triton());
+        for (triton, select) in [
+            (&standalone, "not model_control"),
+            (&explicit, "model_control"),
+        ] {
+            run_suite(
+                &host(triton.http_port),
+                &host(triton.grpc_port),
+                None,
+                Some(select),
+                &format!("Triton ({select})"),
+            )
+            .await;
+        }
     }
     let (t0, t1) = tokio::join!(empty_triton(), empty_triton());
     let config = pool_config_in(&example_models(), "examples", &[&t0, &t1], "1GiB", "", "");
@@ -94,6 +122,7 @@ async fn the_official_examples_pass_against_triton_and_through_the_gateway() {
         &gateway.http.to_string(),
         &gateway.grpc.to_string(),
         Some(&format!("http://{}", gateway.admin)),
+        None,
         "the gateway",
     )
     .await;
@@ -212,10 +241,9 @@ impl Differences {
 /// loaded, over HTTP (parsed JSON) and gRPC (decoded messages).
 #[tokio::test]
 async fn cold_metadata_and_config_through_the_gateway_equal_tritons_own() {
-    // The reference Triton has the models loaded on purpose (it describes loaded models
-    // only); the gateway's Tritons start empty.
-    let (reference, t0, t1) =
-        tokio::join!(triton_with(COMPARED, false), empty_triton(), empty_triton());
+    // The reference is Triton alone with its defaults, which load every model at start (it
+    // describes loaded models only); the gateway's Tritons start empty.
+    let (reference, t0, t1) = tokio::join!(standalone_triton(), empty_triton(), empty_triton());
     let config = pool_config_in(
         &example_models(),
         "differential",
@@ -278,13 +306,10 @@ async fn cold_metadata_and_config_through_the_gateway_equal_tritons_own() {
 /// and loads nothing to find out.
 #[tokio::test]
 async fn unknown_models_and_versions_get_tritons_refusal_without_a_load() {
-    // The reference Triton has `simple` loaded on purpose: an unknown version of a loaded
-    // model is what it refuses; the gateway's Tritons start empty.
-    let (reference, t0, t1) = tokio::join!(
-        triton_with(&["simple"], false),
-        triton_with(&[], true),
-        triton_with(&[], true)
-    );
+    // The reference is Triton alone with its defaults, so `simple` is loaded: an unknown
+    // version of a loaded model is what it refuses. The gateway's Tritons start empty.
+    let (reference, t0, t1) =
+        tokio::join!(standalone_triton(), triton_with(true), triton_with(true));
     let config = pool_config_in(&example_models(), "unknown", &[&t0, &t1], "1GiB", "", "");
     let gateway = TestGateway::start(&config).await;
     let mut differences = Differences::default();
@@ -353,7 +378,7 @@ async fn unknown_models_and_versions_get_tritons_refusal_without_a_load() {
 /// config, as eight examples started together): one load, and all get the same answers.
 #[tokio::test]
 async fn concurrent_cold_metadata_calls_load_the_model_once() {
-    let (t0, t1) = tokio::join!(triton_with(&[], true), triton_with(&[], true));
+    let (t0, t1) = tokio::join!(triton_with(true), triton_with(true));
     let config = pool_config_in(
         &example_models(),
         "burst",

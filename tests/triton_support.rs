@@ -1,7 +1,8 @@
-//! Smoke test of tests/support: two real Tritons side by side, one started empty (as every
-//! gateway test starts them) and given add_sub by `load_model`, one with add_sub preloaded;
-//! one inference each, one python stub per loaded model, and a model whose load fails with a
-//! clear error.
+//! Smoke test of tests/support: two real Tritons side by side, one started empty in explicit
+//! mode (as every gateway test starts them) and given add_sub by `load_model`, one standalone
+//! (Triton's default model control, as a reference Triton runs) over a repository of add_sub
+//! alone, which it loads at start; one inference each, one python stub per loaded model, and
+//! a model whose load fails with a clear error.
 mod support;
 
 use serde_json::{Value, json};
@@ -23,10 +24,15 @@ async fn infer_add_sub(client: &reqwest::Client, triton: &Triton) -> anyhow::Res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tritons_infer_and_failing_load() -> anyhow::Result<()> {
+    let repository = tempfile::tempdir()?;
+    support::copy_dir(
+        &support::model_repository().join("add_sub"),
+        &repository.path().join("add_sub"),
+    );
     let (a, b) = tokio::join!(
         Triton::start(TritonOptions::default()),
-        // Kept preloaded: this tests the support's own `--load-model` option (`models`).
-        Triton::start(TritonOptions::with_models(&["add_sub"])),
+        // This tests the support's `standalone` option itself.
+        Triton::start(TritonOptions::standalone(repository.path().to_path_buf())),
     );
     let (mut a, b) = (a?, b?);
     assert_ne!(a.http_port, b.http_port);
@@ -55,8 +61,19 @@ async fn two_tritons_infer_and_failing_load() -> anyhow::Result<()> {
         assert!(metrics.contains("nv_inference_request_success"));
     }
 
+    // A standalone Triton has no load API: it serves what it loaded at start.
+    let url = format!("{}/v2/repository/models/add_sub/load", b.http_url());
+    let resp = client.post(url).send().await?;
+    let status = resp.status();
+    let body: Value = resp.json().await?;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body["error"],
+        "explicit model load / unload is not allowed if polling is enabled"
+    );
+
     // failing_model's initialize() raises: the load is refused with Triton's message.
-    let url = format!("{}/v2/repository/models/failing_model/load", b.http_url());
+    let url = format!("{}/v2/repository/models/failing_model/load", a.http_url());
     let resp = client.post(url).send().await?;
     assert_eq!(resp.status(), 400);
     let body: Value = resp.json().await?;
@@ -66,8 +83,8 @@ async fn two_tritons_infer_and_failing_load() -> anyhow::Result<()> {
             && msg.contains("initialize always fails"),
         "unexpected error: {body}"
     );
-    assert_eq!(b.stub_count(), 1, "the failed model leaves no stub behind");
-    assert!(b.log().contains("failed to load 'failing_model'"));
+    assert_eq!(a.stub_count(), 1, "the failed model leaves no stub behind");
+    assert!(a.log().contains("failed to load 'failing_model'"));
 
     // kill() takes the stubs with it and is idempotent.
     let pid = a.pid();

@@ -453,20 +453,21 @@ async fn send(client: &reqwest::Client, base: &str, case: &Case) -> Answer {
 }
 
 /// The differential's two Tritons over one repository, both with default flags. The
-/// reference has every model loaded (`--load-model`): it is sent each request directly, and
-/// nothing would load a model for a direct request. The gateway's Triton starts empty, as
-/// in production: the gateway loads each model on its first request, and its checks then
+/// reference is Triton alone (`standalone`: its default model control loads every model of
+/// the repository at start): it is sent each request directly, and nothing would load a
+/// model for a direct request. The gateway's Triton runs in explicit mode and starts empty,
+/// as in production: the gateway loads each model on its first request, and its checks then
 /// read the signature of a copy it placed itself.
 async fn reference_and_served(repository: &tempfile::TempDir) -> (Triton, Triton) {
-    let start = |models: &[&str]| {
+    let start = |standalone: bool| {
         Triton::start(TritonOptions {
-            models: models.iter().map(|m| m.to_string()).collect(),
+            standalone,
             verbose: true,
             repository: Some(repository.path().to_path_buf()),
             ..Default::default()
         })
     };
-    let (reference, served) = tokio::join!(start(&MODELS), start(&[]));
+    let (reference, served) = tokio::join!(start(true), start(false));
     (
         reference.expect("reference triton starts"),
         served.expect("the gateway's triton starts"),
@@ -630,10 +631,10 @@ async fn differential_against_real_triton() {
 
     formatted_corpus_agrees_with_triton(&triton, &served, &gateway, &client).await;
     requests_that_would_hurt_triton_never_reach_it(&served, &gateway, &client).await;
-    // The signature cache alone, fetching from a Triton that has every model.
-    signatures_are_fetched_once_and_invalidated(&triton, repository.path()).await;
     disabled_validation_streams_requests_untouched(&served, &client).await;
     unavailable_signature_means_unvalidated(&served, &client).await;
+    // The signature cache alone, last: it reloads a model of the gateway's Triton under it.
+    signatures_are_fetched_once_and_invalidated(&served, repository.path()).await;
 }
 
 /// What is wrong with the gateway's answer `via` to `case`, given Triton's own answer
@@ -791,9 +792,12 @@ async fn requests_that_would_hurt_triton_never_reach_it(
     assert_eq!(alive.status(), StatusCode::OK);
 }
 
-/// The cache on its own, against the same Triton: 16 concurrent misses make one fetch; a
-/// reload does not change a cached signature until `invalidate`, which placement calls.
+/// The cache on its own, against a Triton in explicit mode (the gateway's): 16 concurrent
+/// misses make one fetch; a reload does not change a cached signature until `invalidate`,
+/// which placement calls. `reshaped` is loaded there first, as placement loads a copy (the
+/// corpus's requests through the gateway already have: then it is a reload).
 async fn signatures_are_fetched_once_and_invalidated(triton: &Triton, repository: &Path) {
+    triton.load_model("reshaped").await.expect("load");
     let text = config_for("cache", &[triton], "", "");
     let config = Config::parse(&text).unwrap();
     let backend = Arc::new(Backend::new(&config.backends[0], &config.upstream, 1).unwrap());

@@ -9,9 +9,11 @@ unchanged, including their first call to a model nothing has loaded yet.
     EXAMPLES_HTTP=host:port EXAMPLES_GRPC=host:port [EXAMPLES_ADMIN=http://host:port] \\
         .venv/bin/python -m pytest tests/python/test_examples.py
 
-Against a plain tritonserver (explicit model control) every model must be loaded before the
-suite (`--load-model=*`): that run proves the tests. Through infergate, set EXAMPLES_ADMIN to
-the gateway's admin API: before each test the models it uses are unloaded there
+Against a plain tritonserver started as the examples' READMEs start it, which proves the
+tests: with its default flags (every model of the repository loaded at start) for all but
+the model-control tests (`-k "not model_control"`), and in explicit model control, started
+empty, for those (`-k model_control`: the mode they document). Through infergate, set
+EXAMPLES_ADMIN to the gateway's admin API: before each test the models it uses are unloaded there
 (`POST /admin/models/M/unload`, after which a request loads them again), so every test meets
 its models cold, as a user running that example first would. The suite itself never loads a
 model, except where the model-control examples do. Without EXAMPLES_HTTP and EXAMPLES_GRPC

@@ -192,11 +192,13 @@ pub async fn run_pytest(suite: &Path, extra: &[&str], envs: &[(&str, &str)], wha
 /// How to start a [`Triton`].
 #[derive(Debug, Clone, Default)]
 pub struct TritonOptions {
-    /// Models loaded at start-up (`--load-model=`); they must load successfully,
-    /// or Triton exits. Others can be loaded later with `POST /v2/repository/models/M/load`.
-    /// Only for a reference Triton that answers direct requests, or a test of this option
-    /// (`with_models`): a gateway's Triton starts empty.
-    pub models: Vec<String>,
+    /// Triton as a user runs it on its own: its default model control (`none`, no flag),
+    /// which loads every model of its repository at start (each must load, or Triton exits)
+    /// and has no load or unload API. Only for a reference Triton that answers direct
+    /// requests, where nothing else would load a model (`standalone`). Otherwise Triton runs
+    /// in explicit mode, as the gateway's pool does, and starts empty: the gateway loads
+    /// each model on its first request.
+    pub standalone: bool,
     /// `--log-verbose=1`: Triton logs every HTTP request (`HTTP request: 2 /v2/...`).
     pub verbose: bool,
     /// Model repository; default [`model_repository()`].
@@ -212,13 +214,13 @@ pub struct TritonOptions {
 }
 
 impl TritonOptions {
-    /// Options loading the given models at start: only for tests about Triton itself or
-    /// about adopting what a Triton already has. A gateway test starts Triton with
-    /// `TritonOptions::default()` and lets the gateway load each model on its first request,
-    /// as users run it; a preload would hide what goes wrong there.
-    pub fn with_models(models: &[&str]) -> Self {
+    /// A reference Triton over `repository` (`standalone`): what a client talking to Triton
+    /// directly meets. A gateway test starts its Tritons with `TritonOptions::default()` and
+    /// lets the gateway load each model on its first request, as users run it.
+    pub fn standalone(repository: PathBuf) -> Self {
         TritonOptions {
-            models: models.iter().map(|m| m.to_string()).collect(),
+            standalone: true,
+            repository: Some(repository),
             ..Default::default()
         }
     }
@@ -301,7 +303,6 @@ impl Triton {
         let repository = opts.repository.clone().unwrap_or_else(model_repository);
         cmd.arg(flag("--model-repository=", &repository))
             .arg(flag("--backend-directory=", &server_dir.join("backends")))
-            .arg("--model-control-mode=explicit")
             .arg(format!("--http-address={address}"))
             .arg(format!("--http-port={http_port}"))
             .arg(format!("--grpc-address={address}"))
@@ -309,7 +310,7 @@ impl Triton {
             .arg(format!("--metrics-address={address}"))
             .arg(format!("--metrics-port={metrics_port}"))
             .arg("--allow-metrics=true")
-            .args(opts.models.iter().map(|m| format!("--load-model={m}")))
+            .args((!opts.standalone).then_some("--model-control-mode=explicit"))
             .args(&opts.args)
             .env("VIRTUAL_ENV", venv_dir())
             .env("PATH", venv_path_var())
