@@ -34,7 +34,7 @@ pub(crate) fn serve(
     gateway: crate::gateway::Gateway,
     request: Request,
 ) -> Pin<Box<dyn Future<Output = Response> + Send>> {
-    Box::pin(async move {
+    in_place(|| async move {
         if let Some(endpoint) = openai::endpoint(request.method(), request.uri().path()) {
             let encode = openai::error_response;
             return around(
@@ -42,7 +42,10 @@ pub(crate) fn serve(
                 request,
                 Gate::Clients,
                 encode,
-                async |ctx, request| Box::pin(openai::answer(ctx, endpoint?, request)).await,
+                async |ctx, request| {
+                    let endpoint = endpoint?;
+                    in_place(|| openai::answer(ctx, endpoint, request)).await
+                },
             )
             .await;
         }
@@ -57,11 +60,18 @@ pub(crate) fn serve(
                 // The pipeline's state machine is kilobytes (every phase's locals): boxed once
                 // here, so the edge's future around it moves a pointer, not all of it
                 // (instructions.sh counted such copies per request).
-                Box::pin(answer(ctx, endpoint, request)).await
+                in_place(|| answer(ctx, endpoint, request)).await
             },
         )
         .await
     })
+}
+
+/// `Box::pin(make())` with the box allocated first, so that the future can be built in it:
+/// `Box::pin` takes a future already built, and copies all of it, kilobytes of state not
+/// yet in use, into its allocation (`loadtest/instructions.sh`).
+fn in_place<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    Box::into_pin(Box::write(Box::new_uninit(), make()))
 }
 
 /// The endpoint's answer.
