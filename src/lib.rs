@@ -19,6 +19,7 @@ mod fnv;
 mod frontend;
 mod gateway;
 mod hold;
+mod in_place;
 mod listen;
 mod live;
 mod log_text;

@@ -188,7 +188,7 @@ impl tower::Service<Request<Body>> for Link {
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let connections = self.connections.clone();
-        Box::pin(async move { connections.send(request).await })
+        crate::in_place::in_place(|| async move { connections.send(request).await })
     }
 }
 

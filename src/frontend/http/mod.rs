@@ -15,6 +15,7 @@ pub(crate) use endpoint::{allow, decoded, segments};
 
 use crate::error::{GatewayError, www_authenticate};
 use crate::gateway::Gateway;
+use crate::in_place::in_place;
 use crate::model::{Ask, Served};
 use crate::pipeline::admit;
 use crate::pipeline::{self as pipeline, RequestCtx};
@@ -65,13 +66,6 @@ pub(crate) fn serve(
         )
         .await
     })
-}
-
-/// `Box::pin(make())` with the box allocated first, so that the future can be built in it:
-/// `Box::pin` takes a future already built, and copies all of it, kilobytes of state not
-/// yet in use, into its allocation (`loadtest/instructions.sh`).
-fn in_place<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
-    Box::into_pin(Box::write(Box::new_uninit(), make()))
 }
 
 /// The endpoint's answer.
