@@ -89,7 +89,9 @@ impl RequestTrace {
         write_hex(&mut value[3..35], &self.context.trace_id().to_bytes());
         write_hex(&mut value[36..52], &self.context.span_id().to_bytes());
         write_hex(&mut value[53..55], &[self.context.trace_flags().to_u8()]);
-        HeaderValue::from_bytes(&value).expect("hex digits and dashes")
+        let mut value = HeaderValue::from_bytes(&value).expect("hex digits and dashes");
+        never_indexed(&mut value);
+        value
     }
 
     /// Puts this trace on the headers a backend will receive.
@@ -104,9 +106,9 @@ impl RequestTrace {
 
     /// Puts this trace on the metadata of a gRPC call to a backend.
     pub fn stamp_metadata(&self, metadata: &mut tonic::metadata::MetadataMap) {
-        let value = tonic::metadata::AsciiMetadataValue::try_from(self.traceparent().as_bytes())
-            .expect("a traceparent is ASCII");
-        metadata.insert(TRACEPARENT.as_str(), value);
+        metadata
+            .as_mut()
+            .insert(TRACEPARENT.clone(), self.traceparent());
         if self.restarted {
             metadata.remove(TRACESTATE.as_str());
         }
@@ -352,6 +354,15 @@ pub fn flush() {
     }
 }
 
+/// Marks a value that differs on every request (its id, its `traceparent`) for HTTP/2's
+/// header compression (HPACK) to send as a literal, never indexed. Indexed, each one entered
+/// the connection's table and pushed out a header that repeats (`content-type`, `te`),
+/// which the next request then sent in full, and each entry cost hashing and eviction on
+/// both ends (`loadtest/instructions.sh` over gRPC). HTTP/1.1 is unaffected.
+pub fn never_indexed(value: &mut HeaderValue) {
+    value.set_sensitive(true);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,6 +443,19 @@ mod tests {
         let sent = parse_traceparent(metadata.get("traceparent").unwrap().as_bytes()).unwrap();
         assert_eq!(sent.trace_id(), fresh.trace_id());
         assert_ne!(fresh.trace_id(), joined.trace_id());
+    }
+
+    /// The `traceparent` sent on, over HTTP or on gRPC metadata, is never indexed by HTTP/2's
+    /// header compression: it differs on every request.
+    #[test]
+    fn a_traceparent_sent_on_is_never_indexed() {
+        let trace = RequestTrace::start(None, true);
+        let mut headers = http::HeaderMap::new();
+        trace.stamp(&mut headers, false);
+        assert!(headers[&TRACEPARENT].is_sensitive());
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        trace.stamp_metadata(&mut metadata);
+        assert!(metadata.as_ref()[&TRACEPARENT].is_sensitive());
     }
 
     #[test]

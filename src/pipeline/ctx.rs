@@ -187,7 +187,7 @@ impl RequestCtx {
 /// is cloned into the backend's request, the answer and the log scope, and bytes copied from
 /// a slice would be copied again at the first clone.
 pub fn request_id(client: Option<&HeaderValue>) -> HeaderValue {
-    client
+    let mut id = client
         .filter(|v| {
             let bytes = v.as_bytes();
             !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
@@ -198,7 +198,9 @@ pub fn request_id(client: Option<&HeaderValue>) -> HeaderValue {
             uuid::Uuid::new_v4().as_hyphenated().encode_lower(&mut id);
             HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(id))
                 .expect("uuid is a valid header value")
-        })
+        });
+    crate::trace::never_indexed(&mut id);
+    id
 }
 
 #[cfg(test)]
@@ -222,5 +224,17 @@ mod tests {
             assert_eq!(id.clone(), id);
             assert_ne!(request_id(client), id);
         }
+    }
+
+    /// Every request's id, kept or new, goes out never indexed by HTTP/2's header
+    /// compression (`trace::never_indexed`): a value that never repeats would only churn
+    /// the connection's table.
+    #[test]
+    fn a_request_id_is_never_indexed() {
+        let kept = HeaderValue::from_static("client-id.42");
+        assert!(!kept.is_sensitive());
+        assert!(request_id(Some(&kept)).is_sensitive());
+        assert!(request_id(None).is_sensitive());
+        assert!(request_id(None).clone().is_sensitive(), "clones keep it");
     }
 }
