@@ -11,6 +11,7 @@ mod auth;
 mod body;
 mod cluster;
 pub mod config;
+mod connection_tasks;
 mod deadline_timer;
 mod discovery;
 mod error;

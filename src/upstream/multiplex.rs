@@ -9,12 +9,13 @@
 //! calls share one connection attempt.
 
 use super::failure::connect_reason;
+use crate::connection_tasks::Tasks;
 use crate::tls::HttpsConnector;
 use crate::worker::PerWorker;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -49,7 +50,8 @@ pub struct Connections {
     connector: HttpsConnector,
     /// Named when an attempt runs out of it.
     connect_timeout: Duration,
-    http2: http2::Builder<TokioExecutor>,
+    /// Keep-alive pings every `.0`, answered within `.1`.
+    keep_alive: (Duration, Duration),
     slots: PerWorker<Slot>,
 }
 
@@ -63,22 +65,27 @@ impl Connections {
         connect_timeout: Duration,
         keep_alive: (Duration, Duration),
     ) -> Self {
-        let mut http2 = http2::Builder::new(TokioExecutor::new());
-        http2
-            .timer(TokioTimer::new())
-            .keep_alive_interval(keep_alive.0)
-            .keep_alive_timeout(keep_alive.1)
-            .keep_alive_while_idle(true)
-            // Large tensors: let the windows grow with the measured bandwidth instead of
-            // stalling on the 64 KiB default.
-            .adaptive_window(true);
         Self {
             uri,
             connector,
             connect_timeout,
-            http2,
+            keep_alive,
             slots: PerWorker::new(Slot::default),
         }
+    }
+
+    /// How a connection is made: its requests' own tasks (`tasks`) run in its task.
+    fn http2(&self, tasks: Tasks) -> http2::Builder<Tasks> {
+        let mut http2 = http2::Builder::new(tasks);
+        http2
+            .timer(TokioTimer::new())
+            .keep_alive_interval(self.keep_alive.0)
+            .keep_alive_timeout(self.keep_alive.1)
+            .keep_alive_while_idle(true)
+            // Large tensors: let the windows grow with the measured bandwidth instead of
+            // stalling on the 64 KiB default.
+            .adaptive_window(true);
+        http2
     }
 
     /// The service tonic's client sends its calls through.
@@ -157,16 +164,18 @@ impl Connections {
             .oneshot(self.uri.clone())
             .await
             .map_err(|e| ConnectFailed(connect_reason(e.as_ref(), self.connect_timeout)))?;
+        let tasks = Tasks::default();
         let (sender, connection) = self
-            .http2
+            .http2(tasks.clone())
             .handshake(io)
             .await
             .map_err(|e| ConnectFailed(connect_reason(&e, self.connect_timeout)))?;
-        tokio::spawn(async move {
+        let connection = async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "gRPC backend connection ended");
             }
-        });
+        };
+        tokio::spawn(crate::connection_tasks::run(connection, tasks));
         Ok(sender)
     }
 }
@@ -221,8 +230,9 @@ mod tests {
                         bytes::Bytes,
                     >::new()))
                 });
-                let serve = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+                let serve =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(io), service);
                 let _ = tasks.send(tokio::spawn(async move {
                     let _ = serve.await;
                 }));
