@@ -180,6 +180,7 @@ h2() {
         printf "%.0f", v * (u == "s" ? 1e6 : u == "ms" ? 1e3 : 1) }' "$out")"
     [[ -n "$H2_OK" ]] || die "no request count in h2load's output ($out)"
 }
+field() { cut -d' ' -f"$2" <<<"$1"; }
 per_req_us() { awk -v t="$1" -v hz="$HZ" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / hz / n * 1e6; else print "-" }'; }
 
 # ---------------------------------------------------------------- backend and proxies
@@ -198,15 +199,16 @@ declare -A OPEN   # stage-rate -> "achieved_rps ok mean_us cpu_us_per_req load"
 declare -A ROUNDS # stage -> CPU µs/req of each round at TARGET_RATE, in order
 # open_step STAGE RATE — one open-loop step: sets OPEN[STAGE-RATE]
 open_step() {
-    local s="$1" rate="$2" before after
+    local s="$1" rate="$2" before after kernel
     # shellcheck disable=SC2086
-    before="$(ticks ${PROXY_PIDS[$s]})"
+    before="$(ticks ${PROXY_PIDS[$s]}) $(sys_ticks ${PROXY_PIDS[$s]})"
     h2 "$TMP/open-$s-$rate.txt" "$s" "${PORT[$s]}" $((OPEN_WINDOW + 20)) \
         -c "$OPEN_CLIENTS" --rps $(((rate + OPEN_CLIENTS - 1) / OPEN_CLIENTS)) -D "$OPEN_WINDOW"
     # shellcheck disable=SC2086
-    after="$(ticks ${PROXY_PIDS[$s]})"
-    OPEN[$s-$rate]="$H2_RPS $H2_OK $H2_MEAN_US $(per_req_us $((after - before)) "$H2_OK") $(cut -d' ' -f1 /proc/loadavg)"
-    say "open loop $rate req/s, $s: ${OPEN[$s-$rate]} (achieved, ok, mean µs, CPU µs/req, load)"
+    after="$(ticks ${PROXY_PIDS[$s]}) $(sys_ticks ${PROXY_PIDS[$s]})"
+    kernel="$(per_req_us $(($(field "$after" 2) - $(field "$before" 2))) "$H2_OK")"
+    OPEN[$s-$rate]="$H2_RPS $H2_OK $H2_MEAN_US $(per_req_us $(($(field "$after" 1) - $(field "$before" 1))) "$H2_OK") $(cut -d' ' -f1 /proc/loadavg) $kernel"
+    say "open loop $rate req/s, $s: ${OPEN[$s-$rate]} (achieved, ok, mean µs, CPU µs/req, load, kernel µs/req)"
     [[ "$rate" == "$TARGET_RATE" ]] && ROUNDS[$s]+="$(cut -d' ' -f4 <<<"${OPEN[$s-$rate]}") "
     return 0
 }
@@ -245,16 +247,17 @@ for c in "${LEVELS[@]}"; do
     for s in $(rotated $step direct "${PROXIES[@]}"); do
         wrk_run "$TMP/warm.txt" "$s" "$c" "$WARMUP"
         # shellcheck disable=SC2086
-        before="$(ticks ${PROXY_PIDS[$s]:-})"
+        before="$(ticks ${PROXY_PIDS[$s]:-}) $(sys_ticks ${PROXY_PIDS[$s]:-})"
         wrk_run "$TMP/wrk-$s-$c.txt" "$s" "$c" "$WRK_WINDOW"
         # shellcheck disable=SC2086
-        after="$(ticks ${PROXY_PIDS[$s]:-})"
+        after="$(ticks ${PROXY_PIDS[$s]:-}) $(sys_ticks ${PROXY_PIDS[$s]:-})"
         out="$TMP/wrk-$s-$c.txt"
         n="$(awk '/requests in/ { print $1; exit }' "$out")"
         errors="$(awk '/Non-2xx/ { e += $NF } /Socket errors/ { for (i = 4; i <= NF; i += 2) e += $i } END { print e + 0 }' "$out")"
-        cpu="-"; [[ "$s" == direct ]] || cpu="$(per_req_us $((after - before)) "$n")"
-        CLOSED[$s-$c]="$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out") $(wrk_us "$out" 50) $(wrk_us "$out" 99) $cpu $errors $(cut -d' ' -f1 /proc/loadavg)"
-        say "wrk c=$c, $s: ${CLOSED[$s-$c]} (req/s, p50 µs, p99 µs, CPU µs/req, errors, load)"
+        cpu="- -"
+        [[ "$s" == direct ]] || cpu="$(per_req_us $(($(field "$after" 1) - $(field "$before" 1))) "$n") $(per_req_us $(($(field "$after" 2) - $(field "$before" 2))) "$n")"
+        CLOSED[$s-$c]="$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out") $(wrk_us "$out" 50) $(wrk_us "$out" 99) ${cpu% *} $errors $(cut -d' ' -f1 /proc/loadavg) ${cpu#* }"
+        say "wrk c=$c, $s: ${CLOSED[$s-$c]} (req/s, p50 µs, p99 µs, CPU µs/req, errors, load, kernel µs/req)"
     done
     step=$((step + 1))
 done
@@ -358,12 +361,11 @@ LOAD_AFTER="$(loadavg)"
 ELAPSED=$((SECONDS - STARTED))
 
 # ---------------------------------------------------------------- report
-field() { cut -d' ' -f"$2" <<<"$1"; }
 # added STAGE V D K — field K of a stage's figures V minus direct's D ("—" for direct itself)
 added() { if [[ "$1" == direct ]]; then echo —; else echo $(($(field "$2" "$4") - $(field "$3" "$4"))); fi; }
 # latency_rows FIGURES STEP... — families 2 and 2b: a row per step and stage of FIGURES
-# ("rate p50 p99 a b c"): the rate (and × nginx's, for CLOSED), p50, p99, both added to
-# direct's, then a, b and c.
+# ("rate p50 p99 a b c [k]"): the rate (and × nginx's, for CLOSED), p50, p99, both added to
+# direct's, then a, (for CLOSED, k: the kernel's part of a, the CPU), b and c.
 latency_rows() {
     local name="$1" step s v d; shift
     local -n figures="$name"
@@ -375,8 +377,10 @@ latency_rows() {
             if [[ "$name" == CLOSED ]]; then
                 printf ' %s |' "$([[ $s == direct ]] && echo — || ratio "$(field "$v" 1)" "$(field "${figures[nginx-$step]}" 1)")"
             fi
-            printf ' %s | %s | %s | %s | %s | %s | %s |\n' "$(field "$v" 2)" "$(field "$v" 3)" \
-                "$(added "$s" "$v" "$d" 2)" "$(added "$s" "$v" "$d" 3)" "$(field "$v" 4)" "$(field "$v" 5)" "$(field "$v" 6)"
+            printf ' %s | %s | %s | %s | %s |' "$(field "$v" 2)" "$(field "$v" 3)" \
+                "$(added "$s" "$v" "$d" 2)" "$(added "$s" "$v" "$d" 3)" "$(field "$v" 4)"
+            [[ "$name" == CLOSED ]] && printf ' %s |' "$(field "$v" 7)"
+            printf ' %s | %s |\n' "$(field "$v" 5)" "$(field "$v" 6)"
         done
     done
 }
@@ -406,18 +410,18 @@ report() {
     echo
     echo "## 1. Equal offered load (open loop, h2load)"
     echo
-    echo "\`h2load --h1 -t 1 -c $OPEN_CLIENTS --rps ⌈rate/$OPEN_CLIENTS⌉ -D $OPEN_WINDOW\` (not pinned). CPU: utime+stime of all the proxy's processes (/proc/PID/stat, ${HZ} Hz ticks) over the run ÷ requests that succeeded. Mean: h2load's mean time per request (it reports no percentiles). \"Behind\": less than 95% of the offered rate achieved (h2load's connections carry one request at a time, so a slow proxy lowers the rate): that row's load was not equal."
+    echo "\`h2load --h1 -t 1 -c $OPEN_CLIENTS --rps ⌈rate/$OPEN_CLIENTS⌉ -D $OPEN_WINDOW\` (not pinned). CPU: utime+stime of all the proxy's processes (/proc/PID/stat, ${HZ} Hz ticks) over the run ÷ requests that succeeded; of it kernel: stime alone (system calls, and the loopback TCP work the kernel does on the proxy's behalf). Mean: h2load's mean time per request (it reports no percentiles). \"Behind\": less than 95% of the offered rate achieved (h2load's connections carry one request at a time, so a slow proxy lowers the rate): that row's load was not equal."
     echo
-    echo "| offered req/s | stage | achieved req/s | requests | mean µs | proxy CPU µs/req | CPU × nginx | load avg |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|"
+    echo "| offered req/s | stage | achieved req/s | requests | mean µs | proxy CPU µs/req | of it kernel | CPU × nginx | load avg |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
     local rate s v n c
     for rate in "${RATES[@]}"; do
         n="${OPEN[nginx-$rate]}"
         for s in "${PROXIES[@]}"; do
             v="${OPEN[$s-$rate]}"
-            printf '| %s | %s | %.0f%s | %s | %s | %s | %s | %s |\n' "$rate" "${LABEL[$s]}" "$(field "$v" 1)" \
+            printf '| %s | %s | %.0f%s | %s | %s | %s | %s | %s | %s |\n' "$rate" "${LABEL[$s]}" "$(field "$v" 1)" \
                 "$(awk -v a="$(field "$v" 1)" -v r="$rate" 'BEGIN { if (a < 0.95 * r) printf " (behind)" }')" "$(field "$v" 2)" \
-                "$(field "$v" 3)" "$(field "$v" 4)" "$(ratio "$(field "$v" 4)" "$(field "$n" 4)")" "$(field "$v" 5)"
+                "$(field "$v" 3)" "$(field "$v" 4)" "$(field "$v" 6)" "$(ratio "$(field "$v" 4)" "$(field "$n" 4)")" "$(field "$v" 5)"
         done
     done
     if [[ -n "${ROUNDS[nginx]:-}" ]]; then
@@ -438,8 +442,8 @@ report() {
     echo
     echo "\`wrk -t 1 -c C -d ${WRK_WINDOW}s --latency\` after ${WARMUP} s of warm-up. Added: the stage's percentile minus direct's at the same C."
     echo
-    echo "| c | stage | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | proxy CPU µs/req | errors | load avg |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| c | stage | req/s | × nginx | p50 µs | p99 µs | added p50 µs | added p99 µs | proxy CPU µs/req | of it kernel | errors | load avg |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     latency_rows CLOSED "${LEVELS[@]}"
     echo
     echo "## 2b. Open loop at a fixed rate, proxy pinned to core $PROXY_CPU, client and backend on core $CLIENT_CPU"

@@ -328,6 +328,8 @@ admin_key_table() {
 HZ="$(getconf CLK_TCK)"
 # CPU ticks (user + system) of processes, for CPU per request.
 ticks() { local t=0 p f; for p in "$@"; do read -r -a f <"/proc/$p/stat" || continue; t=$((t + f[13] + f[14])); done; echo "$t"; }
+# The system part of ticks (stime): the kernel's share of a proxy's CPU.
+sys_ticks() { local t=0 p f; for p in "$@"; do read -r -a f <"/proc/$p/stat" || continue; t=$((t + f[14])); done; echo "$t"; }
 # Peak RSS (VmHWM) in KiB, summed over processes.
 hwm_kib() { local t=0 p v; for p in "$@"; do v="$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)"; t=$((t + ${v:-0})); done; echo "$t"; }
 children() { pgrep -P "$1" | tr '\n' ' '; }
