@@ -504,6 +504,30 @@ pub fn grpc_status_class(code: Code) -> &'static str {
     status_class(http_status_of(code))
 }
 
+/// A gRPC code's name as logged (`code="Ok"`): its `Debug` text, without formatting a string
+/// for every call.
+pub fn grpc_code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "Ok",
+        Code::Cancelled => "Cancelled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
 /// RFC 6750's challenge for a refused bearer credential; the description is the reason
 /// (our own words, never the token), with characters a quoted string cannot hold dropped.
 pub fn www_authenticate(reason: &str) -> HeaderValue {
@@ -923,6 +947,7 @@ mod tests {
             (DataLoss, "5xx"),
         ] {
             assert_eq!(grpc_status_class(code), class, "{code:?}");
+            assert_eq!(grpc_code_name(code), format!("{code:?}"));
         }
         let refused =
             GatewayError::from_backend_http(StatusCode::BAD_REQUEST, br#"{"error":"bad index"}"#);

@@ -248,7 +248,7 @@ impl Call {
         extra: &[(&str, u64)],
     ) {
         // A string, so the text log quotes it (`code="Ok"`).
-        let code_name = format!("{code:?}");
+        let code_name = crate::error::grpc_code_name(code);
         // Stream counters (messages, responses) as one field, so each line has one shape.
         let counts = extra
             .iter()
@@ -257,7 +257,7 @@ impl Call {
             .join(" ");
         let answered = Answered::Grpc {
             rpc: self.rpc,
-            code: (code as i32, &code_name),
+            code: (code as i32, code_name),
             class: grpc_status_class(code),
             message,
             counts: &counts,
@@ -275,23 +275,28 @@ pub fn stamp_id(metadata: &mut MetadataMap, id: &HeaderValue) {
 /// Metadata that belongs to one hop (content type, encodings, timeouts, status) and is
 /// never copied from one side of the gateway to the other: tonic writes its own.
 pub fn strip_reserved(metadata: &mut MetadataMap) {
-    let mut headers = std::mem::take(metadata).into_headers();
-    let hop: Vec<_> = headers
-        .keys()
-        .filter(|name| {
-            let name = name.as_str();
-            name.starts_with("grpc-")
-                || matches!(
-                    name,
-                    "te" | "content-type" | "content-length" | "user-agent" | "x-request-id"
-                )
-        })
-        .cloned()
-        .collect();
-    for name in hop {
-        headers.remove(name);
+    let hop = |name: &http::HeaderName| {
+        let name = name.as_str();
+        name.starts_with("grpc-")
+            || matches!(
+                name,
+                "te" | "content-type" | "content-length" | "user-agent" | "x-request-id"
+            )
+    };
+    // Most of a call's metadata is of one hop: what stays is put in a new map, where taking
+    // the rest out of the old one would hash and remove each (and clone its name first).
+    let mut kept = http::HeaderMap::new();
+    let mut keep = None;
+    for (name, value) in std::mem::take(metadata).into_headers() {
+        // A name comes once, before the first of its values.
+        if let Some(name) = name {
+            keep = (!hop(&name)).then_some(name);
+        }
+        if let Some(name) = &keep {
+            kept.append(name.clone(), value);
+        }
     }
-    *metadata = MetadataMap::from_headers(headers);
+    *metadata = MetadataMap::from_headers(kept);
 }
 
 /// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
@@ -370,10 +375,10 @@ pub async fn grpc_layer(
             HeaderValue::from_str(&error.to_string()).expect("ASCII message"),
         );
         headers.insert(X_REQUEST_ID.clone(), edge.ctx.id.clone());
-        let code_name = format!("{:?}", error.grpc_code());
+        let code_name = crate::error::grpc_code_name(error.grpc_code());
         let answered = Answered::Grpc {
             rpc: rpc.as_ref().map_or("", |p| p.path()),
-            code: (error.grpc_code() as i32, &code_name),
+            code: (error.grpc_code() as i32, code_name),
             class: grpc_status_class(error.grpc_code()),
             message: None,
             counts: "",
@@ -425,7 +430,11 @@ mod tests {
         map.insert("x-request-id", "old".parse().unwrap());
         map.insert("authorization", "Bearer t".parse().unwrap());
         map.insert("x-tenant", "a".parse().unwrap());
+        map.append("x-tenant", "b".parse().unwrap());
+        map.append("grpc-timeout", "1S".parse().unwrap());
         strip_reserved(&mut map);
+        let tenants: Vec<_> = map.get_all("x-tenant").iter().collect();
+        assert_eq!(tenants, ["a", "b"], "every value of a kept name, in order");
         let mut names: Vec<_> = map
             .keys()
             .map(|k| match k {
