@@ -3,8 +3,8 @@
 //! hyper's HTTP/2 connections hand work to an executor: a client two futures per request (the
 //! request body's pipe, and the wait for the answer's head). Spawned on tokio, each was a task:
 //! an allocation, an entry in the runtime's task list, a schedule, polls through the task's
-//! harness, and the future copied into its cell and its end copied over it, about 3,000
-//! instructions a task (`loadtest/instructions.sh` over gRPC). Here the executor (`Tasks`)
+//! harness, and the future copied into its cell and its end copied over it: together about
+//! 2,500 instructions a task (`loadtest/instructions.sh` over gRPC). Here the executor (`Tasks`)
 //! queues them, and the connection's task (`run`) polls them beside the connection, each only
 //! when its own waker fired (`FuturesUnordered`), on the thread the connection lives on.
 
