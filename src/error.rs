@@ -499,15 +499,16 @@ pub fn status_class(status: StatusCode) -> &'static str {
     }
 }
 
-/// The status class of a gRPC code (through `http_status_of`).
-pub fn grpc_status_class(code: Code) -> &'static str {
-    status_class(http_status_of(code))
+/// The status class of a gRPC status code as sent (through `http_status_of`); a number the
+/// specification does not name is `Unknown`'s, as tonic reads it.
+pub fn grpc_status_class(code: i32) -> &'static str {
+    status_class(http_status_of(Code::from_i32(code)))
 }
 
-/// A gRPC code's name as logged (`code="Ok"`): its `Debug` text, without formatting a string
-/// for every call.
-pub fn grpc_code_name(code: Code) -> &'static str {
-    match code {
+/// A gRPC status code's name as logged (`code="Ok"`): its `Debug` text, without formatting
+/// a string for every call.
+pub fn grpc_code_name(code: i32) -> &'static str {
+    match Code::from_i32(code) {
         Code::Ok => "Ok",
         Code::Cancelled => "Cancelled",
         Code::Unknown => "Unknown",
@@ -946,9 +947,13 @@ mod tests {
             (Unavailable, "5xx"),
             (DataLoss, "5xx"),
         ] {
-            assert_eq!(grpc_status_class(code), class, "{code:?}");
-            assert_eq!(grpc_code_name(code), format!("{code:?}"));
+            assert_eq!(grpc_status_class(code as i32), class, "{code:?}");
+            assert_eq!(grpc_code_name(code as i32), format!("{code:?}"));
         }
+        assert_eq!(
+            (grpc_code_name(99), grpc_status_class(99)),
+            ("Unknown", "5xx")
+        );
         let refused =
             GatewayError::from_backend_http(StatusCode::BAD_REQUEST, br#"{"error":"bad index"}"#);
         assert_eq!(refused.grpc_code(), InvalidArgument);

@@ -147,7 +147,7 @@ impl RequestTrace {
             KeyValue::new("rpc.method", rpc.to_owned()),
             KeyValue::new("rpc.grpc.status_code", i64::from(code)),
         ];
-        let server_error = crate::error::grpc_status_class(tonic::Code::from_i32(code)) == "5xx";
+        let server_error = crate::error::grpc_status_class(code) == "5xx";
         self.finish(
             format!("{SERVICE}/{rpc}"),
             attributes,

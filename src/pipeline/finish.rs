@@ -48,10 +48,9 @@ pub enum Answered<'a> {
     Grpc {
         /// The method (`ModelInfer`).
         rpc: &'a str,
-        /// The status code sent (as a number) and its name.
-        code: (i32, &'a str),
-        /// Its status class (`error::grpc_status_class`).
-        class: &'static str,
+        /// The status code sent, whose name and class are read here (`error::grpc_code_name`,
+        /// `error::grpc_status_class`), as an HTTP answer's are from its status.
+        code: i32,
         /// The status message, when a backend's own failure was passed through.
         message: Option<&'a str>,
         /// A stream's counters (`requests=3 responses=3 refused=0`), empty for a unary call.
@@ -70,7 +69,7 @@ impl Answered<'_> {
     fn class(&self) -> &'static str {
         match self {
             Self::Http { status, .. } => crate::error::status_class(*status),
-            Self::Grpc { class, .. } => class,
+            Self::Grpc { code, .. } => crate::error::grpc_status_class(*code),
         }
     }
 }
@@ -119,7 +118,7 @@ pub fn record(ending: &Ending<'_>, trace: Option<RequestTrace>) {
                 status,
             } => trace.finish_http(method, path, status.as_u16(), ending.served, ending.error),
             Answered::Grpc { rpc, code, .. } => {
-                trace.finish_grpc(rpc, code.0, ending.served, ending.error)
+                trace.finish_grpc(rpc, *code, ending.served, ending.error)
             }
         }
     }
@@ -135,7 +134,13 @@ pub fn record(ending: &Ending<'_>, trace: Option<RequestTrace>) {
             message,
             counts,
             ..
-        } => log_grpc(ending, rpc, code.1, *message, counts),
+        } => log_grpc(
+            ending,
+            rpc,
+            crate::error::grpc_code_name(*code),
+            *message,
+            counts,
+        ),
     }
 }
 

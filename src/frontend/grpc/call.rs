@@ -11,7 +11,7 @@
 //! and turns tonic's OUT_OF_RANGE for an oversized request message into RESOURCE_EXHAUSTED
 //! with a message naming the setting.
 
-use crate::error::{ErrorKind, GatewayError, grpc_status_class};
+use crate::error::{ErrorKind, GatewayError};
 use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
 use crate::gateway::Gateway;
 use crate::model::Served;
@@ -247,8 +247,6 @@ impl Call {
         message: Option<&str>,
         extra: &[(&str, u64)],
     ) {
-        // A string, so the text log quotes it (`code="Ok"`).
-        let code_name = crate::error::grpc_code_name(code);
         // Stream counters (messages, responses) as one field, so each line has one shape.
         let counts = extra
             .iter()
@@ -257,8 +255,7 @@ impl Call {
             .join(" ");
         let answered = Answered::Grpc {
             rpc: self.rpc,
-            code: (code as i32, code_name),
-            class: grpc_status_class(code),
+            code: code as i32,
             message,
             counts: &counts,
         };
@@ -375,11 +372,9 @@ pub async fn grpc_layer(
             HeaderValue::from_str(&error.to_string()).expect("ASCII message"),
         );
         headers.insert(X_REQUEST_ID.clone(), edge.ctx.id.clone());
-        let code_name = crate::error::grpc_code_name(error.grpc_code());
         let answered = Answered::Grpc {
             rpc: rpc.as_ref().map_or("", |p| p.path()),
-            code: (error.grpc_code() as i32, code_name),
-            class: grpc_status_class(error.grpc_code()),
+            code: error.grpc_code() as i32,
             message: None,
             counts: "",
         };
