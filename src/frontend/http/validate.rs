@@ -19,6 +19,13 @@ use http::Request;
 pub(super) const HEADER_LENGTH: http::HeaderName =
     http::HeaderName::from_static("inference-header-content-length");
 
+/// The JSON header's length a request's `HEADER_LENGTH` value gives, when it is a number:
+/// the front-end's readings before validation (the sequence, whether the body can stream)
+/// take it as given; `validate::http` refuses a malformed one in Triton's words.
+pub(super) fn header_length(value: &[u8]) -> Option<usize> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
 /// Reads an inference request to `model` and checks it against `signature`: the verdict,
 /// and the request to forward (its body read, or its head read and the rest streaming on).
 pub(super) async fn read(
@@ -105,14 +112,9 @@ fn streamable(
     limit: u64,
     header_length: Option<&[u8]>,
 ) -> Option<(usize, usize)> {
-    let length = declared.filter(|&n| n <= limit)?;
-    let header_length: u64 = std::str::from_utf8(header_length?)
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    (header_length > 0 && header_length < length)
-        .then_some((length as usize, header_length as usize))
+    let length = usize::try_from(declared.filter(|&n| n <= limit)?).ok()?;
+    let header_length = self::header_length(header_length?)?;
+    (header_length > 0 && header_length < length).then_some((length, header_length))
 }
 
 #[cfg(test)]
@@ -121,6 +123,12 @@ mod tests {
 
     #[test]
     fn streams_only_binary_requests_with_a_length_within_the_limit() {
+        assert_eq!(
+            header_length(b" 40 "),
+            Some(40),
+            "blanks around it are read past"
+        );
+        assert_eq!(header_length(b"4o"), None);
         assert_eq!(streamable(Some(100), 1000, Some(b"40")), Some((100, 40)));
         assert_eq!(streamable(None, 1000, Some(b"40")), None, "chunked");
         assert_eq!(streamable(Some(100), 1000, None), None, "JSON");

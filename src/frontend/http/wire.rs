@@ -175,22 +175,21 @@ impl Wire for HttpWire {
             self.request = Some(Request::from_parts(parts, whole));
             return Ok(None);
         }
-        let header_length: Option<usize> = headers
+        let header_length = headers
             .get(&HEADER_LENGTH)
-            .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+            .and_then(|v| validate::header_length(v.as_bytes()));
         let declared = body::declared_length(headers);
         let (whole, sequence) = match (header_length, whole) {
             // Raw binary: the whole body is one tensor, no JSON.
             (Some(0), whole) => (whole, None),
             (Some(length), Payload::Streaming(whole)) => {
                 let (head, rest) = body::read_head(whole, length, limit).await?;
-                let sequence = sequence::from_json(&head[..length.min(head.len())]);
+                let sequence = sequence::from_json(json_part(&head, Some(length)));
                 (Payload::Streaming(body::stream_on(head, rest)), sequence)
             }
             (length, whole) => {
                 let bytes = whole.collect(limit, declared).await?;
-                let json = length.map_or(&bytes[..], |n| &bytes[..n.min(bytes.len())]);
-                let sequence = sequence::from_json(json);
+                let sequence = sequence::from_json(json_part(&bytes, length));
                 (Payload::Whole(bytes), sequence)
             }
         };
@@ -306,4 +305,10 @@ pub(super) fn target_uri(uri: &http::Uri, target: &ModelRef) -> http::Uri {
     }
     // From the string's own buffer: parsing a `&str` would copy it first.
     http::Uri::from_maybe_shared(bytes::Bytes::from(rewritten)).unwrap_or_else(|_| uri.clone())
+}
+
+/// The JSON of a body read from its start: its first `header_length` bytes (the binary
+/// extension's JSON header), or all of it.
+fn json_part(body: &[u8], header_length: Option<usize>) -> &[u8] {
+    header_length.map_or(body, |n| &body[..n.min(body.len())])
 }
