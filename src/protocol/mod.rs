@@ -37,6 +37,8 @@ pub const EXTENSIONS: [&str; 8] = [
 /// request, `model[/version]`, when the model name the client called was a route.
 pub const TARGET_HEADER: &str = "infergate-target";
 
+pub mod encoded;
+
 /// Triton's `inference` package: messages, the `GRPCInferenceService` server trait and client.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod inference {

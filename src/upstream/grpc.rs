@@ -8,14 +8,46 @@ use super::failure::innermost;
 use super::multiplex::{ConnectFailed, Connections, Link};
 use crate::config;
 use crate::error::GatewayError;
+use crate::protocol::encoded::{self, BackendCodec, Encoded};
+use crate::protocol::inference::ModelInferRequest;
 use crate::protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use http::Uri;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::Status;
 
-/// The generated client over this worker's connection to a backend.
-pub type InferenceClient = GrpcInferenceServiceClient<Link>;
+/// A backend's gRPC service over this worker's connection: Triton's generated methods
+/// (`methods`), and ModelInfer with its answer kept as the backend encoded it (`infer`).
+/// Message sizes are not limited here: the front-end limits what clients send, and a
+/// backend's answers are trusted.
+pub struct InferenceClient {
+    link: Link,
+    origin: Uri,
+}
+
+impl InferenceClient {
+    /// The generated client, for every method but a unary inference.
+    pub fn methods(self) -> GrpcInferenceServiceClient<Link> {
+        GrpcInferenceServiceClient::with_origin(self.link, self.origin)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+    }
+
+    /// A unary inference whose answer is passed on unread (`protocol::encoded`).
+    pub async fn infer(
+        self,
+        request: tonic::Request<ModelInferRequest>,
+    ) -> Result<tonic::Response<Encoded>, Status> {
+        let mut grpc = tonic::client::Grpc::with_origin(self.link, self.origin)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        // A link is always ready (`multiplex::Link`); tower asks that it be asked.
+        grpc.ready().await.map_err(Status::from_error)?;
+        let path = http::uri::PathAndQuery::from_static(encoded::MODEL_INFER);
+        grpc.unary(request, path, BackendCodec::default()).await
+    }
+}
 
 /// Keep-alive pings on idle and busy connections alike: a backend that vanishes without a
 /// FIN (a host gone, a cable pulled) is noticed within interval + timeout, not at the next
@@ -51,13 +83,12 @@ impl GrpcUpstream {
         })
     }
 
-    /// A client over this worker's connection: cheap, one per call. Message sizes are not
-    /// limited here: the front-end limits what clients send, and a backend's answers are
-    /// trusted.
+    /// A client over this worker's connection: cheap, one per call.
     pub fn client(&self) -> InferenceClient {
-        GrpcInferenceServiceClient::with_origin(self.connections.link(), self.connections.origin())
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX)
+        InferenceClient {
+            link: self.connections.link(),
+            origin: self.connections.origin(),
+        }
     }
 }
 
@@ -229,8 +260,9 @@ mod tests {
         .unwrap();
         let backend = Arc::new(Backend::new(&config.backends[0], &config.upstream, 1).unwrap());
         let started = Instant::now();
-        let answer = unary(&backend, Duration::from_secs(5), |mut c| async move {
-            c.server_live(crate::protocol::inference::ServerLiveRequest {})
+        let answer = unary(&backend, Duration::from_secs(5), |c| async move {
+            c.methods()
+                .server_live(crate::protocol::inference::ServerLiveRequest {})
                 .await
         })
         .await;

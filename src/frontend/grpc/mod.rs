@@ -3,7 +3,9 @@
 //!
 //! It decodes protobuf into a `RequestCtx` and runs the same pipeline as the HTTP front-end
 //! (`wire` is this front-end's `pipeline::Wire`), then encodes the answer back; no rule lives
-//! here. Streams run the pipeline's phases per message (`stream`).
+//! here. A unary inference's answer is the exception: it is passed on as the backend encoded
+//! it (`protocol::encoded`, on a route of its own). Streams run the pipeline's phases per
+//! message (`stream`).
 //!
 //! The service is served by axum (tonic's routes as an axum router) so it shares the other
 //! listeners' graceful shutdown, and so `call::grpc_layer` sees `grpc-timeout` before any
@@ -19,6 +21,7 @@ use crate::gateway::Gateway;
 use crate::model::Ask;
 use crate::pipeline::admit;
 use crate::pipeline::{self, RequestCtx};
+use crate::protocol::encoded::{self, ClientCodec};
 use crate::protocol::inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
 };
@@ -61,10 +64,11 @@ macro_rules! with_compression {
 /// step with readiness by a task on `tasks`) and reflection.
 pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToken) -> axum::Router {
     let limit = gateway.fixed_config().server.max_grpc_message_size.bytes();
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let inference = with_compression!(GrpcInferenceServiceServer::new(InferenceService {
         gateway: gateway.clone(),
     }))
-    .max_decoding_message_size(usize::try_from(limit).unwrap_or(usize::MAX))
+    .max_decoding_message_size(limit)
     .max_encoding_message_size(usize::MAX);
     let (reporter, health) = tonic_health::server::health_reporter();
     spawn_health_updates(gateway.clone(), reporter, tasks, shutdown);
@@ -72,11 +76,16 @@ pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToke
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1()
         .expect("the generated descriptor set is valid");
+    let service = InferenceService {
+        gateway: gateway.clone(),
+    };
+    let infer = move |request| service.clone().infer(request, limit);
     Routes::new(inference)
         .add_service(with_compression!(health))
         .add_service(with_compression!(reflection))
         .prepare()
         .into_axum_router()
+        .route(encoded::MODEL_INFER, axum::routing::post(infer))
         .layer(axum::middleware::from_fn_with_state(
             gateway,
             call::grpc_layer,
@@ -168,6 +177,23 @@ impl InferenceService {
             })
             .await;
         call.finish(outcome)
+    }
+
+    /// A unary inference, on its own route: the message decoded and the answer written by
+    /// `protocol::encoded`'s codec, so that the backend's answer is passed on unread, and
+    /// otherwise as the generated service serves a call (compression, the message limit).
+    async fn infer(
+        self,
+        request: axum::extract::Request,
+        limit: usize,
+    ) -> http::Response<tonic::body::Body> {
+        let mut grpc = with_compression!(tonic::server::Grpc::new(ClientCodec::default()))
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(usize::MAX);
+        let call = tower::service_fn(|request| {
+            self.model_call(("ModelInfer", Ask::Inference), request, |c, r| c.infer(r))
+        });
+        grpc.unary(call, request).await
     }
 
     /// An RPC the gateway does not serve, answered with `error` (shared memory names regions
@@ -274,8 +300,8 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<ModelReadyResponse>, Status> {
         // Who may ask is decided first: a refusal is an error, not `ready: false`; Triton
         // answers an unknown or unloadable model with `ready: false` (`ModelAnswer`).
-        self.model_call(("ModelReady", Ask::Ready), request, |mut c, r| async move {
-            c.model_ready(r).await
+        self.model_call(("ModelReady", Ask::Ready), request, |c, r| async move {
+            c.methods().model_ready(r).await
         })
         .await
     }
@@ -287,21 +313,18 @@ impl GrpcInferenceService for InferenceService {
         self.model_call(
             ("ModelMetadata", Ask::Metadata),
             request,
-            |mut c, r| async move { c.model_metadata(r).await },
+            |c, r| async move { c.methods().model_metadata(r).await },
         )
         .await
     }
 
+    /// Never called: `router` serves ModelInfer on a route of its own (`infer`), ahead of
+    /// this service, so that the backend's answer passes through as it was encoded.
     async fn model_infer(
         &self,
-        request: Request<ModelInferRequest>,
+        _: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
-        self.model_call(
-            ("ModelInfer", Ask::Inference),
-            request,
-            |mut c, r| async move { c.model_infer(r).await },
-        )
-        .await
+        Err(Status::internal("ModelInfer is served by its own route"))
     }
 
     type ModelStreamInferStream = stream::ResponseStream;
@@ -327,11 +350,9 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<ModelConfigRequest>,
     ) -> Result<Response<ModelConfigResponse>, Status> {
-        self.model_call(
-            ("ModelConfig", Ask::Config),
-            request,
-            |mut c, r| async move { c.model_config(r).await },
-        )
+        self.model_call(("ModelConfig", Ask::Config), request, |c, r| async move {
+            c.methods().model_config(r).await
+        })
         .await
     }
 

@@ -471,8 +471,8 @@ async fn relay_answers(
         .metadata()
         .get("grpc-timeout")
         .and_then(|v| super::call::parse_timeout(v.as_bytes()));
-    let mut answers = upstream_grpc::open_stream(backend, timeout, |mut client| async move {
-        client.model_stream_infer(request).await
+    let mut answers = upstream_grpc::open_stream(backend, timeout, |client| async move {
+        client.methods().model_stream_infer(request).await
     })
     .await?
     .into_inner();

@@ -8,6 +8,7 @@ use crate::model::ModelRef;
 use crate::pipeline::mirror;
 use crate::pipeline::{Inspect, Local, RequestCtx, Sent, Wire, forward, sequence};
 use crate::placement::SequenceRef;
+use crate::protocol::encoded::Encoded;
 use crate::protocol::inference::*;
 use crate::routing::{Routed, Shadow};
 use crate::upstream::Backend;
@@ -90,8 +91,8 @@ impl ModelMessage for ModelInferRequest {
             let mut message = message.clone();
             message.retarget(&target);
             async move {
-                upstream_grpc::unary(&backend, timeout, |mut client| async move {
-                    client.model_infer(message).await
+                upstream_grpc::unary(&backend, timeout, |client| {
+                    client.infer(tonic::Request::new(message))
                 })
                 .await
                 .map(drop)
@@ -142,7 +143,7 @@ impl ModelAnswer for ModelConfigResponse {
     }
 }
 
-impl ModelAnswer for ModelInferResponse {
+impl ModelAnswer for Encoded {
     fn local(_: Local) -> Result<Self, GatewayError> {
         Err(GatewayError::Backend(Status::internal(
             "an inference is always placed",
