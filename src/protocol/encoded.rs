@@ -11,9 +11,10 @@
 use bytes::{BufMut, Bytes};
 use prost::Message;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic_prost::{ProstDecoder, ProstEncoder};
+use tonic_prost::ProstDecoder;
 
 /// The method's path, which the gateway's own route for it and its call to a backend share.
 pub const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
@@ -22,8 +23,8 @@ pub const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Encoded(pub Bytes);
 
-/// The codec of a call to a backend: the request (`T`) encoded from its fields, the answer
-/// kept encoded.
+/// The codec of a call to a backend: the request (`T`, shared with the caller, who keeps it
+/// for a second send) encoded from its fields, the answer kept encoded.
 pub struct BackendCodec<T>(PhantomData<fn(T)>);
 
 /// The codec of the gateway's own route: the client's request (`U`) decoded into its fields,
@@ -42,14 +43,14 @@ impl<U> Default for ClientCodec<U> {
     }
 }
 
-impl<T: Message + Send + 'static> Codec for BackendCodec<T> {
-    type Encode = T;
+impl<T: Message + Send + Sync + 'static> Codec for BackendCodec<T> {
+    type Encode = Arc<T>;
     type Decode = Encoded;
-    type Encoder = ProstEncoder<T>;
+    type Encoder = EncodeShared<T>;
     type Decoder = KeepEncoded;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstEncoder::default()
+        EncodeShared(PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -69,6 +70,20 @@ impl<U: Message + Default + Send + 'static> Codec for ClientCodec<U> {
 
     fn decoder(&mut self) -> Self::Decoder {
         ProstDecoder::default()
+    }
+}
+
+/// Encodes a shared message from its fields.
+pub struct EncodeShared<T>(PhantomData<fn(T)>);
+
+impl<T: Message> Encoder for EncodeShared<T> {
+    type Item = Arc<T>;
+    type Error = Status;
+
+    fn encode(&mut self, item: Arc<T>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        // The buffer grows as written to: encoding a message cannot run out of room.
+        item.encode(dst).expect("an encode buffer grows");
+        Ok(())
     }
 }
 
@@ -107,6 +122,7 @@ mod tests {
     use crate::protocol::inference::model_infer_response::InferOutputTensor;
     use http_body_util::BodyExt;
     use tonic::codec::{EncodeBody, Streaming};
+    use tonic_prost::ProstEncoder;
 
     fn answer() -> ModelInferResponse {
         ModelInferResponse {

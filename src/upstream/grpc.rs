@@ -34,10 +34,11 @@ impl InferenceClient {
             .max_encoding_message_size(usize::MAX)
     }
 
-    /// A unary inference whose answer is passed on unread (`protocol::encoded`).
+    /// A unary inference whose answer is passed on unread (`protocol::encoded`). The message
+    /// is shared: the caller keeps it for a second send.
     pub async fn infer(
         self,
-        request: tonic::Request<ModelInferRequest>,
+        request: tonic::Request<Arc<ModelInferRequest>>,
     ) -> Result<tonic::Response<Encoded>, Status> {
         let mut grpc = tonic::client::Grpc::with_origin(self.link, self.origin)
             .max_decoding_message_size(usize::MAX)

@@ -216,7 +216,7 @@ impl Call {
     ) -> Result<tonic::Response<T>, Status> {
         match outcome {
             Ok(mut response) => {
-                strip_reserved(response.metadata_mut());
+                *response.metadata_mut() = without_hop(response.metadata());
                 self.stamp(response.metadata_mut());
                 self.log(Code::Ok, None, None, &[]);
                 Ok(response)
@@ -269,9 +269,12 @@ pub fn stamp_id(metadata: &mut MetadataMap, id: &HeaderValue) {
     metadata.as_mut().insert(X_REQUEST_ID.clone(), id.clone());
 }
 
-/// Metadata that belongs to one hop (content type, encodings, timeouts, status) and is
-/// never copied from one side of the gateway to the other: tonic writes its own.
-pub fn strip_reserved(metadata: &mut MetadataMap) {
+/// `metadata` without what belongs to one hop (content type, encodings, timeouts, status),
+/// which is never copied from one side of the gateway to the other: tonic writes its own.
+/// Most of a call's metadata is of one hop: what stays is put in a new map (each value
+/// shared, not copied), where cloning the map and taking the rest out would hash and remove
+/// each.
+pub fn without_hop(metadata: &MetadataMap) -> MetadataMap {
     let hop = |name: &http::HeaderName| {
         let name = name.as_str();
         name.starts_with("grpc-")
@@ -280,20 +283,13 @@ pub fn strip_reserved(metadata: &mut MetadataMap) {
                 "te" | "content-type" | "content-length" | "user-agent" | "x-request-id"
             )
     };
-    // Most of a call's metadata is of one hop: what stays is put in a new map, where taking
-    // the rest out of the old one would hash and remove each (and clone its name first).
     let mut kept = http::HeaderMap::new();
-    let mut keep = None;
-    for (name, value) in std::mem::take(metadata).into_headers() {
-        // A name comes once, before the first of its values.
-        if let Some(name) = name {
-            keep = (!hop(&name)).then_some(name);
-        }
-        if let Some(name) = &keep {
-            kept.append(name.clone(), value);
+    for (name, value) in metadata.as_ref() {
+        if !hop(name) {
+            kept.append(name.clone(), value.clone());
         }
     }
-    *metadata = MetadataMap::from_headers(kept);
+    MetadataMap::from_headers(kept)
 }
 
 /// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
@@ -427,7 +423,7 @@ mod tests {
         map.insert("x-tenant", "a".parse().unwrap());
         map.append("x-tenant", "b".parse().unwrap());
         map.append("grpc-timeout", "1S".parse().unwrap());
-        strip_reserved(&mut map);
+        let map = without_hop(&map);
         let tenants: Vec<_> = map.get_all("x-tenant").iter().collect();
         assert_eq!(tenants, ["a", "b"], "every value of a kept name, in order");
         let mut names: Vec<_> = map

@@ -31,6 +31,7 @@ use crate::services::{server_metadata, statistics};
 use crate::upstream::grpc::InferenceClient;
 use call::Call;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -162,7 +163,7 @@ impl InferenceService {
     where
         M: ModelMessage,
         Res: wire::ModelAnswer,
-        F: Fn(InferenceClient, Request<M>) -> Fut,
+        F: Fn(InferenceClient, Request<Arc<M>>) -> Fut,
         Fut: Future<Output = Result<Response<Res>, Status>>,
     {
         let mut call = Call::start(&self.gateway, rpc, &mut request);
@@ -236,11 +237,11 @@ const BACKEND_DEADLINE_GRACE: Duration = Duration::from_millis(500);
 /// (with the grace above).
 fn upstream_request<T>(
     ctx: &RequestCtx,
-    mut metadata: MetadataMap,
+    metadata: &MetadataMap,
     message: T,
     timeout: Option<Duration>,
 ) -> Request<T> {
-    call::strip_reserved(&mut metadata);
+    let metadata = call::without_hop(metadata);
     let mut request = Request::from_parts(metadata, Default::default(), message);
     call::stamp_id(request.metadata_mut(), &ctx.id);
     if let Some(timeout) = timeout {
@@ -301,7 +302,7 @@ impl GrpcInferenceService for InferenceService {
         // Who may ask is decided first: a refusal is an error, not `ready: false`; Triton
         // answers an unknown or unloadable model with `ready: false` (`ModelAnswer`).
         self.model_call(("ModelReady", Ask::Ready), request, |c, r| async move {
-            c.methods().model_ready(r).await
+            c.methods().model_ready(wire::owned(r)).await
         })
         .await
     }
@@ -313,7 +314,7 @@ impl GrpcInferenceService for InferenceService {
         self.model_call(
             ("ModelMetadata", Ask::Metadata),
             request,
-            |c, r| async move { c.methods().model_metadata(r).await },
+            |c, r| async move { c.methods().model_metadata(wire::owned(r)).await },
         )
         .await
     }
@@ -351,7 +352,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelConfigRequest>,
     ) -> Result<Response<ModelConfigResponse>, Status> {
         self.model_call(("ModelConfig", Ask::Config), request, |c, r| async move {
-            c.methods().model_config(r).await
+            c.methods().model_config(wire::owned(r)).await
         })
         .await
     }

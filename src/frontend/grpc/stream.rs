@@ -385,12 +385,7 @@ impl Relay<'_> {
         let timeout = ctx
             .deadline
             .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now()));
-        let request = upstream_request(
-            &ctx,
-            self.metadata.clone(),
-            ReceiverStream::new(queue),
-            timeout,
-        );
+        let request = upstream_request(&ctx, self.metadata, ReceiverStream::new(queue), timeout);
         let index = lease.backend_index();
         self.streams
             .entry(model.clone())

@@ -92,7 +92,7 @@ impl ModelMessage for ModelInferRequest {
             message.retarget(&target);
             async move {
                 upstream_grpc::unary(&backend, timeout, |client| {
-                    client.infer(tonic::Request::new(message))
+                    client.infer(tonic::Request::new(Arc::new(message)))
                 })
                 .await
                 .map(drop)
@@ -100,6 +100,12 @@ impl ModelMessage for ModelInferRequest {
             }
         })
     }
+}
+
+/// A request to send as the generated client takes it: its message owned (cloned only if
+/// the call still holds it for a second send).
+pub(super) fn owned<M: Clone>(request: Request<Arc<M>>) -> Request<M> {
+    request.map(Arc::unwrap_or_clone)
 }
 
 /// A per-model RPC's answer, for the answers the gateway gives itself.
@@ -175,7 +181,8 @@ fn described<T: prost::Message + Default>(
 /// One unary call about a model: its metadata and message, and `send`, the backend method.
 pub(super) struct Unary<M, Res, F> {
     metadata: MetadataMap,
-    message: M,
+    /// Shared with each request sent (`send`), not cloned for it: kept for a second send.
+    message: Arc<M>,
     send: F,
     answer: std::marker::PhantomData<fn() -> Res>,
 }
@@ -183,13 +190,13 @@ pub(super) struct Unary<M, Res, F> {
 impl<M, Res, F, Fut> Unary<M, Res, F>
 where
     M: ModelMessage,
-    F: Fn(InferenceClient, Request<M>) -> Fut,
+    F: Fn(InferenceClient, Request<Arc<M>>) -> Fut,
     Fut: Future<Output = Result<Response<Res>, Status>>,
 {
     pub(super) fn new(metadata: MetadataMap, message: M, send: F) -> Self {
         Self {
             metadata,
-            message,
+            message: Arc::new(message),
             send,
             answer: std::marker::PhantomData,
         }
@@ -216,15 +223,16 @@ impl<M: ModelMessage> Inspect for M {
 impl<M: ModelMessage, Res, F> Inspect for Unary<M, Res, F> {
     async fn read(
         &mut self,
-        ctx: &RequestCtx,
-        model: &ModelRef,
+        _ctx: &RequestCtx,
+        _model: &ModelRef,
         signature: &Signature,
     ) -> Result<Verdict, GatewayError> {
-        Inspect::read(&mut self.message, ctx, model, signature).await
+        Ok(ModelMessage::read(&*self.message, signature))
     }
 
     async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
-        Inspect::mirror(&mut self.message, ctx, shadow).await
+        ModelMessage::mirror(&*self.message, ctx, shadow);
+        Ok(())
     }
 }
 
@@ -232,7 +240,7 @@ impl<M, Res, F, Fut> Wire for Unary<M, Res, F>
 where
     M: ModelMessage,
     Res: ModelAnswer,
-    F: Fn(InferenceClient, Request<M>) -> Fut,
+    F: Fn(InferenceClient, Request<Arc<M>>) -> Fut,
     Fut: Future<Output = Result<Response<Res>, Status>>,
 {
     type Answer = Response<Res>;
@@ -242,7 +250,7 @@ where
     }
 
     fn retarget(&mut self, routed: &Routed) {
-        self.message.retarget(&routed.target);
+        Arc::make_mut(&mut self.message).retarget(&routed.target);
     }
 
     fn body_len(&self) -> usize {
@@ -257,8 +265,7 @@ where
     /// Sends the client's metadata (less what belongs to one hop), the request id, and the
     /// time left before the client's deadline (capped by `upstream.request_timeout`), which
     /// bounds the call here and, with a grace, the backend's `grpc-timeout`. The message is
-    /// sent as a clone, kept for a second send: tensors in `raw_input_contents` are shared,
-    /// not copied.
+    /// shared with the request, not cloned, and kept for a second send.
     async fn send(
         &mut self,
         ctx: &RequestCtx,
@@ -267,8 +274,8 @@ where
         let timeout = ctx.budget(ctx.gateway.fixed_config().upstream.request_timeout.0);
         let request = upstream_request(
             ctx,
-            self.metadata.clone(),
-            self.message.clone(),
+            &self.metadata,
+            Arc::clone(&self.message),
             Some(timeout),
         );
         upstream_grpc::unary(backend, timeout, |client| (self.send)(client, request))
