@@ -18,6 +18,7 @@ mod wire;
 
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
+use crate::in_place::in_place;
 use crate::model::Ask;
 use crate::pipeline::admit;
 use crate::pipeline::{self, RequestCtx};
@@ -31,7 +32,9 @@ use crate::services::{server_metadata, statistics};
 use crate::upstream::grpc::InferenceClient;
 use call::Call;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -77,20 +80,46 @@ pub fn router(gateway: Gateway, tasks: &TaskTracker, shutdown: &CancellationToke
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1()
         .expect("the generated descriptor set is valid");
-    let service = InferenceService {
-        gateway: gateway.clone(),
+    let infer = InferRoute {
+        service: InferenceService {
+            gateway: gateway.clone(),
+        },
+        limit,
     };
-    let infer = move |request| service.clone().infer(request, limit);
     Routes::new(inference)
         .add_service(with_compression!(health))
         .add_service(with_compression!(reflection))
         .prepare()
         .into_axum_router()
-        .route(encoded::MODEL_INFER, axum::routing::post(infer))
+        .route_service(encoded::MODEL_INFER, infer)
         .layer(axum::middleware::from_fn_with_state(
             gateway,
             call::grpc_layer,
         ))
+}
+
+/// ModelInfer's route (`InferenceService::infer`), whose future is built in its box
+/// (`in_place`): an axum handler's future is built first and then copied into one.
+#[derive(Clone)]
+struct InferRoute {
+    service: InferenceService,
+    /// `server.max_grpc_message_size`, in bytes.
+    limit: usize,
+}
+
+impl tower::Service<axum::extract::Request> for InferRoute {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::extract::Request) -> Self::Future {
+        let route = self.clone();
+        in_place(|| async move { Ok(route.service.infer(request, route.limit).await) })
+    }
 }
 
 /// Keeps `grpc.health.v1` in step with the gateway's readiness (the same rule as
