@@ -49,9 +49,10 @@ use wire::{ModelMessage, Unary};
 /// The service name load balancers ask `grpc.health.v1` about (the empty name works too).
 const SERVICE_NAME: &str = "inference.GRPCInferenceService";
 
-/// Turns on, for one generated tonic server, the compression Triton's gRPC server takes:
-/// gzip and deflate requests (`grpc-encoding`), and answers in either for a compressed
-/// request whose client reads it (`call::grpc_layer` decides which requests those are).
+/// Turns on, for one tonic server (a generated one, or the `Grpc` of ModelInfer's own route),
+/// the compression Triton's gRPC server takes: gzip and deflate requests (`grpc-encoding`),
+/// and answers in either for a compressed request whose client reads it (`call::grpc_layer`
+/// decides which requests those are).
 /// Every service of the listener gets the same, so a client channel that compresses every
 /// call works for each of them.
 macro_rules! with_compression {
