@@ -123,9 +123,15 @@ pub enum GatewayError {
     /// The endpoint exists but not for this method.
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
-    /// The backend could not be reached.
+    /// The backend could not be reached. `refused`: its host refused the connection, so
+    /// nothing listens there (the request never reached it, and any copy it had went with
+    /// the process), unlike a connection that timed out.
     #[error("backend '{backend}' is unreachable: {reason}")]
-    UpstreamUnreachable { backend: String, reason: String },
+    UpstreamUnreachable {
+        backend: String,
+        reason: String,
+        refused: bool,
+    },
     /// The backend did not answer in time.
     #[error("backend '{backend}' did not answer within {}ms", .after.as_millis())]
     UpstreamTimeout { backend: String, after: Duration },
@@ -680,6 +686,7 @@ mod tests {
                 GatewayError::UpstreamUnreachable {
                     backend: backend(),
                     reason: "r".into(),
+                    refused: true,
                 },
                 502,
                 Unavailable,

@@ -163,8 +163,9 @@ async fn a_backend_is_taken_out_after_unhealthy_threshold_and_back_after_healthy
 }
 
 /// Requests are the best health signal: a Triton killed under traffic is ejected by its
-/// failed requests (three refused connections in a row) long before its checks, every 2 s
-/// here, would take it out; counted once, as `requests`. The other serves meanwhile.
+/// first refused connection (nothing listens there) long before its checks, every 2 s
+/// here, would take it out; counted once, as `requests`. The request it refused goes to
+/// the other: no client sees the dead backend.
 #[tokio::test]
 async fn a_killed_backend_is_ejected_by_its_failed_requests_and_counted() {
     let (t0, t1) = tokio::join!(triton(), triton());
@@ -176,22 +177,13 @@ async fn a_killed_backend_is_ejected_by_its_failed_requests_and_counted() {
     tritons[0].kill();
     let killed = Instant::now();
     let client = reqwest::Client::new();
-    let mut refused = 0;
     while is_ready(&gateway, 0).await {
         assert!(
             killed.elapsed() < Duration::from_millis(1500),
             "not ejected by its requests"
         );
-        match infer(&client, &gateway.url()).await {
-            200 => {}
-            502 => refused += 1,
-            other => panic!("unexpected {other}"),
-        }
+        assert_eq!(infer(&client, &gateway.url()).await, 200);
     }
-    assert!(
-        refused <= 3,
-        "{refused} requests failed before the ejection"
-    );
     let metrics = gateway.metrics_text("/metrics").await;
     let line = "infergate_backend_ejections_total{backend=\"outlier-0\",reason=\"requests\"} 1";
     assert!(metrics.contains(line), "{metrics}");

@@ -479,6 +479,37 @@ async fn eight_clients_infer(clients: &[GrpcInferenceServiceClient<Channel>]) ->
     futures_util::future::join_all(calls).await
 }
 
+/// Over gRPC too, a Triton that dies is routed around at once: eight clients calling at
+/// once find the holder's connection refused, and each call is placed again on the other
+/// Triton (which loads add_sub). Every call is answered, and correctly.
+#[tokio::test]
+async fn a_killed_backends_calls_go_to_the_other() {
+    let (t0, t1) = tokio::join!(
+        Triton::start(TritonOptions::default()),
+        Triton::start(TritonOptions::default()),
+    );
+    let mut tritons = [t0.unwrap(), t1.unwrap()];
+    let config = config_for("grpckilled", &[&tritons[0], &tritons[1]], "", "");
+    let gateway = TestGateway::start(&config).await;
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(client(&gateway).await);
+    }
+    assert_eq!(eight_clients_infer(&clients).await, [tonic::Code::Ok; 8]);
+    let dead = gateway.holder("add_sub").await;
+    tritons[dead].kill();
+    for _ in 0..5 {
+        let started = Instant::now();
+        assert_eq!(eight_clients_infer(&clients).await, [tonic::Code::Ok; 8]);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(gateway.holder("add_sub").await, 1 - dead);
+}
+
 #[tokio::test]
 async fn each_worker_multiplexes_its_calls_and_a_restarted_backend_is_reached_again() {
     let mut triton = Triton::start(TritonOptions::default()).await.unwrap();

@@ -535,8 +535,12 @@ async fn bad_requests_get_tritons_error_shape_and_the_gateway_keeps_serving() {
     }
 }
 
+/// A Triton that dies is routed around at once: a request placed on it finds its
+/// connection refused, which means it never reached the backend and the copy is gone, so
+/// it is placed again on the other (which loads add_sub). No client sees the dead backend,
+/// and none waits long.
 #[tokio::test]
-async fn a_killed_backend_fails_fast_and_the_other_keeps_serving() {
+async fn a_killed_backends_requests_go_to_the_other() {
     let (t0, t1) = tokio::join!(triton(), triton());
     let gateway = TestGateway::start(&config_for(
         "killed",
@@ -555,34 +559,15 @@ async fn a_killed_backend_fails_fast_and_the_other_keeps_serving() {
     let dead = gateway.holder("add_sub").await;
     let alive = 1 - dead;
     tritons[dead].kill();
-    // Every request gets an answer quickly: success from the other backend (which loads
-    // add_sub), or a clear 502 naming the dead backend until it is ejected.
-    let mut failures = 0;
     let started = Instant::now();
     for _ in 0..40 {
         let sent = Instant::now();
         let (status, body) = post_json(&url, &add_sub_request()).await;
         assert!(sent.elapsed() < Duration::from_secs(2), "a request hung");
-        match status.as_u16() {
-            200 => {}
-            502 => {
-                failures += 1;
-                assert!(
-                    body["error"]
-                        .as_str()
-                        .unwrap()
-                        .contains(&format!("backend 'killed-{dead}' is unreachable")),
-                    "{body}"
-                );
-            }
-            other => panic!("unexpected {other}: {body}"),
-        }
+        assert_eq!(status, 200, "{body}");
     }
-    assert!(
-        failures <= 3,
-        "killed-{dead} was not ejected after its failures ({failures})"
-    );
     assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(gateway.holder("add_sub").await, alive);
 
     gateway.wait_for_ready_backends(1).await;
     let backends = gateway.admin_backends().await;

@@ -513,8 +513,7 @@ async fn a_dead_backends_models_reload_on_the_other() {
                     break;
                 }
             }
-            502 | 503 => failures.push(body),
-            other => panic!("unexpected {other}: {body}"),
+            _ => failures.push((status, body)),
         }
         assert!(
             Instant::now() < deadline,
@@ -522,8 +521,9 @@ async fn a_dead_backends_models_reload_on_the_other() {
             gateway.placed().await
         );
     }
+    // The dead backend refuses connections: each request it had is placed again.
     assert!(
-        failures.len() <= 3,
+        failures.is_empty(),
         "failed requests while the backend died: {failures:?}"
     );
     let survivor = if holder == 0 { &t1 } else { &t0 };

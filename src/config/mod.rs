@@ -358,8 +358,9 @@ pub struct Upstream {
     pub health_interval: HumanDuration,
     /// Time allowed for one health check.
     pub health_timeout: HumanDuration,
-    /// Failed requests in a row (a connection refused or reset, a 502/503/504) that eject a
-    /// backend until its next successful health check: traffic is the best health signal.
+    /// Failed requests in a row (a connection reset or timed out, a 502/503/504) that eject
+    /// a backend until its next successful health check: traffic is the best health signal.
+    /// A refused connection ejects it at once: nothing listens there.
     pub eject_after_failures: u32,
     /// Failed health checks in a row that take a backend out (Envoy's
     /// `unhealthy_threshold`): one slow answer on a busy machine is not an outage. A check

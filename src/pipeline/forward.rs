@@ -5,9 +5,11 @@
 //! behind the gateway's back, lost in a restart, or a race the books lost. Triton refuses such
 //! a request before doing any work, with `Request for unknown model: 'm' has no available
 //! versions` (or `is not found`, `... is not at ready state`): HTTP 404 or 503, gRPC
-//! NOT_FOUND or UNAVAILABLE. Nothing ran, so the request may be sent again: the copy comes off
-//! the books, the request is placed again and sent once more. Only once: a second refusal is
-//! the answer.
+//! NOT_FOUND or UNAVAILABLE. A backend whose host refuses the connection has no copy either:
+//! nothing listens there (the Triton died or is restarting, and its copies went with it).
+//! Either way nothing ran, so the request may be sent again: the copy comes off the books,
+//! the request is placed again and sent once more, as nginx's `proxy_next_upstream error`
+//! passes a refused request to the next server. Only once: a second refusal is the answer.
 
 use super::{RequestCtx, place};
 use crate::error::GatewayError;
@@ -65,9 +67,9 @@ pub(crate) trait Wire: Inspect {
         backend: &Arc<Backend>,
     ) -> Result<Self::Answer, GatewayError>;
 
-    /// Whether this answer is the backend's refusal of a copy that has gone, or a
-    /// connection it closed before answering, with the request ready to be sent again;
-    /// otherwise the answer, as the client is to get it.
+    /// Whether this answer is the backend's refusal of a copy that has gone (or a refused
+    /// connection: `nothing_listens`), or a connection it closed before answering, with the
+    /// request ready to be sent again; otherwise the answer, as the client is to get it.
     async fn gone(&mut self, answer: Result<Self::Answer, GatewayError>) -> Sent<Self::Answer>;
 
     /// Whether an answer counts as a failure of the target for the route's guard (a 5xx).
@@ -103,7 +105,8 @@ pub struct Placed<'a> {
 pub enum Sent<A> {
     /// The answer for the client.
     Answer(Result<A, GatewayError>),
-    /// The copy had gone and the request may go again.
+    /// The copy had gone (or its backend refused the connection) and the request may go
+    /// again, placed anew.
     Again,
     /// The backend closed the connection before answering (`UpstreamClosed`, the error
     /// kept): the request may go to the same copy again, on a new connection.
@@ -116,20 +119,34 @@ pub fn copy_is_gone(message: &str) -> bool {
     message.contains("Request for unknown model")
 }
 
+/// Whether a send failed because the backend's host refused the connection: the request
+/// never reached it, and the copy the books had there is gone with the process.
+pub fn nothing_listens(error: &GatewayError) -> bool {
+    matches!(
+        error,
+        GatewayError::UpstreamUnreachable { refused: true, .. }
+    )
+}
+
 /// The forward phase: sends to the leased copy; once more to a copy placed again when that
 /// one had gone, or to the same copy when its backend closed the connection before
 /// answering (nothing came back; a request of a sequence is not sent twice, as its state
-/// may have moved).
+/// may have moved). A resend that finds the copy gone is placed again too.
 pub(crate) async fn forward<W: Wire>(
     ctx: &mut RequestCtx,
     wire: &mut W,
 ) -> Result<W::Answer, GatewayError> {
     let backend = ctx.lease()?.backend().clone();
-    let answer = wire.send(ctx, &backend).await;
-    match wire.gone(answer).await {
+    let mut sent = send(ctx, wire, &backend).await;
+    if let Sent::Resend(closed) = sent {
+        if ctx.sequence.is_some() {
+            return Err(closed);
+        }
+        sent = send(ctx, wire, &backend).await;
+    }
+    match sent {
         Sent::Answer(answer) => answer,
-        Sent::Resend(closed) if ctx.sequence.is_some() => Err(closed),
-        Sent::Resend(_) => wire.send(ctx, &backend).await,
+        Sent::Resend(closed) => Err(closed),
         Sent::Again => match place::again(ctx).await? {
             place::Placing::Leased => {
                 let backend = ctx.lease()?.backend().clone();
@@ -138,6 +155,12 @@ pub(crate) async fn forward<W: Wire>(
             place::Placing::Answered(local) => wire.local(local),
         },
     }
+}
+
+/// One send to `backend`, and what became of it.
+async fn send<W: Wire>(ctx: &RequestCtx, wire: &mut W, backend: &Arc<Backend>) -> Sent<W::Answer> {
+    let answer = wire.send(ctx, backend).await;
+    wire.gone(answer).await
 }
 
 #[cfg(test)]

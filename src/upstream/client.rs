@@ -193,6 +193,11 @@ pub async fn forward(
         Err(error) => {
             // Refused, reset or closed before an answer: all count against the backend.
             match &error {
+                GatewayError::UpstreamUnreachable {
+                    reason,
+                    refused: true,
+                    ..
+                } => backend.record_refused(reason),
                 GatewayError::UpstreamUnreachable { reason, .. }
                 | GatewayError::UpstreamFailed { reason, .. } => {
                     backend.record_request_failure(reason)
@@ -240,6 +245,7 @@ pub(super) fn classify(
         GatewayError::UpstreamUnreachable {
             backend: backend.to_string(),
             reason: super::failure::connect_reason(error, connect_timeout),
+            refused: super::failure::refused(error),
         }
     } else if closed {
         GatewayError::UpstreamClosed {

@@ -193,20 +193,23 @@ impl Driven {
         backend: &str,
         deadline: tokio::time::Instant,
     ) -> Result<Conn, GatewayError> {
-        let unreachable = |reason: String| GatewayError::UpstreamUnreachable {
+        let unreachable = |reason: String, refused: bool| GatewayError::UpstreamUnreachable {
             backend: backend.to_string(),
             reason,
+            refused,
         };
         let stream =
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address))
                 .await
             {
                 Ok(Ok(stream)) => stream,
-                Ok(Err(error)) => return Err(unreachable(format!("tcp connect error: {error}"))),
+                Ok(Err(error)) => {
+                    let refused = super::failure::refused(&error);
+                    return Err(unreachable(format!("tcp connect error: {error}"), refused));
+                }
                 Err(_) => {
-                    return Err(unreachable(super::failure::no_connection_within(
-                        self.connect_timeout,
-                    )));
+                    let reason = super::failure::no_connection_within(self.connect_timeout);
+                    return Err(unreachable(reason, false));
                 }
             };
         // A request goes out as one write; with Nagle on, a second would wait for an ACK.
@@ -214,7 +217,7 @@ impl Driven {
         let (sender, driver) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|error| unreachable(error.to_string()))?;
+            .map_err(|error| unreachable(error.to_string(), false))?;
         Ok(Conn {
             sender,
             driver: Box::pin(driver),
@@ -418,7 +421,7 @@ mod tests {
         let request = Request::new(Body::empty());
         let error = pool.send(0, "b", request).await.unwrap_err();
         assert!(
-            matches!(&error, GatewayError::UpstreamUnreachable { backend, .. } if backend == "b"),
+            matches!(&error, GatewayError::UpstreamUnreachable { backend, refused: true, .. } if backend == "b"),
             "{error:?}"
         );
     }

@@ -7,8 +7,9 @@
 //!   backend that never passed a check (start-up) comes in on its first good one, as Envoy's
 //!   do, so a pool starts serving at once.
 //! - Requests are the best health signal: `upstream.eject_after_failures` failures in a row on
-//!   traffic (a connection refused or reset, a 502/503/504) eject the backend until its next
-//!   good check, as Envoy's `successful_active_health_check_uneject_host` does.
+//!   traffic (a connection reset or timed out, a 502/503/504) eject the backend until its
+//!   next good check, as Envoy's `successful_active_health_check_uneject_host` does. A
+//!   connection refused ejects it at once: nothing listens there.
 //!
 //! The state is plain data; `Backend` keeps it behind a lock and mirrors "ready" in an atomic
 //! for the request path.
@@ -26,7 +27,7 @@ pub(super) struct Thresholds {
 pub enum Ejection {
     /// `upstream.unhealthy_threshold` failed health checks in a row.
     HealthCheck,
-    /// `upstream.eject_after_failures` failed requests in a row.
+    /// `upstream.eject_after_failures` failed requests in a row, or a refused connection.
     Requests,
 }
 

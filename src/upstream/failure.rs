@@ -45,6 +45,15 @@ pub(super) fn connect_reason(error: &(dyn Error + 'static), connect_timeout: Dur
     }
 }
 
+/// Whether a connection attempt was refused: the backend's host answered that nothing
+/// listens on the port.
+pub(super) fn refused(error: &(dyn Error + 'static)) -> bool {
+    chain(error).any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
+}
+
 /// The error and its sources, outermost first.
 pub(super) fn chain<'e>(
     error: &'e (dyn Error + 'static),
@@ -70,13 +79,14 @@ mod tests {
     }
 
     #[test]
-    fn a_timeout_names_the_setting_and_anything_else_its_cause() {
+    fn a_timeout_names_the_setting_and_anything_else_its_cause_and_a_refusal_is_told() {
         let timeout = Duration::from_millis(300);
         let refused = Outer(std::io::Error::new(
             std::io::ErrorKind::ConnectionRefused,
             "Connection refused",
         ));
         assert_eq!(connect_reason(&refused, timeout), "Connection refused");
+        assert!(super::refused(&refused));
         let slow = Outer(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             "deadline has elapsed",
@@ -85,5 +95,6 @@ mod tests {
             connect_reason(&slow, timeout),
             "no connection within upstream.connect_timeout (300ms)"
         );
+        assert!(!super::refused(&slow), "a timeout is not a refusal");
     }
 }

@@ -102,6 +102,7 @@ fn client(backend: &Backend) -> Result<InferenceClient, GatewayError> {
         .ok_or_else(|| GatewayError::UpstreamUnreachable {
             backend: backend.name.clone(),
             reason: "no gRPC endpoint is configured for this backend (backends[].grpc)".into(),
+            refused: false,
         })
 }
 
@@ -170,11 +171,16 @@ pub fn classify(backend: &Backend, status: Status) -> GatewayError {
     };
     let mut next = Some(source);
     while let Some(error) = next {
-        if let Some(ConnectFailed(reason)) = error.downcast_ref::<ConnectFailed>() {
-            backend.record_request_failure(reason);
+        if let Some(failed) = error.downcast_ref::<ConnectFailed>() {
+            if failed.refused {
+                backend.record_refused(&failed.reason);
+            } else {
+                backend.record_request_failure(&failed.reason);
+            }
             return GatewayError::UpstreamUnreachable {
                 backend: backend.name.clone(),
-                reason: reason.clone(),
+                reason: failed.reason.clone(),
+                refused: failed.refused,
             };
         }
         next = error.source();
@@ -233,7 +239,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // What tonic's client makes of a connection attempt that failed under it.
-        let refused = Status::from_error(Box::new(ConnectFailed("Connection refused".into())));
+        let refused = Status::from_error(Box::new(ConnectFailed {
+            reason: "Connection refused".into(),
+            refused: true,
+        }));
         match classify(&backend, refused) {
             error @ GatewayError::UpstreamUnreachable { .. } => {
                 assert_eq!(error.grpc_code(), tonic::Code::Unavailable);
@@ -269,10 +278,10 @@ mod tests {
         .await;
         assert!(started.elapsed() < Duration::from_secs(2));
         match answer {
-            Err(error @ GatewayError::UpstreamUnreachable { .. }) => {
+            Err(error @ GatewayError::UpstreamUnreachable { refused: true, .. }) => {
                 assert_eq!(error.grpc_code(), tonic::Code::Unavailable);
             }
-            other => panic!("expected unreachable, got {other:?}"),
+            other => panic!("expected a refused connection, got {other:?}"),
         }
         assert!(backend.last_error().is_some());
     }

@@ -222,13 +222,26 @@ impl Backend {
         }
     }
 
-    /// Records a request the backend failed (connection refused or reset, a 502/503/504):
-    /// after `upstream.eject_after_failures` in a row it is ejected until a health check
-    /// succeeds again.
+    /// Records a request the backend failed (a connection reset or timed out, a
+    /// 502/503/504): after `upstream.eject_after_failures` in a row it is ejected until a
+    /// health check succeeds again.
     pub fn record_request_failure(&self, reason: &str) {
+        self.count_failure(reason, false);
+    }
+
+    /// Records a connection the backend's host refused: nothing listens there, so it is
+    /// ejected at once (until a health check succeeds again), as gRPC's clients take a
+    /// subchannel whose connection failed out of their picks. Its requests go elsewhere
+    /// meanwhile (`pipeline::forward`), and no load is started there.
+    pub fn record_refused(&self, reason: &str) {
+        self.count_failure(reason, true);
+    }
+
+    /// One more failure in the streak; ejects at the threshold, or `at_once`.
+    fn count_failure(&self, reason: &str, at_once: bool) {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         *self.last_error.lock().expect("last_error lock") = Some(reason.to_string());
-        if failures < self.thresholds.failed_requests {
+        if failures < self.thresholds.failed_requests && !at_once {
             return;
         }
         let ejected = self.health.lock().expect("health lock").eject();
@@ -405,7 +418,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn passive_failures_eject_after_threshold() {
+    fn passive_failures_eject_after_threshold_and_a_refused_connection_at_once() {
         let config: config::Config = config::Config::parse(
             r#"
             [listen]
@@ -425,6 +438,10 @@ mod tests {
         backend.record_request_failure("refused");
         assert!(!backend.is_ready());
         assert_eq!(backend.last_error().as_deref(), Some("refused"));
+        backend.mark_healthy();
+        assert!(backend.is_ready());
+        backend.record_refused("Connection refused");
+        assert!(!backend.is_ready(), "a refused connection ejects at once");
         backend.mark_healthy();
         assert!(backend.is_ready());
     }

@@ -33,11 +33,26 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A connection attempt that failed: the backend is unreachable (refused, timed out, TLS).
 /// Its own type so that `grpc::classify` tells it from a failure on a working connection.
 #[derive(Debug, Clone)]
-pub struct ConnectFailed(pub String);
+pub struct ConnectFailed {
+    /// What failed, in words (`failure::connect_reason`).
+    pub reason: String,
+    /// Whether the backend's host refused the connection (`failure::refused`).
+    pub refused: bool,
+}
+
+impl ConnectFailed {
+    /// The failure of an attempt that ran within `connect_timeout`.
+    fn new(error: &(dyn std::error::Error + 'static), connect_timeout: Duration) -> Self {
+        Self {
+            reason: connect_reason(error, connect_timeout),
+            refused: super::failure::refused(error),
+        }
+    }
+}
 
 impl std::fmt::Display for ConnectFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.reason)
     }
 }
 
@@ -163,13 +178,13 @@ impl Connections {
             .clone()
             .oneshot(self.uri.clone())
             .await
-            .map_err(|e| ConnectFailed(connect_reason(e.as_ref(), self.connect_timeout)))?;
+            .map_err(|e| ConnectFailed::new(e.as_ref(), self.connect_timeout))?;
         let tasks = Tasks::default();
         let (sender, connection) = self
             .http2(tasks.clone())
             .handshake(io)
             .await
-            .map_err(|e| ConnectFailed(connect_reason(&e, self.connect_timeout)))?;
+            .map_err(|e| ConnectFailed::new(&e, self.connect_timeout))?;
         let connection = async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "gRPC backend connection ended");

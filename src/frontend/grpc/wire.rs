@@ -293,6 +293,7 @@ where
             {
                 Sent::Again
             }
+            Err(refused) if forward::nothing_listens(&refused) => Sent::Again,
             answer => Sent::Answer(answer),
         }
     }

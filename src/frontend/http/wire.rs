@@ -223,12 +223,16 @@ impl Wire for HttpWire {
 
     /// Reads the body of a 404 or 503 (an error answer is small), and sees whether it is
     /// Triton's refusal of a model it no longer has, with the body kept to send again; a
-    /// connection closed before any answer may go again too, when the body was kept.
+    /// refused connection or one closed before any answer may go again too, when the body
+    /// was kept.
     async fn gone(&mut self, answer: Result<Response, GatewayError>) -> Sent<Response> {
         let response = match answer {
             Ok(response) if may_be_gone(response.status()) => response,
             Err(closed @ GatewayError::UpstreamClosed { .. }) if self.replayable() => {
                 return Sent::Resend(closed);
+            }
+            Err(refused) if forward::nothing_listens(&refused) && self.replayable() => {
+                return Sent::Again;
             }
             answer => return Sent::Answer(answer),
         };
