@@ -182,6 +182,10 @@ h2() {
 }
 field() { cut -d' ' -f"$2" <<<"$1"; }
 per_req_us() { awk -v t="$1" -v hz="$HZ" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / hz / n * 1e6; else print "-" }'; }
+# switches PIDS... — context switches (voluntary and not) of every thread of the processes so
+# far: each is a sleep and a wake, kernel work a user-space count does not show.
+switches() { local p; for p in "$@"; do cat /proc/"$p"/task/*/status 2>/dev/null; done | awk '/ctxt_switches/ { s += $2 } END { print s + 0 }'; }
+per_req() { awk -v t="$1" -v n="$2" 'BEGIN { if (n > 0) printf "%.2f", t / n; else print "-" }'; }
 
 # ---------------------------------------------------------------- backend and proxies
 say "fake-triton on core $CLIENT_CPU, then ${PROXIES[*]} (temp dir $TMP)"
@@ -199,16 +203,17 @@ declare -A OPEN   # stage-rate -> "achieved_rps ok mean_us cpu_us_per_req load"
 declare -A ROUNDS # stage -> CPU µs/req of each round at TARGET_RATE, in order
 # open_step STAGE RATE — one open-loop step: sets OPEN[STAGE-RATE]
 open_step() {
-    local s="$1" rate="$2" before after kernel
+    local s="$1" rate="$2" before after kernel switched
     # shellcheck disable=SC2086
-    before="$(ticks ${PROXY_PIDS[$s]}) $(sys_ticks ${PROXY_PIDS[$s]})"
+    before="$(ticks ${PROXY_PIDS[$s]}) $(sys_ticks ${PROXY_PIDS[$s]}) $(switches ${PROXY_PIDS[$s]})"
     h2 "$TMP/open-$s-$rate.txt" "$s" "${PORT[$s]}" $((OPEN_WINDOW + 20)) \
         -c "$OPEN_CLIENTS" --rps $(((rate + OPEN_CLIENTS - 1) / OPEN_CLIENTS)) -D "$OPEN_WINDOW"
     # shellcheck disable=SC2086
-    after="$(ticks ${PROXY_PIDS[$s]}) $(sys_ticks ${PROXY_PIDS[$s]})"
+    after="$(ticks ${PROXY_PIDS[$s]}) $(sys_ticks ${PROXY_PIDS[$s]}) $(switches ${PROXY_PIDS[$s]})"
     kernel="$(per_req_us $(($(field "$after" 2) - $(field "$before" 2))) "$H2_OK")"
-    OPEN[$s-$rate]="$H2_RPS $H2_OK $H2_MEAN_US $(per_req_us $(($(field "$after" 1) - $(field "$before" 1))) "$H2_OK") $(cut -d' ' -f1 /proc/loadavg) $kernel"
-    say "open loop $rate req/s, $s: ${OPEN[$s-$rate]} (achieved, ok, mean µs, CPU µs/req, load, kernel µs/req)"
+    switched="$(per_req $(($(field "$after" 3) - $(field "$before" 3))) "$H2_OK")"
+    OPEN[$s-$rate]="$H2_RPS $H2_OK $H2_MEAN_US $(per_req_us $(($(field "$after" 1) - $(field "$before" 1))) "$H2_OK") $(cut -d' ' -f1 /proc/loadavg) $kernel $switched"
+    say "open loop $rate req/s, $s: ${OPEN[$s-$rate]} (achieved, ok, mean µs, CPU µs/req, load, kernel µs/req, context switches/req)"
     [[ "$rate" == "$TARGET_RATE" ]] && ROUNDS[$s]+="$(cut -d' ' -f4 <<<"${OPEN[$s-$rate]}") "
     return 0
 }
@@ -410,18 +415,19 @@ report() {
     echo
     echo "## 1. Equal offered load (open loop, h2load)"
     echo
-    echo "\`h2load --h1 -t 1 -c $OPEN_CLIENTS --rps ⌈rate/$OPEN_CLIENTS⌉ -D $OPEN_WINDOW\` (not pinned). CPU: utime+stime of all the proxy's processes (/proc/PID/stat, ${HZ} Hz ticks) over the run ÷ requests that succeeded; of it kernel: stime alone (system calls, and the loopback TCP work the kernel does on the proxy's behalf). Mean: h2load's mean time per request (it reports no percentiles). \"Behind\": less than 95% of the offered rate achieved (h2load's connections carry one request at a time, so a slow proxy lowers the rate): that row's load was not equal."
+    echo "\`h2load --h1 -t 1 -c $OPEN_CLIENTS --rps ⌈rate/$OPEN_CLIENTS⌉ -D $OPEN_WINDOW\` (not pinned). CPU: utime+stime of all the proxy's processes (/proc/PID/stat, ${HZ} Hz ticks) over the run ÷ requests that succeeded; of it kernel: stime alone (system calls, and the loopback TCP work the kernel does on the proxy's behalf). Context switches: voluntary and involuntary, of every thread (/proc/PID/task/*/status), per request: each a sleep and a wake-up. Mean: h2load's mean time per request (it reports no percentiles). \"Behind\": less than 95% of the offered rate achieved (h2load's connections carry one request at a time, so a slow proxy lowers the rate): that row's load was not equal."
     echo
-    echo "| offered req/s | stage | achieved req/s | requests | mean µs | proxy CPU µs/req | of it kernel | CPU × nginx | load avg |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| offered req/s | stage | achieved req/s | requests | mean µs | proxy CPU µs/req | of it kernel | context switches/req | CPU × nginx | load avg |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     local rate s v n c
     for rate in "${RATES[@]}"; do
         n="${OPEN[nginx-$rate]}"
         for s in "${PROXIES[@]}"; do
             v="${OPEN[$s-$rate]}"
-            printf '| %s | %s | %.0f%s | %s | %s | %s | %s | %s | %s |\n' "$rate" "${LABEL[$s]}" "$(field "$v" 1)" \
+            printf '| %s | %s | %.0f%s | %s | %s | %s | %s | %s | %s | %s |\n' "$rate" "${LABEL[$s]}" "$(field "$v" 1)" \
                 "$(awk -v a="$(field "$v" 1)" -v r="$rate" 'BEGIN { if (a < 0.95 * r) printf " (behind)" }')" "$(field "$v" 2)" \
-                "$(field "$v" 3)" "$(field "$v" 4)" "$(field "$v" 6)" "$(ratio "$(field "$v" 4)" "$(field "$n" 4)")" "$(field "$v" 5)"
+                "$(field "$v" 3)" "$(field "$v" 4)" "$(field "$v" 6)" "$(field "$v" 7)" \
+                "$(ratio "$(field "$v" 4)" "$(field "$n" 4)")" "$(field "$v" 5)"
         done
     done
     if [[ -n "${ROUNDS[nginx]:-}" ]]; then
