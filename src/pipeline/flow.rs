@@ -69,7 +69,7 @@ pub fn enter(ctx: &mut RequestCtx, bytes: impl FnOnce() -> usize) -> Option<Wait
     let model = &ctx.routed.as_ref().expect("flow after route").target.name;
     let known = || {
         let backends = ctx.gateway.pool().backends();
-        backends.iter().any(|b| b.index().knows(model))
+        backends.iter().any(|b| b.knows(model))
     };
     let gate = ctx
         .gateway

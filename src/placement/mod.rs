@@ -233,7 +233,7 @@ impl Placement {
             .backends()
             .iter()
             .map(|backend| {
-                let knows = backend.index().knows(model);
+                let knows = backend.knows(model);
                 BackendView {
                     ready: backend.is_ready(),
                     knows,

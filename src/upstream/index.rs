@@ -1,8 +1,8 @@
 //! A backend's repository index (`POST /v2/repository/index`): which models it has and in
 //! which state. Refreshed by the health loop; read by placement to find a backend for a model.
 
+use foldhash::HashMap;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 /// One row of Triton's repository index.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -44,7 +44,7 @@ impl ModelIndex {
 
     /// Builds the index from rows.
     pub fn from_entries(entries: Vec<ModelEntry>) -> Self {
-        let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut by_name: HashMap<String, Vec<usize>> = HashMap::default();
         for (i, entry) in entries.iter().enumerate() {
             by_name.entry(entry.name.clone()).or_default().push(i);
         }

@@ -156,6 +156,13 @@ impl Backend {
         self.index.load_full()
     }
 
+    /// Whether its last index names `model`: placement asks this of every backend on each
+    /// decision, so it reads the index in place rather than sharing it (`index`), whose
+    /// count every worker would write.
+    pub fn knows(&self, model: &str) -> bool {
+        self.index.load().knows(model)
+    }
+
     /// Requests waiting for `model` in its Triton's queue, by the last reading when it is
     /// younger than `max_age` (`None`: no reading to trust).
     pub fn pending(&self, model: &str, max_age: std::time::Duration) -> Option<u64> {

@@ -4,7 +4,7 @@
 //! the health checks, kept with the time it was read, and trusted only while fresh
 //! (`placement.queue_max_age`).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -22,7 +22,7 @@ pub struct Queues {
 impl Queues {
     /// The queues in a Triton metrics text read at `read_at`.
     pub fn parse(text: &str, read_at: Instant) -> Self {
-        let mut pending: HashMap<String, u64> = HashMap::new();
+        let mut pending: HashMap<String, u64> = HashMap::default();
         for line in text.lines() {
             let Some(labels) = line.strip_prefix(PENDING).and_then(|l| l.strip_prefix('{')) else {
                 continue;
