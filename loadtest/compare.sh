@@ -23,6 +23,8 @@
 #      seconds; each proxy's CPU per request = utime+stime of all its processes (/proc/PID/stat,
 #      nginx master and workers) over the run ÷ requests h2load saw succeed. This is the fair
 #      CPU comparison: CPU per request falls as a proxy is driven harder (more work per wake-up).
+#      Beside it, context switches per request (every thread's, /proc/PID/task/*/status): how
+#      often the proxy sleeps and wakes for the same load, kernel work the counts below miss.
 #      The 10k req/s step, which the CPU targets name, runs CMP_TARGET_ROUNDS times, each round
 #      in another order; the targets take the median of each round's ratio to nginx (one
 #      round's moved by 0.1–0.3 from run to run here).
