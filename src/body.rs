@@ -98,6 +98,15 @@ impl Replay {
         }
     }
 
+    /// Another replay of a body had whole (its bytes shared, not copied), so that it may go
+    /// once more after this replay; `None` for a recorded body, which goes again only once.
+    pub fn whole_again(&self) -> Option<Self> {
+        match &self.0 {
+            Again::Whole(bytes) => Some(Self::whole(bytes.clone())),
+            Again::Recorded(_) => None,
+        }
+    }
+
     /// The same bytes as a new body, when `ready`.
     pub fn take(self) -> Option<Body> {
         let kept = match self.0 {
@@ -230,8 +239,13 @@ mod tests {
         let whole = Bytes::from(vec![7u8; 3 * REPLAY_LIMIT]);
         let replay = Replay::whole(whole.clone());
         assert!(replay.ready(), "whole from the start, at any size");
+        let more = replay
+            .whole_again()
+            .expect("a body had whole goes any number of times");
         let again = replay.take().unwrap().collect().await.unwrap().to_bytes();
         assert_eq!(again.as_ptr(), whole.as_ptr(), "the same bytes, shared");
+        let third = more.take().unwrap().collect().await.unwrap().to_bytes();
+        assert_eq!(third.as_ptr(), whole.as_ptr());
     }
 
     #[tokio::test]
@@ -245,6 +259,10 @@ mod tests {
         };
         let (body, replay) = replayable(stream(vec![b"ab", b"cd"]));
         assert!(!replay.ready(), "not sent yet");
+        assert!(
+            replay.whole_again().is_none(),
+            "a recorded body goes again once"
+        );
         body.collect().await.unwrap();
         assert!(replay.ready());
         let again = replay.take().unwrap().collect().await.unwrap().to_bytes();

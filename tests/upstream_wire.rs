@@ -256,15 +256,26 @@ async fn a_backend_that_drops_connection_attempts_fails_within_connect_timeout()
 /// as a request goes out on it, which Triton stalled and resumed does now and then, but
 /// not on cue.
 async fn start_dropping_stub(drops: usize) -> (SocketAddr, Log) {
+    start_dropping_stub_then(drops, false).await
+}
+
+/// `start_dropping_stub`, which with `then_dies` stops listening and closes every
+/// connection once it has dropped its last: a Triton that dies as a request goes out, so
+/// the resend on a new connection is refused.
+async fn start_dropping_stub_then(drops: usize, then_dies: bool) -> (SocketAddr, Log) {
     let log = Log::default();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let left = Arc::new(std::sync::atomic::AtomicUsize::new(drops));
     let router = Router::new().fallback(triton_like).with_state(log.clone());
+    let died = CancellationToken::new();
     tokio::spawn(async move {
         loop {
-            let (tcp, _) = listener.accept().await.unwrap();
-            let (router, left) = (router.clone(), left.clone());
+            let (tcp, _) = tokio::select! {
+                accepted = listener.accept() => accepted.unwrap(),
+                () = died.cancelled() => return,
+            };
+            let (router, left, dies) = (router.clone(), left.clone(), died.clone());
             let service =
                 hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                     let router = router.clone();
@@ -276,6 +287,9 @@ async fn start_dropping_stub(drops: usize) -> (SocketAddr, Log) {
                                 |n| n.checked_sub(1),
                             )
                             .is_ok();
+                    if drop_it && then_dies && left.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                        dies.cancel();
+                    }
                     async move {
                         if drop_it {
                             return Err("dropped");
@@ -284,13 +298,54 @@ async fn start_dropping_stub(drops: usize) -> (SocketAddr, Log) {
                         Ok(tower::ServiceExt::oneshot(router, request).await.unwrap())
                     }
                 });
-            tokio::spawn(
-                hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
-            );
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
+            let died = died.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = connection => {}
+                    () = died.cancelled() => {}
+                }
+            });
         }
     });
     (addr, log)
+}
+
+/// A backend that dies as a request goes out (it closes the connection, then refuses the
+/// new one the request is sent again on) has no copy left: the request is placed again on
+/// the other backend's copy, and the client gets its answer, not a 502.
+#[tokio::test]
+async fn a_request_whose_backend_dies_as_it_goes_out_is_answered_by_the_other() {
+    let (dying, _) = start_dropping_stub_then(1, true).await;
+    let (other, other_log) = start_dropping_stub(0).await;
+    let config = format!(
+        "{}[[backends]]\nname = \"stub-1\"\nhttp = \"http://{other}\"\ngrpc = \"http://{other}\"\ncapacity = \"1GiB\"\n",
+        gateway_config(
+            &format!("http://{dying}"),
+            dying,
+            "health_interval = \"1h\""
+        )
+    );
+    let gateway = TestGateway::start(&config).await;
+    gateway.wait_for_copies("add_sub", 2).await;
+    let response = send_infer(&gateway).await;
+    assert_eq!(response.status(), 200);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["outputs"][0]["data"], json!([3.0]));
+    let answered = |log: &Log| {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.path.ends_with("/infer"))
+            .count()
+    };
+    assert_eq!(answered(&other_log), 1, "the other backend answered it");
+    let backends = gateway.admin_backends().await;
+    assert_eq!(
+        backends[0]["ready"], false,
+        "the dead backend is out: {backends:?}"
+    );
 }
 
 /// A backend that closes the connection before answering gets the request again once, on

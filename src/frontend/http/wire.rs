@@ -204,6 +204,11 @@ impl Wire for HttpWire {
     ) -> Result<Response, GatewayError> {
         self.sent_to = Some(backend.clone());
         if let Some((parts, replay)) = self.again.take() {
+            // A body had whole may go once more after this send (a resend on a new
+            // connection, then a copy placed again when that one is refused too).
+            if let Some(kept) = replay.whole_again() {
+                self.again = Some((parts.clone(), kept));
+            }
             let body = replay.take().unwrap_or_default();
             return upstream::forward(backend, Request::from_parts(parts, body)).await;
         }
