@@ -269,13 +269,22 @@ async fn start_dropping_stub_then(drops: usize, then_dies: bool) -> (SocketAddr,
     let left = Arc::new(std::sync::atomic::AtomicUsize::new(drops));
     let router = Router::new().fallback(triton_like).with_state(log.clone());
     let died = CancellationToken::new();
+    // Cancelled once the listener is closed: the connections close only then, so that the
+    // gateway's new connection is refused, not accepted into a closing backlog.
+    let closed = CancellationToken::new();
     tokio::spawn(async move {
         loop {
-            let (tcp, _) = tokio::select! {
-                accepted = listener.accept() => accepted.unwrap(),
-                () = died.cancelled() => return,
+            let accepted = tokio::select! {
+                accepted = listener.accept() => Some(accepted.unwrap()),
+                () = died.cancelled() => None,
+            };
+            let Some((tcp, _)) = accepted else {
+                drop(listener);
+                closed.cancel();
+                return;
             };
             let (router, left, dies) = (router.clone(), left.clone(), died.clone());
+            let (closed, closes) = (closed.clone(), closed.clone());
             let service =
                 hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                     let router = router.clone();
@@ -287,10 +296,16 @@ async fn start_dropping_stub_then(drops: usize, then_dies: bool) -> (SocketAddr,
                                 |n| n.checked_sub(1),
                             )
                             .is_ok();
-                    if drop_it && then_dies && left.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                    let dying =
+                        drop_it && then_dies && left.load(std::sync::atomic::Ordering::SeqCst) == 0;
+                    if dying {
                         dies.cancel();
                     }
+                    let closed = closed.clone();
                     async move {
+                        if dying {
+                            closed.cancelled().await;
+                        }
                         if drop_it {
                             return Err("dropped");
                         }
@@ -300,11 +315,10 @@ async fn start_dropping_stub_then(drops: usize, then_dies: bool) -> (SocketAddr,
                 });
             let connection = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
-            let died = died.clone();
             tokio::spawn(async move {
                 tokio::select! {
                     _ = connection => {}
-                    () = died.cancelled() => {}
+                    () = closes.cancelled() => {}
                 }
             });
         }
@@ -330,8 +344,9 @@ async fn a_request_whose_backend_dies_as_it_goes_out_is_answered_by_the_other() 
     let gateway = TestGateway::start(&config).await;
     gateway.wait_for_copies("add_sub", 2).await;
     let response = send_infer(&gateway).await;
-    assert_eq!(response.status(), 200);
+    let status = response.status();
     let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
     assert_eq!(body["outputs"][0]["data"], json!([3.0]));
     let answered = |log: &Log| {
         log.lock()

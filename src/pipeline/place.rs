@@ -111,9 +111,8 @@ fn local(ctx: &RequestCtx) -> Local {
 
 /// Places the request again after the backend of its copy said it has no such model, or
 /// refused the connection (`forward`): that copy comes off the books first, so another is
-/// found or loaded. A later
-/// request of a sequence that ran there is refused then (`SequenceLost`): its state went
-/// with the copy.
+/// found or loaded. A later request of a sequence that ran there is refused then
+/// (`SequenceLost`): its state went with the copy.
 pub async fn again(ctx: &mut RequestCtx) -> Result<Placing, GatewayError> {
     if let Some(gone) = ctx.lease.take() {
         ctx.gateway.placement().copy_gone(&gone);
