@@ -167,7 +167,7 @@ async fn a_backend_is_taken_out_after_unhealthy_threshold_and_back_after_healthy
 /// here, would take it out; counted once, as `requests`. The request it refused goes to
 /// the other: no client sees the dead backend.
 #[tokio::test]
-async fn a_killed_backend_is_ejected_by_its_failed_requests_and_counted() {
+async fn a_killed_backend_is_ejected_by_its_first_refused_request_and_counted() {
     let (t0, t1) = tokio::join!(triton(), triton());
     let config = with_checks(config_for("outlier", &[&t0, &t1], "", ""), "2s", "1s")
         + &min_copies("add_sub", 2);

@@ -67,10 +67,17 @@ pub(crate) trait Wire: Inspect {
         backend: &Arc<Backend>,
     ) -> Result<Self::Answer, GatewayError>;
 
-    /// Whether this answer is the backend's refusal of a copy that has gone (or a refused
-    /// connection: `nothing_listens`), or a connection it closed before answering, with the
-    /// request ready to be sent again; otherwise the answer, as the client is to get it.
+    /// Whether this answer is the backend's refusal of a copy that has gone, or a
+    /// connection it closed before answering, with the request ready to be sent again;
+    /// otherwise the answer, as the client is to get it. (A refused connection is the
+    /// pipeline's to tell: `send`.)
     async fn gone(&mut self, answer: Result<Self::Answer, GatewayError>) -> Sent<Self::Answer>;
+
+    /// Whether the last send kept what another needs (gRPC keeps its message; HTTP its
+    /// head and a body it had whole).
+    fn may_send_again(&self) -> bool {
+        true
+    }
 
     /// Whether an answer counts as a failure of the target for the route's guard (a 5xx).
     fn failed(answer: &Self::Answer) -> bool;
@@ -121,7 +128,7 @@ pub fn copy_is_gone(message: &str) -> bool {
 
 /// Whether a send failed because the backend's host refused the connection: the request
 /// never reached it, and the copy the books had there is gone with the process.
-pub fn nothing_listens(error: &GatewayError) -> bool {
+fn nothing_listens(error: &GatewayError) -> bool {
     matches!(
         error,
         GatewayError::UpstreamUnreachable { refused: true, .. }
@@ -157,10 +164,13 @@ pub(crate) async fn forward<W: Wire>(
     }
 }
 
-/// One send to `backend`, and what became of it.
+/// One send to `backend`, and what became of it: a refused connection, for either wire, is
+/// a copy gone; the wire reads the rest (`Wire::gone`).
 async fn send<W: Wire>(ctx: &RequestCtx, wire: &mut W, backend: &Arc<Backend>) -> Sent<W::Answer> {
-    let answer = wire.send(ctx, backend).await;
-    wire.gone(answer).await
+    match wire.send(ctx, backend).await {
+        Err(refused) if nothing_listens(&refused) && wire.may_send_again() => Sent::Again,
+        answer => wire.gone(answer).await,
+    }
 }
 
 #[cfg(test)]

@@ -191,22 +191,7 @@ pub async fn forward(
     let response = match sent.await {
         Ok(response) => response,
         Err(error) => {
-            // Refused, reset or closed before an answer: all count against the backend.
-            match &error {
-                GatewayError::UpstreamUnreachable {
-                    reason,
-                    refused: true,
-                    ..
-                } => backend.record_refused(reason),
-                GatewayError::UpstreamUnreachable { reason, .. }
-                | GatewayError::UpstreamFailed { reason, .. } => {
-                    backend.record_request_failure(reason)
-                }
-                GatewayError::UpstreamClosed { .. } => {
-                    backend.record_request_failure("closed the connection before answering")
-                }
-                _ => {}
-            }
+            backend.record_error(&error);
             return Err(error);
         }
     };

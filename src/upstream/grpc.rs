@@ -172,16 +172,13 @@ pub fn classify(backend: &Backend, status: Status) -> GatewayError {
     let mut next = Some(source);
     while let Some(error) = next {
         if let Some(failed) = error.downcast_ref::<ConnectFailed>() {
-            if failed.refused {
-                backend.record_refused(&failed.reason);
-            } else {
-                backend.record_request_failure(&failed.reason);
-            }
-            return GatewayError::UpstreamUnreachable {
+            let unreachable = GatewayError::UpstreamUnreachable {
                 backend: backend.name.clone(),
                 reason: failed.reason.clone(),
                 refused: failed.refused,
             };
+            backend.record_error(&unreachable);
+            return unreachable;
         }
         next = error.source();
     }

@@ -25,6 +25,7 @@ pub use triton::{TritonClient, TritonError, model_path};
 
 use crate::config;
 use crate::config::BackendUrl;
+use crate::error::GatewayError;
 use arc_swap::ArcSwap;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -236,12 +237,23 @@ impl Backend {
         self.count_failure(reason, false);
     }
 
-    /// Records a connection the backend's host refused: nothing listens there, so it is
-    /// ejected at once (until a health check succeeds again), as gRPC's clients take a
-    /// subchannel whose connection failed out of their picks. Its requests go elsewhere
-    /// meanwhile (`pipeline::forward`), and no load is started there.
-    pub fn record_refused(&self, reason: &str) {
-        self.count_failure(reason, true);
+    /// Records how a request's exchange with it failed, for every way of reaching it: a
+    /// connection refused, reset, broken or closed before an answer counts against it (see
+    /// `record_request_failure`); a refusal ejects it at once, since nothing listens there,
+    /// as gRPC's clients take a subchannel whose connection failed out of their picks (its
+    /// requests go elsewhere meanwhile, `pipeline::forward`, and no load starts there).
+    /// Anything else (the client's body, its deadline) is not the backend's.
+    pub fn record_error(&self, error: &GatewayError) {
+        match error {
+            GatewayError::UpstreamUnreachable {
+                reason, refused, ..
+            } => self.count_failure(reason, *refused),
+            GatewayError::UpstreamFailed { reason, .. } => self.count_failure(reason, false),
+            GatewayError::UpstreamClosed { .. } => {
+                self.count_failure("closed the connection before answering", false)
+            }
+            _ => {}
+        }
     }
 
     /// One more failure in the streak; ejects at the threshold, or `at_once`.
@@ -447,7 +459,11 @@ mod tests {
         assert_eq!(backend.last_error().as_deref(), Some("refused"));
         backend.mark_healthy();
         assert!(backend.is_ready());
-        backend.record_refused("Connection refused");
+        backend.record_error(&GatewayError::UpstreamUnreachable {
+            backend: "b".into(),
+            reason: "Connection refused".into(),
+            refused: true,
+        });
         assert!(!backend.is_ready(), "a refused connection ejects at once");
         backend.mark_healthy();
         assert!(backend.is_ready());

@@ -102,8 +102,8 @@ impl ModelMessage for ModelInferRequest {
     }
 }
 
-/// A request to send as the generated client takes it: its message owned (cloned only if
-/// the call still holds it for a second send).
+/// A request to send as the generated client takes it: its message owned, so cloned, as the
+/// call keeps it for a second send (these messages are a model's name and version).
 pub(super) fn owned<M: Clone>(request: Request<Arc<M>>) -> Request<M> {
     request.map(Arc::unwrap_or_clone)
 }
@@ -293,7 +293,6 @@ where
             {
                 Sent::Again
             }
-            Err(refused) if forward::nothing_listens(&refused) => Sent::Again,
             answer => Sent::Answer(answer),
         }
     }

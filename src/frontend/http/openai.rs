@@ -322,6 +322,10 @@ impl Wire for OpenAiWire {
         self.http.gone(answer).await
     }
 
+    fn may_send_again(&self) -> bool {
+        self.http.may_send_again()
+    }
+
     fn failed(answer: &Response) -> bool {
         HttpWire::failed(answer)
     }

@@ -228,16 +228,12 @@ impl Wire for HttpWire {
 
     /// Reads the body of a 404 or 503 (an error answer is small), and sees whether it is
     /// Triton's refusal of a model it no longer has, with the body kept to send again; a
-    /// refused connection or one closed before any answer may go again too, when the body
-    /// was kept.
+    /// connection closed before any answer may go again too, when the body was kept.
     async fn gone(&mut self, answer: Result<Response, GatewayError>) -> Sent<Response> {
         let response = match answer {
             Ok(response) if may_be_gone(response.status()) => response,
             Err(closed @ GatewayError::UpstreamClosed { .. }) if self.replayable() => {
                 return Sent::Resend(closed);
-            }
-            Err(refused) if forward::nothing_listens(&refused) && self.replayable() => {
-                return Sent::Again;
             }
             answer => return Sent::Answer(answer),
         };
@@ -266,6 +262,10 @@ impl Wire for HttpWire {
         }
         self.again = None;
         Sent::Answer(Ok(Response::from_parts(parts, Body::from(bytes))))
+    }
+
+    fn may_send_again(&self) -> bool {
+        self.replayable()
     }
 
     fn failed(answer: &Response) -> bool {
