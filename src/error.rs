@@ -123,9 +123,11 @@ pub enum GatewayError {
     /// The endpoint exists but not for this method.
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
-    /// The backend could not be reached. `refused`: its host refused the connection, so
-    /// nothing listens there (the request never reached it, and any copy it had went with
-    /// the process), unlike a connection that timed out.
+    /// The backend could not be reached. `refused`: its host turned the connection away
+    /// (refused it, or reset it as it was made), so nothing there takes requests (the
+    /// request never reached it; any copy it had went with the process, or is out of reach
+    /// until the backend is back and its models are read again), unlike a connection that
+    /// timed out.
     #[error("backend '{backend}' is unreachable: {reason}")]
     UpstreamUnreachable {
         backend: String,
@@ -138,11 +140,16 @@ pub enum GatewayError {
     /// The backend broke the exchange after it started.
     #[error("backend '{backend}' failed: {reason}")]
     UpstreamFailed { backend: String, reason: String },
-    /// The backend closed the connection before any of its answer came (a keep-alive
-    /// connection it dropped as the request went out, as a Triton stalled and resumed
-    /// does): nothing came back, so the request may go again (`pipeline::forward`).
+    /// The backend closed or reset the connection before any of its answer came (a
+    /// keep-alive connection it dropped as the request went out, as a Triton stalled and
+    /// resumed does): nothing came back, so the request may go again (`pipeline::forward`).
     #[error("backend '{backend}' closed the connection before answering")]
     UpstreamClosed { backend: String },
+    /// Triton's python backend gave up on the model's stub process, which did not answer
+    /// within a second (stalled, or starved of CPU): a passing trouble of that backend, not
+    /// the model's own failure, so the client may retry (`upstream::stub_stalled`).
+    #[error("backend '{backend}' could not run the request: {reason}")]
+    UpstreamStalled { backend: String, reason: String },
     /// Every target of the route has weight 0 (all rolled back or switched off).
     #[error("route '{route}' has no target with a weight above 0")]
     RouteUnavailable { route: String },
@@ -277,6 +284,7 @@ impl GatewayError {
             | Self::UpstreamTimeout { .. }
             | Self::UpstreamFailed { .. }
             | Self::UpstreamClosed { .. }
+            | Self::UpstreamStalled { .. }
             | Self::SequenceLost { .. }
             | Self::Backend(_)
             | Self::BackendRefused { .. } => ErrorSource::Upstream,
@@ -310,6 +318,7 @@ impl GatewayError {
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::UpstreamFailed { .. } => "upstream_failed",
             Self::UpstreamClosed { .. } => "upstream_closed",
+            Self::UpstreamStalled { .. } => "upstream_stalled",
             Self::RouteUnavailable { .. } => "route_unavailable",
             Self::NoRoom { .. } => "no_room",
             Self::Churn { .. } => "churn",
@@ -372,6 +381,7 @@ impl GatewayError {
             | Self::NotJoined
             | Self::Shed { .. }
             | Self::UpstreamClosed { .. }
+            | Self::UpstreamStalled { .. }
             | Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
             Self::UpstreamUnreachable { .. } | Self::UpstreamFailed { .. } => {
                 (StatusCode::BAD_GATEWAY, Code::Unavailable)
@@ -712,6 +722,15 @@ mod tests {
             ),
             (
                 GatewayError::UpstreamClosed { backend: backend() },
+                503,
+                Unavailable,
+                Upstream,
+            ),
+            (
+                GatewayError::UpstreamStalled {
+                    backend: backend(),
+                    reason: "r".into(),
+                },
                 503,
                 Unavailable,
                 Upstream,

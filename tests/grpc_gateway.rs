@@ -510,6 +510,30 @@ async fn a_killed_backends_calls_go_to_the_other() {
     assert_eq!(gateway.holder("add_sub").await, 1 - dead);
 }
 
+/// Over gRPC too, a call that a stalled python stub failed (Triton's INTERNAL `Stub process
+/// 'add_sub_0_0' is not healthy.`, after a second) is the backend's passing trouble, not the
+/// model's failure: UNAVAILABLE, naming the stub, which a client retries.
+#[tokio::test]
+async fn a_call_a_stalled_stub_failed_is_unavailable() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start(&config_for("grpcstub", &[&triton], "", "")).await;
+    let mut client = client(&gateway).await;
+    let warm = client.model_infer(add_sub_request([1.0; 4], [2.0; 4]));
+    assert_eq!(sum(warm.await.unwrap().get_ref()), [3.0; 4]);
+
+    let stub = triton.pause_stub("add_sub_0_0");
+    let failed = client
+        .model_infer(add_sub_request([5.0; 4], [2.0; 4]))
+        .await
+        .expect_err("the stub is stopped");
+    stub.resume();
+    assert_eq!(failed.code(), tonic::Code::Unavailable, "{failed:?}");
+    assert_eq!(
+        failed.message(),
+        "backend 'grpcstub-0' could not run the request: Stub process 'add_sub_0_0' is not healthy."
+    );
+}
+
 #[tokio::test]
 async fn each_worker_multiplexes_its_calls_and_a_restarted_backend_is_reached_again() {
     let mut triton = Triton::start(TritonOptions::default()).await.unwrap();

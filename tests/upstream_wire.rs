@@ -250,19 +250,43 @@ async fn a_backend_that_drops_connection_attempts_fails_within_connect_timeout()
     );
 }
 
-/// Serves `triton_like` over HTTP/1.1, but closes the connection without a word on each of
-/// the first `drops` infer requests (hyper's server closes a connection whose service
-/// fails, writing nothing): what a backend does to a keep-alive connection it times out
-/// as a request goes out on it, which Triton stalled and resumed does now and then, but
-/// not on cue.
-async fn start_dropping_stub(drops: usize) -> (SocketAddr, Log) {
-    start_dropping_stub_then(drops, false).await
+/// How the failing stand-in (`start_failing_stub`) fails the first `count` infer requests.
+#[derive(Clone, Copy, Default)]
+struct Failing {
+    /// How many infer requests fail.
+    count: usize,
+    /// Each connection is reset (closed with the request unread), not closed.
+    reset: bool,
+    /// Each is answered with Triton's python backend's 500 for a stub that did not answer
+    /// in time, instead of dropping the connection.
+    stub: bool,
+    /// Once the last has failed, the stand-in stops listening and closes every
+    /// connection: a Triton that dies as a request goes out, so the resend on a new
+    /// connection is refused.
+    then_dies: bool,
 }
 
-/// `start_dropping_stub`, which with `then_dies` stops listening and closes every
-/// connection once it has dropped its last: a Triton that dies as a request goes out, so
-/// the resend on a new connection is refused.
-async fn start_dropping_stub_then(drops: usize, then_dies: bool) -> (SocketAddr, Log) {
+/// Serves `triton_like` over HTTP/1.1, but fails each of the first `count` infer requests
+/// as `Failing` says; by default it closes the connection without a word (hyper's server
+/// closes a connection whose service fails, writing nothing): what a backend does to a
+/// keep-alive connection it times out as a request goes out on it, which Triton stalled
+/// and resumed does now and then, but not on cue.
+async fn start_dropping_stub(count: usize) -> (SocketAddr, Log) {
+    start_failing_stub(Failing {
+        count,
+        ..Failing::default()
+    })
+    .await
+}
+
+/// `triton_like`, failing as `failing` says.
+async fn start_failing_stub(failing: Failing) -> (SocketAddr, Log) {
+    let Failing {
+        count: drops,
+        reset,
+        stub,
+        then_dies,
+    } = failing;
     let log = Log::default();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -283,6 +307,12 @@ async fn start_dropping_stub_then(drops: usize, then_dies: bool) -> (SocketAddr,
                 closed.cancel();
                 return;
             };
+            if reset {
+                // A close with no lingering is a reset.
+                socket2::SockRef::from(&tcp)
+                    .set_linger(Some(Duration::ZERO))
+                    .unwrap();
+            }
             let (router, left, dies) = (router.clone(), left.clone(), died.clone());
             let (closed, closes) = (closed.clone(), closed.clone());
             let service =
@@ -305,6 +335,13 @@ async fn start_dropping_stub_then(drops: usize, then_dies: bool) -> (SocketAddr,
                     async move {
                         if dying {
                             closed.cancelled().await;
+                        }
+                        if drop_it && stub {
+                            let error =
+                                json!({"error": "Stub process 'add_sub_0_0' is not healthy."});
+                            let answer =
+                                (http::StatusCode::INTERNAL_SERVER_ERROR, axum::Json(error));
+                            return Ok(answer.into_response());
                         }
                         if drop_it {
                             return Err("dropped");
@@ -331,7 +368,12 @@ async fn start_dropping_stub_then(drops: usize, then_dies: bool) -> (SocketAddr,
 /// the other backend's copy, and the client gets its answer, not a 502.
 #[tokio::test]
 async fn a_request_whose_backend_dies_as_it_goes_out_is_answered_by_the_other() {
-    let (dying, _) = start_dropping_stub_then(1, true).await;
+    let (dying, _) = start_failing_stub(Failing {
+        count: 1,
+        then_dies: true,
+        ..Failing::default()
+    })
+    .await;
     let (other, other_log) = start_dropping_stub(0).await;
     let config = format!(
         "{}[[backends]]\nname = \"stub-1\"\nhttp = \"http://{other}\"\ngrpc = \"http://{other}\"\ncapacity = \"1GiB\"\n",
@@ -363,13 +405,23 @@ async fn a_request_whose_backend_dies_as_it_goes_out_is_answered_by_the_other() 
     );
 }
 
-/// A backend that closes the connection before answering gets the request again once, on
-/// a new connection, and the client its answer; closed twice, the client gets a clear 503
-/// with `Retry-After`, not a 502.
+/// A backend that closes or resets the connection before answering gets the request again
+/// once, on a new connection, and the client its answer; closed twice, the client gets a
+/// clear 503 with `Retry-After`, not a 502.
 #[tokio::test]
-async fn a_connection_closed_before_the_answer_is_sent_on_once_more() {
-    for (drops, status) in [(1, 200), (2, 503)] {
-        let (addr, log) = start_dropping_stub(drops).await;
+async fn a_connection_closed_or_reset_before_the_answer_is_sent_on_once_more() {
+    for (drops, status, reset) in [
+        (1, 200, false),
+        (2, 503, false),
+        (1, 200, true),
+        (2, 503, true),
+    ] {
+        let (addr, log) = start_failing_stub(Failing {
+            count: drops,
+            reset,
+            ..Failing::default()
+        })
+        .await;
         let gateway = TestGateway::start(&gateway_config(
             &format!("http://{addr}"),
             addr,
@@ -377,7 +429,7 @@ async fn a_connection_closed_before_the_answer_is_sent_on_once_more() {
         ))
         .await;
         let response = send_infer(&gateway).await;
-        assert_eq!(response.status(), status, "{drops} dropped");
+        assert_eq!(response.status(), status, "{drops} dropped, reset: {reset}");
         if status == 503 {
             assert_eq!(response.headers()["retry-after"], "1");
             let body: serde_json::Value = response.json().await.unwrap();
@@ -398,4 +450,35 @@ async fn a_connection_closed_before_the_answer_is_sent_on_once_more() {
             .count();
         assert_eq!(answered, usize::from(status == 200), "{drops} dropped");
     }
+}
+
+/// Triton's python backend answers 500 `Stub process '...' is not healthy.` when a model's
+/// stub did not answer within a second (a stub starved of CPU). The request is not sent
+/// again (it may have run, and that copy's next answer is not to be trusted): the client
+/// gets a clear 503 with `Retry-After` naming the backend and Triton's words.
+#[tokio::test]
+async fn a_request_a_stalled_stub_failed_gets_a_503_to_retry() {
+    let (addr, _) = start_failing_stub(Failing {
+        count: 1,
+        stub: true,
+        ..Failing::default()
+    })
+    .await;
+    let gateway = TestGateway::start(&gateway_config(
+        &format!("http://{addr}"),
+        addr,
+        "health_interval = \"1h\"",
+    ))
+    .await;
+    let response = send_infer(&gateway).await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(
+        body["error"],
+        "backend 'stub-0' could not run the request: Stub process 'add_sub_0_0' is not healthy."
+    );
+    // The retry it asked for is answered.
+    let response = send_infer(&gateway).await;
+    assert_eq!(response.status(), 200);
 }

@@ -126,8 +126,9 @@ pub fn copy_is_gone(message: &str) -> bool {
     message.contains("Request for unknown model")
 }
 
-/// Whether a send failed because the backend's host refused the connection: the request
-/// never reached it, and the copy the books had there is gone with the process.
+/// Whether a send failed because the backend's host turned the connection away (refused,
+/// or reset it as it was made): the request never reached it, and the copy the books had
+/// there is gone with the process, or out of reach until a health check reads it again.
 fn nothing_listens(error: &GatewayError) -> bool {
     matches!(
         error,

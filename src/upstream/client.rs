@@ -202,11 +202,11 @@ pub async fn forward(
     Ok(Response::from_parts(parts, body))
 }
 
-/// Names the failure: a body over the limit is the client's; a refused or reset connection
-/// means the backend is unreachable; a connection it closed before any answer came may be
-/// sent on again; anything else broke mid-exchange. A connection attempt
-/// that timed out says so with the timeout (the connector's own words are tokio's "deadline
-/// has elapsed", which names neither).
+/// Names the failure: a body over the limit is the client's; a connection that could not be
+/// made means the backend is unreachable; a connection it closed or reset before any answer
+/// came (ours, not the client's body failing) may be sent on again; anything else broke
+/// mid-exchange. A connection attempt that timed out says so with the timeout (the
+/// connector's own words are tokio's "deadline has elapsed", which names neither).
 pub(super) fn classify(
     backend: &str,
     error: &(dyn std::error::Error + 'static),
@@ -223,8 +223,9 @@ pub(super) fn classify(
             .is_some_and(hyper_util::client::legacy::Error::is_connect)
     });
     let closed = super::failure::chain(error).any(|e| {
-        e.downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_incomplete_message)
+        e.downcast_ref::<hyper::Error>().is_some_and(|e| {
+            e.is_incomplete_message() || (!e.is_user() && super::failure::reset(e))
+        })
     });
     if connect {
         GatewayError::UpstreamUnreachable {

@@ -1,5 +1,6 @@
-//! How a failed connection to a backend is put into words, once for every way of reaching
-//! one: the pooled HTTP client, the driven HTTP/1.1 connections and the gRPC connections.
+//! How a failed exchange with a backend is put into words, once for every way of reaching
+//! one: the pooled HTTP client, the driven HTTP/1.1 connections and the gRPC connections
+//! (and Triton's words for a model's stalled python stub, for both front-ends).
 
 use crate::error::GatewayError;
 use std::error::Error;
@@ -45,13 +46,42 @@ pub(super) fn connect_reason(error: &(dyn Error + 'static), connect_timeout: Dur
     }
 }
 
-/// Whether a connection attempt was refused: the backend's host answered that nothing
-/// listens on the port.
+/// Whether a connection attempt was turned away by the backend's host: refused (nothing
+/// listens on the port) or reset as it was made (a listener going away, or one that cannot
+/// take it, as a Triton stopped with a full accept queue). Either way the request never
+/// reached the backend. (Asked only of a failed attempt to connect.)
 pub(super) fn refused(error: &(dyn Error + 'static)) -> bool {
     chain(error).any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        e.downcast_ref::<std::io::Error>().is_some_and(|e| {
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+            )
+        })
     })
+}
+
+/// Whether the connection was reset or broken under an exchange: the peer closed it with
+/// our request unread (a close with data pending is a reset), as a server dropping a
+/// keep-alive connection does when the request arrives as it closes.
+pub(super) fn reset(error: &(dyn Error + 'static)) -> bool {
+    chain(error).any(|e| {
+        e.downcast_ref::<std::io::Error>().is_some_and(|e| {
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            )
+        })
+    })
+}
+
+/// Whether a backend's error message is Triton's python backend giving up on a model
+/// instance's stub process that did not answer within a second (stalled, or starved of
+/// CPU): the backend's passing trouble, not the model's answer. Not sent again: the request
+/// may have run, and what that copy answers next is not to be trusted (this Triton was
+/// seen to answer it with an output left out, then abort).
+pub fn stub_stalled(message: &str) -> bool {
+    message.contains("Stub process") && message.contains("is not healthy")
 }
 
 /// The error and its sources, outermost first.
@@ -79,6 +109,17 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_python_backends_stub_failure() {
+        for stalled in [
+            "Stub process 'sized_c_0_0' is not healthy.",
+            "[request id: 7] Stub process is not healthy.",
+        ] {
+            assert!(stub_stalled(stalled), "{stalled}");
+        }
+        assert!(!stub_stalled("Failed to open the cudaIpcHandle"));
+    }
+
+    #[test]
     fn a_timeout_names_the_setting_and_anything_else_its_cause_and_a_refusal_is_told() {
         let timeout = Duration::from_millis(300);
         let refused = Outer(std::io::Error::new(
@@ -96,5 +137,10 @@ mod tests {
             "no connection within upstream.connect_timeout (300ms)"
         );
         assert!(!super::refused(&slow), "a timeout is not a refusal");
+        let reset = Outer(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "Connection reset by peer",
+        ));
+        assert!(super::refused(&reset), "a connection reset as it was made");
     }
 }

@@ -472,6 +472,19 @@ impl Triton {
         self.signal_group(sys::SIGCONT);
     }
 
+    /// SIGSTOPs the python stub of model instance `instance` (`add_sub_0_0`) alone, as a
+    /// stub starved of CPU: the server answers on, but hears nothing from the stub. The
+    /// stub runs again when the returned guard is resumed or dropped.
+    pub fn pause_stub(&self, instance: &str) -> PausedStub {
+        let pid = stub_pids(self.pid)
+            .into_iter()
+            .find(|&pid| cmdline(pid).iter().any(|arg| arg == instance))
+            .unwrap_or_else(|| panic!("no python stub for {instance}"));
+        let sent = unsafe { sys::kill(pid as i32, sys::SIGSTOP) };
+        assert_eq!(sent, 0, "kill: {}", io::Error::last_os_error());
+        PausedStub { pid }
+    }
+
     fn signal_group(&self, signal: std::ffi::c_int) {
         assert!(self.child.is_some(), "tritonserver is not running");
         // The group id is the server's pid (process_group(0)).
@@ -926,6 +939,22 @@ fn stub_pids(ppid: u32) -> Vec<u32> {
             })
         })
         .collect()
+}
+
+/// A python stub stopped by [`Triton::pause_stub`]; SIGCONTed by `resume` or when dropped.
+pub struct PausedStub {
+    pid: u32,
+}
+
+impl PausedStub {
+    /// Lets the stub run again.
+    pub fn resume(self) {}
+}
+
+impl Drop for PausedStub {
+    fn drop(&mut self) {
+        unsafe { sys::kill(self.pid as i32, sys::SIGCONT) };
+    }
 }
 
 fn cmdline(pid: u32) -> Vec<String> {

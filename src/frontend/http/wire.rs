@@ -226,9 +226,10 @@ impl Wire for HttpWire {
         upstream::forward(backend, Request::from_parts(parts, whole)).await
     }
 
-    /// Reads the body of a 404 or 503 (an error answer is small), and sees whether it is
-    /// Triton's refusal of a model it no longer has, with the body kept to send again; a
-    /// connection closed before any answer may go again too, when the body was kept.
+    /// Reads the body of a 404, 500 or 503 (an error answer is small), and sees whether it
+    /// is Triton's refusal of a model it no longer has, with the body kept to send again,
+    /// or its python backend's stalled stub (`upstream::stub_stalled`); a connection closed
+    /// before any answer may go again too, when the body was kept.
     async fn gone(&mut self, answer: Result<Response, GatewayError>) -> Sent<Response> {
         let response = match answer {
             Ok(response) if may_be_gone(response.status()) => response,
@@ -236,6 +237,11 @@ impl Wire for HttpWire {
                 return Sent::Resend(closed);
             }
             answer => return Sent::Answer(answer),
+        };
+        let backend = || {
+            self.sent_to
+                .as_ref()
+                .map_or_else(String::new, |b| b.name.clone())
         };
         let (parts, answer_body) = response.into_parts();
         let bytes = match http_body_util::Limited::new(answer_body, 64 << 10)
@@ -245,23 +251,26 @@ impl Wire for HttpWire {
             Ok(collected) => collected.to_bytes(),
             Err(error) => {
                 return Sent::Answer(Err(GatewayError::UpstreamFailed {
-                    backend: self
-                        .sent_to
-                        .as_ref()
-                        .map_or_else(String::new, |b| b.name.clone()),
+                    backend: backend(),
                     reason: format!("reading the error answer: {error}"),
                 }));
             }
         };
-        let gone = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|v| v.get("error")?.as_str().map(forward::copy_is_gone))
-            .unwrap_or(false);
-        if gone && self.replayable() {
-            return Sent::Again;
+        let error = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+        let message = error.as_ref().and_then(|v| v.get("error")?.as_str());
+        match message {
+            Some(gone) if forward::copy_is_gone(gone) && self.replayable() => Sent::Again,
+            Some(stalled) if upstream::stub_stalled(stalled) => {
+                Sent::Answer(Err(GatewayError::UpstreamStalled {
+                    backend: backend(),
+                    reason: stalled.to_owned(),
+                }))
+            }
+            _ => {
+                self.again = None;
+                Sent::Answer(Ok(Response::from_parts(parts, Body::from(bytes))))
+            }
         }
-        self.again = None;
-        Sent::Answer(Ok(Response::from_parts(parts, Body::from(bytes))))
     }
 
     fn may_send_again(&self) -> bool {
@@ -292,12 +301,14 @@ impl Wire for HttpWire {
     }
 }
 
-/// Whether an HTTP answer of this status may be Triton's refusal of a model it has not
-/// (then its body is read).
+/// Whether an HTTP answer of this status may be Triton's refusal of a model it has not, or
+/// its python backend's stalled stub (then its body is read).
 fn may_be_gone(status: http::StatusCode) -> bool {
     matches!(
         status,
-        http::StatusCode::NOT_FOUND | http::StatusCode::SERVICE_UNAVAILABLE
+        http::StatusCode::NOT_FOUND
+            | http::StatusCode::INTERNAL_SERVER_ERROR
+            | http::StatusCode::SERVICE_UNAVAILABLE
     )
 }
 
