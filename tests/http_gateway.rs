@@ -608,10 +608,6 @@ async fn a_stalled_stub_gets_a_clear_503_and_its_tritons_abort_fails_no_request(
     let holder = gateway.holder("add_sub").await;
 
     let stub = tritons[holder].pause_stub("add_sub_0_0");
-    let resumes = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        stub.resume();
-    });
     let client = reqwest::Client::new();
     let send = || async {
         let answer = client.post(&url).json(&add_sub_request()).send().await;
@@ -628,7 +624,7 @@ async fn a_stalled_stub_gets_a_clear_503_and_its_tritons_abort_fails_no_request(
         words.contains("could not run the request: Stub process 'add_sub_0_0' is not healthy"),
         "{words}"
     );
-    resumes.await.unwrap();
+    stub.resume();
 
     // Clients at once until well after the abort.
     let clients = (0..4).map(|_| async {
