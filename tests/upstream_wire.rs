@@ -363,6 +363,14 @@ async fn start_failing_stub(failing: Failing) -> (SocketAddr, Log) {
     (addr, log)
 }
 
+/// A gateway over one `start_failing_stub`, which only its requests reach (no health
+/// checks in the test's time), and the stub's log.
+async fn gateway_over_failing(failing: Failing) -> (TestGateway, Log) {
+    let (addr, log) = start_failing_stub(failing).await;
+    let config = gateway_config(&format!("http://{addr}"), addr, "health_interval = \"1h\"");
+    (TestGateway::start(&config).await, log)
+}
+
 /// A backend that dies as a request goes out (it closes the connection, then refuses the
 /// new one the request is sent again on) has no copy left: the request is placed again on
 /// the other backend's copy, and the client gets its answer, not a 502.
@@ -416,17 +424,11 @@ async fn a_connection_closed_or_reset_before_the_answer_is_sent_on_once_more() {
         (1, 200, true),
         (2, 503, true),
     ] {
-        let (addr, log) = start_failing_stub(Failing {
+        let (gateway, log) = gateway_over_failing(Failing {
             count: drops,
             reset,
             ..Failing::default()
         })
-        .await;
-        let gateway = TestGateway::start(&gateway_config(
-            &format!("http://{addr}"),
-            addr,
-            "health_interval = \"1h\"",
-        ))
         .await;
         let response = send_infer(&gateway).await;
         assert_eq!(response.status(), status, "{drops} dropped, reset: {reset}");
@@ -458,17 +460,11 @@ async fn a_connection_closed_or_reset_before_the_answer_is_sent_on_once_more() {
 /// gets a clear 503 with `Retry-After` naming the backend and Triton's words.
 #[tokio::test]
 async fn a_request_a_stalled_stub_failed_gets_a_503_to_retry() {
-    let (addr, _) = start_failing_stub(Failing {
+    let (gateway, _) = gateway_over_failing(Failing {
         count: 1,
         stub: true,
         ..Failing::default()
     })
-    .await;
-    let gateway = TestGateway::start(&gateway_config(
-        &format!("http://{addr}"),
-        addr,
-        "health_interval = \"1h\"",
-    ))
     .await;
     let response = send_infer(&gateway).await;
     assert_eq!(response.status(), 503);
