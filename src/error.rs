@@ -147,7 +147,7 @@ pub enum GatewayError {
     UpstreamClosed { backend: String },
     /// Triton's python backend gave up on the model's stub process, which did not answer
     /// within a second (stalled, or starved of CPU): a passing trouble of that backend, not
-    /// the model's own failure, so the client may retry (`upstream::stub_stalled`).
+    /// the model's own failure, so the client may retry (`forward::stub_stalled`).
     #[error("backend '{backend}' could not run the request: {reason}")]
     UpstreamStalled { backend: String, reason: String },
     /// Every target of the route has weight 0 (all rolled back or switched off).

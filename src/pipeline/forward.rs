@@ -10,6 +10,8 @@
 //! Either way nothing ran, so the request may be sent again: the copy comes off the books,
 //! the request is placed again and sent once more, as nginx's `proxy_next_upstream error`
 //! passes a refused request to the next server. Only once: a second refusal is the answer.
+//! Triton's python backend giving up on a copy's stalled stub (HTTP 500, gRPC INTERNAL) is
+//! answered here for both wires too, as a 503 to retry (`Sent::Stalled`).
 
 use super::{RequestCtx, place};
 use crate::error::GatewayError;
@@ -68,9 +70,9 @@ pub(crate) trait Wire: Inspect {
     ) -> Result<Self::Answer, GatewayError>;
 
     /// Whether this answer is the backend's refusal of a copy that has gone, or a
-    /// connection it closed before answering, with the request ready to be sent again;
-    /// otherwise the answer, as the client is to get it. (A refused connection is the
-    /// pipeline's to tell: `send`.)
+    /// connection it closed before answering, with the request ready to be sent again, or
+    /// Triton's word that the copy's stub stalled (`stub_stalled`); otherwise the answer, as
+    /// the client is to get it. (A refused connection is the pipeline's to tell: `send`.)
     async fn gone(&mut self, answer: Result<Self::Answer, GatewayError>) -> Sent<Self::Answer>;
 
     /// Whether the last send kept what another needs (gRPC keeps its message; HTTP its
@@ -118,12 +120,24 @@ pub enum Sent<A> {
     /// The backend closed the connection before answering (`UpstreamClosed`, the error
     /// kept): the request may go to the same copy again, on a new connection.
     Resend(GatewayError),
+    /// Triton's python backend gave up on the copy's stub (`stub_stalled`; its words): a
+    /// 503 to retry, not the model's 500. Not sent again: the request may have run, and
+    /// that copy's next answer is not to be trusted (this Triton was seen to answer it with
+    /// an output left out, then abort).
+    Stalled(String),
 }
 
 /// Whether a backend's error message says it has no such model ready. Triton's own words;
 /// a message from the model itself never starts a lookup error like this.
 pub fn copy_is_gone(message: &str) -> bool {
     message.contains("Request for unknown model")
+}
+
+/// Whether a backend's error message is Triton's python backend giving up on a model
+/// instance's stub process that did not answer within a second (stalled, or starved of
+/// CPU): the backend's passing trouble, not the model's answer (`Sent::Stalled`).
+pub fn stub_stalled(message: &str) -> bool {
+    message.contains("Stub process") && message.contains("is not healthy")
 }
 
 /// Whether a send failed because the backend's host turned the connection away (refused,
@@ -155,6 +169,10 @@ pub(crate) async fn forward<W: Wire>(
     match sent {
         Sent::Answer(answer) => answer,
         Sent::Resend(closed) => Err(closed),
+        Sent::Stalled(reason) => Err(GatewayError::UpstreamStalled {
+            backend: backend.name.clone(),
+            reason,
+        }),
         Sent::Again => match place::again(ctx).await? {
             place::Placing::Leased => {
                 let backend = ctx.lease()?.backend().clone();
@@ -190,5 +208,17 @@ mod tests {
         assert!(!copy_is_gone(
             "unexpected shape for input 'INPUT0' for model 'm'"
         ));
+    }
+
+    #[test]
+    fn reads_the_python_backends_stub_failure() {
+        for stalled in [
+            "Stub process 'sized_c_0_0' is not healthy.",
+            "[request id: 7] Stub process is not healthy.",
+        ] {
+            assert!(stub_stalled(stalled), "{stalled}");
+            assert!(!copy_is_gone(stalled), "{stalled}");
+        }
+        assert!(!stub_stalled("Failed to open the cudaIpcHandle"));
     }
 }

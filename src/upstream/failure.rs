@@ -1,6 +1,5 @@
 //! How a failed exchange with a backend is put into words, once for every way of reaching
-//! one: the pooled HTTP client, the driven HTTP/1.1 connections and the gRPC connections
-//! (and Triton's words for a model's stalled python stub, for both front-ends).
+//! one: the pooled HTTP client, the driven HTTP/1.1 connections and the gRPC connections.
 
 use crate::error::GatewayError;
 use std::error::Error;
@@ -75,15 +74,6 @@ pub(super) fn reset(error: &(dyn Error + 'static)) -> bool {
     })
 }
 
-/// Whether a backend's error message is Triton's python backend giving up on a model
-/// instance's stub process that did not answer within a second (stalled, or starved of
-/// CPU): the backend's passing trouble, not the model's answer. Not sent again: the request
-/// may have run, and what that copy answers next is not to be trusted (this Triton was
-/// seen to answer it with an output left out, then abort).
-pub fn stub_stalled(message: &str) -> bool {
-    message.contains("Stub process") && message.contains("is not healthy")
-}
-
 /// The error and its sources, outermost first.
 pub(super) fn chain<'e>(
     error: &'e (dyn Error + 'static),
@@ -106,17 +96,6 @@ mod tests {
         fn source(&self) -> Option<&(dyn Error + 'static)> {
             Some(&self.0)
         }
-    }
-
-    #[test]
-    fn reads_the_python_backends_stub_failure() {
-        for stalled in [
-            "Stub process 'sized_c_0_0' is not healthy.",
-            "[request id: 7] Stub process is not healthy.",
-        ] {
-            assert!(stub_stalled(stalled), "{stalled}");
-        }
-        assert!(!stub_stalled("Failed to open the cudaIpcHandle"));
     }
 
     #[test]

@@ -163,17 +163,10 @@ where
 }
 
 /// Tells a transport failure (the status was made from an error under tonic's client: it has
-/// a source) from the backend's own answer (no source), and counts connection failures. A
-/// model's stalled python stub is the backend's passing trouble, not the model's answer.
+/// a source) from the backend's own answer (no source), and counts connection failures.
 pub fn classify(backend: &Backend, status: Status) -> GatewayError {
     let Some(source) = std::error::Error::source(&status) else {
         backend.record_success();
-        if status.code() == tonic::Code::Internal && super::stub_stalled(status.message()) {
-            return GatewayError::UpstreamStalled {
-                backend: backend.name.clone(),
-                reason: status.message().to_owned(),
-            };
-        }
         return GatewayError::Backend(status);
     };
     let mut next = Some(source);

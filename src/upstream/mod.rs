@@ -17,7 +17,6 @@ mod triton;
 
 pub use client::{UpstreamClient, forward};
 pub use ejection::Ejection;
-pub use failure::stub_stalled;
 pub use health::{HealthChecks, refresh_index};
 pub use index::{ModelEntry, ModelIndex};
 pub use load_queue::{LoadQueue, Priority};

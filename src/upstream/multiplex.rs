@@ -36,7 +36,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct ConnectFailed {
     /// What failed, in words (`failure::connect_reason`).
     pub reason: String,
-    /// Whether the backend's host refused the connection (`failure::refused`).
+    /// Whether the backend's host turned the connection away: refused, or reset as it was
+    /// made (`failure::refused`).
     pub refused: bool,
 }
 

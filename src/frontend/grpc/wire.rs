@@ -293,6 +293,12 @@ where
             {
                 Sent::Again
             }
+            Err(GatewayError::Backend(status))
+                if status.code() == tonic::Code::Internal
+                    && forward::stub_stalled(status.message()) =>
+            {
+                Sent::Stalled(status.message().to_owned())
+            }
             answer => Sent::Answer(answer),
         }
     }

@@ -228,7 +228,7 @@ impl Wire for HttpWire {
 
     /// Reads the body of a 404, 500 or 503 (an error answer is small), and sees whether it
     /// is Triton's refusal of a model it no longer has, with the body kept to send again,
-    /// or its python backend's stalled stub (`upstream::stub_stalled`); a connection closed
+    /// or its python backend's stalled stub (`forward::stub_stalled`); a connection closed
     /// before any answer may go again too, when the body was kept.
     async fn gone(&mut self, answer: Result<Response, GatewayError>) -> Sent<Response> {
         let response = match answer {
@@ -238,11 +238,6 @@ impl Wire for HttpWire {
             }
             answer => return Sent::Answer(answer),
         };
-        let backend = || {
-            self.sent_to
-                .as_ref()
-                .map_or_else(String::new, |b| b.name.clone())
-        };
         let (parts, answer_body) = response.into_parts();
         let bytes = match http_body_util::Limited::new(answer_body, 64 << 10)
             .collect()
@@ -251,7 +246,10 @@ impl Wire for HttpWire {
             Ok(collected) => collected.to_bytes(),
             Err(error) => {
                 return Sent::Answer(Err(GatewayError::UpstreamFailed {
-                    backend: backend(),
+                    backend: self
+                        .sent_to
+                        .as_ref()
+                        .map_or_else(String::new, |b| b.name.clone()),
                     reason: format!("reading the error answer: {error}"),
                 }));
             }
@@ -260,12 +258,7 @@ impl Wire for HttpWire {
         let message = error.as_ref().and_then(|v| v.get("error")?.as_str());
         match message {
             Some(gone) if forward::copy_is_gone(gone) && self.replayable() => Sent::Again,
-            Some(stalled) if upstream::stub_stalled(stalled) => {
-                Sent::Answer(Err(GatewayError::UpstreamStalled {
-                    backend: backend(),
-                    reason: stalled.to_owned(),
-                }))
-            }
+            Some(stalled) if forward::stub_stalled(stalled) => Sent::Stalled(stalled.to_owned()),
             _ => {
                 self.again = None;
                 Sent::Answer(Ok(Response::from_parts(parts, Body::from(bytes))))
