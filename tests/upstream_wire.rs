@@ -363,6 +363,16 @@ async fn start_failing_stub(failing: Failing) -> (SocketAddr, Log) {
     (addr, log)
 }
 
+/// How many infer requests the stand-in's handler answered (a dropped or failed one never
+/// reaches it).
+fn answered(log: &Log) -> usize {
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.path.ends_with("/infer"))
+        .count()
+}
+
 /// A gateway over one `start_failing_stub`, which only its requests reach (no health
 /// checks in the test's time), and the stub's log.
 async fn gateway_over_failing(failing: Failing) -> (TestGateway, Log) {
@@ -398,13 +408,6 @@ async fn a_request_whose_backend_dies_as_it_goes_out_is_answered_by_the_other() 
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["outputs"][0]["data"], json!([3.0]));
-    let answered = |log: &Log| {
-        log.lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.path.ends_with("/infer"))
-            .count()
-    };
     assert_eq!(answered(&other_log), 1, "the other backend answered it");
     let backends = gateway.admin_backends().await;
     assert_eq!(
@@ -444,13 +447,11 @@ async fn a_connection_closed_or_reset_before_the_answer_is_sent_on_once_more() {
             assert_eq!(body["outputs"][0]["data"], json!([3.0]));
         }
         // The dropped sends never reach the stub's handler: only the one it answered does.
-        let answered = log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.path.ends_with("/infer"))
-            .count();
-        assert_eq!(answered, usize::from(status == 200), "{drops} dropped");
+        assert_eq!(
+            answered(&log),
+            usize::from(status == 200),
+            "{drops} dropped"
+        );
     }
 }
 
