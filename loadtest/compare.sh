@@ -183,7 +183,6 @@ h2() {
     [[ -n "$H2_OK" ]] || die "no request count in h2load's output ($out)"
 }
 field() { cut -d' ' -f"$2" <<<"$1"; }
-per_req_us() { awk -v t="$1" -v hz="$HZ" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / hz / n * 1e6; else print "-" }'; }
 # switches PIDS... — context switches (voluntary and not) of every thread of the processes so
 # far: each is a sleep and a wake, kernel work a user-space count does not show.
 switches() { local p; for p in "$@"; do cat /proc/"$p"/task/*/status 2>/dev/null; done | awk '/ctxt_switches/ { s += $2 } END { print s + 0 }'; }

@@ -328,6 +328,8 @@ admin_key_table() {
 HZ="$(getconf CLK_TCK)"
 # CPU ticks (user + system) of processes, for CPU per request.
 ticks() { local t=0 p f; for p in "$@"; do read -r -a f <"/proc/$p/stat" || continue; t=$((t + f[13] + f[14])); done; echo "$t"; }
+# per_req_us TICKS REQUESTS — CPU µs a request ("-" when none was served).
+per_req_us() { awk -v t="$1" -v hz="$HZ" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / hz / n * 1e6; else print "-" }'; }
 # The system part of ticks (stime): the kernel's share of a proxy's CPU.
 sys_ticks() { local t=0 p f; for p in "$@"; do read -r -a f <"/proc/$p/stat" || continue; t=$((t + f[14])); done; echo "$t"; }
 # Peak RSS (VmHWM) in KiB, summed over processes.

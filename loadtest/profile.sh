@@ -127,8 +127,6 @@ flat() {
     perf report -i "$TMP/$1.data" --no-children --sort "$2" --stdio >"$TMP/$1.$2.txt" 2>/dev/null || true
     awk -v n="$3" '!/^#/ && NF { print; if (++k == n) exit }' "$TMP/$1.$2.txt"
 }
-HZ="$(getconf CLK_TCK)"
-per_req_us() { awk -v t="$1" -v hz="$HZ" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / hz / n * 1e6; else print "-" }'; }
 
 port=$((BASE + 10))
 for s in "${STAGES[@]}"; do
