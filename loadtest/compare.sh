@@ -59,7 +59,11 @@
 #   CMP_LATENCY_RATES="2000 5000"  CMP_LATENCY_WINDOW=4                      family 2b
 #   CMP_STRACE_REQUESTS=10000  CMP_CG_REQUESTS=3000  CMP_CG_WARMUP=500  CMP_COUNT_CLIENTS=16
 #   CMP_STAGES="nginx floor ig-off ig-val ig-on"  the proxies (nginx, and any of the floor and
-#                                          the three gateways)
+#                                          the three gateways; with CMP_GATEWAY_B, also ig-off-b,
+#                                          ig-val-b and ig-on-b: the same stages of that binary)
+#   CMP_GATEWAY_B=path                     a second gateway, for an A/B in one run: its stages
+#                                          take turns with the others, so a change's CPU at equal
+#                                          load is judged against nginx and the build before it
 #   CMP_PROXY_CPU=1  CMP_CLIENT_CPU=0      cores of family 2 (the backend always on the client's)
 #   CMP_WORKERS=2                          nginx worker_processes and infergate server.workers
 #   CMP_BASE_PORT=29900  CMP_REV=<rev>  CMP_OUT=path.md
@@ -70,6 +74,7 @@ cd "$ROOT"
 GATEWAY="${1:-${CMP_GATEWAY:-$ROOT/target/release/infergate}}"
 [[ -x "$GATEWAY" ]] || { echo "compare.sh: not an executable: $GATEWAY" >&2; exit 2; }
 GATEWAY="$(realpath "$GATEWAY")"
+GATEWAY_B="${CMP_GATEWAY_B:+$(realpath "$CMP_GATEWAY_B")}"
 BIN="$(realpath "${CMP_BIN:-$ROOT/target/release}")"
 read -r -a RATES <<<"${CMP_RATES:-5000 10000 20000}"
 OPEN_CLIENTS="${CMP_OPEN_CLIENTS:-40}"
@@ -110,24 +115,31 @@ describe_machine src
 
 # ---------------------------------------------------------------- the stages
 declare -A PORT=([direct]="$BASE" [nginx]=$((BASE + 10)) [ig-off]=$((BASE + 20)) [ig-val]=$((BASE + 30)) [ig-on]=$((BASE + 40))
-    [floor]=$((BASE + 50)))
+    [floor]=$((BASE + 50)) [ig-off-b]=$((BASE + 60)) [ig-val-b]=$((BASE + 70)) [ig-on-b]=$((BASE + 80)))
 declare -A IG_ON=([ig-off]=0 [ig-val]=2 [ig-on]=1) # fake_gateway_config's ON
 declare -A LABEL=([direct]="direct" [nginx]="nginx" [floor]="floor (bare hyper proxy)" [ig-off]="infergate, validation off"
     [ig-val]="infergate, validation on" [ig-on]="infergate, everything on")
+for s in ig-off ig-val ig-on; do LABEL[$s-b]="${LABEL[$s]} (B: $(basename "${GATEWAY_B:-none}"))"; done
+# A B stage is its A stage on the second binary.
+stage_of() { echo "${1%-b}"; }
+for s in "${PROXIES[@]}"; do
+    [[ -n "${PORT[$s]:-}" ]] || die "unknown stage: $s"
+    [[ "$s" != *-b || -n "$GATEWAY_B" ]] || die "stage $s needs CMP_GATEWAY_B"
+done
 ports=("$BASE")
 for s in "${PROXIES[@]}"; do ports+=("${PORT[$s]}" $((PORT[$s] + 1))); done
 check_ports "${ports[@]}"
 
-model_of() { [[ "$1" == ig-on ]] && echo bench || echo add_sub; }
-bearer_of() { if [[ "$1" == ig-on ]]; then echo "$TOKEN"; fi; }
+model_of() { [[ "$(stage_of "$1")" == ig-on ]] && echo bench || echo add_sub; }
+bearer_of() { if [[ "$(stage_of "$1")" == ig-on ]]; then echo "$TOKEN"; fi; }
 url_of() { echo "http://127.0.0.1:$2/v2/models/$(model_of "$1")/infer"; } # stage port
 # h2load's and wrk's request headers for a stage.
-h2_headers() { H2H=(-H 'content-type: application/json'); [[ "$1" == ig-on ]] && H2H+=(-H "authorization: Bearer $TOKEN"); return 0; }
+h2_headers() { H2H=(-H 'content-type: application/json'); [[ "$(stage_of "$1")" == ig-on ]] && H2H+=(-H "authorization: Bearer $TOKEN"); return 0; }
 wrk_script() { # stage -> $TMP/STAGE.lua: the POST, its body and headers
     {
         printf 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         printf 'wrk.body = [[%s]]\n' "$INFER_BODY"
-        [[ "$1" == ig-on ]] && printf 'wrk.headers["Authorization"] = "Bearer %s"\n' "$TOKEN"
+        [[ "$(stage_of "$1")" == ig-on ]] && printf 'wrk.headers["Authorization"] = "Bearer %s"\n' "$TOKEN"
         true
     } >"$TMP/$1.lua"
 }
@@ -151,8 +163,8 @@ start_proxy() {
         PIDS+=("$!")
         PID[$name]=$!
     else
-        fake_gateway_config "$port" "${IG_ON[$s]}" "" "$BASE" >"$TMP/$name.toml"
-        start_infergate "$name" "$TMP/$name.toml" "$GATEWAY"
+        fake_gateway_config "$port" "${IG_ON[$(stage_of "$s")]}" "" "$BASE" >"$TMP/$name.toml"
+        start_infergate "$name" "$TMP/$name.toml" "$([[ "$s" == *-b ]] && echo "$GATEWAY_B" || echo "$GATEWAY")"
     fi
     wait_http "http://127.0.0.1:$port/v2/health/ready" 120 ||
         die "$name did not start: $(tail -5 "$TMP/$name.log" "$TMP/nginx-$name/error.log" 2>/dev/null)"
@@ -277,7 +289,7 @@ declare -A LATENCY # stage-rate -> "rps p50 p99 send_lag_p99 errors load"
 latency_run() { # OUT STAGE RATE
     local args=(--url "http://127.0.0.1:${PORT[$2]}" -m "$(model_of "$2")" --request-file "$TMP/body.json"
         --check --threads 1 --json -q --rate "$3" --warmup "${WARMUP}s" -d "${LAT_WINDOW}s")
-    [[ "$2" == ig-on ]] && args+=(--bearer "$TOKEN")
+    [[ "$(stage_of "$2")" == ig-on ]] && args+=(--bearer "$TOKEN")
     timeout $((WARMUP + LAT_WINDOW + 30)) taskset -c "$CLIENT_CPU" "$BIN/infergate-load" "${args[@]}" >"$1" 2>"$1.err" ||
         { tail -5 "$1.err" >&2; die "infergate-load --rate $3 failed or timed out at $2"; }
 }
@@ -407,7 +419,7 @@ target_ratio() { round_ratios "$1" | median | xargs printf '%.2f'; }
 report() {
     echo "# infergate ($REV) next to nginx: $DATE"
     echo
-    echo "Produced by \`loadtest/compare.sh\` in ${ELAPSED} s. Gateway: \`$GATEWAY\`$([[ "$GATEWAY" == "$ROOT/target/release/infergate" ]] && ((DIRTY)) && echo " (built from $REV plus $DIRTY uncommitted paths under src/)"). nginx $("$NGINX" -v 2>&1 | cut -d/ -f2) (Debian), \`loadtest/nginx/proxy.conf.template\`."
+    echo "Produced by \`loadtest/compare.sh\` in ${ELAPSED} s. Gateway: \`$GATEWAY\`$([[ "$GATEWAY" == "$ROOT/target/release/infergate" ]] && ((DIRTY)) && echo " (built from $REV plus $DIRTY uncommitted paths under src/)")${GATEWAY_B:+; B: \`$(basename "$GATEWAY_B")\`}. nginx $("$NGINX" -v 2>&1 | cut -d/ -f2) (Debian), \`loadtest/nginx/proxy.conf.template\`."
     echo
     echo "- Machine: $NPROC × $CPU_MODEL, $MEM, $KERNEL; load average $LOAD_BEFORE before, $LOAD_AFTER after (a shared machine: CPU per request and the counts of family 3 hold up under other load, throughput and latency do not)."
     echo "- Backend: fake-triton, 1 thread, pinned to core $CLIENT_CPU. Proxies: $WORKERS workers each (nginx \`worker_processes\`, infergate \`server.workers\`), access logs on for both (nginx's default format to a file; infergate at info level to a file)."
@@ -485,6 +497,10 @@ report() {
             r="$(target_ratio ig-on)"
             echo "- CPU per request at 10k req/s offered, everything on, ≤ 1.6 × nginx: $r (median of $TARGET_ROUNDS rounds) — $(met "$r" 1.6001 "<")."
         fi
+        for s in ig-off-b ig-val-b ig-on-b; do
+            has "$s" || continue
+            echo "- B: CPU per request at 10k req/s offered, ${LABEL[$s]#infergate, }: $(target_ratio "$s") × nginx, against A's $(target_ratio "$(stage_of "$s")") (medians of $TARGET_ROUNDS rounds)."
+        done
     fi
     if [[ " ${LEVELS[*]} " == *" 16 "* ]]; then
         for s in "${igs[@]}"; do
