@@ -3,6 +3,7 @@
 
 use crate::error::GatewayError;
 use std::error::Error;
+use std::io::ErrorKind;
 use std::time::Duration;
 
 /// No answer from `backend` within `after` (`upstream.request_timeout`, or a control call's
@@ -30,10 +31,7 @@ pub(super) fn innermost(error: &(dyn Error + 'static)) -> String {
 
 /// Whether anything in the chain is an I/O timeout.
 pub(super) fn timed_out(error: &(dyn Error + 'static)) -> bool {
-    chain(error).any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
-    })
+    io_error_of(error, &[ErrorKind::TimedOut])
 }
 
 /// What a failed connection attempt says: the timeout when it ran out, else its cause.
@@ -50,27 +48,25 @@ pub(super) fn connect_reason(error: &(dyn Error + 'static), connect_timeout: Dur
 /// take it, as a Triton stopped with a full accept queue). Either way the request never
 /// reached the backend. (Asked only of a failed attempt to connect.)
 pub(super) fn refused(error: &(dyn Error + 'static)) -> bool {
-    chain(error).any(|e| {
-        e.downcast_ref::<std::io::Error>().is_some_and(|e| {
-            matches!(
-                e.kind(),
-                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
-            )
-        })
-    })
+    io_error_of(
+        error,
+        &[ErrorKind::ConnectionRefused, ErrorKind::ConnectionReset],
+    )
 }
 
 /// Whether the connection was reset or broken under an exchange: the peer closed it with
 /// our request unread (a close with data pending is a reset), as a server dropping a
 /// keep-alive connection does when the request arrives as it closes.
 pub(super) fn reset(error: &(dyn Error + 'static)) -> bool {
+    io_error_of(error, &[ErrorKind::ConnectionReset, ErrorKind::BrokenPipe])
+}
+
+/// Whether an I/O error of one of these kinds is anywhere in the chain: the one walk the
+/// three questions above ask.
+fn io_error_of(error: &(dyn Error + 'static), kinds: &[ErrorKind]) -> bool {
     chain(error).any(|e| {
-        e.downcast_ref::<std::io::Error>().is_some_and(|e| {
-            matches!(
-                e.kind(),
-                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-            )
-        })
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| kinds.contains(&e.kind()))
     })
 }
 
@@ -121,5 +117,12 @@ mod tests {
             "Connection reset by peer",
         ));
         assert!(super::refused(&reset), "a connection reset as it was made");
+        assert!(super::reset(&reset), "and one reset under an exchange");
+        let broken = Outer(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "Broken pipe",
+        ));
+        assert!(super::reset(&broken) && !super::refused(&broken));
+        assert!(!super::reset(&refused) && !super::reset(&slow));
     }
 }
