@@ -116,7 +116,6 @@ describe_machine src
 # ---------------------------------------------------------------- the stages
 declare -A PORT=([direct]="$BASE" [nginx]=$((BASE + 10)) [ig-off]=$((BASE + 20)) [ig-val]=$((BASE + 30)) [ig-on]=$((BASE + 40))
     [floor]=$((BASE + 50)) [ig-off-b]=$((BASE + 60)) [ig-val-b]=$((BASE + 70)) [ig-on-b]=$((BASE + 80)))
-declare -A IG_ON=([ig-off]=0 [ig-val]=2 [ig-on]=1) # fake_gateway_config's ON
 declare -A LABEL=([direct]="direct" [nginx]="nginx" [floor]="floor (bare hyper proxy)" [ig-off]="infergate, validation off"
     [ig-val]="infergate, validation on" [ig-on]="infergate, everything on")
 for s in ig-off ig-val ig-on; do LABEL[$s-b]="${LABEL[$s]} (B: $(basename "${GATEWAY_B:-none}"))"; done
@@ -130,16 +129,18 @@ ports=("$BASE")
 for s in "${PROXIES[@]}"; do ports+=("${PORT[$s]}" $((PORT[$s] + 1))); done
 check_ports "${ports[@]}"
 
-model_of() { [[ "$(stage_of "$1")" == ig-on ]] && echo bench || echo add_sub; }
-bearer_of() { if [[ "$(stage_of "$1")" == ig-on ]]; then echo "$TOKEN"; fi; }
-url_of() { echo "http://127.0.0.1:$2/v2/models/$(model_of "$1")/infer"; } # stage port
+# lib.sh's stage rules, asked of a B stage's A stage.
+all_on() { everything_on "$(stage_of "$1")"; }
+model() { model_of "$(stage_of "$1")"; }
+bearer_of() { if all_on "$1"; then echo "$TOKEN"; fi; }
+url_of() { echo "http://127.0.0.1:$2/v2/models/$(model "$1")/infer"; } # stage port
 # h2load's and wrk's request headers for a stage.
-h2_headers() { H2H=(-H 'content-type: application/json'); [[ "$(stage_of "$1")" == ig-on ]] && H2H+=(-H "authorization: Bearer $TOKEN"); return 0; }
+h2_headers() { H2H=(-H 'content-type: application/json'); all_on "$1" && H2H+=(-H "authorization: Bearer $TOKEN"); return 0; }
 wrk_script() { # stage -> $TMP/STAGE.lua: the POST, its body and headers
     {
         printf 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         printf 'wrk.body = [[%s]]\n' "$INFER_BODY"
-        [[ "$(stage_of "$1")" == ig-on ]] && printf 'wrk.headers["Authorization"] = "Bearer %s"\n' "$TOKEN"
+        all_on "$1" && printf 'wrk.headers["Authorization"] = "Bearer %s"\n' "$TOKEN"
         true
     } >"$TMP/$1.lua"
 }
@@ -163,12 +164,12 @@ start_proxy() {
         PIDS+=("$!")
         PID[$name]=$!
     else
-        fake_gateway_config "$port" "${IG_ON[$(stage_of "$s")]}" "" "$BASE" >"$TMP/$name.toml"
+        fake_gateway_config "$port" "$(stage_on "$(stage_of "$s")")" "" "$BASE" >"$TMP/$name.toml"
         start_infergate "$name" "$TMP/$name.toml" "$([[ "$s" == *-b ]] && echo "$GATEWAY_B" || echo "$GATEWAY")"
     fi
     wait_http "http://127.0.0.1:$port/v2/health/ready" 120 ||
         die "$name did not start: $(tail -5 "$TMP/$name.log" "$TMP/nginx-$name/error.log" 2>/dev/null)"
-    wait_infer "http://127.0.0.1:$port" "$(model_of "$s")" 120 "$(bearer_of "$s")" ||
+    wait_infer "http://127.0.0.1:$port" "$(model "$s")" 120 "$(bearer_of "$s")" ||
         die "$name never answered an inference: $(tail -5 "$TMP/$name.log" 2>/dev/null)"
     local pids="${PID[$name]}" deadline=$((SECONDS + 30))
     if [[ "$s" == nginx && "${3:-}" != *"master_process off"* ]]; then # until every worker is up
@@ -188,7 +189,7 @@ h2() {
     h2_headers "$s"
     timeout "$bound" h2load --h1 -t 1 "${H2H[@]}" -d "$TMP/body.json" "$@" "$(url_of "$s" "$port")" >"$out" 2>&1 ||
         { tail -5 "$out" >&2; die "h2load failed or timed out at $s ($*)"; }
-    H2_OK="$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) ~ /^succeeded/) { print $i; exit } }' "$out")"
+    H2_OK="$(h2load_ok "$out")"
     H2_RPS="$(awk '/^finished in/ { print $4 }' "$out")"
     H2_MEAN_US="$(awk '/^time for request:/ { v = $6; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
         printf "%.0f", v * (u == "s" ? 1e6 : u == "ms" ? 1e3 : 1) }' "$out")"
@@ -287,9 +288,9 @@ done
 # proxy's core, and its p99 is that queue's (nginx's included).
 declare -A LATENCY # stage-rate -> "rps p50 p99 send_lag_p99 errors load"
 latency_run() { # OUT STAGE RATE
-    local args=(--url "http://127.0.0.1:${PORT[$2]}" -m "$(model_of "$2")" --request-file "$TMP/body.json"
+    local args=(--url "http://127.0.0.1:${PORT[$2]}" -m "$(model "$2")" --request-file "$TMP/body.json"
         --check --threads 1 --json -q --rate "$3" --warmup "${WARMUP}s" -d "${LAT_WINDOW}s")
-    [[ "$(stage_of "$2")" == ig-on ]] && args+=(--bearer "$TOKEN")
+    all_on "$2" && args+=(--bearer "$TOKEN")
     timeout $((WARMUP + LAT_WINDOW + 30)) taskset -c "$CLIENT_CPU" "$BIN/infergate-load" "${args[@]}" >"$1" 2>"$1.err" ||
         { tail -5 "$1.err" >&2; die "infergate-load --rate $3 failed or timed out at $2"; }
 }
@@ -526,7 +527,7 @@ report() {
         r="$(ratio "${IR[ig-off]}" "${IR[nginx]}")"
         echo "- Instructions per request, validation off, ≤ 3 × nginx's: $r — $(met "$r" 3.0001 "<")."
     fi
-    has floor && floor_line
+    if has floor; then floor_line; fi
 }
 
 # What the floor (hyper-floor) reaches on the same measures: the least a proxy on hyper and

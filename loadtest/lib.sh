@@ -286,6 +286,18 @@ fake_gateway_config() {
     fi
 }
 
+# The gateway stages of compare.sh, profile.sh and moves.sh, in one place: ig-off (validation
+# off), ig-val (validation on, the default config) and ig-on (everything on: the load calls
+# route "bench" with the RS256 bearer).
+# stage_on STAGE — its fake_gateway_config ON; everything_on STAGE — whether it is ig-on;
+# model_of STAGE — the model its load calls.
+declare -A STAGE_ON=([ig-off]=0 [ig-val]=2 [ig-on]=1)
+stage_on() { [[ -n "${STAGE_ON[$1]:-}" ]] || die "not a gateway stage: $1"; echo "${STAGE_ON[$1]}"; }
+everything_on() { [[ "$1" == ig-on ]]; }
+model_of() { if everything_on "$1"; then echo bench; else echo add_sub; fi; }
+# h2load_ok [FILE] — the requests h2load's report (FILE, or standard input) says succeeded.
+h2load_ok() { awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) ~ /^succeeded/) { print $i; exit } }' "$@"; }
+
 # "Everything on" for infergate, the same in bench.sh's stage 4 and ab.sh: validation, an
 # RS256 JWT on every request (key $TMP/jwt.pub.pem), and a 90/10 route "bench" with an
 # error-rate guard; with ADMIN_HASH set, an admin API key too. Each feature is a block

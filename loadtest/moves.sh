@@ -41,8 +41,7 @@ source loadtest/lib.sh
 [[ "$(id -u)" == 0 ]] || die "uprobes need root"
 require curl python3
 ensure_debian h2load:nghttp2-client perf:linux-perf
-declare -A IG_ON=([ig-off]=0 [ig-val]=2)
-[[ -n "${IG_ON[$STAGE]:-}" ]] || die "MOVES_STAGE is ig-off or ig-val"
+[[ "$STAGE" == ig-off || "$STAGE" == ig-val ]] || die "MOVES_STAGE is ig-off or ig-val"
 check_ports "$BASE" $((BASE + 1))
 
 # The memmove every Rust copy calls: glibc's ifunc picks one implementation for this CPU; the
@@ -66,13 +65,13 @@ PIDS+=("$!")
 wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start"
 URL="http://127.0.0.1:$((BASE + 1))/v2/models/add_sub/infer"
 load() { timeout 120 h2load --h1 -t 1 -c 16 -n "$1" -H 'content-type: application/json' -d "$TMP/body.json" "$URL" |
-    awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) ~ /^succeeded/) print $i }'; }
+    h2load_ok; }
 
 # census BINARY — one run; appends its section to $TMP/report.md.
 census() {
     local binary name="$(basename "$1")" ok
     binary="$(realpath "$1")"
-    fake_gateway_config $((BASE + 1)) "${IG_ON[$STAGE]}" "" "$BASE" >"$TMP/$name.toml"
+    fake_gateway_config $((BASE + 1)) "$(stage_on "$STAGE")" "" "$BASE" >"$TMP/$name.toml"
     start_infergate "$name" "$TMP/$name.toml" "$binary"
     wait_http "http://127.0.0.1:$((BASE + 1))/v2/health/ready" 120 || die "$name did not start"
     wait_infer "http://127.0.0.1:$((BASE + 1))" add_sub 120 || die "$name never answered an inference"

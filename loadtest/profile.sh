@@ -43,8 +43,6 @@ require curl openssl awk
 ensure_nginx
 ensure_debian h2load:nghttp2-client perf:linux-perf
 
-declare -A IG_ON=([ig-off]=0 [ig-val]=2 [ig-on]=1)
-model_of() { [[ "$1" == ig-on ]] && echo bench || echo add_sub; }
 everything_on_key
 printf '%s' "$INFER_BODY" >"$TMP/body.json"
 
@@ -59,9 +57,9 @@ profile() {
     if [[ "$s" == nginx ]]; then
         start_nginx "$name" "$port" "$BASE" proxy.conf.template
     else
-        fake_gateway_config "$port" "${IG_ON[$s]}" "" "$BASE" >"$TMP/$name.toml"
+        fake_gateway_config "$port" "$(stage_on "$s")" "" "$BASE" >"$TMP/$name.toml"
         start_infergate "$name" "$TMP/$name.toml" "$GATEWAY"
-        [[ "$s" == ig-on ]] && bearer="$TOKEN" auth=(-H "authorization: Bearer $TOKEN")
+        everything_on "$s" && bearer="$TOKEN" auth=(-H "authorization: Bearer $TOKEN")
     fi
     local url="http://127.0.0.1:$port/v2/models/$(model_of "$s")/infer"
     wait_http "http://127.0.0.1:$port/v2/health/ready" 120 || die "$name did not start"
@@ -87,7 +85,7 @@ profile() {
     thread_switches $pids >"$TMP/$name.switches.after"
     wait "$recorder" || true
     local ok cpu
-    ok="$(awk '/^requests:/ { for (i = 1; i <= NF; i++) if ($(i + 1) ~ /^succeeded/) { print $i; exit } }' "$TMP/$name.h2")"
+    ok="$(h2load_ok "$TMP/$name.h2")"
     cpu="$(per_req_us $((after - before)) "$ok")"
     {
         printf '\n## %s: %s requests at %s req/s, %s µs CPU a request\n\n' "$s" "$ok" "$RATE" "$cpu"
