@@ -41,7 +41,9 @@
 #      workers, every gateway thread), and user-space instructions per request under callgrind
 #      (a fresh instance of each proxy under valgrind, zeroed after a warm-up, dumped after the
 #      counted requests; nginx as one process, master_process off, one worker; GLIBC_TUNABLES
-#      as instructions.sh).
+#      as instructions.sh), with the same run's simulated L1 instruction and data cache misses
+#      per request (lib.sh misses_of): at equal instructions, what the code and data a request
+#      spreads over costs in time.
 #
 # Writes loadtest/results/<date>-<rev>-compare.md (rev: the binary's name infergate-<rev>, else
 # this checkout's HEAD) and its chart (<results>.svg: wrk throughput and p99 per concurrency;
@@ -347,11 +349,11 @@ done
 # nginx runs as one process (master_process off and one worker: the worker's loop in the
 # process valgrind started), because callgrind_control cannot reach a forked child (vgdb
 # makes no FIFOs for it); the gateway keeps its workers.
-declare -A IR # stage -> Ir per request
+declare -A IR MISSES # stage -> Ir per request; "L1i L1d" simulated misses per request
 for s in $(rotated 2 "${PROXIES[@]}"); do
     port=$((PORT[$s] + 1))
     PROXY_WRAP=(env GLIBC_TUNABLES="$CALLGRIND_TUNABLES" valgrind --tool=callgrind --vgdb-prefix="$VG"
-        --callgrind-out-file="$TMP/cg-%p.cg" --dump-instr=no --collect-jumps=no --dump-line=no)
+        --callgrind-out-file="$TMP/cg-%p.cg" --dump-instr=no --collect-jumps=no --dump-line=no "${CACHE_SIM[@]}")
     t0=$SECONDS
     if [[ "$s" == nginx ]]; then
         # one worker too: with `reuseport` each worker has its own listening socket, and the
@@ -366,13 +368,16 @@ for s in $(rotated 2 "${PROXIES[@]}"); do
     for p in $counted; do cg --zero "$p" || die "callgrind_control --zero $p ($s) failed: $(tail -3 "$TMP/cgctl.log")"; done
     h2 "$TMP/cg-h2-$s.txt" "$s" "$port" 600 -c "$COUNT_CLIENTS" -n "$CG_N"
     sleep 0.5 # h2load's connections closed before the count is read
-    total=0
+    total=0 i1=0 d1=0
     for p in $counted; do
         dump cg_file "cg-$p" "$p"
         total=$((total + $(ir_of "$cg_file")))
+        read -r a b < <(misses_of "$cg_file")
+        i1=$((i1 + a)) d1=$((d1 + b))
     done
     IR[$s]="$(calc %.0f "$total / $H2_OK")"
-    say "callgrind, $s: $total Ir over $H2_OK requests: ${IR[$s]} per request ($((SECONDS - t0)) s)"
+    MISSES[$s]="$(calc %.0f "$i1 / $H2_OK") $(calc %.0f "$d1 / $H2_OK")"
+    say "callgrind, $s: $total Ir over $H2_OK requests: ${IR[$s]} per request, L1 misses (i d) ${MISSES[$s]} ($((SECONDS - t0)) s)"
     # shellcheck disable=SC2086
     stop_pids ${PROXY_PIDS[$s]%% *}
 done
@@ -476,14 +481,16 @@ report() {
     echo
     echo "## 3. Counts per request"
     echo
-    echo "Syscalls: \`strace -c -f\` attached to the running proxy (nginx: its workers; infergate: every thread) over \`h2load -n $STRACE_N -c $COUNT_CLIENTS\` (its $COUNT_CLIENTS connects included), all calls counted. Instructions: user-space Ir under \`valgrind --tool=callgrind\` ($(valgrind --version)) of a fresh instance of the proxy (nginx: one process, \`master_process off\` and one worker, as callgrind_control cannot reach forked workers; infergate: $WORKERS workers), zeroed after $CG_WARM warm-up requests, dumped after \`h2load -n $CG_N -c $COUNT_CLIENTS\`; idle work inside the window included; GLIBC_TUNABLES=\`$CALLGRIND_TUNABLES\` (see instructions.sh)."
+    echo "Syscalls: \`strace -c -f\` attached to the running proxy (nginx: its workers; infergate: every thread) over \`h2load -n $STRACE_N -c $COUNT_CLIENTS\` (its $COUNT_CLIENTS connects included), all calls counted. Instructions: user-space Ir under \`valgrind --tool=callgrind\` ($(valgrind --version)) of a fresh instance of the proxy (nginx: one process, \`master_process off\` and one worker, as callgrind_control cannot reach forked workers; infergate: $WORKERS workers), zeroed after $CG_WARM warm-up requests, dumped after \`h2load -n $CG_N -c $COUNT_CLIENTS\`; idle work inside the window included; GLIBC_TUNABLES=\`$CALLGRIND_TUNABLES\` (see instructions.sh). L1 misses: the same run's simulated first-level cache misses (\`--cache-sim=yes\`, valgrind's model of this CPU's L1i and L1d; L1d counts read and write misses), per request: code and data the request reaches beyond what stays in L1 from one request to the next, each served by L2 at some 5-15 cycles."
     echo
-    echo "| stage | syscalls/req | − nginx | most frequent (per request) | Ir/req | × nginx |"
-    echo "|---|---:|---:|---|---:|---:|"
+    echo "| stage | syscalls/req | − nginx | most frequent (per request) | Ir/req | × nginx | L1i misses/req | × nginx | L1d misses/req | × nginx |"
+    echo "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"
     for s in "${PROXIES[@]}"; do
-        printf '| %s | %s | %s | %s | %s | %s |\n' "${LABEL[$s]}" "${SYSCALLS[$s]}" \
+        printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "${LABEL[$s]}" "${SYSCALLS[$s]}" \
             "$(calc %+.2f "${SYSCALLS[$s]} - ${SYSCALLS[nginx]}")" "${SYS_TOP[$s]}" \
-            "$(printf "%'d" "${IR[$s]}")" "$(ratio "${IR[$s]}" "${IR[nginx]}")"
+            "$(printf "%'d" "${IR[$s]}")" "$(ratio "${IR[$s]}" "${IR[nginx]}")" \
+            "$(field "${MISSES[$s]}" 1)" "$(ratio "$(field "${MISSES[$s]}" 1)" "$(field "${MISSES[nginx]}" 1)")" \
+            "$(field "${MISSES[$s]}" 2)" "$(ratio "$(field "${MISSES[$s]}" 2)" "$(field "${MISSES[nginx]}" 2)")"
     done
     echo
     echo "## Issue 31 targets (infergate ÷ nginx, this run)"

@@ -18,7 +18,10 @@
 # wait until it serves, a warm-up load, read its infergate_requests_total (a metrics
 # listener), `callgrind_control --zero`, the measured load, read the counter again,
 # `callgrind_control --dump`: Ir per request = the dump's Ir / the requests it served in
-# between. Then `callgrind_annotate` gives the top functions by self and inclusive Ir.
+# between. Then `callgrind_annotate` gives the top functions by self and inclusive Ir. The
+# same run counts valgrind's simulated L1 instruction and data cache misses (`--cache-sim`,
+# lib.sh misses_of): a change that moves no instructions may still spread a request over
+# fewer cache lines, and those misses are most of what its time holds beyond its Ir.
 #
 # What the count holds besides requests, measured per run and reported: the one /metrics
 # scrape inside the window (a separate zero / scrape / dump: 0.03% of the count) and the
@@ -161,7 +164,7 @@ measure() {
     "${GATEWAY_BIN[$side]}" check --config "$TMP/$name.toml" >"$TMP/$name.check" 2>&1 ||
         { cat "$TMP/$name.check" >&2; die "infergate check refused the $name config"; }
     RUST_LOG="${IC_LOG:-info}" GLIBC_TUNABLES="$TUNABLES" valgrind --tool=callgrind --vgdb-prefix="$VG" --callgrind-out-file="$TMP/$name.cg" \
-        --dump-instr=no --collect-jumps=no --dump-line=no \
+        --dump-instr=no --collect-jumps=no --dump-line=no "${CACHE_SIM[@]}" \
         "${GATEWAY_BIN[$side]}" --config "$TMP/$name.toml" >"$TMP/$name.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
@@ -181,6 +184,7 @@ measure() {
     dump f "$name" "$pid"
     echo $((after - before)) >"$TMP/$name.req"
     ir_of "$f" >"$TMP/$name.ir"
+    misses_of "$f" >"$TMP/$name.misses"
     # what the window holds besides requests: one scrape, and the idle work per second
     cg --zero "$pid"
     served $((port + 1)) >/dev/null
@@ -219,6 +223,8 @@ rounds_of() { # side-stage what
         local n="$1-r$r"
         case "$2" in
             per_req) per_req "$n"; echo ;;
+            i1 | d1) awk -v n="$(cat "$TMP/$n.req")" -v k="$([[ $2 == i1 ]] && echo 1 || echo 2)" \
+                '{ if (n > 0) printf "%.0f\n", $k / n; else print "-" }' "$TMP/$n.misses" ;;
             req) cat "$TMP/$n.req" ;;
             rps) jq -r '.steps[0].throughput_rps | floor' "$TMP/$n.load.json" ;;
             errors) jq -r '.steps[0].errors' "$TMP/$n.load.json" ;;
@@ -246,24 +252,25 @@ report() {
     echo
     echo "\`loadtest/instructions.sh\` in $((SECONDS - STARTED)) s: ${LABELS[0]} = \`${GATEWAY_BIN[before]}\`, ${LABELS[1]} = \`${GATEWAY_BIN[after]}\`; each alone under \`valgrind --tool=callgrind\` ($(valgrind --version)), protocol $PROTOCOL (IC_PROTOCOL), backend $BACKEND, infergate-load c=$CONCURRENCY, warm-up $WARMUP, then $DURATION counted (callgrind zeroed before, dumped after); access log on; GLIBC_TUNABLES=\`${TUNABLES:-(unset)}\`; $ROUNDS round(s)$( ((ROUNDS > 1)) && echo ", figures the median of the rounds, sides alternating which goes first"). Ir: user-space instructions of the whole gateway process (every thread), kernel work not counted. Machine: $NPROC × $CPU_MODEL, load average $LOAD_BEFORE before, $(loadavg) after."
     echo
-    echo "| stage | requests counted | infer/s under valgrind | Ir per request | × ${LABELS[0]} |$( ((ROUNDS > 1)) && echo " spread over rounds |") scrape / idle share of the count |"
-    echo "|---|---:|---:|---:|---:|$( ((ROUNDS > 1)) && echo "---:|")---:|"
+    echo "| stage | requests counted | infer/s under valgrind | Ir per request | × ${LABELS[0]} |$( ((ROUNDS > 1)) && echo " spread over rounds |") L1i / L1d misses per request | scrape / idle share of the count |"
+    echo "|---|---:|---:|---:|---:|$( ((ROUNDS > 1)) && echo "---:|")---:|---:|"
     local stage side base v
     for stage in off on; do
         base="$(rounds_of "before-$stage" per_req | median)"
         for side in before after; do
             v="$(rounds_of "$side-$stage" per_req | median)"
-            printf '| %s | %s | %s | %s | %s |%s %s%% / %s%% |\n' "$(label "$side" "$stage")" \
+            printf '| %s | %s | %s | %s | %s |%s %s / %s | %s%% / %s%% |\n' "$(label "$side" "$stage")" \
                 "$(rounds_of "$side-$stage" req | median)" "$(rounds_of "$side-$stage" rps | median)" \
                 "$(printf "%'d" "$v")" "$(awk -v a="$v" -v b="$base" 'BEGIN { printf "%.4f", a / b }')" \
                 "$( ((ROUNDS > 1)) && echo " $(spread "$side-$stage")% |")" \
+                "$(rounds_of "$side-$stage" i1 | median)" "$(rounds_of "$side-$stage" d1 | median)" \
                 "$(rounds_of "$side-$stage" scrape | median)" "$(rounds_of "$side-$stage" idle | median)"
         done
     done
     local errors
     errors="$(for side in before after; do for stage in off on; do rounds_of "$side-$stage" errors; done; done | awk '{ s += $1 } END { print s + 0 }')"
     echo
-    echo "Requests counted: the gateway's \`infergate_requests_total\` (a \`[listen] metrics\` listener) read before and after the window. Load errors in all windows: $errors. The count holds one /metrics scrape (the reading after) and the gateway's idle work over the window (health checks, timers; measured separately for $IDLE s without load and scaled to the window): the last column, as shares of the window's Ir."
+    echo "Requests counted: the gateway's \`infergate_requests_total\` (a \`[listen] metrics\` listener) read before and after the window. Load errors in all windows: $errors. The count holds one /metrics scrape (the reading after) and the gateway's idle work over the window (health checks, timers; measured separately for $IDLE s without load and scaled to the window): the last column, as shares of the window's Ir. L1i / L1d misses: the same run's simulated first-level cache misses (\`--cache-sim=yes\`, lib.sh misses_of; L1d counts reads and writes), per request."
     for stage in off on; do
         for side in before after; do
             echo

@@ -398,6 +398,17 @@ dump() {
     printf -v "$1" '%s' "$part"
 }
 ir_of() { awk '/^totals:/ { print $2 }' "$1"; }
+# misses_of FILE — the simulated cache misses of a dump made with --cache-sim=yes, as
+# "L1i L1d" (L1d: read and write misses): valgrind's model of this CPU's first-level caches,
+# a count as deterministic as Ir. A miss there is served by L2 at some 5-15 cycles, so
+# two programs of equal Ir differ in time by what their data and code spread over.
+misses_of() {
+    awk '/^events:/ { for (i = 2; i <= NF; i++) col[$i] = i }
+        /^totals:/ { printf "%d %d\n", $col["I1mr"], $col["D1mr"] + $col["D1mw"] }' "$1"
+}
+# CACHE_SIM — what callgrind is given to count those misses alongside Ir.
+# shellcheck disable=SC2034 # read by the scripts that source this
+CACHE_SIM=(--cache-sim=yes)
 
 # ---------------------------------------------------------------- report arithmetic
 calc() { awk "BEGIN { printf \"$1\", $2 }"; }
