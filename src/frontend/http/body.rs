@@ -26,17 +26,21 @@ pub(super) fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
 
 /// Refuses a declared length over the limit at once, and cuts off a chunked body that grows
 /// past it.
-pub(super) fn limit(request: Request, limit: u64) -> Result<Request, GatewayError> {
-    let declared = declared_length(request.headers());
+pub(super) fn limit(
+    head: &http::request::Parts,
+    body: Body,
+    limit: u64,
+) -> Result<Body, GatewayError> {
+    let declared = declared_length(&head.headers);
     if declared.is_some_and(|length| length > limit) {
         return Err(GatewayError::BodyTooLarge { limit });
     }
     // HTTP/1 delivers exactly the declared length (hyper refuses a body that differs), so
     // only a chunked body (or HTTP/2's) needs counting as it streams.
-    if declared.is_some() && request.version() <= http::Version::HTTP_11 {
-        return Ok(request);
+    if declared.is_some() && head.version <= http::Version::HTTP_11 {
+        return Ok(body);
     }
-    Ok(request.map(|body| crate::body::limited(body, limit)))
+    Ok(crate::body::limited(body, limit))
 }
 
 /// A request body as this front-end holds it: whole in memory (an inference's, once it has
@@ -211,9 +215,9 @@ pub(super) async fn read_whole(
     request: Request,
     max: u64,
 ) -> Result<(http::request::Parts, Bytes), GatewayError> {
-    let request = limit(request, max)?;
-    let declared = declared_length(request.headers());
     let (parts, whole) = request.into_parts();
+    let whole = limit(&parts, whole, max)?;
+    let declared = declared_length(&parts.headers);
     Ok((parts, collect(whole, max, declared).await?))
 }
 

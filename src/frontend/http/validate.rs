@@ -13,7 +13,7 @@ use crate::error::GatewayError;
 use crate::model::ModelRef;
 use crate::pipeline::RequestCtx;
 use crate::validate::{self, Signature, Verdict, generate};
-use http::Request;
+use http::request::Parts;
 
 /// The `Inference-Header-Content-Length` header of the binary tensor extension.
 pub(super) const HEADER_LENGTH: http::HeaderName =
@@ -26,19 +26,19 @@ pub(super) fn header_length(value: &[u8]) -> Option<usize> {
     std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
 
-/// Reads an inference request to `model` and checks it against `signature`: the verdict,
-/// and the request to forward (its body read, or its head read and the rest streaming on).
+/// Reads an inference request to `model` (its head's parts and its body) and checks it against
+/// `signature`: the verdict, and the body to forward (read, or its head read and the rest
+/// streaming on).
 pub(super) async fn read(
     ctx: &RequestCtx,
     model: &ModelRef,
     signature: &Signature,
-    request: Request<Payload>,
-) -> Result<(Request<Payload>, Verdict), GatewayError> {
-    let path = request.uri().path();
+    (parts, body): (&Parts, Payload),
+) -> Result<(Payload, Verdict), GatewayError> {
+    let path = parts.uri.path();
     if path.ends_with("/generate") || path.ends_with("/generate_stream") {
-        return generate_request(ctx, signature, request).await;
+        return generate_request(ctx, signature, (parts, body)).await;
     }
-    let (parts, body) = request.into_parts();
     let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
     let declared = body::declared_length(&parts.headers);
     let header = |name: &http::HeaderName| parts.headers.get(name).map(http::HeaderValue::as_bytes);
@@ -58,8 +58,7 @@ pub(super) async fn read(
                 Ok(validate::http::Parsed::Incomplete) => join(head, rest, limit, declared).await?,
                 parsed => {
                     let verdict = validate::http::verdict(parsed, view, signature);
-                    let body = Payload::Streaming(stream_on(head, rest));
-                    return Ok((Request::from_parts(parts, body), verdict));
+                    return Ok((Payload::Streaming(stream_on(head, rest)), verdict));
                 }
             }
         }
@@ -67,7 +66,7 @@ pub(super) async fn read(
     };
     let view = validate::http::BodyView::whole(&whole);
     let verdict = validate::http::verdict(parse(view, headers, model), view, signature);
-    Ok((Request::from_parts(parts, Payload::Whole(whole)), verdict))
+    Ok((Payload::Whole(whole), verdict))
 }
 
 /// The request's headers that the reader reads.
@@ -93,15 +92,14 @@ fn parse<'a>(
 async fn generate_request(
     ctx: &RequestCtx,
     signature: &Signature,
-    request: Request<Payload>,
-) -> Result<(Request<Payload>, Verdict), GatewayError> {
-    let (parts, body) = request.into_parts();
+    (parts, body): (&Parts, Payload),
+) -> Result<(Payload, Verdict), GatewayError> {
     let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
     let whole = body
         .collect(limit, body::declared_length(&parts.headers))
         .await?;
     let verdict = generate::verdict(&whole, signature);
-    Ok((Request::from_parts(parts, Payload::Whole(whole)), verdict))
+    Ok((Payload::Whole(whole), verdict))
 }
 
 /// The body's length and JSON header's length when the request can be checked before its

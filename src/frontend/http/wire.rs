@@ -2,7 +2,10 @@
 //! phases need it. An inference's body arrives whole before it takes a flow slot, kept in
 //! the chunks it came in; they go on untouched where nothing must read them, so JSON and
 //! the binary tensor extension work alike. A body in one chunk is held as its bytes
-//! (`body::Payload`): validation reads them, and a second send takes a clone of them.
+//! (`body::Payload`): validation reads them, and a second send takes a clone of them. The
+//! request's head stays in the wire from arrival to answer, read and changed where it is
+//! (each phase used to take the request out and put it back: a few hundred bytes moved
+//! each time), and each send takes a copy of it.
 
 use super::body::{self, Payload};
 use super::validate::{self, HEADER_LENGTH};
@@ -27,10 +30,12 @@ use std::sync::Arc;
 pub(super) struct HttpWire {
     /// The URI the client sent (naming the route, for mirrors).
     client_uri: http::Uri,
-    /// The request to send; taken by the first send.
-    request: Option<Request<Payload>>,
-    /// What a second send needs: the request's head and its body again (`crate::body::Replay`).
-    again: Option<(Parts, Replay)>,
+    /// The request's head as it is to be sent (retargeted, its body's headers replaced).
+    head: Parts,
+    /// The body to send; taken by the first send (and by a refusal, which drops it unread).
+    body: Option<Payload>,
+    /// What a second send needs of the body (`crate::body::Replay`).
+    again: Option<Replay>,
     /// The backend of the last send, to name in a failure.
     sent_to: Option<Arc<Backend>>,
     /// The body's size once an inference's body has arrived whole (`arrive`).
@@ -39,9 +44,11 @@ pub(super) struct HttpWire {
 
 impl HttpWire {
     pub(super) fn new(request: Request) -> Self {
+        let (head, body) = request.into_parts();
         Self {
-            client_uri: request.uri().clone(),
-            request: Some(request.map(Payload::Streaming)),
+            client_uri: head.uri.clone(),
+            head,
+            body: Some(Payload::Streaming(body)),
             again: None,
             sent_to: None,
             arrived: 0,
@@ -51,29 +58,38 @@ impl HttpWire {
     /// Replaces the body to send with `body`, a JSON body written by the gateway (the OpenAI
     /// wire's generate body), its length declared.
     pub(super) fn replace_body(&mut self, body: bytes::Bytes) {
-        if let Some(request) = &mut self.request {
-            let headers = request.headers_mut();
+        if self.body.is_some() {
+            let headers = &mut self.head.headers;
             headers.insert(header::CONTENT_LENGTH, http::HeaderValue::from(body.len()));
             headers.insert(
                 header::CONTENT_TYPE,
                 http::HeaderValue::from_static("application/json"),
             );
             headers.remove(header::CONTENT_ENCODING);
-            *request.body_mut() = Payload::Whole(body);
+            self.body = Some(Payload::Whole(body));
         }
     }
 
-    /// Whether the last send kept what a second one needs (its head, and its whole body).
+    /// Whether the last send kept what a second one needs (its whole body).
     fn replayable(&self) -> bool {
-        self.again
-            .as_ref()
-            .is_some_and(|(_, replay)| replay.ready())
+        self.again.as_ref().is_some_and(Replay::ready)
     }
 
-    fn request(&mut self) -> Result<Request<Payload>, GatewayError> {
-        self.request
+    fn body(&mut self) -> Result<Payload, GatewayError> {
+        self.body
             .take()
             .ok_or_else(|| GatewayError::BadRequest("request already sent".into()))
+    }
+
+    /// A copy of the head for one send: method, URI, version and headers (the extensions
+    /// the listener and hyper put on the client's request are for this side only).
+    fn head(&self) -> Parts {
+        let mut head = http::Request::new(());
+        *head.method_mut() = self.head.method.clone();
+        *head.uri_mut() = self.head.uri.clone();
+        *head.version_mut() = self.head.version;
+        *head.headers_mut() = self.head.headers.clone();
+        head.into_parts().0
     }
 }
 
@@ -86,9 +102,10 @@ impl Inspect for HttpWire {
         model: &ModelRef,
         signature: &Signature,
     ) -> Result<Verdict, GatewayError> {
-        let (request, verdict) = validate::read(ctx, model, signature, self.request()?).await?;
+        let body = self.body()?;
+        let (body, verdict) = validate::read(ctx, model, signature, (&self.head, body)).await?;
         if !matches!(verdict, Verdict::Refused(_)) {
-            self.request = Some(request);
+            self.body = Some(body);
         }
         Ok(verdict)
     }
@@ -97,11 +114,10 @@ impl Inspect for HttpWire {
     /// copy) and handed back for the client's own request.
     async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
         let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
-        let (parts, whole) = self.request()?.into_parts();
-        let bytes = whole.collect(limit, None).await?;
+        let bytes = self.body()?.collect(limit, None).await?;
         let (method, headers, uri) = (
-            parts.method.clone(),
-            parts.headers.clone(),
+            self.head.method.clone(),
+            self.head.headers.clone(),
             self.client_uri.clone(),
         );
         let copy = bytes.clone();
@@ -122,7 +138,7 @@ impl Inspect for HttpWire {
                 Ok(())
             }
         });
-        self.request = Some(Request::from_parts(parts, Payload::Whole(bytes)));
+        self.body = Some(Payload::Whole(bytes));
         Ok(())
     }
 }
@@ -131,8 +147,7 @@ impl Wire for HttpWire {
     type Answer = Response;
 
     fn header(&self, name: &str) -> Option<&[u8]> {
-        let request = self.request.as_ref()?;
-        request.headers().get(name).map(|v| v.as_bytes())
+        self.head.headers.get(name).map(|v| v.as_bytes())
     }
 
     /// The size of the body, which has arrived whole (`arrive`) and is in memory while the
@@ -142,10 +157,8 @@ impl Wire for HttpWire {
     }
 
     fn retarget(&mut self, routed: &Routed) {
-        if let Some(request) = &mut self.request
-            && routed.route.is_some()
-        {
-            *request.uri_mut() = target_uri(request.uri(), &routed.target);
+        if routed.route.is_some() {
+            self.head.uri = target_uri(&self.head.uri, &routed.target);
         }
     }
 
@@ -158,21 +171,21 @@ impl Wire for HttpWire {
     /// again without another copy. A compressed body's sequence is not read (not followed).
     async fn arrive(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
         let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
-        let request = body::limit(self.request()?.map(Payload::into_body), limit)?;
+        let body = self.body()?.into_body();
+        let body = body::limit(&self.head, body, limit)?;
         if ctx.ask != Ask::Inference {
-            self.request = Some(request.map(Payload::Streaming));
+            self.body = Some(Payload::Streaming(body));
             return Ok(None);
         }
-        let (parts, whole) = request.into_parts();
-        let (whole, arrived) = body::arrive(whole, limit).await?;
+        let (whole, arrived) = body::arrive(body, limit).await?;
         self.arrived = arrived;
         let model = &ctx.routed.as_ref().expect("routed").target.name;
-        let headers = &parts.headers;
+        let headers = &self.head.headers;
         let compressed = headers
             .get(header::CONTENT_ENCODING)
             .is_some_and(|e| !e.is_empty() && e != "identity");
         if compressed || !ctx.gateway.placement().may_hold_sequences(model) {
-            self.request = Some(Request::from_parts(parts, whole));
+            self.body = Some(whole);
             return Ok(None);
         }
         let header_length = headers
@@ -193,7 +206,7 @@ impl Wire for HttpWire {
                 (Payload::Whole(bytes), sequence)
             }
         };
-        self.request = Some(Request::from_parts(parts, whole));
+        self.body = Some(whole);
         Ok(sequence)
     }
 
@@ -203,27 +216,24 @@ impl Wire for HttpWire {
         backend: &Arc<Backend>,
     ) -> Result<Response, GatewayError> {
         self.sent_to = Some(backend.clone());
-        if let Some((parts, replay)) = self.again.take() {
-            // A body had whole may go once more after this send (a resend on a new
-            // connection, then a copy placed again when that one is refused too).
-            if let Some(kept) = replay.whole_again() {
-                self.again = Some((parts.clone(), kept));
+        let body = match (self.body.take(), self.again.take()) {
+            (Some(body), _) => {
+                let (body, replay) = match body {
+                    Payload::Whole(bytes) => (Body::from(bytes.clone()), Replay::whole(bytes)),
+                    Payload::Streaming(body) => crate::body::replayable(body),
+                };
+                self.again = Some(replay);
+                body
             }
-            let body = replay.take().unwrap_or_default();
-            return upstream::forward(backend, Request::from_parts(parts, body)).await;
-        }
-        let (parts, whole) = self.request()?.into_parts();
-        let (whole, replay) = match whole {
-            Payload::Whole(bytes) => (Body::from(bytes.clone()), Replay::whole(bytes)),
-            Payload::Streaming(body) => crate::body::replayable(body),
+            (None, Some(replay)) => {
+                // A body had whole may go once more after this send (a resend on a new
+                // connection, then a copy placed again when that one is refused too).
+                self.again = replay.whole_again();
+                replay.take().unwrap_or_default()
+            }
+            (None, None) => return Err(GatewayError::BadRequest("request already sent".into())),
         };
-        let mut head = http::Request::new(());
-        *head.method_mut() = parts.method.clone();
-        *head.uri_mut() = parts.uri.clone();
-        *head.version_mut() = parts.version;
-        *head.headers_mut() = parts.headers.clone();
-        self.again = Some((head.into_parts().0, replay));
-        upstream::forward(backend, Request::from_parts(parts, whole)).await
+        upstream::forward(backend, Request::from_parts(self.head(), body)).await
     }
 
     /// Reads the body of a 404, 500 or 503 (an error answer is small), and sees whether it
