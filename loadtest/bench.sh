@@ -27,6 +27,8 @@
 #   BENCH_ACCESS_LOG=on      on: both proxies write a line per request to a file; off: neither
 #   BENCH_REAL=1             0 skips the real-Triton pass
 #   BENCH_BUILD=1            0 skips `cargo build --release`
+#   BENCH_BIN=target/release the binaries (infergate, infergate-load, fake-triton), for a
+#                            build made elsewhere (with BENCH_BUILD=0)
 #   BENCH_OUT=path.md        results file (default loadtest/results/<date>-<sha>.md)
 #   BENCH_PROFILE="16"       concurrency levels at which stage 4 of pass 1 is profiled, after it
 #                            is measured (an extra, unmeasured step): `perf record` (linux-perf)
@@ -56,7 +58,7 @@ BUILD="${BENCH_BUILD:-1}"
 SHA="$(git rev-parse --short HEAD)"
 DATE="$(date +%F)"
 OUT="${BENCH_OUT:-loadtest/results/$DATE-$SHA.md}"
-BIN="$ROOT/target/release"
+BIN="$(realpath -m "${BENCH_BIN:-$ROOT/target/release}")"
 STARTED=$SECONDS
 
 # shellcheck source=loadtest/lib.sh
