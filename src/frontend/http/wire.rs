@@ -75,7 +75,8 @@ impl HttpWire {
         self.again.as_ref().is_some_and(Replay::ready)
     }
 
-    fn body(&mut self) -> Result<Payload, GatewayError> {
+    /// The body, taken to read or to send (a second taker has none: it was sent).
+    fn take_body(&mut self) -> Result<Payload, GatewayError> {
         self.body
             .take()
             .ok_or_else(|| GatewayError::BadRequest("request already sent".into()))
@@ -83,7 +84,7 @@ impl HttpWire {
 
     /// A copy of the head for one send: method, URI, version and headers (the extensions
     /// the listener and hyper put on the client's request are for this side only).
-    fn head(&self) -> Parts {
+    fn head_to_send(&self) -> Parts {
         let mut head = http::Request::new(());
         *head.method_mut() = self.head.method.clone();
         *head.uri_mut() = self.head.uri.clone();
@@ -102,7 +103,7 @@ impl Inspect for HttpWire {
         model: &ModelRef,
         signature: &Signature,
     ) -> Result<Verdict, GatewayError> {
-        let body = self.body()?;
+        let body = self.take_body()?;
         let (body, verdict) = validate::read(ctx, model, signature, (&self.head, body)).await?;
         if !matches!(verdict, Verdict::Refused(_)) {
             self.body = Some(body);
@@ -114,7 +115,7 @@ impl Inspect for HttpWire {
     /// copy) and handed back for the client's own request.
     async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
         let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
-        let bytes = self.body()?.collect(limit, None).await?;
+        let bytes = self.take_body()?.collect(limit, None).await?;
         let (method, headers, uri) = (
             self.head.method.clone(),
             self.head.headers.clone(),
@@ -171,7 +172,7 @@ impl Wire for HttpWire {
     /// again without another copy. A compressed body's sequence is not read (not followed).
     async fn arrive(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
         let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
-        let body = self.body()?.into_body();
+        let body = self.take_body()?.into_body();
         let body = body::limit(&self.head, body, limit)?;
         if ctx.ask != Ask::Inference {
             self.body = Some(Payload::Streaming(body));
@@ -233,7 +234,7 @@ impl Wire for HttpWire {
             }
             (None, None) => return Err(GatewayError::BadRequest("request already sent".into())),
         };
-        upstream::forward(backend, Request::from_parts(self.head(), body)).await
+        upstream::forward(backend, Request::from_parts(self.head_to_send(), body)).await
     }
 
     /// Reads the body of a 404, 500 or 503 (an error answer is small), and sees whether it
