@@ -33,11 +33,12 @@ pub(super) async fn read(
     ctx: &RequestCtx,
     model: &ModelRef,
     signature: &Signature,
-    (parts, body): (&Parts, Payload),
+    parts: &Parts,
+    body: Payload,
 ) -> Result<(Payload, Verdict), GatewayError> {
     let path = parts.uri.path();
     if path.ends_with("/generate") || path.ends_with("/generate_stream") {
-        return generate_request(ctx, signature, (parts, body)).await;
+        return generate_request(ctx, signature, parts, body).await;
     }
     let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
     let declared = body::declared_length(&parts.headers);
@@ -92,7 +93,8 @@ fn parse<'a>(
 async fn generate_request(
     ctx: &RequestCtx,
     signature: &Signature,
-    (parts, body): (&Parts, Payload),
+    parts: &Parts,
+    body: Payload,
 ) -> Result<(Payload, Verdict), GatewayError> {
     let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
     let whole = body

@@ -77,13 +77,11 @@ impl HttpWire {
 
     /// The body, taken to read or to send (a second taker has none: it was sent).
     fn take_body(&mut self) -> Result<Payload, GatewayError> {
-        self.body
-            .take()
-            .ok_or_else(|| GatewayError::BadRequest("request already sent".into()))
+        self.body.take().ok_or_else(already_sent)
     }
 
-    /// A copy of the head for one send: method, URI, version and headers (the extensions
-    /// the listener and hyper put on the client's request are for this side only).
+    /// A copy of the head for one send or a mirror's: method, URI, version and headers (the
+    /// extensions the listener and hyper put on the client's request are for this side only).
     fn head_to_send(&self) -> Parts {
         let mut head = http::Request::new(());
         *head.method_mut() = self.head.method.clone();
@@ -104,7 +102,7 @@ impl Inspect for HttpWire {
         signature: &Signature,
     ) -> Result<Verdict, GatewayError> {
         let body = self.take_body()?;
-        let (body, verdict) = validate::read(ctx, model, signature, (&self.head, body)).await?;
+        let (body, verdict) = validate::read(ctx, model, signature, &self.head, body).await?;
         if !matches!(verdict, Verdict::Refused(_)) {
             self.body = Some(body);
         }
@@ -116,17 +114,13 @@ impl Inspect for HttpWire {
     async fn mirror(&mut self, ctx: &RequestCtx, shadow: Shadow) -> Result<(), GatewayError> {
         let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
         let bytes = self.take_body()?.collect(limit, None).await?;
-        let (method, headers, uri) = (
-            self.head.method.clone(),
-            self.head.headers.clone(),
-            self.client_uri.clone(),
-        );
+        let (head, uri) = (self.head_to_send(), self.client_uri.clone());
         let copy = bytes.clone();
         mirror::spawn(&ctx.gateway, shadow, move |backend, target| {
-            let mut request = Request::new(Body::from(copy.clone()));
-            *request.method_mut() = method.clone();
-            *request.uri_mut() = target_uri(&uri, &target);
-            *request.headers_mut() = headers.clone();
+            // The mirror's target is named from the client's path, as the route was.
+            let mut head = head.clone();
+            head.uri = target_uri(&uri, &target);
+            let request = Request::from_parts(head, Body::from(copy.clone()));
             async move {
                 let response = upstream::forward(&backend, request)
                     .await
@@ -232,7 +226,7 @@ impl Wire for HttpWire {
                 self.again = replay.whole_again();
                 replay.take().unwrap_or_default()
             }
-            (None, None) => return Err(GatewayError::BadRequest("request already sent".into())),
+            (None, None) => return Err(already_sent()),
         };
         upstream::forward(backend, Request::from_parts(self.head_to_send(), body)).await
     }
@@ -303,6 +297,11 @@ impl Wire for HttpWire {
             }
         })
     }
+}
+
+/// A second take of a body that was sent (or dropped with its refusal).
+fn already_sent() -> GatewayError {
+    GatewayError::BadRequest("request already sent".into())
 }
 
 /// Whether an HTTP answer of this status may be Triton's refusal of a model it has not, or
