@@ -14,6 +14,11 @@
 //! of any length), so body-size benchmarks (`infergate-load --body-size`) pass
 //! the gateway's validation whatever size they send.
 //!
+//! It answers gRPC's `ModelInfer` too, on the same port (h2c, as a gateway's `grpc` backend
+//! URL names it): the model's outputs as raw contents, zeros, the request's id echoed. The
+//! release build's training (`scripts/release-build.sh`) goes through the gateway's gRPC
+//! front-end with it.
+//!
 //! Loads and unloads (the repository extension) change what the index says
 //! and what infer answers, as on Triton, so a gateway placing models on the
 //! fake (evicting, loading on demand) sees its own decisions: `--unloaded`
@@ -29,16 +34,19 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::combinators::WithTrailers;
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Body;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::net::TcpListener;
 
+use crate::transport::grpc::{MODEL_INFER, pb};
 use crate::transport::http::INFERENCE_HEADER_CONTENT_LENGTH;
 
 /// Settings of the fake server (its command-line options).
@@ -122,6 +130,9 @@ struct ModelBodies {
     infer_json: Bytes,
     infer_binary: Bytes,
     infer_binary_header_len: HeaderValue,
+    /// The outputs of a gRPC answer: their descriptions, and their raw contents.
+    grpc_outputs: Vec<pb::model_infer_response::InferOutputTensor>,
+    grpc_contents: Vec<Bytes>,
 }
 
 /// The fake server's state: every response body, built once at start-up so
@@ -303,6 +314,15 @@ fn model_bodies(name: &str, kind: ModelKind, loaded: bool) -> ModelBodies {
         infer_json: to_bytes(&infer(false)),
         infer_binary: binary.into(),
         infer_binary_header_len: HeaderValue::from(header_len),
+        grpc_outputs: (kind.outputs().iter())
+            .map(|&name| pb::model_infer_response::InferOutputTensor {
+                name: name.into(),
+                datatype: "FP32".into(),
+                shape: vec![elements as i64],
+                ..Default::default()
+            })
+            .collect(),
+        grpc_contents: vec![Bytes::from(vec![0; elements * 4]); kind.outputs().len()],
     }
 }
 
@@ -642,6 +662,70 @@ impl FakeTriton {
     }
 }
 
+/// A gRPC answer: one message, then the trailers with its status.
+pub type GrpcAnswer =
+    WithTrailers<Full<Bytes>, std::future::Ready<Option<Result<http::HeaderMap, Infallible>>>>;
+
+/// A gRPC answer of `message` (already framed, or empty) ending with `status` and its text.
+fn grpc_answer(message: Bytes, status: u8, text: &str) -> Response<GrpcAnswer> {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from(u16::from(status)));
+    if let Ok(text) = HeaderValue::from_str(text)
+        && !text.is_empty()
+    {
+        trailers.insert("grpc-message", text);
+    }
+    let body = Full::new(message).with_trailers(std::future::ready(Some(Ok(trailers))));
+    let mut response = Response::new(body);
+    (response.headers_mut()).insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    response
+}
+
+impl FakeTriton {
+    /// gRPC's `ModelInfer`: counted and delayed as an HTTP inference, the model's outputs
+    /// (zeros) with the request's id; NOT_FOUND for a model not loaded, as Triton.
+    pub async fn grpc_infer<B>(&self, req: Request<B>) -> Response<GrpcAnswer>
+    where
+        B: Body,
+        B::Error: std::fmt::Display,
+    {
+        let body = match req.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(e) => return grpc_answer(Bytes::new(), 13, &format!("reading the request: {e}")),
+        };
+        self.body_bytes
+            .fetch_add(body.len() as u64, Ordering::Relaxed);
+        let Some(Ok(request)) = body.get(5..).map(pb::ModelInferRequest::decode) else {
+            return grpc_answer(Bytes::new(), 3, "not one uncompressed ModelInferRequest");
+        };
+        let model = self.models.get(&request.model_name);
+        let Some(model) = model.filter(|m| m.loaded.load(Ordering::Relaxed)) else {
+            let text = format!(
+                "Request for unknown model: '{}' is not found",
+                request.model_name
+            );
+            return grpc_answer(Bytes::new(), 5, &text);
+        };
+        self.infer_count.fetch_add(1, Ordering::Relaxed);
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        let answer = pb::ModelInferResponse {
+            model_name: request.model_name,
+            model_version: "1".into(),
+            id: request.id,
+            outputs: model.grpc_outputs.clone(),
+            raw_output_contents: model.grpc_contents.clone(),
+            ..Default::default()
+        };
+        let mut framed = Vec::with_capacity(5 + answer.encoded_len());
+        framed.push(0);
+        framed.extend_from_slice(&(answer.encoded_len() as u32).to_be_bytes());
+        answer.encode(&mut framed).expect("a Vec grows");
+        grpc_answer(framed.into(), 0, "")
+    }
+}
+
 /// Accepts connections on `listener` forever, serving HTTP/1.1 with
 /// keep-alive and HTTP/2 with prior knowledge (h2c) on the same port.
 pub async fn serve(listener: TcpListener, state: Arc<FakeTriton>) {
@@ -658,9 +742,15 @@ pub async fn serve(listener: TcpListener, state: Arc<FakeTriton>) {
         let _ = stream.set_nodelay(true);
         let state = state.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| {
+            let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(state.handle(req).await) }
+                async move {
+                    Ok::<_, Infallible>(if req.uri().path() == MODEL_INFER {
+                        state.grpc_infer(req).await.map(Either::Right)
+                    } else {
+                        state.handle(req).await.map(Either::Left)
+                    })
+                }
             });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
@@ -699,6 +789,73 @@ mod tests {
 
     fn server() -> FakeTriton {
         FakeTriton::new(&FakeConfig::default())
+    }
+
+    /// A gRPC `ModelInfer` call to `s`: (grpc-status, the answer when there is one).
+    async fn grpc(
+        s: &FakeTriton,
+        model: &str,
+        id: &str,
+    ) -> (String, Option<pb::ModelInferResponse>) {
+        let request = pb::ModelInferRequest {
+            model_name: model.into(),
+            id: id.into(),
+            ..Default::default()
+        };
+        let mut framed = vec![0];
+        framed.extend_from_slice(&(request.encoded_len() as u32).to_be_bytes());
+        request.encode(&mut framed).unwrap();
+        let req = Request::post(MODEL_INFER)
+            .body(Full::new(Bytes::from(framed)))
+            .unwrap();
+        let resp = s.grpc_infer(req).await;
+        assert_eq!(resp.headers()[CONTENT_TYPE], "application/grpc");
+        let collected = resp.into_body().collect().await.unwrap();
+        let status = collected.trailers().unwrap()["grpc-status"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let message = collected.to_bytes();
+        let answer = (!message.is_empty()).then(|| {
+            let length = u32::from_be_bytes(message[1..5].try_into().unwrap()) as usize;
+            assert_eq!(
+                (message[0], message.len()),
+                (0, 5 + length),
+                "one uncompressed message"
+            );
+            pb::ModelInferResponse::decode(&message[5..]).unwrap()
+        });
+        (status, answer)
+    }
+
+    #[tokio::test]
+    async fn grpc_model_infer_answers_the_outputs_with_the_id_and_refuses_an_unknown_model() {
+        let s = server();
+        let (status, answer) = grpc(&s, "add_sub", "req-7").await;
+        let answer = answer.expect("an answer");
+        assert_eq!(status, "0");
+        assert_eq!(
+            (answer.model_name.as_str(), answer.id.as_str()),
+            ("add_sub", "req-7")
+        );
+        let outputs: Vec<_> = answer
+            .outputs
+            .iter()
+            .map(|o| (o.name.as_str(), o.shape.clone()))
+            .collect();
+        assert_eq!(outputs, [("OUTPUT0", vec![4]), ("OUTPUT1", vec![4])]);
+        assert_eq!(
+            answer
+                .raw_output_contents
+                .iter()
+                .map(Bytes::len)
+                .collect::<Vec<_>>(),
+            [16, 16]
+        );
+        assert_eq!(s.infer_count(), 1);
+        let (status, answer) = grpc(&s, "nope", "").await;
+        assert_eq!((status.as_str(), answer), ("5", None));
+        assert_eq!(s.infer_count(), 1);
     }
 
     #[tokio::test]

@@ -29,7 +29,8 @@ pub mod pb {
     tonic::include_proto!("inference");
 }
 
-const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+/// The path of a `ModelInfer` call (the fake answers it too).
+pub(crate) const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
 
 /// The URI requests go to, for messages and the report: `{url}/inference.GRPCInferenceService/ModelInfer`.
 pub fn infer_uri(url: &str) -> Result<http::Uri> {
