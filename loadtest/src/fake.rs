@@ -682,8 +682,9 @@ fn grpc_answer(message: Bytes, status: u8, text: &str) -> Response<GrpcAnswer> {
 }
 
 impl FakeTriton {
-    /// gRPC's `ModelInfer`: counted and delayed as an HTTP inference, the model's outputs
-    /// (zeros) with the request's id; NOT_FOUND for a model not loaded, as Triton.
+    /// gRPC's `ModelInfer`: counted and delayed as an HTTP inference (`--fail-rate` is
+    /// HTTP's alone), the model's outputs (zeros) with the request's id; NOT_FOUND for a
+    /// model not loaded, as Triton.
     pub async fn grpc_infer<B>(&self, req: Request<B>) -> Response<GrpcAnswer>
     where
         B: Body,
