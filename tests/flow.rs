@@ -188,18 +188,17 @@ async fn a_flooding_tenant_does_not_starve_a_light_one() {
     let flooding = flood(&url, FLOOD_KEY, 32, stop.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = Instant::now();
-    let together = run(&url, LIGHT_KEY, 2, 1000).await;
+    let mut together = run(&url, LIGHT_KEY, 2, 1000).await;
     let mut together_p99 = p99(&together);
     if together_p99 * 2 > alone_p99 * 5 {
         // One window of 1,000 requests is at the mercy of the shared machine (3x once in a
         // full suite, 1.8-1.9x alone on the same build): a second window, under the same
-        // flood, tells noise from starvation, which a FIFO queue shows at 10x in both.
+        // flood, tells noise from starvation, which a FIFO queue shows at 10x in both. Its
+        // requests count with the first's below (all served, and the flood's share is
+        // judged over both windows, as the flood ran through both).
         let again = run(&url, LIGHT_KEY, 2, 1000).await;
-        assert!(
-            again.iter().all(|(s, _)| *s == 200),
-            "every light request is served"
-        );
         together_p99 = together_p99.min(p99(&again));
+        together.extend(again);
     }
     let window = started.elapsed();
 
