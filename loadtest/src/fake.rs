@@ -586,9 +586,7 @@ impl FakeTriton {
         let mut segs = rest.split('/');
         let model_name = segs.next().unwrap_or_default();
         let Some(model) = self.models.get(model_name) else {
-            return not_found(&format!(
-                "Request for unknown model: '{model_name}' is not found"
-            ));
+            return not_found(&unknown_model(model_name));
         };
         let mut action = segs.next();
         if action == Some("versions") {
@@ -610,9 +608,7 @@ impl FakeTriton {
             return respond(
                 StatusCode::BAD_REQUEST,
                 Some(APPLICATION_JSON),
-                error_body(&format!(
-                    "Request for unknown model: '{model_name}' has no available versions"
-                )),
+                error_body(&not_loaded(model_name)),
             );
         }
         let get = parts.method == Method::GET;
@@ -662,6 +658,26 @@ impl FakeTriton {
     }
 }
 
+/// Triton's words for a model it does not have (HTTP 404, gRPC NOT_FOUND).
+fn unknown_model(name: &str) -> String {
+    format!("Request for unknown model: '{name}' is not found")
+}
+
+/// Triton's words for a model it has but has not loaded (HTTP 400, gRPC INVALID_ARGUMENT).
+fn not_loaded(name: &str) -> String {
+    format!("Request for unknown model: '{name}' has no available versions")
+}
+
+/// `message` as one gRPC message on the wire: uncompressed, behind its 4-byte length.
+pub fn grpc_frame(message: &impl Message) -> Bytes {
+    let length = message.encoded_len();
+    let mut framed = Vec::with_capacity(5 + length);
+    framed.push(0);
+    framed.extend_from_slice(&(length as u32).to_be_bytes());
+    message.encode(&mut framed).expect("a Vec grows");
+    framed.into()
+}
+
 /// A gRPC answer: one message, then the trailers with its status.
 pub type GrpcAnswer =
     WithTrailers<Full<Bytes>, std::future::Ready<Option<Result<http::HeaderMap, Infallible>>>>;
@@ -683,8 +699,8 @@ fn grpc_answer(message: Bytes, status: u8, text: &str) -> Response<GrpcAnswer> {
 
 impl FakeTriton {
     /// gRPC's `ModelInfer`: counted and delayed as an HTTP inference (`--fail-rate` is
-    /// HTTP's alone), the model's outputs (zeros) with the request's id; NOT_FOUND for a
-    /// model not loaded, as Triton.
+    /// HTTP's alone), the model's outputs (zeros) with the request's id; a model it does
+    /// not have or has not loaded is refused in the words of its HTTP side.
     pub async fn grpc_infer<B>(&self, req: Request<B>) -> Response<GrpcAnswer>
     where
         B: Body,
@@ -699,14 +715,14 @@ impl FakeTriton {
         let Some(Ok(request)) = body.get(5..).map(pb::ModelInferRequest::decode) else {
             return grpc_answer(Bytes::new(), 3, "not one uncompressed ModelInferRequest");
         };
-        let model = self.models.get(&request.model_name);
-        let Some(model) = model.filter(|m| m.loaded.load(Ordering::Relaxed)) else {
-            let text = format!(
-                "Request for unknown model: '{}' is not found",
-                request.model_name
-            );
-            return grpc_answer(Bytes::new(), 5, &text);
+        // HTTP's 404 and 400 for these are gRPC's NOT_FOUND and INVALID_ARGUMENT.
+        let name = &request.model_name;
+        let Some(model) = self.models.get(name) else {
+            return grpc_answer(Bytes::new(), 5, &unknown_model(name));
         };
+        if !model.loaded.load(Ordering::Relaxed) {
+            return grpc_answer(Bytes::new(), 3, &not_loaded(name));
+        }
         self.infer_count.fetch_add(1, Ordering::Relaxed);
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
@@ -719,11 +735,7 @@ impl FakeTriton {
             raw_output_contents: model.grpc_contents.clone(),
             ..Default::default()
         };
-        let mut framed = Vec::with_capacity(5 + answer.encoded_len());
-        framed.push(0);
-        framed.extend_from_slice(&(answer.encoded_len() as u32).to_be_bytes());
-        answer.encode(&mut framed).expect("a Vec grows");
-        grpc_answer(framed.into(), 0, "")
+        grpc_answer(grpc_frame(&answer), 0, "")
     }
 }
 
@@ -803,11 +815,8 @@ mod tests {
             id: id.into(),
             ..Default::default()
         };
-        let mut framed = vec![0];
-        framed.extend_from_slice(&(request.encoded_len() as u32).to_be_bytes());
-        request.encode(&mut framed).unwrap();
         let req = Request::post(MODEL_INFER)
-            .body(Full::new(Bytes::from(framed)))
+            .body(Full::new(grpc_frame(&request)))
             .unwrap();
         let resp = s.grpc_infer(req).await;
         assert_eq!(resp.headers()[CONTENT_TYPE], "application/grpc");
@@ -830,7 +839,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn grpc_model_infer_answers_the_outputs_with_the_id_and_refuses_an_unknown_model() {
+    async fn grpc_model_infer_answers_the_outputs_with_the_id_and_refuses_a_model_not_served() {
         let s = server();
         let (status, answer) = grpc(&s, "add_sub", "req-7").await;
         let answer = answer.expect("an answer");
@@ -857,6 +866,13 @@ mod tests {
         let (status, answer) = grpc(&s, "nope", "").await;
         assert_eq!((status.as_str(), answer), ("5", None));
         assert_eq!(s.infer_count(), 1);
+        let unloaded = FakeTriton::new(&FakeConfig {
+            unloaded: true,
+            ..FakeConfig::default()
+        });
+        let (status, answer) = grpc(&unloaded, "add_sub", "").await;
+        assert_eq!((status.as_str(), answer), ("3", None));
+        assert_eq!(unloaded.infer_count(), 0);
     }
 
     #[tokio::test]
