@@ -53,15 +53,22 @@ if [[ ! -x "$profdata" ]]; then
 fi
 [[ -x "$profdata" ]] || die "no llvm-profdata ($profdata): this needs rustup's llvm-tools component"
 
+# release WHAT CARGO_ARGS... — `cargo build --release` with the environment the caller set,
+# its log's tail shown when it fails.
+release() {
+    local what="$1"
+    shift
+    cargo build --release "$@" 2>"$TMP/build.log" ||
+        { tail -30 "$TMP/build.log" >&2; die "the $what build failed"; }
+}
+
 say "1/5 building fake-triton and infergate-load"
 # Tools of the training only: without LTO, in a third of the time.
 CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_TARGET_DIR="$TOOLS" \
-    cargo build --release -p infergate-load --bins 2>"$TMP/build.log" ||
-    { tail -30 "$TMP/build.log" >&2; die "build failed"; }
+    release tools -p infergate-load --bins
 say "2/5 building infergate instrumented (target/pgo-generate)"
 RUSTFLAGS="-Cprofile-generate=$PROFILES" CARGO_TARGET_DIR="$GENERATE" \
-    cargo build --release -p infergate --bin infergate 2>"$TMP/build.log" ||
-    { tail -30 "$TMP/build.log" >&2; die "instrumented build failed"; }
+    release instrumented -p infergate --bin infergate
 
 # train ON NAME — the instrumented gateway (fake_gateway_config ON, with a gRPC listener)
 # under closed-loop loads after its model's first request and what clients ask before it,
@@ -80,15 +87,15 @@ train() {
     for path in "" /ready /config; do
         curl -s -o /dev/null "${header[@]}" "http://127.0.0.1:$http/v2/models/$model$path"
     done
-    local loads=("http://127.0.0.1:$http" "http://127.0.0.1:$http --binary" "http://127.0.0.1:$grpc --protocol grpc")
-    ((on == 2)) || unset 'loads[1]'
-    local load
-    for load in "${loads[@]}"; do
-        # shellcheck disable=SC2086 # a load's URL and its flags
-        "$BIN/infergate-load" --url $load -m "$model" "${auth[@]}" -i INPUT0:FP32:4 -i INPUT1:FP32:4 \
-            -c 16 --warmup 0s -d "${SECONDS_EACH}s" --quiet >"$TMP/$name.load" 2>&1 ||
-            { tail -20 "$TMP/$name.load" "$TMP/$name.log" >&2; die "$name: the training load failed ($load)"; }
-    done
+    load() { # URL FLAGS... — one closed-loop load of add_sub's inference
+        "$BIN/infergate-load" --url "$1" "${@:2}" -m "$model" "${auth[@]}" \
+            -i INPUT0:FP32:4 -i INPUT1:FP32:4 -c 16 --warmup 0s -d "${SECONDS_EACH}s" --quiet \
+            >"$TMP/$name.load" 2>&1 ||
+            { tail -20 "$TMP/$name.load" "$TMP/$name.log" >&2; die "$name: the training load failed ($*)"; }
+    }
+    load "http://127.0.0.1:$http"
+    if ((on == 2)); then load "http://127.0.0.1:$http" --binary; fi
+    load "http://127.0.0.1:$grpc" --protocol grpc
     kill -TERM "$pid"
     wait "$pid" 2>/dev/null || true
 }
@@ -113,6 +120,5 @@ say "4/5 merging the profile"
 
 say "5/5 building infergate with the profile (target/pgo)"
 RUSTFLAGS="-Cprofile-use=$TMP/merged.profdata" CARGO_TARGET_DIR="$USE" \
-    cargo build --release -p infergate --bin infergate 2>"$TMP/build.log" ||
-    { tail -30 "$TMP/build.log" >&2; die "optimised build failed"; }
+    release optimised -p infergate --bin infergate
 say "wrote target/pgo/release/infergate in $((SECONDS - STARTED)) s"
