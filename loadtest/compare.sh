@@ -29,13 +29,18 @@
 #      in another order; the targets take the median of each round's ratio to nginx (one
 #      round's moved by 0.1–0.3 from run to run here).
 #   2. Closed loop, `wrk` at c=16 and c=64: throughput, p50/p99 and added latency vs direct to
-#      the backend. The proxy under test is pinned to one core (`taskset -a`, CMP_PROXY_CPU),
-#      wrk and the backend to the other (CMP_CLIENT_CPU), so the tail is the proxy's own.
+#      the backend. Each proxy runs again, started on one core (`taskset -c`, CMP_PROXY_CPU)
+#      with its default worker count (CMP_PINNED_WORKERS=auto: nginx's `worker_processes auto`
+#      and infergate's default `server.workers` both count the cores the process may use, so
+#      one), wrk and the backend on the other core (CMP_CLIENT_CPU), so the tail is the
+#      proxy's own. (Two workers on one core take turns in the scheduler's slices, and a
+#      request on the waiting worker's connection waits out the other's slice: until
+#      2026-12-07 the two-worker instances of family 1 were pinned here, and every proxy's p99
+#      added at c=16 was 3-6 ms, nginx's 3.2 ms; started with one worker, nginx's was 0.33 ms.)
 #   2b. Open loop, pinned alike: `infergate-load --rate` (latency from each request's intended
 #      send time, so a stall is not hidden) at CMP_LATENCY_RATES, below every proxy's
 #      saturation: p50/p99 and added latency vs direct at the same rate, the latency a proxy
-#      adds when it is not the bottleneck. (At c=16 the closed loop keeps a queue on the
-#      proxy's core, and its p99 is that queue's, nginx's too.)
+#      adds when it is not the bottleneck.
 #   3. Counts that do not follow the machine's noise, on a fixed number of requests (h2load -n,
 #      c=16): syscalls per request (`strace -c -f` attached to the running proxy: nginx's
 #      workers, every gateway thread), and user-space instructions per request under callgrind
@@ -48,7 +53,8 @@
 # Writes loadtest/results/<date>-<rev>-compare.md (rev: the binary's name infergate-<rev>, else
 # this checkout's HEAD) and its chart (<results>.svg: wrk throughput and p99 per concurrency;
 # for a run recorded in loadtest/results/, also loadtest/results/compare-latest.svg), and prints
-# the report. About 4 minutes with the defaults; every benchmark command is bounded by `timeout`.
+# the report. About 6 minutes with the defaults (7 with CMP_TARGET_ROUNDS=5); every benchmark
+# command is bounded by `timeout`.
 # Installs nginx, wrk, h2load (nghttp2-client), strace and valgrind when missing (root only).
 # Stays on loopback; stops only what it started.
 #
@@ -68,6 +74,7 @@
 #                                          load is judged against nginx and the build before it
 #   CMP_PROXY_CPU=1  CMP_CLIENT_CPU=0      cores of family 2 (the backend always on the client's)
 #   CMP_WORKERS=2                          nginx worker_processes and infergate server.workers
+#   CMP_PINNED_WORKERS=auto                the same, for families 2 and 2b (on one core)
 #   CMP_BASE_PORT=29900  CMP_REV=<rev>  CMP_OUT=path.md
 set -euo pipefail
 
@@ -100,6 +107,7 @@ REV="${CMP_REV:-$(basename "$GATEWAY" | sed -n 's/^infergate-\([0-9a-f]\{7,40\}\
 [[ -n "$REV" ]] || REV="$(git rev-parse --short HEAD)"
 DATE="$(date +%F)"
 OUT="${CMP_OUT:-loadtest/results/$DATE-$REV-compare.md}"
+PINNED_WORKERS="${CMP_PINNED_WORKERS:-auto}"
 WORKERS="${CMP_WORKERS:-2}" ACCESS_LOG=on BUILD=0 STARTED=$SECONDS
 # shellcheck source=loadtest/lib.sh
 source loadtest/lib.sh
@@ -112,7 +120,6 @@ ensure_valgrind
 for b in fake-triton hyper-floor; do
     [[ -x "$BIN/$b" ]] || die "no $BIN/$b: cargo build --release -p infergate-load (or set CMP_BIN)"
 done
-NPROC_ALL="0-$(($(nproc) - 1))"
 describe_machine src
 
 # ---------------------------------------------------------------- the stages
@@ -128,7 +135,7 @@ for s in "${PROXIES[@]}"; do
     [[ "$s" != *-b || -n "$GATEWAY_B" ]] || die "stage $s needs CMP_GATEWAY_B"
 done
 ports=("$BASE")
-for s in "${PROXIES[@]}"; do ports+=("${PORT[$s]}" $((PORT[$s] + 1))); done
+for s in "${PROXIES[@]}"; do ports+=("${PORT[$s]}" $((PORT[$s] + 1)) $((PORT[$s] + 2))); done
 check_ports "${ports[@]}"
 
 # lib.sh's stage rules, asked of a B stage's A stage.
@@ -153,16 +160,17 @@ everything_on_key
 printf '%s' "$INFER_BODY" >"$TMP/body.json"
 
 # start_proxy STAGE PORT [NGINX_GLOBALS] — nginx or a gateway on PORT over the backend
-# (PROXY_WRAP applies); waits until one inference goes through; sets PROXY_PIDS[STAGE] (nginx:
-# master and workers).
-declare -A PROXY_PIDS
+# (PROXY_WRAP and WORKERS apply); waits until one inference goes through; sets STARTED_PIDS
+# (nginx: master and workers).
 start_proxy() {
     local s="$1" port="$2" name="$1-$2"
     if [[ "$s" == nginx ]]; then
         start_nginx "$name" "$port" "$BASE" proxy.conf.template "${3:-}"
     elif [[ "$s" == floor ]]; then
+        local workers=(--workers "$WORKERS")
+        [[ "$WORKERS" == auto ]] && workers=() # its default: the cores it may use
         "${PROXY_WRAP[@]}" "$BIN/hyper-floor" --listen "127.0.0.1:$port" --backend "127.0.0.1:$BASE" \
-            --workers "$WORKERS" >"$TMP/$name.log" 2>&1 &
+            "${workers[@]}" >"$TMP/$name.log" 2>&1 &
         PIDS+=("$!")
         PID[$name]=$!
     else
@@ -173,15 +181,16 @@ start_proxy() {
         die "$name did not start: $(tail -5 "$TMP/$name.log" "$TMP/nginx-$name/error.log" 2>/dev/null)"
     wait_infer "http://127.0.0.1:$port" "$(model "$s")" 120 "$(bearer_of "$s")" ||
         die "$name never answered an inference: $(tail -5 "$TMP/$name.log" 2>/dev/null)"
-    local pids="${PID[$name]}" deadline=$((SECONDS + 30))
+    local pids="${PID[$name]}" deadline=$((SECONDS + 30)) workers="$WORKERS"
+    [[ "$workers" == auto ]] && workers="$("${PROXY_WRAP[@]}" nproc)" # the cores it may use
     if [[ "$s" == nginx && "${3:-}" != *"master_process off"* ]]; then # until every worker is up
-        until (($(pgrep -c -P "${PID[$name]}" || true) >= WORKERS)); do
-            ((SECONDS < deadline)) || die "nginx $name: fewer than $WORKERS workers"
+        until (($(pgrep -c -P "${PID[$name]}" || true) >= workers)); do
+            ((SECONDS < deadline)) || die "nginx $name: fewer than $workers workers"
             sleep 0.2
         done
         pids+=" $(children "${PID[$name]}")"
     fi
-    PROXY_PIDS[$s]="$pids"
+    STARTED_PIDS="$pids"
 }
 
 # h2 OUT STAGE PORT SECONDS ARGS... — one bounded h2load run at STAGE on PORT; OUT gets its
@@ -208,8 +217,10 @@ say "fake-triton on core $CLIENT_CPU, then ${PROXIES[*]} (temp dir $TMP)"
 taskset -c "$CLIENT_CPU" "$BIN/fake-triton" --listen "127.0.0.1:$BASE" --threads 1 >"$TMP/fake.log" 2>&1 &
 PIDS+=("$!")
 wait_http "http://127.0.0.1:$BASE/v2/health/ready" || die "fake-triton did not start"
+declare -A PROXY_PIDS # stage -> its process ids, of the instance families 1 and 3a measure
 for s in "${PROXIES[@]}"; do
     start_proxy "$s" "${PORT[$s]}"
+    PROXY_PIDS[$s]="$STARTED_PIDS"
     wrk_script "$s"
 done
 wrk_script direct
@@ -251,27 +262,36 @@ if [[ " ${RATES[*]} " == *" $TARGET_RATE "* ]]; then
 fi
 
 # ---------------------------------------------------------------- 2. closed loop, pinned
-pin() { local p; for p in $2; do taskset -a -p -c "$1" "$p" >/dev/null; done; } # cpus "pids"
+# Each proxy once more, started on the proxy's core with PINNED_WORKERS, on its port + 2;
+# the instances of family 1 stay idle. direct is the backend itself.
+declare -A PINNED_PIDS # stage -> the pinned instance's process ids
+for s in "${PROXIES[@]}"; do
+    PROXY_WRAP=(taskset -c "$PROXY_CPU")
+    WORKERS="$PINNED_WORKERS" start_proxy "$s" $((PORT[$s] + 2))
+    PROXY_WRAP=()
+    PINNED_PIDS[$s]="$STARTED_PIDS"
+done
+say "pinned to core $PROXY_CPU with workers=$PINNED_WORKERS: ${PROXIES[*]}"
+pinned_port() { if [[ "$1" == direct ]]; then echo "$BASE"; else echo $((PORT[$1] + 2)); fi; }
 # wrk_run OUT STAGE C SECONDS — bounded wrk, one thread, on the client's core.
 wrk_run() {
     timeout $(($4 + 20)) taskset -c "$CLIENT_CPU" wrk -t 1 -c "$3" -d "${4}s" --latency -s "$TMP/$2.lua" \
-        "$(url_of "$2" "${PORT[$2]}")" >"$1" 2>&1 || { tail -5 "$1" >&2; die "wrk failed or timed out at $2 c=$3"; }
+        "$(url_of "$2" "$(pinned_port "$2")")" >"$1" 2>&1 || { tail -5 "$1" >&2; die "wrk failed or timed out at $2 c=$3"; }
 }
 wrk_us() { # file percentile -> µs
     awk -v p="$2%" '$1 == p { v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
         printf "%.0f", v * (u == "s" ? 1e6 : u == "ms" ? 1e3 : 1); exit }' "$1"
 }
 declare -A CLOSED # stage-c -> "rps p50 p99 cpu_us_per_req errors load"
-for s in "${PROXIES[@]}"; do pin "$PROXY_CPU" "${PROXY_PIDS[$s]}"; done
 step=0
 for c in "${LEVELS[@]}"; do
     for s in $(rotated $step direct "${PROXIES[@]}"); do
         wrk_run "$TMP/warm.txt" "$s" "$c" "$WARMUP"
         # shellcheck disable=SC2086
-        before="$(ticks ${PROXY_PIDS[$s]:-}) $(sys_ticks ${PROXY_PIDS[$s]:-})"
+        before="$(ticks ${PINNED_PIDS[$s]:-}) $(sys_ticks ${PINNED_PIDS[$s]:-})"
         wrk_run "$TMP/wrk-$s-$c.txt" "$s" "$c" "$WRK_WINDOW"
         # shellcheck disable=SC2086
-        after="$(ticks ${PROXY_PIDS[$s]:-}) $(sys_ticks ${PROXY_PIDS[$s]:-})"
+        after="$(ticks ${PINNED_PIDS[$s]:-}) $(sys_ticks ${PINNED_PIDS[$s]:-})"
         out="$TMP/wrk-$s-$c.txt"
         n="$(awk '/requests in/ { print $1; exit }' "$out")"
         errors="$(awk '/Non-2xx/ { e += $NF } /Socket errors/ { for (i = 4; i <= NF; i += 2) e += $i } END { print e + 0 }' "$out")"
@@ -284,13 +304,12 @@ for c in "${LEVELS[@]}"; do
 done
 
 # ---------------------------------------------------------------- 2b. open loop, pinned
-# The same pinning, but requests sent at a fixed rate (infergate-load --rate, latency counted
-# from each request's intended send time), below every proxy's saturation: the latency a
-# proxy adds when it is not the bottleneck. A closed loop at c=16 keeps a queue on the
-# proxy's core, and its p99 is that queue's (nginx's included).
+# The same pinned instances, but requests sent at a fixed rate (infergate-load --rate, latency
+# counted from each request's intended send time), below every proxy's saturation: the
+# latency a proxy adds when it is not the bottleneck.
 declare -A LATENCY # stage-rate -> "rps p50 p99 send_lag_p99 errors load"
 latency_run() { # OUT STAGE RATE
-    local args=(--url "http://127.0.0.1:${PORT[$2]}" -m "$(model "$2")" --request-file "$TMP/body.json"
+    local args=(--url "http://127.0.0.1:$(pinned_port "$2")" -m "$(model "$2")" --request-file "$TMP/body.json"
         --check --threads 1 --json -q --rate "$3" --warmup "${WARMUP}s" -d "${LAT_WINDOW}s")
     all_on "$2" && args+=(--bearer "$TOKEN")
     timeout $((WARMUP + LAT_WINDOW + 30)) taskset -c "$CLIENT_CPU" "$BIN/infergate-load" "${args[@]}" >"$1" 2>"$1.err" ||
@@ -306,7 +325,8 @@ for rate in "${LAT_RATES[@]}"; do
     done
     step=$((step + 1))
 done
-for s in "${PROXIES[@]}"; do pin "$NPROC_ALL" "${PROXY_PIDS[$s]}"; done
+# shellcheck disable=SC2086
+for s in "${PROXIES[@]}"; do stop_pids ${PINNED_PIDS[$s]%% *}; done
 
 # ---------------------------------------------------------------- 3a. syscalls per request
 # every thread of PIDS traced (TracerPid set), or give up after 10 s
@@ -363,7 +383,7 @@ for s in $(rotated 2 "${PROXIES[@]}"); do
         start_proxy "$s" "$port"
     fi
     PROXY_WRAP=()
-    counted="${PROXY_PIDS[$s]}"
+    counted="$STARTED_PIDS"
     h2 "$TMP/cg-warm-$s.txt" "$s" "$port" 300 -c "$COUNT_CLIENTS" -n "$CG_WARM"
     for p in $counted; do cg --zero "$p" || die "callgrind_control --zero $p ($s) failed: $(tail -3 "$TMP/cgctl.log")"; done
     h2 "$TMP/cg-h2-$s.txt" "$s" "$port" 600 -c "$COUNT_CLIENTS" -n "$CG_N"
@@ -379,7 +399,7 @@ for s in $(rotated 2 "${PROXIES[@]}"); do
     MISSES[$s]="$(calc %.0f "$i1 / $H2_OK") $(calc %.0f "$d1 / $H2_OK")"
     say "callgrind, $s: $total Ir over $H2_OK requests: ${IR[$s]} per request, L1 misses (i d) ${MISSES[$s]} ($((SECONDS - t0)) s)"
     # shellcheck disable=SC2086
-    stop_pids ${PROXY_PIDS[$s]%% *}
+    stop_pids ${counted%% *}
 done
 LOAD_AFTER="$(loadavg)"
 ELAPSED=$((SECONDS - STARTED))
@@ -428,7 +448,7 @@ report() {
     echo "Produced by \`loadtest/compare.sh\` in ${ELAPSED} s. Gateway: \`$GATEWAY\`$([[ "$GATEWAY" == "$ROOT/target/release/infergate" ]] && ((DIRTY)) && echo " (built from $REV plus $DIRTY uncommitted paths under src/)")${GATEWAY_B:+; B: \`$(basename "$GATEWAY_B")\`}. nginx $("$NGINX" -v 2>&1 | cut -d/ -f2) (Debian), \`loadtest/nginx/proxy.conf.template\`."
     echo
     echo "- Machine: $NPROC × $CPU_MODEL, $MEM, $KERNEL; load average $LOAD_BEFORE before, $LOAD_AFTER after (a shared machine: CPU per request and the counts of family 3 hold up under other load, throughput and latency do not)."
-    echo "- Backend: fake-triton, 1 thread, pinned to core $CLIENT_CPU. Proxies: $WORKERS workers each (nginx \`worker_processes\`, infergate \`server.workers\`), access logs on for both (nginx's default format to a file; infergate at info level to a file)."
+    echo "- Backend: fake-triton, 1 thread, pinned to core $CLIENT_CPU. Proxies: $WORKERS workers each (nginx \`worker_processes\`, infergate \`server.workers\`) in families 1 and 3, and in families 2 and 2b a second instance of each started on core $PROXY_CPU alone with workers = $PINNED_WORKERS (auto: each proxy's default, one worker a core it may use), access logs on for both (nginx's default format to a file; infergate at info level to a file)."
     echo "- Request: HTTP/1.1 keep-alive POST \`/v2/models/add_sub/infer\` (everything on: route \`bench\`, \`Authorization: Bearer\` RS256 JWT), JSON body \`$INFER_BODY\`."
     echo "- Stages: $(for s in "${PROXIES[@]}"; do printf '%s (\x60%s\x60); ' "${LABEL[$s]}" "$s"; done | sed 's/; $//'). Everything on: validation, RS256 JWT (verified-token cache on), 90/10 route with an error-rate guard (lib.sh \`everything_on_tables\`). Order rotated step by step."
     echo
@@ -463,7 +483,7 @@ report() {
         done
     fi
     echo
-    echo "## 2. Closed loop (wrk), proxy pinned to core $PROXY_CPU, wrk and backend on core $CLIENT_CPU"
+    echo "## 2. Closed loop (wrk), proxy started on core $PROXY_CPU (workers: $PINNED_WORKERS), wrk and backend on core $CLIENT_CPU"
     echo
     echo "\`wrk -t 1 -c C -d ${WRK_WINDOW}s --latency\` after ${WARMUP} s of warm-up. Added: the stage's percentile minus direct's at the same C."
     echo
@@ -471,7 +491,7 @@ report() {
     echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     latency_rows CLOSED "${LEVELS[@]}"
     echo
-    echo "## 2b. Open loop at a fixed rate, proxy pinned to core $PROXY_CPU, client and backend on core $CLIENT_CPU"
+    echo "## 2b. Open loop at a fixed rate, proxy started on core $PROXY_CPU (workers: $PINNED_WORKERS), client and backend on core $CLIENT_CPU"
     echo
     echo "\`infergate-load --rate R --threads 1\` (up to 128 connections, latency from each request's intended send time) after ${WARMUP} s of warm-up, ${LAT_WINDOW} s measured, below every proxy's saturation: what a proxy adds when it is not the bottleneck. Added: the stage's percentile minus direct's at the same rate. Send lag: how late the client itself sent (its p99); a large one means the client, not the proxy, fell behind."
     echo
@@ -556,7 +576,7 @@ for c in "${LEVELS[@]}"; do
         printf 'wrk\t%s\t%s\t%s\t%s\n' "$s" "$c" "$(field "${CLOSED[$s-$c]}" 1)" "$(field "${CLOSED[$s-$c]}" 3)"
     done
 done >"$TMP/chart.tsv"
-python3 loadtest/chart.py "$TMP/chart.tsv" "${OUT%.md}.svg" "infergate $REV next to nginx, $DATE ($WORKERS workers, proxy pinned to one core)"
+python3 loadtest/chart.py "$TMP/chart.tsv" "${OUT%.md}.svg" "infergate $REV next to nginx, $DATE (proxy on one core, workers: $PINNED_WORKERS)"
 if [[ "$(realpath "$(dirname "$OUT")")" == "$ROOT/loadtest/results" ]]; then cp "${OUT%.md}.svg" loadtest/results/compare-latest.svg; fi
 report >"$OUT"
 cat "$OUT"
