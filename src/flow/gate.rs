@@ -14,6 +14,8 @@ use super::queue::{Bounds, FairQueue, Joined, Shed};
 use super::snapshot::{GateView, LaneView, Slots};
 use super::{Band, TenantFlow};
 use crate::telemetry;
+use foldhash::HashMap;
+use metrics::{Counter, Gauge, Histogram};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -40,6 +42,37 @@ struct Room {
     queue: FairQueue<Waiter>,
     drain: Drain,
     next_id: u64,
+    /// Each band's lanes' series, by tenant: registered at a lane's first waiter and kept.
+    series: [HashMap<Arc<str>, Arc<LaneSeries>>; Band::COUNT],
+}
+
+/// The flow series of one lane of a model's room (its band and tenant). A request that
+/// waits moves the depth gauge twice and is counted once admitted; looking each series up
+/// by its labels built, sorted and hashed them again every time, some 600 instructions
+/// apiece (`loadtest/instructions.sh` at c=64, where half the requests wait).
+#[derive(Debug)]
+struct LaneSeries {
+    /// `infergate_flow_queue_depth`.
+    depth: Gauge,
+    /// `infergate_flow_wait_seconds`.
+    wait: Histogram,
+    /// `infergate_flow_admitted_total`.
+    admitted: Counter,
+}
+
+impl LaneSeries {
+    fn new(model: &Arc<str>, band: Band, tenant: &Arc<str>) -> Self {
+        let labels = [
+            metrics::Label::new("model", metrics::SharedString::from(model.clone())),
+            metrics::Label::new("tenant", metrics::SharedString::from(tenant.clone())),
+            metrics::Label::new("band", band.as_str()),
+        ];
+        Self {
+            depth: metrics::gauge!(telemetry::FLOW_QUEUE_DEPTH, labels.to_vec()),
+            wait: metrics::histogram!(telemetry::FLOW_WAIT, labels.to_vec()),
+            admitted: metrics::counter!(telemetry::FLOW_ADMITTED, labels.to_vec()),
+        }
+    }
 }
 
 /// A request in the room: where its slot (or its refusal) goes.
@@ -133,6 +166,7 @@ impl Gate {
                 }),
                 drain: Drain::default(),
                 next_id: 0,
+                series: Default::default(),
             }),
         }
     }
@@ -225,7 +259,8 @@ impl Gate {
 
     /// `enter`'s second step: joins the room with the slots (`max_in_flight` × copies) and
     /// bounds now, unless the request cannot be served before `entry.until` at the drain
-    /// rate, and waits for a slot.
+    /// rate, and waits for a slot. A request let in is counted, with how long it waited, in
+    /// its lane's series.
     pub async fn wait(
         self: &Arc<Self>,
         entry: &Entry,
@@ -233,7 +268,7 @@ impl Gate {
     ) -> Result<Permit, Refusal> {
         let joined_at = Instant::now();
         let (reply, rx) = oneshot::channel();
-        let id = {
+        let (id, series) = {
             let mut room = self.room();
             self.limit.store(limit.max(1), SeqCst);
             room.queue.set_bounds(bounds);
@@ -261,14 +296,17 @@ impl Gate {
                 }
                 Joined::QueuedPushing(pushed) => {
                     self.queued.fetch_sub(1, SeqCst);
-                    self.depth(pushed.band, &pushed.tenant, -1.0);
+                    self.series(&mut room, pushed.band, &pushed.tenant)
+                        .depth
+                        .decrement(1.0);
                     let _ = pushed.reply.send(Err(Shed::Pressure));
                 }
                 Joined::Queued => {}
             }
-            self.depth(entry.band, &entry.tenant, 1.0);
+            let series = self.series(&mut room, entry.band, &entry.tenant);
+            series.depth.increment(1.0);
             self.pump(&mut room);
-            id
+            (id, series)
         };
         let mut ticket = Ticket {
             gate: self,
@@ -281,9 +319,12 @@ impl Gate {
         let shed = match answer {
             Ok(Ok(Ok(()))) => {
                 ticket.granted = true;
+                let waited = joined_at.elapsed();
+                series.wait.record(waited.as_secs_f64());
+                series.admitted.increment(1);
                 return Ok(Permit {
                     gate: self.clone(),
-                    waited: Some(joined_at.elapsed()),
+                    waited: Some(waited),
                 });
             }
             Ok(Ok(Err(shed))) => shed,
@@ -302,19 +343,22 @@ impl Gate {
             let (band, tenant, waiter) = room.queue.next().expect("not empty");
             self.queued.fetch_sub(1, SeqCst);
             room.drain.popped(Instant::now(), !room.queue.is_empty());
-            self.depth(band, &tenant, -1.0);
+            self.series(room, band, &tenant).depth.decrement(1.0);
             if waiter.reply.send(Ok(())).is_err() {
                 self.in_flight.fetch_sub(1, SeqCst);
             }
         }
     }
 
-    fn depth(&self, band: Band, tenant: &Arc<str>, by: f64) {
-        metrics::gauge!(telemetry::FLOW_QUEUE_DEPTH,
-            "model" => metrics::SharedString::from(self.model.clone()),
-            "tenant" => metrics::SharedString::from(tenant.clone()),
-            "band" => band.as_str())
-        .increment(by);
+    /// The series of the lane of `band` and `tenant`, registered on its first use.
+    fn series(&self, room: &mut Room, band: Band, tenant: &Arc<str>) -> Arc<LaneSeries> {
+        let lanes = &mut room.series[band.index()];
+        if let Some(series) = lanes.get(&**tenant) {
+            return series.clone();
+        }
+        let series = Arc::new(LaneSeries::new(&self.model, band, tenant));
+        lanes.insert(tenant.clone(), series.clone());
+        series
     }
 }
 
@@ -362,12 +406,17 @@ impl Drop for Ticket<'_> {
         }
         let gate = self.gate;
         let (band, tenant) = (self.entry.band, &self.entry.tenant);
-        let removed = gate.room().queue.remove(band, tenant, |w| w.id == self.id);
-        if removed.is_some() {
+        let mut room = gate.room();
+        if room
+            .queue
+            .remove(band, tenant, |w| w.id == self.id)
+            .is_some()
+        {
             gate.queued.fetch_sub(1, SeqCst);
-            gate.depth(band, tenant, -1.0);
+            gate.series(&mut room, band, tenant).depth.decrement(1.0);
             return;
         }
+        drop(room);
         // Its turn came: the slot handed over (if any) goes back.
         self.rx.close();
         if let Ok(Ok(())) = self.rx.try_recv() {

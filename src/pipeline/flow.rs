@@ -12,7 +12,7 @@
 use super::RequestCtx;
 use crate::error::GatewayError;
 use crate::flow::queue::Bounds;
-use crate::flow::{Band, Entry, Gate, Permit, Shed, copy_slots, default_per_copy};
+use crate::flow::{Band, Entry, Gate, Shed, copy_slots, default_per_copy};
 use crate::telemetry;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -114,7 +114,6 @@ pub async fn wait(ctx: &mut RequestCtx, waiting: Waiting) -> Result<(), GatewayE
     } = waiting;
     match gate.wait(&entry, (slots, bounds)).await {
         Ok(permit) => {
-            admitted(ctx, &permit);
             ctx.permit = Some(permit);
             Ok(())
         }
@@ -144,20 +143,6 @@ fn slots(ctx: &RequestCtx, model: &str) -> usize {
     placement.flow_slots(model, |in_flight, pending| {
         copy_slots(per_copy, capacity, in_flight, pending)
     })
-}
-
-/// A request let in after waiting: counted, and its wait recorded.
-fn admitted(ctx: &RequestCtx, permit: &Permit) {
-    let Some(waited) = permit.waited else {
-        return;
-    };
-    let (model, tenant, band) = labels(ctx);
-    metrics::histogram!(telemetry::FLOW_WAIT, "model" => model.clone(),
-        "tenant" => tenant.clone(), "band" => band)
-    .record(waited.as_secs_f64());
-    metrics::counter!(telemetry::FLOW_ADMITTED, "model" => model, "tenant" => tenant,
-        "band" => band)
-    .increment(1);
 }
 
 /// A refused request's error, counted (its access-log line at the edge logs it, with the
