@@ -65,13 +65,21 @@ ensure_valgrind() { ensure_debian valgrind:valgrind callgrind_control:valgrind; 
 port_busy() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
 check_ports() { local p; for p in "$@"; do if port_busy "$p"; then die "port $p is in use (set the base port knob)"; fi; done; }
 
+# cargo_release WHAT CARGO_ARGS... — `cargo build --release CARGO_ARGS` with the environment
+# the caller set (a target directory, RUSTFLAGS), its log's tail shown when it fails.
+cargo_release() {
+    local what="$1"
+    shift
+    cargo build --release "$@" 2>"$TMP/build.log" ||
+        { tail -30 "$TMP/build.log" >&2; die "the $what build failed"; }
+}
+
 # build_release BINARIES... — builds infergate and infergate-load (when BUILD=1), then
 # checks the binaries are there; sets BUILD_S.
 build_release() {
     if ((BUILD)); then
         say "building (cargo build --release -p infergate -p infergate-load)"
-        cargo build --release -p infergate -p infergate-load 2>"$TMP/build.log" ||
-            { tail -30 "$TMP/build.log" >&2; die "build failed (others may be mid-edit: retry in a minute)"; }
+        cargo_release "infergate and infergate-load" -p infergate -p infergate-load
     fi
     BUILD_S=$((SECONDS - STARTED))
     local b

@@ -39,6 +39,7 @@ source loadtest/lib.sh
 require cargo curl openssl
 SECONDS_EACH="${PGO_TRAIN_SECONDS:-4}"
 BASE="${PGO_BASE_PORT:-29700}"
+check_ports "$BASE" $((BASE + 1)) $((BASE + 2)) $((BASE + 3)) # two fakes, the gateway's HTTP and gRPC
 TOOLS="$ROOT/target/pgo-tools" GENERATE="$ROOT/target/pgo-generate" USE="$ROOT/target/pgo"
 # Inside the instrumented build's directory: the path is in its RUSTFLAGS, so a path that
 # changed from run to run would rebuild it every time.
@@ -53,22 +54,13 @@ if [[ ! -x "$profdata" ]]; then
 fi
 [[ -x "$profdata" ]] || die "no llvm-profdata ($profdata): this needs rustup's llvm-tools component"
 
-# release WHAT CARGO_ARGS... — `cargo build --release` with the environment the caller set,
-# its log's tail shown when it fails.
-release() {
-    local what="$1"
-    shift
-    cargo build --release "$@" 2>"$TMP/build.log" ||
-        { tail -30 "$TMP/build.log" >&2; die "the $what build failed"; }
-}
-
 say "1/5 building fake-triton and infergate-load"
 # Tools of the training only: without LTO, in a third of the time.
 CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_TARGET_DIR="$TOOLS" \
-    release tools -p infergate-load --bins
+    cargo_release tools -p infergate-load --bins
 say "2/5 building infergate instrumented (target/pgo-generate)"
 RUSTFLAGS="-Cprofile-generate=$PROFILES" CARGO_TARGET_DIR="$GENERATE" \
-    release instrumented -p infergate --bin infergate
+    cargo_release instrumented -p infergate --bin infergate
 
 # train ON NAME — the instrumented gateway (fake_gateway_config ON, with a gRPC listener)
 # under closed-loop loads after its model's first request and what clients ask before it,
@@ -120,5 +112,5 @@ say "4/5 merging the profile"
 
 say "5/5 building infergate with the profile (target/pgo)"
 RUSTFLAGS="-Cprofile-use=$TMP/merged.profdata" CARGO_TARGET_DIR="$USE" \
-    release optimised -p infergate --bin infergate
+    cargo_release optimised -p infergate --bin infergate
 say "wrote target/pgo/release/infergate in $((SECONDS - STARTED)) s"
