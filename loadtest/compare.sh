@@ -53,7 +53,7 @@
 # Writes loadtest/results/<date>-<rev>-compare.md (rev: the binary's name infergate-<rev>, else
 # this checkout's HEAD) and its chart (<results>.svg: wrk throughput and p99 per concurrency;
 # for a run recorded in loadtest/results/, also loadtest/results/compare-latest.svg), and prints
-# the report. About 6 minutes with the defaults (7 with CMP_TARGET_ROUNDS=5); every benchmark
+# the report. About 5 minutes with the defaults (6 with CMP_TARGET_ROUNDS=5); every benchmark
 # command is bounded by `timeout`.
 # Installs nginx, wrk, h2load (nghttp2-client), strace and valgrind when missing (root only).
 # Stays on loopback; stops only what it started.
@@ -61,11 +61,11 @@
 # Knobs (environment):
 #   CMP_GATEWAY=target/release/infergate   the gateway (or the first argument)
 #   CMP_BIN=target/release                 fake-triton (cargo build --release -p infergate-load)
-#   CMP_RATES="5000 10000 20000"  CMP_OPEN_CLIENTS=40  CMP_OPEN_WINDOW=4     family 1 (seconds)
+#   CMP_RATES="5000 10000 20000"  CMP_OPEN_CLIENTS=40  CMP_OPEN_WINDOW=3     family 1 (seconds)
 #   CMP_TARGET_ROUNDS=3   family 1's 10k req/s step, in this many rounds (the targets' median)
-#   CMP_CONCURRENCY="16 64"  CMP_WRK_WINDOW=4  CMP_WARMUP=1                  family 2 (seconds)
-#   CMP_LATENCY_RATES="2000 5000"  CMP_LATENCY_WINDOW=4                      family 2b
-#   CMP_STRACE_REQUESTS=10000  CMP_CG_REQUESTS=3000  CMP_CG_WARMUP=500  CMP_COUNT_CLIENTS=16
+#   CMP_CONCURRENCY="16 64"  CMP_WRK_WINDOW=3  CMP_WARMUP=1                  family 2 (seconds)
+#   CMP_LATENCY_RATES="2000 5000"  CMP_LATENCY_WINDOW=5                      family 2b (one window)
+#   CMP_STRACE_REQUESTS=10000  CMP_CG_REQUESTS=2000  CMP_CG_WARMUP=500  CMP_COUNT_CLIENTS=16
 #   CMP_STAGES="nginx floor ig-off ig-val ig-on"  the proxies (nginx, and any of the floor and
 #                                          the three gateways; with CMP_GATEWAY_B, also ig-off-b,
 #                                          ig-val-b and ig-on-b: the same stages of that binary)
@@ -87,14 +87,14 @@ GATEWAY_B="${CMP_GATEWAY_B:+$(realpath "$CMP_GATEWAY_B")}"
 BIN="$(realpath "${CMP_BIN:-$ROOT/target/release}")"
 read -r -a RATES <<<"${CMP_RATES:-5000 10000 20000}"
 OPEN_CLIENTS="${CMP_OPEN_CLIENTS:-40}"
-OPEN_WINDOW="${CMP_OPEN_WINDOW:-4}"
+OPEN_WINDOW="${CMP_OPEN_WINDOW:-3}"
 read -r -a LEVELS <<<"${CMP_CONCURRENCY:-16 64}"
-WRK_WINDOW="${CMP_WRK_WINDOW:-4}"
+WRK_WINDOW="${CMP_WRK_WINDOW:-3}"
 WARMUP="${CMP_WARMUP:-1}"
 read -r -a LAT_RATES <<<"${CMP_LATENCY_RATES:-2000 5000}"
-LAT_WINDOW="${CMP_LATENCY_WINDOW:-4}"
+LAT_WINDOW="${CMP_LATENCY_WINDOW:-5}"
 STRACE_N="${CMP_STRACE_REQUESTS:-10000}"
-CG_N="${CMP_CG_REQUESTS:-3000}"
+CG_N="${CMP_CG_REQUESTS:-2000}"
 CG_WARM="${CMP_CG_WARMUP:-500}"
 COUNT_CLIENTS="${CMP_COUNT_CLIENTS:-16}"
 read -r -a PROXIES <<<"${CMP_STAGES:-nginx floor ig-off ig-val ig-on}"
@@ -310,7 +310,7 @@ done
 declare -A LATENCY # stage-rate -> "rps p50 p99 send_lag_p99 errors load"
 latency_run() { # OUT STAGE RATE
     local args=(--url "http://127.0.0.1:$(pinned_port "$2")" -m "$(model "$2")" --request-file "$TMP/body.json"
-        --check --threads 1 --json -q --rate "$3" --warmup "${WARMUP}s" -d "${LAT_WINDOW}s")
+        --check --threads 1 --json -q --rate "$3" --warmup "${WARMUP}s" -d "${LAT_WINDOW}s" --windows 1)
     all_on "$2" && args+=(--bearer "$TOKEN")
     timeout $((WARMUP + LAT_WINDOW + 30)) taskset -c "$CLIENT_CPU" "$BIN/infergate-load" "${args[@]}" >"$1" 2>"$1.err" ||
         { tail -5 "$1.err" >&2; die "infergate-load --rate $3 failed or timed out at $2"; }
