@@ -200,6 +200,13 @@ start_nginx() { # name listen_port upstream_port template [globals]
     PID[$1]=$!
 }
 
+# listen_table PORT — infergate's [listen] table on loopback: http PORT, grpc PORT+1, metrics
+# PORT+2, admin PORT+3.
+listen_table() {
+    printf '[listen]\nhttp = "127.0.0.1:%s"\ngrpc = "127.0.0.1:%s"\nmetrics = "127.0.0.1:%s"\nadmin = "127.0.0.1:%s"\n\n' \
+        "$1" $(($1 + 1)) $(($1 + 2)) $(($1 + 3))
+}
+
 # infergate's log goes to $TMP/NAME.log, like nginx's access log; at warn level (ACCESS_LOG
 # not on) it has no per-request line. The config is checked first.
 start_infergate() { # name config [binary, default $BIN/infergate]

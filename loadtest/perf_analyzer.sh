@@ -101,19 +101,11 @@ describe_machine src Cargo.toml Cargo.lock proto
 say "starting Triton (http :$BASE, grpc :$((BASE + 1)), nothing loaded; temp dir $TMP)"
 start_tritons "$ROOT/tests/models" "$BASE"
 GW=$((BASE + 10))
-cat >"$TMP/gateway.toml" <<EOF
-[listen]
-http = "127.0.0.1:$GW"
-grpc = "127.0.0.1:$((GW + 1))"
-metrics = "127.0.0.1:$((GW + 2))"
-admin = "127.0.0.1:$((GW + 3))"
-
-[[backends]]
-name = "triton"
-http = "http://127.0.0.1:$BASE"
-grpc = "http://127.0.0.1:$((BASE + 1))"
-capacity = "16GiB"
-EOF
+{
+    listen_table "$GW"
+    printf '[[backends]]\nname = "triton"\nhttp = "http://127.0.0.1:%s"\ngrpc = "http://127.0.0.1:%s"\ncapacity = "16GiB"\n' \
+        "$BASE" $((BASE + 1))
+} >"$TMP/gateway.toml"
 start_infergate gateway "$TMP/gateway.toml" "$BIN/infergate"
 wait_port "$GW" || die "the gateway did not start: $(tail "$TMP/gateway.log")"
 load_through gateway "http://127.0.0.1:$GW" add_sub
