@@ -43,13 +43,19 @@ ensure_debian() {
         command -v "$tool" >/dev/null || need+=("$pkg")
     done
     ((${#need[@]})) || return 0
-    [[ $(id -u) == 0 ]] || die "missing ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}"
-    say "installing ${need[*]} (Debian packages)"
+    apt_install "${need[@]}"
+}
+
+# apt_install PACKAGE... — Debian packages installed (root only; one `apt-get update` when
+# the first try fails): ensure_debian's install, and a library's, which has no tool to look for.
+apt_install() {
+    [[ $(id -u) == 0 ]] || die "missing $*; run as root or: sudo apt-get install -y $*"
+    say "installing $* (Debian packages)"
     # Debian starts a packaged service (nginx) on install unless policy-rc.d forbids it; we
     # never use that service, only a foreground nginx on our own config.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "${need[@]}" >"$TMP/apt.log" 2>&1 ||
-        { apt-get update >>"$TMP/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y "${need[@]}" >>"$TMP/apt.log" 2>&1; } ||
-        { tail -20 "$TMP/apt.log" >&2; die "apt-get install ${need[*]} failed"; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "$@" >"$TMP/apt.log" 2>&1 ||
+        { apt-get update >>"$TMP/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y "$@" >>"$TMP/apt.log" 2>&1; } ||
+        { tail -20 "$TMP/apt.log" >&2; die "apt-get install $* failed"; }
 }
 
 # nginx from Debian's package, installed when missing (root only); sets NGINX.

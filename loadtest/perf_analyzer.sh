@@ -63,7 +63,7 @@ on_exit() { stop_tritons; }
 # fetching it into $TOOLS the first time.
 ensure_perf_analyzer() {
     local bin="$TOOLS/perf_analyzer" wheels="$TMP/wheels"
-    ldconfig -p | grep -q 'libb64\.so\.0d' || ensure_debian b64:libb64-0d
+    ldconfig -p | grep -q 'libb64\.so\.0d' || apt_install libb64-0d
     if [[ ! -x "$bin" || ! -e "$TOOLS/libcudart.so.12" ]]; then
         say "fetching perf_analyzer (the tritonclient 2.40.0 wheel) and libcudart.so.12 into $TOOLS"
         mkdir -p "$TOOLS" "$wheels"
