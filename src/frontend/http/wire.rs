@@ -315,23 +315,107 @@ fn may_be_gone(status: http::StatusCode) -> bool {
     )
 }
 
-/// `/v2/models/{route}{rest}` becomes `/v2/models/{target}[/versions/{v}]{rest}`.
+/// `/v2/models/{route}{rest}` becomes `/v2/models/{target}[/versions/{v}]{rest}`. An
+/// inference's (`.../infer`, no query), the path of nearly every routed request, comes from
+/// `INFER_URIS` after its first time on a thread.
 pub(super) fn target_uri(uri: &http::Uri, target: &ModelRef) -> http::Uri {
     let path = uri.path();
     let after_model = path
         .strip_prefix("/v2/models/")
         .map_or("", |tail| tail.find('/').map_or("", |i| &tail[i..]));
-    let mut rewritten = upstream::model_path(&target.name, target.version.as_deref(), after_model);
-    if let Some(query) = uri.query() {
+    let query = uri.query();
+    if after_model == "/infer" && query.is_none() {
+        return INFER_URIS.with_borrow_mut(|recent| {
+            recent.get(target, || built_uri(target, after_model, None, uri))
+        });
+    }
+    built_uri(target, after_model, query, uri)
+}
+
+fn built_uri(target: &ModelRef, tail: &str, query: Option<&str>, sent: &http::Uri) -> http::Uri {
+    let mut rewritten = upstream::model_path(&target.name, target.version.as_deref(), tail);
+    if let Some(query) = query {
         rewritten.push('?');
         rewritten.push_str(query);
     }
     // From the string's own buffer: parsing a `&str` would copy it first.
-    http::Uri::from_maybe_shared(bytes::Bytes::from(rewritten)).unwrap_or_else(|_| uri.clone())
+    http::Uri::from_maybe_shared(bytes::Bytes::from(rewritten)).unwrap_or_else(|_| sent.clone())
+}
+
+thread_local! {
+    /// The inference URIs of the last two targets retargeted to on this thread: a 90/10
+    /// route's two, a canary's old and new. Building and parsing one cost about 1,100
+    /// instructions, 2% of an everything-on request (`loadtest/instructions.sh`); a clone
+    /// shares its bytes. A path is a function of its target alone, so nothing goes stale.
+    static INFER_URIS: std::cell::RefCell<RecentUris> = const {
+        std::cell::RefCell::new(RecentUris([None, None]))
+    };
+}
+
+/// The two most recently used targets' URIs, the latest first.
+struct RecentUris([Option<(ModelRef, http::Uri)>; 2]);
+
+impl RecentUris {
+    /// `target`'s URI, kept or `build` now (then kept in place of the older one).
+    fn get(&mut self, target: &ModelRef, build: impl FnOnce() -> http::Uri) -> http::Uri {
+        let at = self
+            .0
+            .iter()
+            .position(|kept| kept.as_ref().is_some_and(|(t, _)| t == target));
+        match at {
+            Some(0) => {}
+            Some(_) => self.0.swap(0, 1),
+            None => {
+                self.0.swap(0, 1);
+                self.0[0] = Some((target.clone(), build()));
+            }
+        }
+        self.0[0]
+            .as_ref()
+            .map(|(_, uri)| uri.clone())
+            .expect("kept above")
+    }
 }
 
 /// The JSON of a body read from its start: its first `header_length` bytes (the binary
 /// extension's JSON header), or all of it.
 fn json_part(body: &[u8], header_length: Option<usize>) -> &[u8] {
     header_length.map_or(body, |n| &body[..n.min(body.len())])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uri(text: &str) -> http::Uri {
+        text.parse().unwrap()
+    }
+
+    /// A route's name in the path becomes its target's, with the version, the rest of the
+    /// path and the query kept; an inference's is the same whether built or kept, for each
+    /// of the targets in turn, and more targets than are kept.
+    #[test]
+    fn a_routed_path_names_the_target_built_or_kept() {
+        let (a, b) = (
+            ModelRef::new("m_a", None),
+            ModelRef::new("m_b", Some("2".into())),
+        );
+        let c = ModelRef::new("m c", None);
+        for _ in 0..3 {
+            for (target, want) in [
+                (&a, "/v2/models/m_a/infer"),
+                (&b, "/v2/models/m_b/versions/2/infer"),
+                (&a, "/v2/models/m_a/infer"),
+                (&c, "/v2/models/m%20c/infer"),
+                (&b, "/v2/models/m_b/versions/2/infer"),
+            ] {
+                assert_eq!(target_uri(&uri("/v2/models/route/infer"), target), want);
+            }
+        }
+        let with_query = target_uri(&uri("/v2/models/route/infer?x=1"), &a);
+        assert_eq!(with_query, "/v2/models/m_a/infer?x=1");
+        let ready = target_uri(&uri("/v2/models/route/ready"), &b);
+        assert_eq!(ready, "/v2/models/m_b/versions/2/ready");
+        assert_eq!(target_uri(&uri("/v2/models/route"), &a), "/v2/models/m_a");
+    }
 }
