@@ -60,13 +60,19 @@ struct LaneSeries {
     admitted: Counter,
 }
 
+/// The labels of every flow series of a lane: its model, tenant ("" for anonymous traffic)
+/// and band. The room's own series and the pipeline's count of refusals both take them here.
+pub fn lane_labels(model: &Arc<str>, tenant: &Arc<str>, band: Band) -> [metrics::Label; 3] {
+    [
+        metrics::Label::new("model", metrics::SharedString::from(model.clone())),
+        metrics::Label::new("tenant", metrics::SharedString::from(tenant.clone())),
+        metrics::Label::new("band", band.as_str()),
+    ]
+}
+
 impl LaneSeries {
     fn new(model: &Arc<str>, band: Band, tenant: &Arc<str>) -> Self {
-        let labels = [
-            metrics::Label::new("model", metrics::SharedString::from(model.clone())),
-            metrics::Label::new("tenant", metrics::SharedString::from(tenant.clone())),
-            metrics::Label::new("band", band.as_str()),
-        ];
+        let labels = lane_labels(model, tenant, band);
         Self {
             depth: metrics::gauge!(telemetry::FLOW_QUEUE_DEPTH, labels.to_vec()),
             wait: metrics::histogram!(telemetry::FLOW_WAIT, labels.to_vec()),

@@ -11,6 +11,7 @@
 
 use super::RequestCtx;
 use crate::error::GatewayError;
+use crate::flow::gate::lane_labels;
 use crate::flow::queue::Bounds;
 use crate::flow::{Band, Entry, Gate, Shed, copy_slots, default_per_copy};
 use crate::telemetry;
@@ -154,24 +155,17 @@ fn shed(ctx: &RequestCtx, refusal: crate::flow::gate::Refusal) -> GatewayError {
     {
         return ctx.deadline_exceeded(deadline);
     }
-    let (model, tenant, band) = labels(ctx);
-    let reason = refusal.shed.as_str();
-    metrics::counter!(telemetry::FLOW_SHED, "model" => model.clone(), "tenant" => tenant,
-        "band" => band, "reason" => reason)
-    .increment(1);
+    let model: Arc<str> = Arc::from(ctx.model().map_or("", |m| m.name.as_str()));
+    let (band, reason) = (ctx.band, refusal.shed.as_str());
+    let mut labels = lane_labels(&model, &tenant_of(ctx), band).to_vec();
+    labels.push(metrics::Label::new("reason", reason));
+    metrics::counter!(telemetry::FLOW_SHED, labels).increment(1);
     GatewayError::Shed {
         model: model.to_string(),
-        band,
+        band: band.as_str(),
         reason,
         retry_after: refusal.retry_after,
     }
-}
-
-/// The model, tenant and band labels of the request's flow metrics.
-fn labels(ctx: &RequestCtx) -> (metrics::SharedString, metrics::SharedString, &'static str) {
-    let model = ctx.model().map_or("", |m| m.name.as_str()).to_owned();
-    let tenant = metrics::SharedString::from(tenant_of(ctx));
-    (model.into(), tenant, ctx.band.as_str())
 }
 
 /// The request's tenant, "" for anonymous traffic (one queue for all of it).
