@@ -55,9 +55,7 @@ config() { # stage http_port
     local cache=10000
     [[ "$1" == *-nocache ]] && cache=0
     cat <<EOF
-[listen]
-http = "127.0.0.1:$2"
-admin = "127.0.0.1:$(($2 + 3))"
+$(listen_table "$2" http admin)
 
 [[backends]]
 name = "backend"

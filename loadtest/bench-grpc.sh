@@ -102,11 +102,7 @@ describe_machine src Cargo.toml Cargo.lock proto
 # infergate with a gRPC listener in front of the one Triton; validation on or off.
 infergate_config() { # http_port triton_http_port validation(true|false)
     cat <<EOF
-[listen]
-http = "127.0.0.1:$1"
-grpc = "127.0.0.1:$(($1 + 1))"
-metrics = "127.0.0.1:$(($1 + 2))"
-admin = "127.0.0.1:$(($1 + 3))"
+$(listen_table "$1")
 
 [[backends]]
 name = "triton"

@@ -139,10 +139,7 @@ render_config() { # template-file out-file
 # Stage 3: infergate with validation and auth off.
 stage3_config() { # http_port backend_port
     cat <<EOF
-[listen]
-http = "127.0.0.1:$1"
-metrics = "127.0.0.1:$(($1 + 2))"
-admin = "127.0.0.1:$(($1 + 3))"
+$(listen_table "$1" http metrics admin)
 
 [[backends]]
 name = "backend"
@@ -163,10 +160,7 @@ EOF
 # so the fake backend answers both and the load is the same as the other stages'.
 stage4_config() { # http_port backend_port
     cat <<EOF
-[listen]
-http = "127.0.0.1:$1"
-metrics = "127.0.0.1:$(($1 + 2))"
-admin = "127.0.0.1:$(($1 + 3))"
+$(listen_table "$1" http metrics admin)
 
 [[backends]]
 name = "backend"

@@ -279,8 +279,7 @@ gateway_config() { # out http_port cluster(off|warm|cold-REPLICA) [extra toml...
     local out="$1" port="$2" cluster="$3"
     shift 3
     {
-        printf '[listen]\nhttp = "127.0.0.1:%s"\nmetrics = "127.0.0.1:%s"\nadmin = "127.0.0.1:%s"\n\n' \
-            "$port" $((port + 2)) $((port + 3))
+        listen_table "$port" http metrics admin
         if [[ "$cluster" != off ]]; then
             printf '[cluster]\netcd = ["%s"]\nprefix = "/infergate/%s"\nreplica = "%s"\n\n' \
                 "$ETCD" "${cluster%%-*}" "${cluster#*-}"

@@ -53,10 +53,7 @@ WEIGHT=([light]=1 [flood]=1 [heavy]=3)
 hash_key() { timeout 10 "$BIN/infergate" hash-key "$1"; }
 
 cat >"$TMP/infergate.toml" <<EOF
-[listen]
-http = "127.0.0.1:$IG"
-metrics = "127.0.0.1:$((IG + 2))"
-admin = "127.0.0.1:$((IG + 3))"
+$(listen_table "$IG" http metrics admin)
 
 [placement]
 scale_up_rps = 0.0

@@ -206,11 +206,23 @@ start_nginx() { # name listen_port upstream_port template [globals]
     PID[$1]=$!
 }
 
-# listen_table PORT — infergate's [listen] table on loopback: http PORT, grpc PORT+1, metrics
-# PORT+2, admin PORT+3.
+# listen_table PORT [NAME...] — infergate's [listen] table on loopback, then a blank line:
+# the listeners NAMEd, in that order (all four when none is), each at its fixed offset:
+# http PORT, grpc PORT+1, metrics PORT+2, admin PORT+3. `$(listen_table ...)` drops the blank
+# line (as command substitution does): a heredoc writes its own after it.
 listen_table() {
-    printf '[listen]\nhttp = "127.0.0.1:%s"\ngrpc = "127.0.0.1:%s"\nmetrics = "127.0.0.1:%s"\nadmin = "127.0.0.1:%s"\n\n' \
-        "$1" $(($1 + 1)) $(($1 + 2)) $(($1 + 3))
+    local port="$1" name offset
+    shift
+    (($#)) || set -- http grpc metrics admin
+    printf '[listen]\n'
+    for name in "$@"; do
+        case "$name" in
+            http) offset=0 ;; grpc) offset=1 ;; metrics) offset=2 ;; admin) offset=3 ;;
+            *) die "listen_table: no listener $name" ;;
+        esac
+        printf '%s = "127.0.0.1:%s"\n' "$name" $((port + offset))
+    done
+    printf '\n'
 }
 
 # infergate's log goes to $TMP/NAME.log, like nginx's access log; at warn level (ACCESS_LOG

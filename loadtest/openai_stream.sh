@@ -62,10 +62,7 @@ grep -q "string_value: \"$DELAY\"" "$TMP/models/echo_words/config.pbtxt" || die 
 MEASURE_STARTED=$SECONDS
 start_tritons "$TMP/models" "$BASE"
 cat >"$TMP/infergate.toml" <<EOF2
-[listen]
-http = "127.0.0.1:$IG"
-metrics = "127.0.0.1:$((IG + 2))"
-admin = "127.0.0.1:$((IG + 3))"
+$(listen_table "$IG" http metrics admin)
 
 [placement]
 model_repository = "$TMP/models"

@@ -88,10 +88,7 @@ served_by() { # backend -> the gateway's slow_model requests answered by it
 ROWS=()
 for age in 0s 5s; do
     cat >"$TMP/infergate.toml" <<EOF
-[listen]
-http = "127.0.0.1:$IG"
-metrics = "127.0.0.1:$((IG + 2))"
-admin = "127.0.0.1:$((IG + 3))"
+$(listen_table "$IG" http metrics admin)
 [upstream]
 health_interval = "500ms"
 [placement]

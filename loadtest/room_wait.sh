@@ -135,10 +135,7 @@ for wait in $WAITS; do
     models_toml=""
     for ((i = 0; i < MODELS; i++)); do models_toml+=$'[[models]]\n'"name = \"room_$i\""$'\nsize = "1GiB"\n'; done
     cat >"$TMP/infergate.toml" <<EOF
-[listen]
-http = "127.0.0.1:$IG"
-metrics = "127.0.0.1:$((IG + 2))"
-admin = "127.0.0.1:$((IG + 3))"
+$(listen_table "$IG" http metrics admin)
 
 [placement]
 mem_buffer = "0"

@@ -62,11 +62,7 @@ start_tritons "$ROOT/tests/models" "$BASE" $((BASE + 10))
 # ---------------------------------------------------------------- infergate
 IG=$((BASE + 20))
 cat >"$TMP/infergate.toml" <<EOF
-[listen]
-http = "127.0.0.1:$IG"
-grpc = "127.0.0.1:$((IG + 1))"
-metrics = "127.0.0.1:$((IG + 2))"
-admin = "127.0.0.1:$((IG + 3))"
+$(listen_table "$IG")
 
 [placement]
 model_repository = "$ROOT/tests/models"

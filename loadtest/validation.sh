@@ -80,10 +80,7 @@ describe_machine src Cargo.toml Cargo.lock
 # ---------------------------------------------------------------- start
 gateway_config() { # http_port enabled
     cat <<EOF
-[listen]
-http = "127.0.0.1:$1"
-metrics = "127.0.0.1:$(($1 + 2))"
-admin = "127.0.0.1:$(($1 + 3))"
+$(listen_table "$1" http metrics admin)
 
 # A health check waits behind the benchmark's requests on a loaded machine: past the 1 s
 # default the backend is taken out and requests fail fast with 503, which would count as
