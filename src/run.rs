@@ -132,6 +132,7 @@ fn endpoints(
         name,
         answers,
         tls: tls.clone(),
+        dated: name != "grpc",
     };
     let edge = |answer: listen::Answer| listen::Answers::Edge(gateway.clone(), answer);
     tracing::info!(addr = %listeners.http.local_addr()?, scheme, workers, "serving KServe v2 HTTP");

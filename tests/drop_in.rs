@@ -141,6 +141,53 @@ async fn grpc_requests_may_be_compressed_and_answers_are_when_asked() {
     );
 }
 
+/// The names of a gRPC answer's metadata (headers and trailers), sorted.
+fn metadata_names<T>(answer: &tonic::Response<T>) -> Vec<String> {
+    let mut names: Vec<String> = (answer.metadata().as_ref().keys())
+        .map(|name| name.as_str().to_owned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A gRPC answer through the gateway carries no metadata Triton's own does not, but the
+/// gateway's `server` and the request's `x-request-id`: no `date`, which no gRPC server
+/// sends and which HTTP/2 would encode into every answer for no reader. (Triton also lists
+/// the encodings it accepts, `grpc-accept-encoding`; the gateway, as tonic, only on a
+/// refusal.) REST answers keep their `date`, which RFC 9110 asks of a server with a clock
+/// (Triton's REST answers have none).
+#[tokio::test]
+async fn grpc_answers_carry_no_metadata_of_the_gateways_own_but_its_name_and_request_id() {
+    let triton = Triton::start(TritonOptions::default()).await.unwrap();
+    let gateway = TestGateway::start(&config_for("answer-metadata", &[&triton], "", "")).await;
+    let mut via = GrpcInferenceServiceClient::new(channel(gateway.grpc_url()).await);
+    let mut direct = GrpcInferenceServiceClient::new(channel(triton.grpc_url()).await);
+    let gateways_own = |ours: Vec<String>, tritons: Vec<String>| -> Vec<String> {
+        ours.into_iter().filter(|n| !tritons.contains(n)).collect()
+    };
+    let infer = || add_sub([1.0; 4], [2.0; 4]);
+    let ours = metadata_names(&via.model_infer(infer()).await.unwrap());
+    let tritons = metadata_names(&direct.model_infer(infer()).await.unwrap());
+    assert_eq!(
+        gateways_own(ours, tritons),
+        ["server", "x-request-id"],
+        "ModelInfer"
+    );
+    let ours = metadata_names(&via.server_live(ServerLiveRequest {}).await.unwrap());
+    let tritons = metadata_names(&direct.server_live(ServerLiveRequest {}).await.unwrap());
+    assert_eq!(
+        gateways_own(ours, tritons),
+        ["server", "x-request-id"],
+        "ServerLive"
+    );
+
+    let ready = reqwest::get(format!("{}/v2/health/ready", gateway.url()))
+        .await
+        .unwrap();
+    assert!(ready.headers().contains_key("date"), "a REST answer");
+}
+
 /// `GET /v2` as JSON, with its `server` header.
 async fn server_metadata(base: &str) -> (serde_json::Value, Option<String>) {
     let response = reqwest::get(format!("{base}/v2")).await.unwrap();

@@ -56,13 +56,18 @@ impl From<&config::Server> for Limits {
 /// hyper's server settings for every connection of a listener: HTTP/1.1 with keep-alive, or
 /// HTTP/2 (h2c by prior knowledge, h2 by ALPN), as `axum::serve` had them, plus the
 /// header timeout. Each connection adds its own header timer (`per_connection`): without
-/// one, hyper would panic at the first request head.
-pub(super) fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+/// one, hyper would panic at the first request head. hyper dates every answer unless the
+/// listener's are not to be (`Endpoint::dated`).
+pub(super) fn builder(limits: &Limits, dated: bool) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .header_read_timeout(limits.header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
+        .header_read_timeout(limits.header_read_timeout)
+        .auto_date_header(dated);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .auto_date_header(dated);
     builder
 }
 

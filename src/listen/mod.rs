@@ -91,6 +91,11 @@ pub struct Endpoint {
     pub answers: Answers,
     /// Certificates for a TLS listener; `None` for plain TCP.
     pub tls: Option<Arc<ServerTls>>,
+    /// Its answers carry a `date` header, as RFC 9110 asks of a server with a clock. gRPC
+    /// answers carry none, as no gRPC server's do (Triton's included): over HTTP/2 the
+    /// field is encoded into every answer's header block for no reader, 1.6% of a gRPC
+    /// inference's instructions (`loadtest/instructions.sh`).
+    pub dated: bool,
 }
 
 /// What answers a listener's requests.
@@ -276,7 +281,7 @@ impl AcceptLoop {
         let name = self.endpoint.name;
         let shed = metrics::counter!(telemetry::CONNECTIONS_SHED, "listener" => name);
         let gauge = metrics::gauge!(telemetry::CONNECTIONS_OPEN, "listener" => name);
-        let builder = Arc::new(connection::builder(&self.limits));
+        let builder = Arc::new(connection::builder(&self.limits, self.endpoint.dated));
         loop {
             let (stream, remote) = tokio::select! {
                 biased;
