@@ -30,7 +30,7 @@ fn table() -> RouteTable {
     RouteTable::new(&config.routes, None)
 }
 
-type Header = Option<(&'static str, &'static [u8])>;
+type Header = Option<(http::HeaderName, &'static [u8])>;
 
 fn resolve(c: &mut Criterion) {
     let table = table();
@@ -39,7 +39,11 @@ fn resolve(c: &mut Criterion) {
     let cases: [(&str, &str, Header); 4] = [
         ("plain", "add_sub", None),
         ("weighted", "ranker-500", None),
-        ("sticky", "ranker-500", Some(("x-user-id", b"user-4711"))),
+        (
+            "sticky",
+            "ranker-500",
+            Some((http::HeaderName::from_static("x-user-id"), b"user-4711")),
+        ),
         (
             "pinned",
             "ranker-500",
@@ -53,7 +57,7 @@ fn resolve(c: &mut Criterion) {
                 let routed = table
                     .resolve(
                         requested,
-                        |h| header.filter(|(n, _)| *n == h).map(|(_, v)| v),
+                        |h| header.as_ref().filter(|(n, _)| n == h).map(|(_, v)| *v),
                         &Caller::Open,
                     )
                     .expect("routed");

@@ -740,6 +740,30 @@ mod tests {
         );
     }
 
+    /// A sticky header is read on every request of its route, by a name parsed once: one
+    /// that is no header name is refused when the config is read, not never matched.
+    #[test]
+    fn a_sticky_header_is_a_header_name() {
+        let route = |key: &str| {
+            format!(
+                "{MINIMAL}[[routes]]\nmodel = \"r\"\nsticky = \"{key}\"\ntargets = [{{ model = \"a\", weight = 1 }}]\n"
+            )
+        };
+        let found = errors(&route("header:x user"));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("routes[0].sticky: invalid sticky key \"header:x user\": \"x user\" is not a header name"),
+            "{found:?}"
+        );
+        assert!(Config::parse(&route("header:X-User-Id")).is_ok());
+        assert_eq!(
+            StickyKey::parse("header:X-User-Id"),
+            Ok(StickyKey::Header(http::HeaderName::from_static(
+                "x-user-id"
+            )))
+        );
+    }
+
     #[test]
     fn a_claim_sticky_key_needs_verified_tokens() {
         let route = "[[routes]]\nmodel = \"r\"\nsticky = \"claim:sub\"\ntargets = [{ model = \"a\", weight = 1 }]\n";

@@ -93,8 +93,9 @@ pub enum GuardLatency {
 /// Where a sticky key is read from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StickyKey {
-    /// A request header (HTTP) or metadata entry (gRPC), lower-case.
-    Header(String),
+    /// A request header (HTTP) or metadata entry (gRPC): a name read on every request, so
+    /// it is parsed once, here.
+    Header(http::HeaderName),
     /// A claim of the caller's verified token.
     Claim(String),
 }
@@ -104,7 +105,11 @@ impl StickyKey {
     pub fn parse(text: &str) -> Result<Self, String> {
         match text.split_once(':') {
             Some(("header", name)) if !name.is_empty() => {
-                Ok(Self::Header(name.to_ascii_lowercase()))
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .map(Self::Header)
+                    .map_err(|_| {
+                        format!("invalid sticky key {text:?}: {name:?} is not a header name")
+                    })
             }
             Some(("claim", name)) if !name.is_empty() => Ok(Self::Claim(name.to_string())),
             _ => Err(format!(

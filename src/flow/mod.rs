@@ -65,7 +65,7 @@ pub fn copy_slots(
 }
 
 /// The header (HTTP) and metadata key (gRPC) a request asks for its band with.
-pub const PRIORITY_HEADER: &str = "x-infergate-priority";
+pub const PRIORITY_HEADER: http::HeaderName = http::HeaderName::from_static("x-infergate-priority");
 
 /// A tenant's flow policy, from `[[auth.tenants]]`: what its requests get, and what they
 /// may ask for.

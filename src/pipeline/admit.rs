@@ -54,9 +54,15 @@ pub async fn authenticate(
         api_key: headers.credential(api_key),
         peer: ctx.peer.as_deref(),
     };
+    // Only a header that came is taken off: taking one off hashes its name, sent or not.
+    let sent = [credentials.authorization, credentials.api_key].map(|value| value.is_some());
     ctx.caller = verify(&auth, credentials).await?;
     if auth.is_on() {
-        for name in &CREDENTIAL_HEADERS {
+        for (name, _) in CREDENTIAL_HEADERS
+            .iter()
+            .zip(sent)
+            .filter(|(_, sent)| *sent)
+        {
             headers.strip(name);
         }
     }

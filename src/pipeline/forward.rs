@@ -46,7 +46,7 @@ pub(crate) trait Wire: Inspect {
     type Answer;
 
     /// A request header (HTTP) or metadata entry (gRPC): sticky keys and the pin.
-    fn header(&self, name: &str) -> Option<&[u8]>;
+    fn header(&self, name: &http::HeaderName) -> Option<&[u8]>;
 
     /// Names the route's target instead of the route (the URL path, or the message).
     fn retarget(&mut self, routed: &Routed);

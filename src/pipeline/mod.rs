@@ -51,7 +51,7 @@ pub(crate) async fn serve<W: Wire>(
     wire: &mut W,
 ) -> Result<W::Answer, GatewayError> {
     admit::model(ctx)?;
-    flow::priority(ctx, wire.header(crate::flow::PRIORITY_HEADER))?;
+    flow::priority(ctx, wire.header(&crate::flow::PRIORITY_HEADER))?;
     route(ctx, |name| wire.header(name))?;
     wire.retarget(ctx.routed.as_ref().expect("routed"));
     let answer = placed(ctx, wire).await;

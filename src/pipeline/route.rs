@@ -10,7 +10,7 @@ use crate::model::Ask;
 /// the pin).
 pub fn route<'h>(
     ctx: &mut RequestCtx,
-    header: impl Fn(&str) -> Option<&'h [u8]>,
+    header: impl Fn(&http::HeaderName) -> Option<&'h [u8]>,
 ) -> Result<(), GatewayError> {
     let requested = ctx.requested.take().expect("the decoder names the model");
     let mut routed = ctx.live.routes.resolve(requested, header, &ctx.caller)?;

@@ -17,7 +17,8 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// Header that pins a request to one target of a route (for testing a canary directly):
 /// the same name the answer uses to say which target served it.
-pub const PIN_HEADER: &str = crate::protocol::TARGET_HEADER;
+pub const PIN_HEADER: http::HeaderName =
+    http::HeaderName::from_static(crate::protocol::TARGET_HEADER);
 
 /// The mirror targets one request is copied to (`Routed::shadow` makes one).
 pub struct Shadow {
@@ -186,7 +187,7 @@ impl RouteTable {
     pub fn resolve<'h>(
         &self,
         requested: ModelRef,
-        header: impl Fn(&str) -> Option<&'h [u8]>,
+        header: impl Fn(&http::HeaderName) -> Option<&'h [u8]>,
         caller: &Caller,
     ) -> Result<Routed, GatewayError> {
         let Some(Entry { route, sticky, .. }) = self
@@ -196,7 +197,7 @@ impl RouteTable {
         else {
             return Ok(Routed::unrouted(requested));
         };
-        let chosen = match header(PIN_HEADER) {
+        let chosen = match header(&PIN_HEADER) {
             Some(_) if !caller.may_pin() => {
                 return Err(GatewayError::Forbidden {
                     message: format!(
@@ -319,7 +320,9 @@ mod tests {
     #[test]
     fn sticky_header_and_pin() {
         let table = table();
-        let user = |value: &'static [u8]| move |name: &str| (name == "x-user-id").then_some(value);
+        let user = |value: &'static [u8]| {
+            move |name: &http::HeaderName| (name == "x-user-id").then_some(value)
+        };
         let first = table
             .resolve(ModelRef::new("ranker", None), user(b"u-42"), &Caller::Open)
             .unwrap();

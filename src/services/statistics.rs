@@ -165,7 +165,7 @@ pub struct MemoryUsage {
 /// the request's headers or metadata (a pinned target).
 pub async fn of_routed<'h>(
     ctx: &mut RequestCtx,
-    header: impl Fn(&str) -> Option<&'h [u8]>,
+    header: impl Fn(&http::HeaderName) -> Option<&'h [u8]>,
 ) -> Result<Statistics, GatewayError> {
     pipeline::admit::model(ctx)?;
     pipeline::route(ctx, header)?;

@@ -403,7 +403,8 @@ impl GrpcInferenceService for InferenceService {
                     let requested = message.model()?;
                     admit::authenticate(ctx, &mut metadata).await?;
                     ctx.about(requested, Ask::Statistics);
-                    let header = |name: &str| metadata.get(name).map(|v| v.as_bytes());
+                    let header =
+                        |name: &http::HeaderName| metadata.as_ref().get(name).map(|v| v.as_bytes());
                     let answer = statistics::of_routed(ctx, header).await;
                     if let Some(routed) = &ctx.routed {
                         ctx.serving = Some(routed.served());

@@ -356,11 +356,13 @@ impl Relay<'_> {
         // rate; its concurrency slot is held until the backend answers it.
         admit::model(ctx)?;
         let metadata = self.metadata;
-        let asked = metadata.get(crate::flow::PRIORITY_HEADER);
+        let asked = metadata.as_ref().get(&crate::flow::PRIORITY_HEADER);
         pipeline::flow::priority(ctx, asked.map(|v| v.as_bytes()))?;
         // Sticky keys from the stream's metadata, so a sticky route keeps one target for
         // the whole stream; the request goes on under the target's name.
-        pipeline::route(ctx, |name| metadata.get(name).map(|v| v.as_bytes()))?;
+        pipeline::route(ctx, |name| {
+            metadata.as_ref().get(name).map(|v| v.as_bytes())
+        })?;
         message.retarget(&ctx.routed.as_ref().expect("routed").target);
         ctx.sequence = message.sequence();
         Ok(())

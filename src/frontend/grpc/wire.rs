@@ -245,8 +245,8 @@ where
 {
     type Answer = Response<Res>;
 
-    fn header(&self, name: &str) -> Option<&[u8]> {
-        self.metadata.get(name).map(|v| v.as_bytes())
+    fn header(&self, name: &http::HeaderName) -> Option<&[u8]> {
+        self.metadata.as_ref().get(name).map(|v| v.as_bytes())
     }
 
     fn retarget(&mut self, routed: &Routed) {

@@ -147,7 +147,7 @@ async fn model_statistics(
     ctx: &mut RequestCtx,
     headers: &http::HeaderMap,
 ) -> Result<Response, GatewayError> {
-    let header = |name: &str| headers.get(name).map(|v| v.as_bytes());
+    let header = |name: &http::HeaderName| headers.get(name).map(|v| v.as_bytes());
     let answer = statistics::of_routed(ctx, header).await;
     ctx.serving = ctx.routed.as_ref().map(crate::routing::Routed::served);
     Ok(json_answer(&answer?))

@@ -290,7 +290,7 @@ impl Inspect for OpenAiWire {
 impl Wire for OpenAiWire {
     type Answer = Response;
 
-    fn header(&self, name: &str) -> Option<&[u8]> {
+    fn header(&self, name: &http::HeaderName) -> Option<&[u8]> {
         self.http.header(name)
     }
 

@@ -141,7 +141,7 @@ impl Inspect for HttpWire {
 impl Wire for HttpWire {
     type Answer = Response;
 
-    fn header(&self, name: &str) -> Option<&[u8]> {
+    fn header(&self, name: &http::HeaderName) -> Option<&[u8]> {
         self.head.headers.get(name).map(|v| v.as_bytes())
     }
 
