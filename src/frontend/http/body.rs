@@ -4,6 +4,7 @@
 //! copying at most once, and the lease a response body holds while it streams out
 //! (`LeasedBody`).
 
+use super::validate::HEADER_LENGTH;
 use crate::auth::Admission;
 use crate::error::GatewayError;
 use crate::pipeline::tokens::TokenClock;
@@ -11,7 +12,7 @@ use crate::placement::Lease;
 use axum::body::Body;
 use axum::extract::Request;
 use bytes::{Bytes, BytesMut};
-use http::header;
+use http::{HeaderValue, header};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use std::pin::Pin;
@@ -19,25 +20,65 @@ use std::task::{Context, Poll};
 
 /// A request's declared `Content-Length`.
 pub(super) fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse().ok())
+    headers.get(header::CONTENT_LENGTH).and_then(length)
+}
+
+/// A `Content-Length` value's number.
+fn length(value: &HeaderValue) -> Option<u64> {
+    value.to_str().ok()?.parse().ok()
+}
+
+/// What a request's headers say about its body, found in one walk over them as it arrives:
+/// its arrival, its size limit and its validation each read some of them, and by lookups
+/// (each hashing a name) read five, two of them twice (`loadtest/instructions.sh`).
+#[derive(Clone, Default)]
+pub(super) struct BodyHeaders {
+    /// The declared `Content-Length` (`declared_length`).
+    pub declared: Option<u64>,
+    /// The first `Content-Encoding`.
+    pub encoding: Option<HeaderValue>,
+    /// The first `Inference-Header-Content-Length` (the binary tensor extension).
+    pub header_length: Option<HeaderValue>,
+}
+
+impl BodyHeaders {
+    pub(super) fn of(headers: &http::HeaderMap) -> Self {
+        let (mut length_value, mut encoding, mut header_length) = (None, None, None);
+        for (name, value) in headers {
+            let first = match *name {
+                header::CONTENT_LENGTH => &mut length_value,
+                header::CONTENT_ENCODING => &mut encoding,
+                _ if *name == HEADER_LENGTH => &mut header_length,
+                _ => continue,
+            };
+            first.get_or_insert(value);
+        }
+        Self {
+            declared: length_value.and_then(length),
+            encoding: encoding.cloned(),
+            header_length: header_length.cloned(),
+        }
+    }
+
+    /// Whether the body is compressed (an encoding other than `identity`).
+    pub(super) fn compressed(&self) -> bool {
+        (self.encoding.as_ref()).is_some_and(|e| !e.is_empty() && e != "identity")
+    }
 }
 
 /// Refuses a declared length over the limit at once, and cuts off a chunked body that grows
 /// past it.
 pub(super) fn limit(
-    head: &http::request::Parts,
+    (declared, version): (Option<u64>, http::Version),
     body: Body,
     limit: u64,
 ) -> Result<Body, GatewayError> {
-    let declared = declared_length(&head.headers);
     if declared.is_some_and(|length| length > limit) {
         return Err(GatewayError::BodyTooLarge { limit });
     }
     // HTTP/1 delivers exactly the declared length (hyper refuses a body that differs), so
     // only a chunked body (or HTTP/2's) needs counting as it streams.
-    if declared.is_some() && head.version <= http::Version::HTTP_11 {
+    if declared.is_some() && version <= http::Version::HTTP_11 {
         return Ok(body);
     }
     Ok(crate::body::limited(body, limit))
@@ -216,8 +257,8 @@ pub(super) async fn read_whole(
     max: u64,
 ) -> Result<(http::request::Parts, Bytes), GatewayError> {
     let (parts, whole) = request.into_parts();
-    let whole = limit(&parts, whole, max)?;
     let declared = declared_length(&parts.headers);
+    let whole = limit((declared, parts.version), whole, max)?;
     Ok((parts, collect(whole, max, declared).await?))
 }
 
@@ -347,6 +388,50 @@ impl HttpBody for TimedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The walk finds what lookups found: the declared length, the first encoding and the
+    /// first JSON header length, among other headers and repeated values; a length that is
+    /// no number is none, as `declared_length` reads it.
+    #[test]
+    fn one_walk_finds_what_the_body_headers_say() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("gw"));
+        headers.insert("x-request-id", HeaderValue::from_static("r"));
+        let sent = BodyHeaders::of(&headers);
+        assert_eq!(
+            (sent.declared, &sent.encoding, &sent.header_length),
+            (None, &None, &None)
+        );
+        assert!(!sent.compressed());
+
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(120));
+        headers.append(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        headers.append(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        headers.append(&HEADER_LENGTH, HeaderValue::from(7));
+        headers.append(&HEADER_LENGTH, HeaderValue::from(9));
+        let sent = BodyHeaders::of(&headers);
+        assert_eq!(sent.declared, declared_length(&headers));
+        assert_eq!(sent.declared, Some(120));
+        assert_eq!(
+            sent.encoding.as_ref(),
+            headers.get(header::CONTENT_ENCODING)
+        );
+        assert!(sent.compressed());
+        assert_eq!(sent.header_length.as_ref(), headers.get(&HEADER_LENGTH));
+        assert_eq!(sent.header_length.unwrap(), "7");
+
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("12x"));
+        headers.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        let sent = BodyHeaders::of(&headers);
+        assert_eq!((sent.declared, declared_length(&headers)), (None, None));
+        assert!(!sent.compressed());
+    }
 
     #[test]
     fn counts_event_ends_across_frames() {

@@ -8,7 +8,7 @@
 //! tensors by their sizes) and its tensors forwarded in the chunks they came in, never
 //! joined; any other body is collected once and forwarded as those same bytes.
 
-use super::body::{self, Payload, collect, join, read_head, stream_on};
+use super::body::{BodyHeaders, Payload, collect, join, read_head, stream_on};
 use crate::error::GatewayError;
 use crate::model::ModelRef;
 use crate::pipeline::RequestCtx;
@@ -33,19 +33,18 @@ pub(super) async fn read(
     ctx: &RequestCtx,
     model: &ModelRef,
     signature: &Signature,
-    parts: &Parts,
+    (parts, sent): (&Parts, &BodyHeaders),
     body: Payload,
 ) -> Result<(Payload, Verdict), GatewayError> {
     let path = parts.uri.path();
+    let declared = sent.declared;
     if path.ends_with("/generate") || path.ends_with("/generate_stream") {
-        return generate_request(ctx, signature, parts, body).await;
+        return generate_request(ctx, signature, declared, body).await;
     }
     let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
-    let declared = body::declared_length(&parts.headers);
-    let header = |name: &http::HeaderName| parts.headers.get(name).map(http::HeaderValue::as_bytes);
     let headers = Headers {
-        header_length: header(&HEADER_LENGTH),
-        encoding: header(&http::header::CONTENT_ENCODING),
+        header_length: sent.header_length.as_ref().map(http::HeaderValue::as_bytes),
+        encoding: sent.encoding.as_ref().map(http::HeaderValue::as_bytes),
     };
     let whole = match (body, streamable(declared, limit, headers.header_length)) {
         (Payload::Whole(whole), _) => whole,
@@ -93,13 +92,11 @@ fn parse<'a>(
 async fn generate_request(
     ctx: &RequestCtx,
     signature: &Signature,
-    parts: &Parts,
+    declared: Option<u64>,
     body: Payload,
 ) -> Result<(Payload, Verdict), GatewayError> {
     let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
-    let whole = body
-        .collect(limit, body::declared_length(&parts.headers))
-        .await?;
+    let whole = body.collect(limit, declared).await?;
     let verdict = generate::verdict(&whole, signature);
     Ok((Payload::Whole(whole), verdict))
 }

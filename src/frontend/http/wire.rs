@@ -8,7 +8,7 @@
 //! each time), and each send takes a copy of it.
 
 use super::body::{self, Payload};
-use super::validate::{self, HEADER_LENGTH};
+use super::validate;
 use crate::body::Replay;
 use crate::error::GatewayError;
 use crate::model::{Ask, ModelRef};
@@ -40,6 +40,8 @@ pub(super) struct HttpWire {
     sent_to: Option<Arc<Backend>>,
     /// The body's size once an inference's body has arrived whole (`arrive`).
     arrived: usize,
+    /// What the head's headers say about the body to send.
+    sent: body::BodyHeaders,
 }
 
 impl HttpWire {
@@ -47,6 +49,7 @@ impl HttpWire {
         let (head, body) = request.into_parts();
         Self {
             client_uri: head.uri.clone(),
+            sent: body::BodyHeaders::of(&head.headers),
             head,
             body: Some(Payload::Streaming(body)),
             again: None,
@@ -66,6 +69,8 @@ impl HttpWire {
                 http::HeaderValue::from_static("application/json"),
             );
             headers.remove(header::CONTENT_ENCODING);
+            self.sent.declared = Some(body.len() as u64);
+            self.sent.encoding = None;
             self.body = Some(Payload::Whole(body));
         }
     }
@@ -102,7 +107,8 @@ impl Inspect for HttpWire {
         signature: &Signature,
     ) -> Result<Verdict, GatewayError> {
         let body = self.take_body()?;
-        let (body, verdict) = validate::read(ctx, model, signature, &self.head, body).await?;
+        let (body, verdict) =
+            validate::read(ctx, model, signature, (&self.head, &self.sent), body).await?;
         if !matches!(verdict, Verdict::Refused(_)) {
             self.body = Some(body);
         }
@@ -167,7 +173,7 @@ impl Wire for HttpWire {
     async fn arrive(&mut self, ctx: &RequestCtx) -> Result<Option<SequenceRef>, GatewayError> {
         let limit = ctx.gateway.fixed_config().server.max_body_size.bytes();
         let body = self.take_body()?.into_body();
-        let body = body::limit(&self.head, body, limit)?;
+        let body = body::limit((self.sent.declared, self.head.version), body, limit)?;
         if ctx.ask != Ask::Inference {
             self.body = Some(Payload::Streaming(body));
             return Ok(None);
@@ -175,18 +181,13 @@ impl Wire for HttpWire {
         let (whole, arrived) = body::arrive(body, limit).await?;
         self.arrived = arrived;
         let model = &ctx.routed.as_ref().expect("routed").target.name;
-        let headers = &self.head.headers;
-        let compressed = headers
-            .get(header::CONTENT_ENCODING)
-            .is_some_and(|e| !e.is_empty() && e != "identity");
-        if compressed || !ctx.gateway.placement().may_hold_sequences(model) {
+        if self.sent.compressed() || !ctx.gateway.placement().may_hold_sequences(model) {
             self.body = Some(whole);
             return Ok(None);
         }
-        let header_length = headers
-            .get(&HEADER_LENGTH)
-            .and_then(|v| validate::header_length(v.as_bytes()));
-        let declared = body::declared_length(headers);
+        let header_length =
+            (self.sent.header_length.as_ref()).and_then(|v| validate::header_length(v.as_bytes()));
+        let declared = self.sent.declared;
         let (whole, sequence) = match (header_length, whole) {
             // Raw binary: the whole body is one tensor, no JSON.
             (Some(0), whole) => (whole, None),
