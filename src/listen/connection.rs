@@ -237,10 +237,10 @@ where
         let http1 = request.version() < http::Version::HTTP_2;
         self.state.mark_request(!http1);
         // A gRPC request body is the client's message stream, paced one message at a time.
-        let grpc = request
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
+        // gRPC is HTTP/2's alone: an HTTP/1 request is not looked up (a hash of the name).
+        let grpc = !http1
+            && (request.headers().get(http::header::CONTENT_TYPE))
+                .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
         self.state
             .body_started(http1 && !request.body().is_end_stream());
         let mut request = request.map(|body| {
