@@ -1,11 +1,11 @@
 //! What W3C trace context costs a request when no spans are exported (no
-//! `telemetry.otlp_endpoint`): joining the client's `traceparent`, or starting a trace, and
-//! stamping the backend's headers. Every HTTP and gRPC request pays it. Run:
+//! `telemetry.otlp_endpoint`): joining the client's `traceparent` and stamping the backend's
+//! headers, or starting a trace (which then goes to no backend). Every HTTP and gRPC request pays it. Run:
 //! `cargo bench --bench trace`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue};
-use infergate::internals::{RequestTrace, TRACEPARENT};
+use infergate::internals::{Carried, RequestTrace, TRACEPARENT};
 use std::hint::black_box;
 
 fn start_and_stamp(c: &mut Criterion) {
@@ -16,10 +16,16 @@ fn start_and_stamp(c: &mut Criterion) {
     for (name, traceparent) in [("joined", Some(client.as_bytes())), ("started", None)] {
         group.bench_function(name, |b| {
             let mut headers = HeaderMap::new();
-            headers.insert(&TRACEPARENT, client.clone());
+            let carried = Carried {
+                traceparent: traceparent.is_some(),
+                tracestate: false,
+            };
+            if carried.traceparent {
+                headers.insert(&TRACEPARENT, client.clone());
+            }
             b.iter(|| {
                 let trace = RequestTrace::start(black_box(traceparent), true);
-                trace.stamp(&mut headers, false);
+                trace.stamp(&mut headers, carried);
                 black_box(trace.trace_id());
             })
         });

@@ -61,7 +61,7 @@ pub mod internals {
     pub use crate::placement::table::{BackendView, Decision, Policy, Table};
     pub use crate::routing::{PIN_HEADER, RouteTable};
     pub use crate::tls::{ServerTls, certificate_identity, etcd_connector};
-    pub use crate::trace::{RequestTrace, TRACEPARENT};
+    pub use crate::trace::{Carried, RequestTrace, TRACEPARENT};
     pub use crate::upstream::{Backend, Pool};
     pub use crate::validate::http::{BodyView, Parsed, parse};
     pub use crate::validate::{DataType, InputSpec, Signature, check};

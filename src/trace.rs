@@ -6,7 +6,10 @@
 //! mode=opentelemetry` then files its spans under the gateway's. With
 //! `telemetry.otlp_endpoint` set, that span is recorded and exported in batches over OTLP/gRPC
 //! by a thread of the OpenTelemetry SDK; without it nothing is recorded, and a request costs
-//! two random ids and one header.
+//! two random ids, and one header when the client sent a trace to continue. A trace begun
+//! here and recorded nowhere is not sent on (as Envoy sends none without a tracer): a
+//! backend would only file its own spans under a parent no one has, and the header, unique
+//! on every request, costs both sides its encoding (over HTTP/2, Huffman, byte by byte).
 
 use crate::error::ErrorKind;
 use crate::model::Served;
@@ -24,6 +27,15 @@ use std::sync::OnceLock;
 pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// Vendor data that travels with a trace; dropped when the trace is restarted here.
 pub static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// Which of a trace's headers a client's request carried (`stamp`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Carried {
+    /// A `traceparent`, valid or not.
+    pub traceparent: bool,
+    /// A `tracestate`.
+    pub tracestate: bool,
+}
 
 /// One request's place in a distributed trace: the trace it belongs to, the gateway's own
 /// span in it, and that span's recording when spans are exported.
@@ -94,23 +106,24 @@ impl RequestTrace {
         value
     }
 
-    /// Puts this trace on the headers a backend will receive.
-    /// `tracestate` says whether the headers hold one, so that a trace begun here, which
-    /// drops it, looks for it only when it is there.
-    pub fn stamp(&self, headers: &mut HeaderMap, tracestate: bool) {
-        headers.insert(TRACEPARENT.clone(), self.traceparent());
-        if self.restarted && tracestate {
-            headers.remove(&TRACESTATE);
-        }
+    /// Whether a backend is told of this trace: it continues the client's, or the gateway
+    /// records its span (see the module doc).
+    fn travels(&self) -> bool {
+        !self.restarted || self.span.is_some()
     }
 
-    /// Puts this trace on the metadata of a gRPC call to a backend.
-    pub fn stamp_metadata(&self, metadata: &mut tonic::metadata::MetadataMap) {
-        metadata
-            .as_mut()
-            .insert(TRACEPARENT.clone(), self.traceparent());
-        if self.restarted {
-            metadata.remove(TRACESTATE.as_str());
+    /// Puts this trace on the headers (or gRPC metadata) a backend will receive, when it
+    /// travels; a trace begun here takes off the client's `traceparent` and `tracestate`,
+    /// which belong to no valid trace. `carried` says which of them came, so that only
+    /// those are looked for.
+    pub fn stamp(&self, headers: &mut HeaderMap, carried: Carried) {
+        if self.travels() {
+            headers.insert(TRACEPARENT.clone(), self.traceparent());
+        } else if carried.traceparent {
+            headers.remove(&TRACEPARENT);
+        }
+        if self.restarted && carried.tracestate {
+            headers.remove(&TRACESTATE);
         }
     }
 
@@ -413,7 +426,11 @@ mod tests {
         };
         let joined = RequestTrace::start(Some(VALID.as_bytes()), true);
         let mut headers = client_headers();
-        joined.stamp(&mut headers, true);
+        let both = Carried {
+            traceparent: true,
+            tracestate: true,
+        };
+        joined.stamp(&mut headers, both);
         assert_eq!(
             headers[&TRACESTATE], "vendor=1",
             "the client's trace goes on"
@@ -429,33 +446,38 @@ mod tests {
             sent.is_sampled(),
             "the client's sampling decision travels on"
         );
+    }
 
+    /// A trace begun here (the client's was malformed, or there was none) and recorded
+    /// nowhere (no exporter in unit tests) goes to no backend: nor does the client's
+    /// traceparent or tracestate, which belonged to no valid trace.
+    #[test]
+    fn a_trace_begun_here_and_recorded_nowhere_is_not_sent_on() {
+        assert!(EXPORT.get().is_none());
         let fresh = RequestTrace::start(Some(b"garbage"), true);
-        let mut headers = client_headers();
-        fresh.stamp(&mut headers, true);
-        assert!(
-            headers.get(&TRACESTATE).is_none(),
-            "a restarted trace drops it"
-        );
-        let mut metadata = tonic::metadata::MetadataMap::from_headers(client_headers());
-        fresh.stamp_metadata(&mut metadata);
-        assert!(metadata.get("tracestate").is_none());
-        let sent = parse_traceparent(metadata.get("traceparent").unwrap().as_bytes()).unwrap();
-        assert_eq!(sent.trace_id(), fresh.trace_id());
-        assert_ne!(fresh.trace_id(), joined.trace_id());
+        let mut headers = HeaderMap::new();
+        headers.insert(&TRACEPARENT, HeaderValue::from_static("garbage"));
+        headers.insert(&TRACESTATE, HeaderValue::from_static("vendor=1"));
+        let both = Carried {
+            traceparent: true,
+            tracestate: true,
+        };
+        fresh.stamp(&mut headers, both);
+        assert!(headers.is_empty(), "{headers:?}");
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::HOST, HeaderValue::from_static("gw"));
+        RequestTrace::start(None, true).stamp(&mut headers, Carried::default());
+        assert_eq!(headers.len(), 1, "nothing stamped: {headers:?}");
     }
 
     /// The `traceparent` sent on, over HTTP or on gRPC metadata, is never indexed by HTTP/2's
     /// header compression: it differs on every request.
     #[test]
     fn a_traceparent_sent_on_is_never_indexed() {
-        let trace = RequestTrace::start(None, true);
+        let trace = RequestTrace::start(Some(VALID.as_bytes()), true);
         let mut headers = http::HeaderMap::new();
-        trace.stamp(&mut headers, false);
+        trace.stamp(&mut headers, Carried::default());
         assert!(headers[&TRACEPARENT].is_sensitive());
-        let mut metadata = tonic::metadata::MetadataMap::new();
-        trace.stamp_metadata(&mut metadata);
-        assert!(metadata.as_ref()[&TRACEPARENT].is_sensitive());
     }
 
     #[test]

@@ -460,8 +460,29 @@ async fn the_trace_reaches_triton_the_log_and_the_collector_over_http_and_grpc()
         Some(&format!("00-{trace}-{CLIENT_SPAN}-01")),
     )
     .await;
-    collector.wait_for_triton_spans(triton_spans + 1).await;
+    // A trace begun there (none came, or a malformed one) is recorded nowhere: Triton gets
+    // no traceparent, and its spans of those requests are roots of its own traces.
+    http_infer(&quiet, "quiet-untraced", None).await;
+    grpc_infer(
+        &quiet,
+        "quiet-untraced-grpc",
+        Some("00-not-a-valid-traceparent-01"),
+    )
+    .await;
+    collector.wait_for_triton_spans(triton_spans + 3).await;
     let logs = quiet.stop().await;
+    let roots = |spans: &[Received]| spans.iter().filter(|s| s.parent.is_empty()).count();
+    let spans = collector.triton_requests();
+    let (before, after) = spans.split_at(triton_spans);
+    assert_eq!(roots(after), 2, "{after:?}");
+    for id in ["quiet-untraced", "quiet-untraced-grpc"] {
+        let logged = logged_trace_id(&logs, id);
+        assert_eq!(logged.len(), 32, "the log names the trace begun there");
+        assert!(
+            (before.iter().chain(after)).all(|s| s.trace_id != logged),
+            "{id}: Triton joined {logged}: {after:?}"
+        );
+    }
     assert_eq!(logged_trace_id(&logs, "quiet"), trace);
     let triton_span = collector.triton_span(trace).await;
     assert_eq!(triton_span.parent.len(), 16);

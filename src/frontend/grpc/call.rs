@@ -12,7 +12,7 @@
 //! with a message naming the setting.
 
 use crate::error::{ErrorKind, GatewayError};
-use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
+use crate::frontend::{SERVER_HEADER_VALUE, Sent, X_REQUEST_ID};
 use crate::gateway::Gateway;
 use crate::model::Served;
 use crate::pipeline::RequestCtx;
@@ -114,18 +114,19 @@ impl Call {
         request: &mut tonic::Request<T>,
         probe: bool,
     ) -> Self {
-        let metadata = request.metadata();
-        let client = metadata.as_ref().get(&X_REQUEST_ID);
+        let metadata = request.metadata().as_ref();
+        let sent = Sent::of(metadata);
         let deadline = metadata
-            .get("grpc-timeout")
+            .get(&GRPC_TIMEOUT)
             .and_then(|v| parse_timeout(v.as_bytes()))
             .map(|timeout| Instant::now() + timeout);
+        let carried = sent.carried();
         let edge = Edge::begin(
             gateway,
             Arrival {
                 protocol: Protocol::Grpc,
-                id: client,
-                traceparent: metadata.get("traceparent").map(|v| v.as_bytes()),
+                id: sent.id,
+                traceparent: sent.traceparent.map(|v| v.as_bytes()),
                 peer: request
                     .extensions()
                     .get::<crate::tls::PeerIdentity>()
@@ -135,7 +136,7 @@ impl Call {
             },
         );
         if let Some(trace) = edge.trace() {
-            trace.stamp_metadata(request.metadata_mut());
+            trace.stamp(request.metadata_mut().as_mut(), carried);
         }
         Self { rpc, edge }
     }
@@ -291,6 +292,9 @@ pub fn without_hop(metadata: &MetadataMap) -> MetadataMap {
     }
     MetadataMap::from_headers(kept)
 }
+
+/// A call's time budget, from the client (and to a backend).
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 /// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
 pub fn parse_timeout(value: &[u8]) -> Option<Duration> {

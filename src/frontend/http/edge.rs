@@ -3,7 +3,7 @@
 //! the answer's headers (request id, server, route target) before `Edge::end` records it.
 
 use crate::error::GatewayError;
-use crate::frontend::{SERVER_HEADER_VALUE, X_REQUEST_ID};
+use crate::frontend::{SERVER_HEADER_VALUE, Sent, X_REQUEST_ID};
 use crate::gateway::Gateway;
 use crate::pipeline::RequestCtx;
 use crate::pipeline::admit;
@@ -11,7 +11,6 @@ use crate::pipeline::edge::{Arrival, Edge};
 use crate::pipeline::finish::Answered;
 use crate::telemetry::series::Protocol;
 use crate::tls::PeerIdentity;
-use crate::trace::{TRACEPARENT, TRACESTATE};
 use axum::extract::Request;
 use axum::response::Response;
 use http::HeaderValue;
@@ -43,7 +42,7 @@ pub(crate) async fn around(
 ) -> Response {
     let probe = gate == Gate::Clients && is_probe(request.uri().path());
     let sent = Sent::of(request.headers());
-    let tracestate = sent.tracestate;
+    let carried = sent.carried();
     let peer = request.extensions().get::<PeerIdentity>();
     let mut edge = Edge::begin(
         gateway,
@@ -60,7 +59,7 @@ pub(crate) async fn around(
     let headers = request.headers_mut();
     headers.insert(X_REQUEST_ID.clone(), id.clone());
     if let Some(trace) = edge.trace() {
-        trace.stamp(headers, tracestate);
+        trace.stamp(headers, carried);
     }
     let method = request.method().clone();
     let uri = request.uri().clone(); // shares the bytes, unlike copying the path
@@ -95,35 +94,6 @@ pub(crate) async fn around(
     response
 }
 
-/// The headers of a request that its edge reads, found in one walk over them: a lookup
-/// hashes its name byte by byte, and the three lookups cost more than the walk
-/// (`loadtest/instructions.sh`).
-#[derive(Default)]
-struct Sent<'a> {
-    /// The first `x-request-id`.
-    id: Option<&'a HeaderValue>,
-    /// The first `traceparent`.
-    traceparent: Option<&'a HeaderValue>,
-    /// Whether there is a `tracestate`.
-    tracestate: bool,
-}
-
-impl<'a> Sent<'a> {
-    fn of(headers: &'a http::HeaderMap) -> Self {
-        let mut sent = Self::default();
-        for (name, value) in headers {
-            if *name == X_REQUEST_ID {
-                sent.id.get_or_insert(value);
-            } else if *name == TRACEPARENT {
-                sent.traceparent.get_or_insert(value);
-            } else if *name == TRACESTATE {
-                sent.tracestate = true;
-            }
-        }
-        sent
-    }
-}
-
 const TARGET_HEADER: http::HeaderName =
     http::HeaderName::from_static(crate::protocol::TARGET_HEADER);
 
@@ -139,33 +109,4 @@ async fn admit(
         admit::admin(ctx, "the admin API")?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The walk finds what three lookups found: the first id, the first `traceparent`, and
-    /// whether a `tracestate` came, among other headers and repeated values.
-    #[test]
-    fn one_walk_finds_what_the_edge_reads() {
-        let mut headers = http::HeaderMap::new();
-        headers.insert(http::header::HOST, HeaderValue::from_static("gw"));
-        headers.insert("inference-header-content-length", HeaderValue::from(7));
-        let sent = Sent::of(&headers);
-        assert_eq!(
-            (sent.id, sent.traceparent, sent.tracestate),
-            (None, None, false)
-        );
-
-        headers.append(&X_REQUEST_ID, HeaderValue::from_static("first"));
-        headers.append(&X_REQUEST_ID, HeaderValue::from_static("second"));
-        headers.insert(&TRACEPARENT, HeaderValue::from_static("00-ab-cd-01"));
-        headers.insert(&TRACESTATE, HeaderValue::from_static("vendor=1"));
-        let sent = Sent::of(&headers);
-        assert_eq!(sent.id, headers.get(&X_REQUEST_ID));
-        assert_eq!(sent.id.unwrap(), "first");
-        assert_eq!(sent.traceparent, headers.get(&TRACEPARENT));
-        assert!(sent.tracestate);
-    }
 }
