@@ -132,7 +132,7 @@ fn endpoints(
         name,
         answers,
         tls: tls.clone(),
-        dated: name != "grpc",
+        dated: true,
     };
     let edge = |answer: listen::Answer| listen::Answers::Edge(gateway.clone(), answer);
     tracing::info!(addr = %listeners.http.local_addr()?, scheme, workers, "serving KServe v2 HTTP");
@@ -156,10 +156,12 @@ fn endpoints(
     if let Some(listener) = listeners.grpc {
         tracing::info!(addr = %listener.local_addr()?, scheme, "serving KServe v2 gRPC");
         let router = frontend::grpc::router(gateway.clone(), tasks, shutdown);
-        endpoints.push((
-            endpoint("grpc", listen::Answers::Router(router), &tls),
-            listener,
-        ));
+        // Undated, as no gRPC server's answers are (`listen::Endpoint::dated`).
+        let grpc = listen::Endpoint {
+            dated: false,
+            ..endpoint("grpc", listen::Answers::Router(router), &tls)
+        };
+        endpoints.push((grpc, listener));
     }
     Ok(endpoints)
 }

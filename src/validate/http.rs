@@ -92,6 +92,12 @@ impl From<Rejection> for Stop {
     }
 }
 
+/// Whether a `Content-Encoding` value names a compression (anything but `identity`): such a
+/// body is not read here, and its sequence is not followed.
+pub fn compressed(content_encoding: &[u8]) -> bool {
+    !content_encoding.is_empty() && content_encoding != b"identity"
+}
+
 /// The length of the body's JSON header (all of it, unless the binary tensor extension's
 /// `Inference-Header-Content-Length` says less), once it has arrived; the bodies the
 /// gateway does not read as JSON stop here.
@@ -100,7 +106,7 @@ fn json_header(
     header_length: Option<&[u8]>,
     content_encoding: Option<&[u8]>,
 ) -> Result<usize, Stop> {
-    if content_encoding.is_some_and(|e| !e.is_empty() && e != b"identity") {
+    if content_encoding.is_some_and(compressed) {
         return Err(Stop::Early(Parsed::Unvalidated("compressed request body")));
     }
     let Ok(content_length) = i32::try_from(body.length) else {

@@ -294,7 +294,7 @@ pub fn without_hop(metadata: &MetadataMap) -> MetadataMap {
 }
 
 /// A call's time budget, from the client (and to a backend).
-const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+pub(super) const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 /// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
 pub fn parse_timeout(value: &[u8]) -> Option<Duration> {

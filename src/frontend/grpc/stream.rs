@@ -466,7 +466,8 @@ async fn relay_answers(
     let backend = lease.backend();
     let timeout = request
         .metadata()
-        .get("grpc-timeout")
+        .as_ref()
+        .get(&super::call::GRPC_TIMEOUT)
         .and_then(|v| super::call::parse_timeout(v.as_bytes()));
     let mut answers = upstream_grpc::open_stream(backend, timeout, |client| async move {
         client.methods().model_stream_infer(request).await

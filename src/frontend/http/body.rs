@@ -60,9 +60,9 @@ impl BodyHeaders {
         }
     }
 
-    /// Whether the body is compressed (an encoding other than `identity`).
+    /// Whether the body is compressed (`validate::http::compressed`).
     pub(super) fn compressed(&self) -> bool {
-        (self.encoding.as_ref()).is_some_and(|e| !e.is_empty() && e != "identity")
+        (self.encoding.as_ref()).is_some_and(|e| crate::validate::http::compressed(e.as_bytes()))
     }
 }
 
