@@ -4,6 +4,7 @@
 mod client;
 mod driven;
 mod ejection;
+mod ends;
 mod failure;
 pub mod grpc;
 mod health;

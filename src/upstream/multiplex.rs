@@ -8,6 +8,7 @@
 //! straight to it. A connection that closes is replaced on the next call; concurrent first
 //! calls share one connection attempt.
 
+use super::ends::EndsWithLast;
 use super::failure::connect_reason;
 use crate::connection_tasks::Tasks;
 use crate::tls::HttpsConnector;
@@ -25,7 +26,10 @@ use tokio::sync::OnceCell;
 use tower::ServiceExt;
 
 type Body = tonic::body::Body;
-type Sender = http2::SendRequest<Body>;
+/// What goes to the backend: tonic's body, read one frame ahead (`ends`), so that a unary
+/// call's message ends its stream.
+type Sent = Request<EndsWithLast<Body>>;
+type Sender = http2::SendRequest<EndsWithLast<Body>>;
 /// A worker's connection, once made; replaced by an empty cell when it closes.
 type Slot = Mutex<Arc<OnceCell<Sender>>>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -121,14 +125,15 @@ impl Connections {
     /// connection failed for another call's sake); a request it closed on before writing
     /// anything is sent once more, on a new connection: the backend never saw it.
     async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, BoxError> {
-        self.send_from(self.sender().await?, request).await
+        self.send_from(self.sender().await?, request.map(EndsWithLast::new))
+            .await
     }
 
     /// `send`, first on `sender`.
     async fn send_from(
         &self,
         sender: Sender,
-        request: Request<Body>,
+        request: Sent,
     ) -> Result<Response<Incoming>, BoxError> {
         match Self::send_on(sender, request).await? {
             Ok(response) => Ok(response),
@@ -142,8 +147,8 @@ impl Connections {
     /// any of it was written.
     async fn send_on(
         mut sender: Sender,
-        request: Request<Body>,
-    ) -> Result<Result<Response<Incoming>, Request<Body>>, hyper::Error> {
+        request: Sent,
+    ) -> Result<Result<Response<Incoming>, Sent>, hyper::Error> {
         match sender.try_send_request(request).await {
             Ok(response) => Ok(Ok(response)),
             Err(mut failed) => match failed.take_message() {
@@ -257,21 +262,95 @@ mod tests {
         (uri, accepted, handles)
     }
 
+    /// Connections to `uri` over plain TCP, with the upstream defaults' timings.
+    fn plain(uri: &Uri) -> Connections {
+        let connector = crate::tls::https_connector(false, None, true, Duration::from_secs(2))
+            .expect("plain connector");
+        Connections::new(
+            uri.clone(),
+            connector,
+            Duration::from_secs(2),
+            (Duration::from_secs(20), Duration::from_secs(10)),
+        )
+    }
+
     fn request(uri: &Uri) -> Request<Body> {
         Request::post(uri.clone()).body(Body::empty()).unwrap()
+    }
+
+    /// The HTTP/2 frames a client wrote, read off the bytes it sent after its preface:
+    /// (type, flags, stream, length) each.
+    fn frames(mut sent: &[u8]) -> Vec<(u8, u8, u32, usize)> {
+        sent = &sent[24..]; // "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+        let mut frames = Vec::new();
+        while sent.len() >= 9 {
+            let length =
+                usize::from(sent[0]) << 16 | usize::from(sent[1]) << 8 | usize::from(sent[2]);
+            let stream = u32::from_be_bytes([sent[5], sent[6], sent[7], sent[8]]) & 0x7fff_ffff;
+            frames.push((sent[3], sent[4], stream, length));
+            sent = &sent[(9 + length).min(sent.len())..];
+        }
+        frames
+    }
+
+    /// A unary call's message goes to the backend in one DATA frame that ends its stream, as
+    /// gRPC clients send it, though tonic's body (as the stand-in here) only says it has ended
+    /// when asked for more: hyper wrote that frame and an empty one after it to end the stream.
+    #[tokio::test]
+    async fn a_message_goes_in_one_data_frame_that_ends_the_stream() {
+        let (backend, _, _) = server().await;
+        // A relay in front of the backend that keeps what the gateway writes.
+        let relay = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Uri = format!("http://{}", relay.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let kept = written.clone();
+        let authority = backend.authority().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut client, _) = relay.accept().await.unwrap();
+            let mut server = tokio::net::TcpStream::connect(authority).await.unwrap();
+            let (mut from_client, mut to_client) = client.split();
+            let (mut from_server, mut to_server) = server.split();
+            let upstream = async {
+                let mut buffer = [0u8; 4096];
+                loop {
+                    let n = tokio::io::AsyncReadExt::read(&mut from_client, &mut buffer).await?;
+                    if n == 0 {
+                        return std::io::Result::Ok(());
+                    }
+                    kept.lock().unwrap().extend_from_slice(&buffer[..n]);
+                    tokio::io::AsyncWriteExt::write_all(&mut to_server, &buffer[..n]).await?;
+                }
+            };
+            let downstream = tokio::io::copy(&mut from_server, &mut to_client);
+            let _ = tokio::join!(upstream, downstream);
+        });
+        let connections = plain(&uri);
+        let message = http_body::Frame::data(bytes::Bytes::from_static(b"\0\0\0\0\x02hi"));
+        let body = Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+            [Ok::<_, tonic::Status>(message)],
+        )));
+        let answer = connections
+            .send(Request::post(uri).body(body).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        let data: Vec<_> = frames(&written.lock().unwrap())
+            .into_iter()
+            .filter(|&(kind, _, stream, _)| kind == 0 && stream == 1)
+            .collect();
+        assert_eq!(
+            data,
+            [(0, 1, 1, 7)],
+            "one DATA frame, END_STREAM, the message"
+        );
     }
 
     #[tokio::test]
     async fn a_request_its_connection_closed_on_unsent_goes_on_a_new_one() {
         let (uri, accepted, mut handles) = server().await;
-        let connector = crate::tls::https_connector(false, None, true, Duration::from_secs(2))
-            .expect("plain connector");
-        let connections = Connections::new(
-            uri.clone(),
-            connector,
-            Duration::from_secs(2),
-            (Duration::from_secs(20), Duration::from_secs(10)),
-        );
+        let connections = plain(&uri);
         let answer = connections.send(request(&uri)).await.unwrap();
         assert_eq!(answer.status(), 200);
 
@@ -282,7 +361,10 @@ mod tests {
         while !stale.is_closed() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let answer = connections.send_from(stale, request(&uri)).await.unwrap();
+        let answer = connections
+            .send_from(stale, request(&uri).map(EndsWithLast::new))
+            .await
+            .unwrap();
         assert_eq!(answer.status(), 200);
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "a second connection");
     }
