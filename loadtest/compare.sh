@@ -37,6 +37,9 @@
 #      request on the waiting worker's connection waits out the other's slice: until
 #      2026-12-07 the two-worker instances of family 1 were pinned here, and every proxy's p99
 #      added at c=16 was 3-6 ms, nginx's 3.2 ms; started with one worker, nginx's was 0.33 ms.)
+#      The c=16 step, which the wrk target names, runs CMP_WRK_ROUNDS times in rotated order,
+#      judged by the median of each round's ratio to nginx: one 3 s window a stage put the
+#      same binary at 0.67-1.13 x nginx on a busy machine (2026-12-07-a1812f8-pgo-*).
 #   2b. Open loop, pinned alike: `infergate-load --rate` (latency from each request's intended
 #      send time, so a stall is not hidden) at CMP_LATENCY_RATES, below every proxy's
 #      saturation: p50/p99 and added latency vs direct at the same rate, the latency a proxy
@@ -53,7 +56,7 @@
 # Writes loadtest/results/<date>-<rev>-compare.md (rev: the binary's name infergate-<rev>, else
 # this checkout's HEAD) and its chart (<results>.svg: wrk throughput and p99 per concurrency;
 # for a run recorded in loadtest/results/, also loadtest/results/compare-latest.svg), and prints
-# the report. About 5 minutes with the defaults (6 with CMP_TARGET_ROUNDS=5); every benchmark
+# the report. About 6 minutes with the defaults (7 with CMP_TARGET_ROUNDS=5); every benchmark
 # command is bounded by `timeout`.
 # Installs nginx, wrk, h2load (nghttp2-client), strace and valgrind when missing (root only).
 # Stays on loopback; stops only what it started.
@@ -64,6 +67,7 @@
 #   CMP_RATES="5000 10000 20000"  CMP_OPEN_CLIENTS=40  CMP_OPEN_WINDOW=3     family 1 (seconds)
 #   CMP_TARGET_ROUNDS=3   family 1's 10k req/s step, in this many rounds (the targets' median)
 #   CMP_CONCURRENCY="16 64"  CMP_WRK_WINDOW=3  CMP_WARMUP=1                  family 2 (seconds)
+#   CMP_WRK_ROUNDS=3      family 2's c=16 step, in this many rounds (the wrk target's median)
 #   CMP_LATENCY_RATES="2000 5000"  CMP_LATENCY_WINDOW=5                      family 2b (one window)
 #   CMP_STRACE_REQUESTS=10000  CMP_CG_REQUESTS=2000  CMP_CG_WARMUP=500  CMP_COUNT_CLIENTS=16
 #   CMP_STAGES="nginx floor ig-off ig-val ig-on"  the proxies (nginx, and any of the floor and
@@ -100,6 +104,7 @@ COUNT_CLIENTS="${CMP_COUNT_CLIENTS:-16}"
 read -r -a PROXIES <<<"${CMP_STAGES:-nginx floor ig-off ig-val ig-on}"
 TARGET_RATE=10000 # the rate issue 31's CPU targets name
 TARGET_ROUNDS="${CMP_TARGET_ROUNDS:-3}"
+WRK_ROUNDS="${CMP_WRK_ROUNDS:-3}"
 PROXY_CPU="${CMP_PROXY_CPU:-1}"
 CLIENT_CPU="${CMP_CLIENT_CPU:-0}"
 BASE="${CMP_BASE_PORT:-29900}"
@@ -283,6 +288,7 @@ wrk_us() { # file percentile -> µs
         printf "%.0f", v * (u == "s" ? 1e6 : u == "ms" ? 1e3 : 1); exit }' "$1"
 }
 declare -A CLOSED # stage-c -> "rps p50 p99 cpu_us_per_req errors load"
+declare -A WRK_OF # stage -> req/s at c=16 of each round, in order
 step=0
 for c in "${LEVELS[@]}"; do
     for s in $(rotated $step direct "${PROXIES[@]}"); do
@@ -299,9 +305,22 @@ for c in "${LEVELS[@]}"; do
         [[ "$s" == direct ]] || cpu="$(per_req_us $(($(field "$after" 1) - $(field "$before" 1))) "$n") $(per_req_us $(($(field "$after" 2) - $(field "$before" 2))) "$n")"
         CLOSED[$s-$c]="$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out") $(wrk_us "$out" 50) $(wrk_us "$out" 99) ${cpu% *} $errors $(cut -d' ' -f1 /proc/loadavg) ${cpu#* }"
         say "wrk c=$c, $s: ${CLOSED[$s-$c]} (req/s, p50 µs, p99 µs, CPU µs/req, errors, load, kernel µs/req)"
+        ((c == 16)) && WRK_OF[$s]+="$(field "${CLOSED[$s-$c]}" 1) "
     done
     step=$((step + 1))
 done
+# The c=16 step, which the wrk target names, again in rounds 2..WRK_ROUNDS, each in another
+# order: one 3 s window a stage swings with the machine's other load, a median of rounds less.
+if [[ " ${LEVELS[*]} " == *" 16 "* ]]; then
+    for ((round = 2; round <= WRK_ROUNDS; round++)); do
+        for s in $(rotated $((step + round)) "${PROXIES[@]}"); do
+            wrk_run "$TMP/warm.txt" "$s" 16 "$WARMUP"
+            wrk_run "$TMP/wrk-$s-16-$round.txt" "$s" 16 "$WRK_WINDOW"
+            WRK_OF[$s]+="$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$TMP/wrk-$s-16-$round.txt") "
+        done
+        say "wrk c=16, round $round: $(for s in "${PROXIES[@]}"; do printf '%s %s; ' "$s" "$(xargs -n1 <<<"${WRK_OF[$s]}" | tail -1)"; done)"
+    done
+fi
 
 # ---------------------------------------------------------------- 2b. open loop, pinned
 # The same pinned instances, but requests sent at a fixed rate (infergate-load --rate, latency
@@ -441,6 +460,15 @@ round_ratios() {
 }
 # target_ratio STAGE — the median of round_ratios: the figure the CPU targets are judged by
 target_ratio() { round_ratios "$1" | median | xargs printf '%.2f'; }
+# wrk_ratio STAGE — the median over the c=16 rounds of the stage's req/s ÷ nginx's in the
+# same round: the figure the wrk target is judged by
+wrk_ratio() {
+    local -a mine theirs
+    read -r -a mine <<<"${WRK_OF[$1]}"
+    read -r -a theirs <<<"${WRK_OF[nginx]}"
+    local i
+    for i in "${!mine[@]}"; do ratio "${mine[$i]}" "${theirs[$i]}"; echo; done | median | xargs printf '%.2f'
+}
 
 report() {
     echo "# infergate ($REV) next to nginx: $DATE"
@@ -491,6 +519,18 @@ report() {
     echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     latency_rows CLOSED "${LEVELS[@]}"
     echo
+    if [[ -n "${WRK_OF[nginx]:-}" ]]; then
+        echo "### c=16 in $WRK_ROUNDS rounds"
+        echo
+        echo "The c=16 step again, each round in another order; req/s × nginx within each round, and the median the wrk target is judged by."
+        echo
+        echo "| stage | req/s, each round | median × nginx |"
+        echo "|---|---|---:|"
+        for s in "${PROXIES[@]}"; do
+            printf '| %s | %s | %s |\n' "${LABEL[$s]}" "$(xargs <<<"${WRK_OF[$s]}" | sed 's/ /, /g')" "$(wrk_ratio "$s")"
+        done
+        echo
+    fi
     echo "## 2b. Open loop at a fixed rate, proxy started on core $PROXY_CPU (workers: $PINNED_WORKERS), client and backend on core $CLIENT_CPU"
     echo
     echo "\`infergate-load --rate R --threads 1\` (up to 128 connections, latency from each request's intended send time) after ${WARMUP} s of warm-up, ${LAT_WINDOW} s measured, below every proxy's saturation: what a proxy adds when it is not the bottleneck. Added: the stage's percentile minus direct's at the same rate. Send lag: how late the client itself sent (its p99); a large one means the client, not the proxy, fell behind."
@@ -532,8 +572,8 @@ report() {
     fi
     if [[ " ${LEVELS[*]} " == *" 16 "* ]]; then
         for s in "${igs[@]}"; do
-            r="$(ratio "$(field "${CLOSED[$s-16]}" 1)" "$(field "${CLOSED[nginx-16]}" 1)")"
-            echo "- wrk c=16 throughput ≥ 0.85 × nginx, ${LABEL[$s]#infergate, }: $r — $(met "$r" 0.85 ">=")."
+            r="$(wrk_ratio "$s")"
+            echo "- wrk c=16 throughput ≥ 0.85 × nginx, ${LABEL[$s]#infergate, }: $r (median of $WRK_ROUNDS rounds) — $(met "$r" 0.85 ">=")."
         done
         for s in "${igs[@]}"; do
             r=$(($(field "${CLOSED[$s-16]}" 3) - $(field "${CLOSED[direct-16]}" 3)))
@@ -564,7 +604,7 @@ floor_line() {
     [[ -n "${ROUNDS[floor]:-}" ]] &&
         parts+=("CPU per request at 10k req/s $(target_ratio floor) × nginx (median of $TARGET_ROUNDS rounds)")
     [[ -n "${CLOSED[floor-16]:-}" ]] &&
-        parts+=("wrk c=16 throughput $(ratio "$(field "${CLOSED[floor-16]}" 1)" "$(field "${CLOSED[nginx-16]}" 1)") × nginx"
+        parts+=("wrk c=16 throughput $(wrk_ratio floor) × nginx (median of $WRK_ROUNDS rounds)"
             "p99 added at c=16 $(($(field "${CLOSED[floor-16]}" 3) - $(field "${CLOSED[direct-16]}" 3))) µs")
     parts+=("syscalls ${SYSCALLS[floor]}/request" "instructions $(ratio "${IR[floor]}" "${IR[nginx]}") × nginx")
     echo "- The floor, a bare hyper proxy doing none of the gateway's work: $(join_list "${parts[@]}")."
