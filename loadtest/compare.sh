@@ -287,8 +287,12 @@ wrk_us() { # file percentile -> µs
     awk -v p="$2%" '$1 == p { v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
         printf "%.0f", v * (u == "s" ? 1e6 : u == "ms" ? 1e3 : 1); exit }' "$1"
 }
+wrk_rps() { awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$1"; } # file -> req/s
+# wrk_errors FILE — answers other than 2xx and socket errors: a fast failure is no throughput
+wrk_errors() { awk '/Non-2xx/ { e += $NF } /Socket errors/ { for (i = 4; i <= NF; i += 2) e += $i } END { print e + 0 }' "$1"; }
 declare -A CLOSED # stage-c -> "rps p50 p99 cpu_us_per_req errors load"
-declare -A WRK_OF # stage -> req/s at c=16 of each round, in order
+declare -A WRK_OF     # stage -> req/s at c=16 of each round, in order
+declare -A WRK_ERRORS # stage -> errors at c=16 over the rounds
 step=0
 for c in "${LEVELS[@]}"; do
     for s in $(rotated $step direct "${PROXIES[@]}"); do
@@ -300,12 +304,15 @@ for c in "${LEVELS[@]}"; do
         after="$(ticks ${PINNED_PIDS[$s]:-}) $(sys_ticks ${PINNED_PIDS[$s]:-})"
         out="$TMP/wrk-$s-$c.txt"
         n="$(awk '/requests in/ { print $1; exit }' "$out")"
-        errors="$(awk '/Non-2xx/ { e += $NF } /Socket errors/ { for (i = 4; i <= NF; i += 2) e += $i } END { print e + 0 }' "$out")"
+        errors="$(wrk_errors "$out")"
         cpu="- -"
         [[ "$s" == direct ]] || cpu="$(per_req_us $(($(field "$after" 1) - $(field "$before" 1))) "$n") $(per_req_us $(($(field "$after" 2) - $(field "$before" 2))) "$n")"
-        CLOSED[$s-$c]="$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$out") $(wrk_us "$out" 50) $(wrk_us "$out" 99) ${cpu% *} $errors $(cut -d' ' -f1 /proc/loadavg) ${cpu#* }"
+        CLOSED[$s-$c]="$(wrk_rps "$out") $(wrk_us "$out" 50) $(wrk_us "$out" 99) ${cpu% *} $errors $(cut -d' ' -f1 /proc/loadavg) ${cpu#* }"
         say "wrk c=$c, $s: ${CLOSED[$s-$c]} (req/s, p50 µs, p99 µs, CPU µs/req, errors, load, kernel µs/req)"
-        ((c == 16)) && WRK_OF[$s]+="$(field "${CLOSED[$s-$c]}" 1) "
+        if ((c == 16)); then
+            WRK_OF[$s]+="$(wrk_rps "$out") "
+            WRK_ERRORS[$s]=$errors
+        fi
     done
     step=$((step + 1))
 done
@@ -315,8 +322,10 @@ if [[ " ${LEVELS[*]} " == *" 16 "* ]]; then
     for ((round = 2; round <= WRK_ROUNDS; round++)); do
         for s in $(rotated $((step + round)) "${PROXIES[@]}"); do
             wrk_run "$TMP/warm.txt" "$s" 16 "$WARMUP"
-            wrk_run "$TMP/wrk-$s-16-$round.txt" "$s" 16 "$WRK_WINDOW"
-            WRK_OF[$s]+="$(awk '/^Requests\/sec:/ { printf "%.0f", $2 }' "$TMP/wrk-$s-16-$round.txt") "
+            out="$TMP/wrk-$s-16-$round.txt"
+            wrk_run "$out" "$s" 16 "$WRK_WINDOW"
+            WRK_OF[$s]+="$(wrk_rps "$out") "
+            WRK_ERRORS[$s]=$((WRK_ERRORS[$s] + $(wrk_errors "$out")))
         done
         say "wrk c=16, round $round: $(for s in "${PROXIES[@]}"; do printf '%s %s; ' "$s" "$(xargs -n1 <<<"${WRK_OF[$s]}" | tail -1)"; done)"
     done
@@ -524,10 +533,10 @@ report() {
         echo
         echo "The c=16 step again, each round in another order; req/s × nginx within each round, and the median the wrk target is judged by."
         echo
-        echo "| stage | req/s, each round | median × nginx |"
-        echo "|---|---|---:|"
+        echo "| stage | req/s, each round | median × nginx | errors, all rounds |"
+        echo "|---|---|---:|---:|"
         for s in "${PROXIES[@]}"; do
-            printf '| %s | %s | %s |\n' "${LABEL[$s]}" "$(xargs <<<"${WRK_OF[$s]}" | sed 's/ /, /g')" "$(wrk_ratio "$s")"
+            printf '| %s | %s | %s | %s |\n' "${LABEL[$s]}" "$(xargs <<<"${WRK_OF[$s]}" | sed 's/ /, /g')" "$(wrk_ratio "$s")" "${WRK_ERRORS[$s]}"
         done
         echo
     fi
@@ -572,8 +581,9 @@ report() {
     fi
     if [[ " ${LEVELS[*]} " == *" 16 "* ]]; then
         for s in "${igs[@]}"; do
-            r="$(wrk_ratio "$s")"
-            echo "- wrk c=16 throughput ≥ 0.85 × nginx, ${LABEL[$s]#infergate, }: $r (median of $WRK_ROUNDS rounds) — $(met "$r" 0.85 ">=")."
+            r="$(wrk_ratio "$s")" verdict="$(met "$r" 0.85 ">=")"
+            ((WRK_ERRORS[$s] == 0)) || verdict="**not met**: ${WRK_ERRORS[$s]} errors"
+            echo "- wrk c=16 throughput ≥ 0.85 × nginx, ${LABEL[$s]#infergate, }: $r (median of $WRK_ROUNDS rounds) — $verdict."
         done
         for s in "${igs[@]}"; do
             r=$(($(field "${CLOSED[$s-16]}" 3) - $(field "${CLOSED[direct-16]}" 3)))

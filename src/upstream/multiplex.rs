@@ -293,9 +293,9 @@ mod tests {
         frames
     }
 
-    /// A unary call's message goes to the backend in one DATA frame that ends its stream, as
-    /// gRPC clients send it, though tonic's body (as the stand-in here) only says it has ended
-    /// when asked for more: hyper wrote that frame and an empty one after it to end the stream.
+    /// A unary call's message goes to the backend in one DATA frame that ends its stream,
+    /// though tonic's body only says it has ended when asked for more: hyper wrote that frame
+    /// and an empty one after it to end the stream.
     #[tokio::test]
     async fn a_message_goes_in_one_data_frame_that_ends_the_stream() {
         let (backend, _, _) = server().await;
@@ -327,10 +327,13 @@ mod tests {
             let _ = tokio::join!(upstream, downstream);
         });
         let connections = plain(&uri);
-        let message = http_body::Frame::data(bytes::Bytes::from_static(b"\0\0\0\0\x02hi"));
-        let body = Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
-            [Ok::<_, tonic::Status>(message)],
-        )));
+        let message = crate::protocol::inference::ModelInferRequest {
+            model_name: "add_sub".into(),
+            ..Default::default()
+        };
+        // gRPC's 5-byte prefix, then the message.
+        let framed = 5 + prost::Message::encoded_len(&message);
+        let body = crate::upstream::ends::unary_body(message);
         let answer = connections
             .send(Request::post(uri).body(body).unwrap())
             .await
@@ -342,7 +345,7 @@ mod tests {
             .collect();
         assert_eq!(
             data,
-            [(0, 1, 1, 7)],
+            [(0, 1, 1, framed)],
             "one DATA frame, END_STREAM, the message"
         );
     }

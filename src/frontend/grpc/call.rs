@@ -116,10 +116,7 @@ impl Call {
     ) -> Self {
         let metadata = request.metadata().as_ref();
         let sent = Sent::of(metadata);
-        let deadline = metadata
-            .get(&GRPC_TIMEOUT)
-            .and_then(|v| parse_timeout(v.as_bytes()))
-            .map(|timeout| Instant::now() + timeout);
+        let deadline = client_timeout(metadata).map(|timeout| Instant::now() + timeout);
         let carried = sent.carried();
         let edge = Edge::begin(
             gateway,
@@ -294,10 +291,18 @@ pub fn without_hop(metadata: &MetadataMap) -> MetadataMap {
 }
 
 /// A call's time budget, from the client (and to a backend).
-pub(super) const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+
+/// The time the client gives a call (its `grpc-timeout`), when it gave one that parses: read
+/// here for a unary call's deadline and a stream's alike.
+pub(super) fn client_timeout(metadata: &http::HeaderMap) -> Option<Duration> {
+    metadata
+        .get(&GRPC_TIMEOUT)
+        .and_then(|value| parse_timeout(value.as_bytes()))
+}
 
 /// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
-pub fn parse_timeout(value: &[u8]) -> Option<Duration> {
+fn parse_timeout(value: &[u8]) -> Option<Duration> {
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
     if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
         return None;

@@ -464,11 +464,7 @@ async fn relay_answers(
     out: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
 ) -> Result<u64, GatewayError> {
     let backend = lease.backend();
-    let timeout = request
-        .metadata()
-        .as_ref()
-        .get(&super::call::GRPC_TIMEOUT)
-        .and_then(|v| super::call::parse_timeout(v.as_bytes()));
+    let timeout = super::call::client_timeout(request.metadata().as_ref());
     let mut answers = upstream_grpc::open_stream(backend, timeout, |client| async move {
         client.methods().model_stream_infer(request).await
     })
